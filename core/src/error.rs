@@ -1,0 +1,157 @@
+//! The one error type of arbor: every fallible call in every crate returns [`Result`].
+
+use crate::tensor::Shape;
+use std::fmt;
+
+/// A value as an error message shows it: its id, what computes it and its per-vertex shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueDesc {
+    /// The value's index in its function.
+    pub id: usize,
+    /// The op that computes it, e.g. `sigmoid` or `param W`.
+    pub op: String,
+    /// Its shape (per vertex for vertex values, the whole matrix for parameters).
+    pub shape: Shape,
+}
+
+impl fmt::Display for ValueDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{} = {} {}", self.id, self.op, self.shape)
+    }
+}
+
+/// Formats a list of values for an error message.
+fn list(values: &[ValueDesc]) -> String {
+    let parts: Vec<String> = values.iter().map(ToString::to_string).collect();
+    parts.join(", ")
+}
+
+/// Everything that can go wrong in arbor, with the place it went wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// An op of a vertex function got inputs of shapes it cannot combine.
+    #[error("vertex function `{function}`: op `{op}` cannot take inputs [{}]: {reason}", list(.inputs))]
+    Shape {
+        /// The function being built.
+        function: String,
+        /// The op that was being added.
+        op: String,
+        /// Its inputs.
+        inputs: Vec<ValueDesc>,
+        /// What is wrong with them.
+        reason: String,
+    },
+    /// `gather(k)` with k at or beyond the function's declared arity.
+    #[error("vertex function `{function}`: gather slot {slot} of state `{state}` is beyond the declared arity {arity}")]
+    GatherSlot {
+        /// The function being built.
+        function: String,
+        /// The slot asked for.
+        slot: usize,
+        /// The state asked for.
+        state: String,
+        /// The declared arity.
+        arity: usize,
+    },
+    /// A gathered state whose shape differs from the value that is scattered under its name.
+    #[error("vertex function `{function}`: state `{state}` is gathered as {gathered} but scattered as {scattered}")]
+    StateShape {
+        /// The function being built.
+        function: String,
+        /// The state's name.
+        state: String,
+        /// The shape `gather` declared.
+        gathered: Shape,
+        /// The shape of the scattered value.
+        scattered: Shape,
+    },
+    /// A state that is gathered but never scattered.
+    #[error("vertex function `{function}`: state `{state}` is gathered but never scattered")]
+    NotScattered {
+        /// The function being built.
+        function: String,
+        /// The state's name.
+        state: String,
+    },
+    /// A name used twice for the same kind of thing.
+    #[error("vertex function `{function}`: {kind} `{name}` is declared twice")]
+    Duplicate {
+        /// The function being built.
+        function: String,
+        /// What kind of name (param, state, input, output).
+        kind: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// A value that no op, scatter or push uses.
+    #[error("vertex function `{function}`: value {value} is never used")]
+    Unused {
+        /// The function being built.
+        function: String,
+        /// The unused value.
+        value: ValueDesc,
+    },
+    /// A value whose uses never reach a scatter or a push.
+    #[error("vertex function `{function}`: value {value} reaches neither a scatter nor a push")]
+    Dead {
+        /// The function being built.
+        function: String,
+        /// The dead value.
+        value: ValueDesc,
+    },
+    /// A function with neither a scatter nor a push.
+    #[error("vertex function `{function}`: it scatters and pushes nothing")]
+    NoOutput {
+        /// The function being built.
+        function: String,
+    },
+    /// An input graph that is not a valid DAG for the function.
+    #[error("input graph {graph}: {reason}")]
+    Graph {
+        /// Which graph (index in the minibatch, or a file and line).
+        graph: String,
+        /// What is wrong, naming the vertex.
+        reason: String,
+    },
+    /// Data handed to a run does not fit what the function declared.
+    #[error("{what}: expected {expected}, got {got}")]
+    Input {
+        /// What was handed in.
+        what: String,
+        /// What was expected.
+        expected: String,
+        /// What came.
+        got: String,
+    },
+    /// A backend failed (device missing, out of memory, kernel failure).
+    #[error("backend {backend}: {op}: {msg}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// The operation that failed.
+        op: String,
+        /// Why.
+        msg: String,
+    },
+    /// A malformed input file.
+    #[error("{file}:{line}: {msg}")]
+    Parse {
+        /// The file (or a description of the source).
+        file: String,
+        /// The 1-based line.
+        line: usize,
+        /// What is wrong.
+        msg: String,
+    },
+    /// An I/O failure, with the path.
+    #[error("{path}: {msg}")]
+    Io {
+        /// The path involved.
+        path: String,
+        /// The system's message.
+        msg: String,
+    },
+}
+
+/// arbor's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

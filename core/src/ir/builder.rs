@@ -1,0 +1,413 @@
+//! The builder a user declares a vertex function with.
+//!
+//! ```
+//! use arbor_core::ir::{Builder, Init};
+//! let f = Builder::new("rnn-cell", 1);
+//! let x = f.pull("x", 4);
+//! let h = f.gather(0, "h", 3);
+//! let w = f.param("W", [4, 3], Init::Xavier);
+//! let u = f.param("U", [3, 3], Init::Xavier);
+//! let b = f.param("b", [1, 3], Init::Zeros);
+//! let h_new = (x.matmul(w) + h.matmul(u) + b).tanh();
+//! f.scatter("h", h_new);
+//! f.push("h", h_new);
+//! let cell = f.build().unwrap();
+//! assert_eq!(cell.params().len(), 3);
+//! ```
+
+use super::func::{Func, Init, Node, ParamDecl, Port, StateDecl};
+use super::op::{BinaryOp, Op, UnaryOp, ValueId};
+use super::vertex_fn::VertexFn;
+use crate::error::{Error, Result};
+use crate::tensor::Shape;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ops;
+
+/// A state as the builder knows it before `build`.
+struct PendingState {
+    name: String,
+    shape: Shape,
+    value: Option<ValueId>,
+    gathered: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    func: Func,
+    params: Vec<ParamDecl>,
+    states: Vec<PendingState>,
+    inputs: Vec<Port>,
+    outputs: Vec<Port>,
+    gathers: HashMap<(Option<usize>, usize), ValueId>,
+    variadic: bool,
+    error: Option<Error>,
+}
+
+/// Declares a vertex function op by op. Methods take `&self`, so calls nest freely; the first
+/// mistake is remembered and returned by [`Builder::build`].
+pub struct Builder {
+    name: String,
+    arity: usize,
+    inner: RefCell<Inner>,
+}
+
+/// A value under construction: a handle into its [`Builder`].
+#[derive(Clone, Copy)]
+pub struct Var<'b> {
+    b: &'b Builder,
+    id: ValueId,
+}
+
+impl Builder {
+    /// A new function named `name` whose vertices have up to `arity` ordered child slots
+    /// (`gather(k)` needs `k < arity`; `gather_sum` takes any number of children).
+    pub fn new(name: impl Into<String>, arity: usize) -> Builder {
+        Builder {
+            name: name.into(),
+            arity,
+            inner: RefCell::new(Inner::default()),
+        }
+    }
+
+    fn fail(&self, e: Error) {
+        let mut inner = self.inner.borrow_mut();
+        if inner.error.is_none() {
+            inner.error = Some(e);
+        }
+    }
+
+    fn load(&self, op: Op, shape: Shape, is_param: bool) -> ValueId {
+        let mut inner = self.inner.borrow_mut();
+        inner.func.nodes.push(Node {
+            op,
+            shape,
+            is_param,
+        });
+        ValueId(inner.func.nodes.len() as u32 - 1)
+    }
+
+    /// Adds a computed op, recording a shape error (and continuing with a placeholder) if it fails.
+    fn op(&self, op: Op) -> Var<'_> {
+        let pushed = self.inner.borrow_mut().func.push(op.clone());
+        let id = match pushed {
+            Ok(id) => id,
+            Err(reason) => {
+                let inputs = op.inputs();
+                let (descs, shape) = {
+                    let inner = self.inner.borrow();
+                    let descs: Vec<_> = inputs
+                        .iter()
+                        .map(|&v| inner.func.describe(v, &inner.params))
+                        .collect();
+                    let shape = descs.first().map(|d| d.shape.clone()).unwrap_or_default();
+                    (descs, shape)
+                };
+                self.fail(Error::Shape {
+                    function: self.name.clone(),
+                    op: op.name(),
+                    inputs: descs,
+                    reason,
+                });
+                self.load(op, shape, false)
+            }
+        };
+        Var { b: self, id }
+    }
+
+    fn state_index(&self, name: &str, shape: &Shape) -> usize {
+        let mut inner = self.inner.borrow_mut();
+        if let Some(i) = inner.states.iter().position(|s| s.name == name) {
+            return i;
+        }
+        inner.states.push(PendingState {
+            name: name.into(),
+            shape: shape.clone(),
+            value: None,
+            gathered: false,
+        });
+        inner.states.len() - 1
+    }
+
+    fn gather_op(&self, slot: Option<usize>, state: &str, shape: Shape) -> Var<'_> {
+        let s = self.state_index(state, &shape);
+        let known = {
+            let mut inner = self.inner.borrow_mut();
+            let st = &mut inner.states[s];
+            st.gathered = true;
+            st.shape.clone()
+        };
+        if known != shape {
+            self.fail(Error::StateShape {
+                function: self.name.clone(),
+                state: state.into(),
+                gathered: shape.clone(),
+                scattered: known,
+            });
+        }
+        if let Some(&id) = self.inner.borrow().gathers.get(&(slot, s)) {
+            return Var { b: self, id };
+        }
+        let op = match slot {
+            Some(slot) => Op::Gather { slot, state: s },
+            None => Op::GatherSum { state: s },
+        };
+        let id = self.load(op, shape, false);
+        self.inner.borrow_mut().gathers.insert((slot, s), id);
+        Var { b: self, id }
+    }
+
+    /// The state `state` (of per-vertex shape `shape`) scattered by the child in slot `slot`;
+    /// zeros when the vertex has no child there.
+    pub fn gather(&self, slot: usize, state: &str, shape: impl Into<Shape>) -> Var<'_> {
+        if slot >= self.arity {
+            self.fail(Error::GatherSlot {
+                function: self.name.clone(),
+                slot,
+                state: state.into(),
+                arity: self.arity,
+            });
+        }
+        self.gather_op(Some(slot), state, shape.into())
+    }
+
+    /// The sum over all children of the state `state` they scattered; zeros for a leaf.
+    pub fn gather_sum(&self, state: &str, shape: impl Into<Shape>) -> Var<'_> {
+        self.inner.borrow_mut().variadic = true;
+        self.gather_op(None, state, shape.into())
+    }
+
+    /// This vertex's row of the external input `name`, computed by the input layer.
+    pub fn pull(&self, name: &str, shape: impl Into<Shape>) -> Var<'_> {
+        let shape = shape.into();
+        let input = {
+            let inner = self.inner.borrow();
+            if inner.inputs.iter().any(|p| p.name == name) {
+                drop(inner);
+                self.fail(Error::Duplicate {
+                    function: self.name.clone(),
+                    kind: "input",
+                    name: name.into(),
+                });
+            }
+            self.inner.borrow().inputs.len()
+        };
+        let id = self.load(Op::Pull { input }, shape.clone(), false);
+        self.inner.borrow_mut().inputs.push(Port {
+            name: name.into(),
+            shape,
+            value: id,
+        });
+        Var { b: self, id }
+    }
+
+    /// A parameter shared by every vertex.
+    pub fn param(&self, name: &str, shape: impl Into<Shape>, init: Init) -> Var<'_> {
+        let shape = shape.into();
+        if self.inner.borrow().params.iter().any(|p| p.name == name) {
+            self.fail(Error::Duplicate {
+                function: self.name.clone(),
+                kind: "param",
+                name: name.into(),
+            });
+        }
+        let param = self.inner.borrow().params.len();
+        self.inner.borrow_mut().params.push(ParamDecl {
+            name: name.into(),
+            shape: shape.clone(),
+            init,
+        });
+        let id = self.load(Op::Param { param }, shape, true);
+        Var { b: self, id }
+    }
+
+    /// Publishes `value` as this vertex's state `name`, for its parents to gather.
+    pub fn scatter(&self, name: &str, value: Var<'_>) {
+        let shape = self.inner.borrow().func.node(value.id).shape.clone();
+        let s = self.state_index(name, &shape);
+        let (known, already) = {
+            let inner = self.inner.borrow();
+            (
+                inner.states[s].shape.clone(),
+                inner.states[s].value.is_some(),
+            )
+        };
+        if already {
+            self.fail(Error::Duplicate {
+                function: self.name.clone(),
+                kind: "scattered state",
+                name: name.into(),
+            });
+        } else if known != shape {
+            self.fail(Error::StateShape {
+                function: self.name.clone(),
+                state: name.into(),
+                gathered: known,
+                scattered: shape,
+            });
+        }
+        self.inner.borrow_mut().states[s].value = Some(value.id);
+    }
+
+    /// Emits `value` as this vertex's output `name`, for the output layer.
+    pub fn push(&self, name: &str, value: Var<'_>) {
+        let mut inner = self.inner.borrow_mut();
+        if inner.outputs.iter().any(|p| p.name == name) {
+            drop(inner);
+            self.fail(Error::Duplicate {
+                function: self.name.clone(),
+                kind: "output",
+                name: name.into(),
+            });
+            return;
+        }
+        let shape = inner.func.node(value.id).shape.clone();
+        inner.outputs.push(Port {
+            name: name.into(),
+            shape,
+            value: value.id,
+        });
+    }
+
+    /// The parts side by side, column-wise.
+    pub fn concat(&self, parts: &[Var<'_>]) -> Var<'_> {
+        self.op(Op::Concat {
+            parts: parts.iter().map(|p| p.id).collect(),
+        })
+    }
+
+    /// Checks the function once (shapes, slots, states, unused and dead values), derives its
+    /// backward function and plans its kernels.
+    pub fn build(self) -> Result<VertexFn> {
+        let inner = self.inner.into_inner();
+        if let Some(e) = inner.error {
+            return Err(e);
+        }
+        let mut states = Vec::with_capacity(inner.states.len());
+        for s in inner.states {
+            let Some(value) = s.value else {
+                return Err(Error::NotScattered {
+                    function: self.name,
+                    state: s.name,
+                });
+            };
+            states.push(StateDecl {
+                name: s.name,
+                shape: s.shape,
+                value,
+                gathered: s.gathered,
+            });
+        }
+        VertexFn::new(
+            self.name,
+            self.arity,
+            inner.variadic,
+            inner.func,
+            inner.params,
+            states,
+            inner.inputs,
+            inner.outputs,
+        )
+    }
+}
+
+impl<'b> Var<'b> {
+    /// The value's id in its function.
+    pub fn id(self) -> ValueId {
+        self.id
+    }
+
+    /// The value's per-vertex shape (or the parameter's shape).
+    pub fn shape(self) -> Shape {
+        self.b.inner.borrow().func.node(self.id).shape.clone()
+    }
+
+    fn unary(self, op: UnaryOp) -> Var<'b> {
+        self.b.op(Op::Unary { op, x: self.id })
+    }
+
+    fn binary(self, op: BinaryOp, rhs: Var<'b>) -> Var<'b> {
+        self.b.op(Op::Binary {
+            op,
+            a: self.id,
+            b: rhs.id,
+        })
+    }
+
+    /// `self · rhs`; `rhs` may be a parameter.
+    pub fn matmul(self, rhs: Var<'b>) -> Var<'b> {
+        self.b.op(Op::MatMul {
+            a: self.id,
+            b: rhs.id,
+            ta: false,
+            tb: false,
+        })
+    }
+
+    /// Element-wise logistic sigmoid.
+    pub fn sigmoid(self) -> Var<'b> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+
+    /// Element-wise tanh.
+    pub fn tanh(self) -> Var<'b> {
+        self.unary(UnaryOp::Tanh)
+    }
+
+    /// Element-wise `max(x, 0)`.
+    pub fn relu(self) -> Var<'b> {
+        self.unary(UnaryOp::Relu)
+    }
+
+    /// Element-wise `e^x`.
+    pub fn exp(self) -> Var<'b> {
+        self.unary(UnaryOp::Exp)
+    }
+
+    /// Element-wise natural logarithm.
+    pub fn log(self) -> Var<'b> {
+        self.unary(UnaryOp::Log)
+    }
+
+    /// `s · x`.
+    pub fn scale(self, s: f32) -> Var<'b> {
+        self.unary(UnaryOp::Scale(s))
+    }
+
+    /// Columns `start..start + len`.
+    pub fn slice(self, start: usize, len: usize) -> Var<'b> {
+        self.b.op(Op::Slice {
+            x: self.id,
+            start,
+            len,
+        })
+    }
+
+    /// The sum of each row: `[r × c] → [r × 1]`.
+    pub fn sum_cols(self) -> Var<'b> {
+        self.b.op(Op::SumCols { x: self.id })
+    }
+}
+
+macro_rules! binary_operator {
+    ($trait:ident, $method:ident, $op:expr) => {
+        impl<'b> ops::$trait for Var<'b> {
+            type Output = Var<'b>;
+            fn $method(self, rhs: Var<'b>) -> Var<'b> {
+                self.binary($op, rhs)
+            }
+        }
+    };
+}
+
+binary_operator!(Add, add, BinaryOp::Add);
+binary_operator!(Sub, sub, BinaryOp::Sub);
+binary_operator!(Mul, mul, BinaryOp::Mul);
+binary_operator!(Div, div, BinaryOp::Div);
+
+impl<'b> ops::Neg for Var<'b> {
+    type Output = Var<'b>;
+    fn neg(self) -> Var<'b> {
+        self.unary(UnaryOp::Neg)
+    }
+}

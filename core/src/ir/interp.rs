@@ -1,0 +1,208 @@
+//! The reference interpreter: evaluates F and F' for one vertex at a time, with plain loops, no
+//! batching and no fusion. It is the ground truth the batched engine is tested against.
+
+use super::autodiff::ParamGrad;
+use super::func::{Func, Node};
+use super::op::{Op, ValueId};
+use super::vertex_fn::VertexFn;
+use crate::tensor::Shape;
+
+/// What a vertex receives in the backward pass, and where its gradients go.
+pub struct BackwardIo<'a> {
+    /// Which child slots hold a child (for `gather(k)`, slot `k`; for `gather_sum`, all of them).
+    pub children: &'a [bool],
+    /// Gradient of each scattered state, summed over the vertex's parents.
+    pub state_grads: &'a [Vec<f32>],
+    /// Gradient of each pushed output.
+    pub push_grads: &'a [Vec<f32>],
+}
+
+/// The gradients one vertex produces.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VertexGrads {
+    /// Per child slot: the gradient of each of the child's states (`None` for a missing child).
+    pub children: Vec<Option<Vec<Vec<f32>>>>,
+    /// Gradient of each pulled input.
+    pub pulls: Vec<Vec<f32>>,
+}
+
+fn eval(node: &Node, func: &Func, vals: &[Vec<f32>]) -> Vec<f32> {
+    let shape = &node.shape;
+    let (r, c) = (shape.rows(), shape.cols());
+    let val = |v: &ValueId| &vals[v.index()];
+    match &node.op {
+        Op::MatMul { a, b, ta, tb } => {
+            let (sa, sb) = (&func.node(*a).shape, &func.node(*b).shape);
+            let k = if *ta { sa.rows() } else { sa.cols() };
+            let at = |i: usize, j: usize| {
+                if *ta {
+                    val(a)[j * sa.cols() + i]
+                } else {
+                    val(a)[i * sa.cols() + j]
+                }
+            };
+            let bt = |i: usize, j: usize| {
+                if *tb {
+                    val(b)[j * sb.cols() + i]
+                } else {
+                    val(b)[i * sb.cols() + j]
+                }
+            };
+            let mut out = vec![0.0; r * c];
+            for i in 0..r {
+                for j in 0..c {
+                    out[i * c + j] = (0..k).map(|l| at(i, l) * bt(l, j)).sum();
+                }
+            }
+            out
+        }
+        Op::Unary { op, x } => val(x).iter().map(|&e| op.apply(e)).collect(),
+        Op::Binary { op, a, b } => {
+            let (va, vb) = (val(a), val(b));
+            // A one-row parameter operand repeats over the rows.
+            let pick = |v: &Vec<f32>, e: usize| if v.len() == r * c { v[e] } else { v[e % c] };
+            (0..r * c)
+                .map(|e| op.apply(pick(va, e), pick(vb, e)))
+                .collect()
+        }
+        Op::Slice { x, start, len } => {
+            let w = func.node(*x).shape.cols();
+            (0..r)
+                .flat_map(|i| val(x)[i * w + start..i * w + start + len].to_vec())
+                .collect()
+        }
+        Op::Concat { parts } => {
+            let mut out = Vec::with_capacity(r * c);
+            for i in 0..r {
+                for p in parts {
+                    let w = func.node(*p).shape.cols();
+                    out.extend_from_slice(&val(p)[i * w..(i + 1) * w]);
+                }
+            }
+            out
+        }
+        Op::SumCols { x } => {
+            let w = func.node(*x).shape.cols();
+            (0..r)
+                .map(|i| val(x)[i * w..(i + 1) * w].iter().sum())
+                .collect()
+        }
+        Op::BroadcastCols { x, cols } => (0..r).flat_map(|i| vec![val(x)[i]; *cols]).collect(),
+        load => unreachable!("load {} is resolved by the caller", load.name()),
+    }
+}
+
+fn zeros(shape: &Shape) -> Vec<f32> {
+    vec![0.0; shape.numel()]
+}
+
+/// Runs F on one vertex. `children[k]` holds the states the child in slot `k` scattered (indexed
+/// like [`VertexFn::states`]) or `None`; `pulls` holds the vertex's row of each input. Returns
+/// every forward value of the vertex (parameters included), indexed by [`ValueId`].
+pub fn forward(
+    f: &VertexFn,
+    params: &[Vec<f32>],
+    children: &[Option<&[Vec<f32>]>],
+    pulls: &[&[f32]],
+) -> Vec<Vec<f32>> {
+    let func = f.forward();
+    let mut vals: Vec<Vec<f32>> = Vec::with_capacity(func.nodes.len());
+    for node in &func.nodes {
+        let v = match &node.op {
+            Op::Gather { slot, state } => match children.get(*slot).copied().flatten() {
+                Some(states) => states[*state].clone(),
+                None => zeros(&node.shape),
+            },
+            Op::GatherSum { state } => {
+                let mut sum = zeros(&node.shape);
+                for states in children.iter().flatten() {
+                    for (s, x) in sum.iter_mut().zip(&states[*state]) {
+                        *s += x;
+                    }
+                }
+                sum
+            }
+            Op::Pull { input } => pulls[*input].to_vec(),
+            Op::Param { param } => params[*param].clone(),
+            _ => eval(node, func, &vals),
+        };
+        vals.push(v);
+    }
+    vals
+}
+
+/// Runs F' on one vertex, given its forward values (from [`forward`]). Adds this vertex's share of
+/// every parameter gradient into `param_grads` and returns its children's and inputs' gradients.
+pub fn backward(
+    f: &VertexFn,
+    params: &[Vec<f32>],
+    primal: &[Vec<f32>],
+    io: &BackwardIo<'_>,
+    param_grads: &mut [Vec<f32>],
+) -> VertexGrads {
+    let b = f.backward();
+    let func = &b.func;
+    let mut vals: Vec<Vec<f32>> = Vec::with_capacity(func.nodes.len());
+    for node in &func.nodes {
+        let v = match &node.op {
+            Op::Primal { value } => primal[value.index()].clone(),
+            Op::StateGrad { state } => io.state_grads[*state].clone(),
+            Op::PushGrad { output } => io.push_grads[*output].clone(),
+            Op::Param { param } => params[*param].clone(),
+            Op::Zeros => zeros(&node.shape),
+            _ => eval(node, func, &vals),
+        };
+        vals.push(v);
+    }
+    let state_zeros = || {
+        f.states()
+            .iter()
+            .map(|s| zeros(&s.shape))
+            .collect::<Vec<_>>()
+    };
+    let mut children: Vec<Option<Vec<Vec<f32>>>> = io
+        .children
+        .iter()
+        .map(|&present| present.then(state_zeros))
+        .collect();
+    for cg in &b.child_grads {
+        let g = &vals[cg.value.index()];
+        for (k, child) in children.iter_mut().enumerate() {
+            if let Some(states) = child.as_mut().filter(|_| cg.slot.is_none_or(|s| s == k)) {
+                for (d, x) in states[cg.state].iter_mut().zip(g) {
+                    *d += x;
+                }
+            }
+        }
+    }
+    let pulls = f
+        .inputs()
+        .iter()
+        .zip(&b.pull_grads)
+        .map(|(p, g)| g.map_or_else(|| zeros(&p.shape), |g| vals[g.index()].clone()))
+        .collect();
+    for pg in &b.param_grads {
+        let shape = &f.params()[pg.param()].shape;
+        let dw = &mut param_grads[pg.param()];
+        match *pg {
+            ParamGrad::MatMul { x, dy, .. } => {
+                let (xs, ys) = (&func.node(x).shape, &func.node(dy).shape);
+                let (xv, yv) = (&vals[x.index()], &vals[dy.index()]);
+                for i in 0..shape.rows() {
+                    for j in 0..shape.cols() {
+                        dw[i * shape.cols() + j] += (0..xs.rows())
+                            .map(|l| xv[l * xs.cols() + i] * yv[l * ys.cols() + j])
+                            .sum::<f32>();
+                    }
+                }
+            }
+            ParamGrad::SumRows { dy, .. } => {
+                let len = dw.len();
+                for (e, g) in vals[dy.index()].iter().enumerate() {
+                    dw[e % len] += g;
+                }
+            }
+        }
+    }
+    VertexGrads { children, pulls }
+}

@@ -1,0 +1,14 @@
+//! The vertex-function IR: ops, the builder, the built function and its derived backward.
+
+mod autodiff;
+mod builder;
+mod func;
+pub mod interp;
+mod op;
+mod vertex_fn;
+
+pub use autodiff::{Backward, ChildGrad, ParamGrad};
+pub use builder::{Builder, Var};
+pub use func::{Func, Init, Node, ParamDecl, Port, StateDecl};
+pub use op::{BinaryOp, Op, UnaryOp, ValueId};
+pub use vertex_fn::VertexFn;

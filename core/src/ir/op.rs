@@ -1,0 +1,325 @@
+//! The ops of the vertex-function IR and the scalar formula of each element-wise op.
+//!
+//! The formulas here are the single definition of what an element-wise op computes: the reference
+//! interpreter, the CPU kernels and the CUDA code generator all read them.
+
+use std::fmt;
+
+/// Index of a value in a function's value list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    /// The index as `usize`.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// Element-wise ops of one input.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryOp {
+    /// `-x`
+    Neg,
+    /// `s·x`
+    Scale(f32),
+    /// `1 / (1 + e^-x)`
+    Sigmoid,
+    /// `tanh x`
+    Tanh,
+    /// `max(x, 0)`
+    Relu,
+    /// `e^x`
+    Exp,
+    /// `ln x`
+    Log,
+}
+
+impl UnaryOp {
+    /// The op applied to one element.
+    #[inline(always)]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            UnaryOp::Neg => -x,
+            UnaryOp::Scale(s) => s * x,
+            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::Tanh => x.tanh(),
+            UnaryOp::Relu => x.max(0.0),
+            UnaryOp::Exp => x.exp(),
+            UnaryOp::Log => x.ln(),
+        }
+    }
+
+    /// The op as a CUDA C expression over the operand expression `x` (f32).
+    pub fn cuda(self, x: &str) -> String {
+        match self {
+            UnaryOp::Neg => format!("(-{x})"),
+            UnaryOp::Scale(s) => format!("({:?}f*{x})", s),
+            UnaryOp::Sigmoid => format!("(1.0f/(1.0f+__expf(-{x})))"),
+            UnaryOp::Tanh => format!("tanhf({x})"),
+            UnaryOp::Relu => format!("fmaxf({x},0.0f)"),
+            UnaryOp::Exp => format!("__expf({x})"),
+            UnaryOp::Log => format!("__logf({x})"),
+        }
+    }
+
+    /// The op's name as printed in plans and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Scale(_) => "scale",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+        }
+    }
+}
+
+/// Element-wise ops of two inputs. The `*Grad` ops appear only in derived backward functions:
+/// they take the forward output `y` and the output gradient `dy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a · b`
+    Mul,
+    /// `a / b`
+    Div,
+    /// `dy · y · (1 − y)`, the sigmoid's derivative from its output `a = y`, `b = dy`.
+    SigmoidGrad,
+    /// `dy · (1 − y²)`, the tanh's derivative from its output `a = y`, `b = dy`.
+    TanhGrad,
+    /// `dy` where `y > 0`, else 0: the relu's derivative from its output `a = y`, `b = dy`.
+    ReluGrad,
+}
+
+impl BinaryOp {
+    /// The op applied to one pair of elements.
+    #[inline(always)]
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            BinaryOp::SigmoidGrad => b * a * (1.0 - a),
+            BinaryOp::TanhGrad => b * (1.0 - a * a),
+            BinaryOp::ReluGrad => {
+                if a > 0.0 {
+                    b
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+
+    /// The op as a CUDA C expression over operand expressions `a` and `b` (f32).
+    pub fn cuda(self, a: &str, b: &str) -> String {
+        match self {
+            BinaryOp::Add => format!("({a}+{b})"),
+            BinaryOp::Sub => format!("({a}-{b})"),
+            BinaryOp::Mul => format!("({a}*{b})"),
+            BinaryOp::Div => format!("({a}/{b})"),
+            BinaryOp::SigmoidGrad => format!("({b}*{a}*(1.0f-{a}))"),
+            BinaryOp::TanhGrad => format!("({b}*(1.0f-{a}*{a}))"),
+            BinaryOp::ReluGrad => format!("({a}>0.0f?{b}:0.0f)"),
+        }
+    }
+
+    /// The op's name as printed in plans and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::SigmoidGrad => "sigmoid_grad",
+            BinaryOp::TanhGrad => "tanh_grad",
+            BinaryOp::ReluGrad => "relu_grad",
+        }
+    }
+}
+
+/// One node of a vertex function (forward F or derived backward F').
+///
+/// Every vertex value has a per-vertex shape `[r × c]`; over a batch of `n` vertices it is stored
+/// as an `[n·r × c]` row-major matrix, one contiguous `r·c` block per vertex.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// The state `state` scattered by the child in slot `slot` (zeros when that child is missing).
+    Gather {
+        /// Child slot.
+        slot: usize,
+        /// State index.
+        state: usize,
+    },
+    /// The sum over all children of the state `state` they scattered (zeros for a leaf).
+    GatherSum {
+        /// State index.
+        state: usize,
+    },
+    /// This vertex's row of external input `input`.
+    Pull {
+        /// Input index.
+        input: usize,
+    },
+    /// A parameter, shared by every vertex.
+    Param {
+        /// Parameter index.
+        param: usize,
+    },
+    /// Backward only: the forward value `value` of this vertex.
+    Primal {
+        /// The forward function's value.
+        value: ValueId,
+    },
+    /// Backward only: the gradient of this vertex's scattered state, summed over its parents.
+    StateGrad {
+        /// State index.
+        state: usize,
+    },
+    /// Backward only: the gradient of this vertex's pushed output `output`.
+    PushGrad {
+        /// Output index.
+        output: usize,
+    },
+    /// Backward only: zeros.
+    Zeros,
+    /// Fused kernels only: a value an earlier step stored in memory.
+    Stored {
+        /// The function's value.
+        value: ValueId,
+    },
+    /// `op(a) · op(b)` where `op` transposes when the flag is set. `b` may be a parameter.
+    MatMul {
+        /// Left operand (a vertex value).
+        a: ValueId,
+        /// Right operand (a vertex value or a parameter).
+        b: ValueId,
+        /// Transpose `a`.
+        ta: bool,
+        /// Transpose `b`.
+        tb: bool,
+    },
+    /// An element-wise op of one input.
+    Unary {
+        /// The op.
+        op: UnaryOp,
+        /// Its input.
+        x: ValueId,
+    },
+    /// An element-wise op of two inputs; one may be a parameter broadcast over vertices (and over
+    /// rows when it has one row).
+    Binary {
+        /// The op.
+        op: BinaryOp,
+        /// Left input.
+        a: ValueId,
+        /// Right input.
+        b: ValueId,
+    },
+    /// Columns `start..start + len` of every row.
+    Slice {
+        /// Input.
+        x: ValueId,
+        /// First column.
+        start: usize,
+        /// Number of columns.
+        len: usize,
+    },
+    /// The inputs side by side, column-wise.
+    Concat {
+        /// Inputs, left to right.
+        parts: Vec<ValueId>,
+    },
+    /// The sum of each row's columns: `[r × c] → [r × 1]`.
+    SumCols {
+        /// Input.
+        x: ValueId,
+    },
+    /// Backward only: a `[r × 1]` column repeated to `[r × cols]`.
+    BroadcastCols {
+        /// Input.
+        x: ValueId,
+        /// Output columns.
+        cols: usize,
+    },
+}
+
+impl Op {
+    /// The values this op reads.
+    pub fn inputs(&self) -> Vec<ValueId> {
+        match self {
+            Op::Gather { .. }
+            | Op::GatherSum { .. }
+            | Op::Pull { .. }
+            | Op::Param { .. }
+            | Op::Primal { .. }
+            | Op::StateGrad { .. }
+            | Op::PushGrad { .. }
+            | Op::Zeros
+            | Op::Stored { .. } => vec![],
+            Op::MatMul { a, b, .. } | Op::Binary { a, b, .. } => vec![*a, *b],
+            Op::Unary { x, .. }
+            | Op::Slice { x, .. }
+            | Op::SumCols { x }
+            | Op::BroadcastCols { x, .. } => {
+                vec![*x]
+            }
+            Op::Concat { parts } => parts.clone(),
+        }
+    }
+
+    /// Whether the op reads no value but memory the engine provides (gathers, pulls, parameters,
+    /// primal values, gradients).
+    pub fn is_load(&self) -> bool {
+        self.inputs().is_empty()
+    }
+
+    /// Whether the op is a matrix product (its own kernel; never fused).
+    pub fn is_matmul(&self) -> bool {
+        matches!(self, Op::MatMul { .. })
+    }
+
+    /// The op's short name, as plans and errors print it.
+    pub fn name(&self) -> String {
+        match self {
+            Op::Gather { slot, state } => format!("gather(slot {slot}, state {state})"),
+            Op::GatherSum { state } => format!("gather_sum(state {state})"),
+            Op::Pull { input } => format!("pull({input})"),
+            Op::Param { param } => format!("param({param})"),
+            Op::Primal { value } => format!("primal({value})"),
+            Op::StateGrad { state } => format!("state_grad({state})"),
+            Op::PushGrad { output } => format!("push_grad({output})"),
+            Op::Zeros => "zeros".into(),
+            Op::Stored { value } => format!("stored({value})"),
+            Op::MatMul { ta, tb, .. } => match (ta, tb) {
+                (false, false) => "matmul".into(),
+                (true, false) => "matmul(aᵀ)".into(),
+                (false, true) => "matmul(bᵀ)".into(),
+                (true, true) => "matmul(aᵀ,bᵀ)".into(),
+            },
+            Op::Unary {
+                op: UnaryOp::Scale(s),
+                ..
+            } => format!("scale({s})"),
+            Op::Unary { op, .. } => op.name().into(),
+            Op::Binary { op, .. } => op.name().into(),
+            Op::Slice { start, len, .. } => format!("slice({start}..{})", start + len),
+            Op::Concat { .. } => "concat".into(),
+            Op::SumCols { .. } => "sum_cols".into(),
+            Op::BroadcastCols { cols, .. } => format!("broadcast_cols({cols})"),
+        }
+    }
+}

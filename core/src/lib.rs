@@ -1,0 +1,12 @@
+//! arbor-core: tensors, the vertex-function IR and its builder, symbolic autodiff, fusion
+//! planning, input graphs, the [`Backend`](backend::Backend) trait and the error type.
+
+pub mod backend;
+pub mod error;
+pub mod fusion;
+pub mod ir;
+pub mod rng;
+pub mod tensor;
+
+pub use error::{Error, Result};
+pub use tensor::{DType, Shape, Tensor};
