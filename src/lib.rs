@@ -1,1 +1,14 @@
-//! placeholder
+//! arbor: deep learning on dynamic structures (trees, sequences, graphs) with Cavs-style vertex
+//! functions: declare the per-vertex computation once, hand each example its own graph, and the
+//! engine batches the vertices of a whole minibatch into a few large kernels.
+
+pub mod engine;
+pub mod nn;
+
+pub use arbor_batching as batching;
+pub use arbor_core as core;
+pub use arbor_core::graph::InputGraph;
+pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
+pub use arbor_core::{DType, Error, Result, Shape, Tensor};
+pub use arbor_ops::CpuBackend;
+pub use engine::{Engine, Gradients};

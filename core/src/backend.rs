@@ -1,1 +1,153 @@
-//! placeholder
+//! The narrow seam between the engine and the hardware.
+//!
+//! A backend owns device memory as flat f32 buffers and u32 index buffers. The engine addresses
+//! memory by ([`Loc`]) buffer number and element offset into the slice of buffers it hands to each
+//! call ([`Mem`]), so one call may read and write several regions of the same arena. The engine's
+//! memory plan guarantees that what a call writes does not overlap what it reads.
+
+use crate::error::Result;
+use crate::fusion::Kernel;
+
+/// An element offset into one of the data buffers of a [`Mem`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Loc {
+    /// Which data buffer.
+    pub buf: usize,
+    /// Offset in elements.
+    pub offset: usize,
+}
+
+impl Loc {
+    /// The location `n` elements further on.
+    pub fn add(self, n: usize) -> Loc {
+        Loc { buf: self.buf, offset: self.offset + n }
+    }
+}
+
+/// An element offset into one of the index buffers of a [`Mem`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IndexLoc {
+    /// Which index buffer.
+    pub buf: usize,
+    /// Offset in elements.
+    pub offset: usize,
+}
+
+/// The index value meaning "no row here" (a missing child): reads give zeros, adds are skipped.
+pub const NO_ROW: u32 = u32::MAX;
+
+/// Where the per-vertex blocks of one operand are, for the `n` vertices of a call. A block is a
+/// value's `r·c` elements for one vertex.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rows {
+    /// Vertex `i`'s block at `loc + i·block`.
+    Contiguous(Loc),
+    /// The same block for every vertex (a parameter).
+    Broadcast(Loc),
+    /// Vertex `i`'s block at `data + index[i]·block`, or zeros where `index[i] == NO_ROW`.
+    Indexed {
+        /// Start of the source rows.
+        data: Loc,
+        /// One row number per vertex.
+        index: IndexLoc,
+    },
+    /// For vertex `i`, the blocks at `data + index[j]·block` for `j` in `offsets[i]..offsets[i+1]`
+    /// (summed when read, each added to when written).
+    IndexedSet {
+        /// Start of the rows.
+        data: Loc,
+        /// `n + 1` offsets into `index`.
+        offsets: IndexLoc,
+        /// Row numbers.
+        index: IndexLoc,
+    },
+    /// Zeros (reads only).
+    Zeros,
+}
+
+/// `C_b (+)= op(A_b) · op(B_b)` for `b` in `0..batch`, all row-major; `op` transposes when the
+/// flag is set. `A_b` starts at `a + b·stride_a` (likewise B and C); a stride of 0 shares one
+/// matrix across the batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gemm {
+    /// Rows of C.
+    pub m: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// Inner dimension.
+    pub k: usize,
+    /// A (stored `m × k`, or `k × m` when transposed).
+    pub a: Loc,
+    /// Row stride of A as stored.
+    pub lda: usize,
+    /// Transpose A.
+    pub ta: bool,
+    /// B (stored `k × n`, or `n × k` when transposed).
+    pub b: Loc,
+    /// Row stride of B as stored.
+    pub ldb: usize,
+    /// Transpose B.
+    pub tb: bool,
+    /// C (`m × n`).
+    pub c: Loc,
+    /// Row stride of C.
+    pub ldc: usize,
+    /// Add to C instead of overwriting it.
+    pub accumulate: bool,
+    /// Number of products.
+    pub batch: usize,
+    /// Element stride between the A matrices.
+    pub stride_a: usize,
+    /// Element stride between the B matrices.
+    pub stride_b: usize,
+    /// Element stride between the C matrices.
+    pub stride_c: usize,
+}
+
+/// The memory one call may touch: data buffers and index buffers.
+pub struct Mem<'a, B: Backend + ?Sized> {
+    /// f32 buffers, addressed by [`Loc::buf`].
+    pub data: &'a mut [B::Buffer],
+    /// u32 buffers, addressed by [`IndexLoc::buf`].
+    pub index: &'a [B::Index],
+}
+
+/// A compute device: memory, matrix products, fused element-wise kernels, gathers and
+/// scatter-adds, reductions.
+pub trait Backend {
+    /// An f32 device buffer.
+    type Buffer;
+    /// A u32 device buffer.
+    type Index;
+
+    /// A short name for messages (`cpu`, `cuda:0`).
+    fn name(&self) -> &'static str;
+    /// A zeroed buffer of `len` elements.
+    fn alloc(&self, len: usize) -> Result<Self::Buffer>;
+    /// A zeroed index buffer of `len` elements.
+    fn alloc_index(&self, len: usize) -> Result<Self::Index>;
+    /// How many buffers (data and index) this backend has allocated so far.
+    fn allocations(&self) -> usize;
+    /// Elements in a buffer.
+    fn len(&self, buf: &Self::Buffer) -> usize;
+    /// Elements in an index buffer.
+    fn index_len(&self, buf: &Self::Index) -> usize;
+    /// Copies host data into a buffer at `offset`.
+    fn write(&self, buf: &mut Self::Buffer, offset: usize, src: &[f32]) -> Result<()>;
+    /// Copies host indices into an index buffer at `offset`.
+    fn write_index(&self, buf: &mut Self::Index, offset: usize, src: &[u32]) -> Result<()>;
+    /// Copies a buffer's elements at `offset` to the host.
+    fn read(&self, buf: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
+    /// Sets `len` elements at `dst` to `value`.
+    fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()>;
+    /// A (batched, strided) matrix product.
+    fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> Result<()>;
+    /// Runs a fused kernel over `n` vertices: `loads[j]` binds the kernel's j-th load op,
+    /// `stores[j]` is where its j-th stored op writes (vertex `i` at `stores[j] + i·block`).
+    fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()>;
+    /// For each of `n` vertices, adds its `block` elements at `src + i·block` into the rows `dst`
+    /// names for it (`Indexed` or `IndexedSet`).
+    fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()>;
+    /// `dst[j] (+)= Σ_i src[i·cols + j]` over `rows` rows.
+    fn sum_rows(&self, mem: &mut Mem<'_, Self>, src: Loc, rows: usize, cols: usize, dst: Loc, accumulate: bool) -> Result<()>;
+}

@@ -18,9 +18,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// When a step runs within one minibatch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Phase {
     /// Once over all vertices, before the task loop.
+    #[default]
     Prologue = 0,
     /// Once per task, in schedule order.
     Recurrent = 1,
@@ -91,6 +92,8 @@ pub struct Plan {
     pub phases: [Vec<Step>; 3],
     /// Whether each value of the function is written to memory.
     pub stored: Vec<bool>,
+    /// The phase each value belongs to.
+    pub phase: Vec<Phase>,
 }
 
 /// Loads whose data the engine can hand to a GEMM or an output directly.
@@ -258,7 +261,7 @@ impl Plan {
                 }
             }
         }
-        Plan { phases, stored }
+        Plan { phases, stored, phase }
     }
 
     /// Number of GEMM steps and fused kernels over all phases.

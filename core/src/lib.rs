@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod error;
 pub mod fusion;
+pub mod graph;
 pub mod ir;
 pub mod rng;
 pub mod tensor;

@@ -206,3 +206,99 @@ pub fn backward(
     }
     VertexGrads { children, pulls }
 }
+
+/// Everything one example produces under the reference interpreter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphRun {
+    /// Per pushed output, its rows for every vertex (in vertex order).
+    pub outputs: Vec<Vec<f32>>,
+    /// Per pulled input, its gradient rows for every vertex.
+    pub pull_grads: Vec<Vec<f32>>,
+    /// Per parameter, its gradient summed over the graph.
+    pub param_grads: Vec<Vec<f32>>,
+}
+
+/// Vertices of `g` with every child before its parents (iterative, so deep graphs are fine).
+pub fn children_first(g: &crate::graph::InputGraph) -> Vec<usize> {
+    let mut done = vec![false; g.len()];
+    let mut order = Vec::with_capacity(g.len());
+    let mut stack = Vec::new();
+    for root in 0..g.len() {
+        stack.push((root, false));
+        while let Some((v, expanded)) = stack.pop() {
+            if done[v] {
+                continue;
+            }
+            if expanded {
+                done[v] = true;
+                order.push(v);
+            } else {
+                stack.push((v, true));
+                stack.extend(g.children(v).iter().filter(|&&c| c != crate::graph::NO_CHILD).map(|&c| (c as usize, false)));
+            }
+        }
+    }
+    order
+}
+
+/// Runs F and then F' over one graph, vertex by vertex. `pulls[i]` and `push_grads[o]` hold one
+/// row block per vertex, in vertex order.
+pub fn run_graph(
+    f: &VertexFn,
+    params: &[Vec<f32>],
+    g: &crate::graph::InputGraph,
+    pulls: &[&[f32]],
+    push_grads: &[&[f32]],
+) -> GraphRun {
+    let n = g.len();
+    let order = children_first(g);
+    let block = |s: &Shape| s.numel();
+    let mut values: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
+    let mut states: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
+    for &v in &order {
+        let kids: Vec<Option<&[Vec<f32>]>> = g
+            .children(v)
+            .iter()
+            .map(|&c| (c != crate::graph::NO_CHILD).then(|| states[c as usize].as_slice()))
+            .collect();
+        let rows: Vec<&[f32]> = f
+            .inputs()
+            .iter()
+            .zip(pulls)
+            .map(|(p, x)| &x[v * block(&p.shape)..(v + 1) * block(&p.shape)])
+            .collect();
+        let vals = forward(f, params, &kids, &rows);
+        states[v] = f.states().iter().map(|s| vals[s.value.index()].clone()).collect();
+        values[v] = vals;
+    }
+    let outputs = f.outputs().iter().map(|o| (0..n).flat_map(|v| values[v][o.value.index()].clone()).collect()).collect();
+    let mut state_grads: Vec<Vec<Vec<f32>>> = (0..n).map(|_| f.states().iter().map(|s| zeros(&s.shape)).collect()).collect();
+    let mut param_grads: Vec<Vec<f32>> = f.params().iter().map(|p| zeros(&p.shape)).collect();
+    let mut pull_grads: Vec<Vec<f32>> = f.inputs().iter().map(|p| vec![0.0; n * block(&p.shape)]).collect();
+    for &v in order.iter().rev() {
+        let present: Vec<bool> = g.children(v).iter().map(|&c| c != crate::graph::NO_CHILD).collect();
+        let pg: Vec<Vec<f32>> = f
+            .outputs()
+            .iter()
+            .zip(push_grads)
+            .map(|(o, x)| x[v * block(&o.shape)..(v + 1) * block(&o.shape)].to_vec())
+            .collect();
+        let io = BackwardIo { children: &present, state_grads: &state_grads[v], push_grads: &pg };
+        let grads = backward(f, params, &values[v], &io, &mut param_grads);
+        for (k, child) in grads.children.into_iter().enumerate() {
+            if let Some(child) = child {
+                let c = g.children(v)[k] as usize;
+                for (acc, gs) in state_grads[c].iter_mut().zip(child) {
+                    for (a, x) in acc.iter_mut().zip(gs) {
+                        *a += x;
+                    }
+                }
+            }
+        }
+        for ((dst, p), gp) in pull_grads.iter_mut().zip(f.inputs()).zip(grads.pulls) {
+            let b = block(&p.shape);
+            dst[v * b..(v + 1) * b].copy_from_slice(&gp);
+        }
+    }
+    GraphRun { outputs, pull_grads, param_grads }
+}

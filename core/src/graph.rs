@@ -1,0 +1,110 @@
+//! Input graphs: one per example, a DAG whose vertices have ordered child slots.
+
+use crate::error::{Error, Result};
+use crate::ir::VertexFn;
+use petgraph::graph::{DiGraph, NodeIndex};
+use smallvec::SmallVec;
+
+/// Marks an empty child slot.
+pub const NO_CHILD: u32 = u32::MAX;
+
+/// A validated DAG: for every vertex, its children in slot order (`NO_CHILD` for an empty slot).
+/// Children come before parents in the vertex function's data flow; roots have no parents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputGraph {
+    children: Vec<SmallVec<[u32; 2]>>,
+}
+
+impl InputGraph {
+    /// A graph from each vertex's child slots (`None` for an empty slot). Errors name the vertex:
+    /// a child index out of range, a vertex that is its own descendant (a cycle).
+    pub fn from_children(children: Vec<Vec<Option<usize>>>) -> Result<InputGraph> {
+        let n = children.len();
+        let mut out = Vec::with_capacity(n);
+        for (v, slots) in children.into_iter().enumerate() {
+            let mut list = SmallVec::with_capacity(slots.len());
+            for c in slots {
+                match c {
+                    Some(c) if c >= n => {
+                        return Err(graph_error(format!("vertex {v} has child {c}, but the graph has {n} vertices")))
+                    }
+                    Some(c) => list.push(c as u32),
+                    None => list.push(NO_CHILD),
+                }
+            }
+            out.push(list);
+        }
+        let g = InputGraph { children: out };
+        g.check_acyclic()?;
+        Ok(g)
+    }
+
+    /// A chain (a sequence): vertex `i` has vertex `i − 1` as its only child; the last is the root.
+    pub fn chain(len: usize) -> InputGraph {
+        let children = (0..len).map(|i| if i == 0 { SmallVec::new() } else { SmallVec::from_slice(&[i as u32 - 1]) });
+        InputGraph { children: children.collect() }
+    }
+
+    /// A tree from each vertex's parent (`None` for the root); children keep vertex order.
+    pub fn from_parents(parents: &[Option<usize>]) -> Result<InputGraph> {
+        let mut children = vec![Vec::new(); parents.len()];
+        for (v, p) in parents.iter().enumerate() {
+            if let Some(p) = *p {
+                let slots = children
+                    .get_mut(p)
+                    .ok_or_else(|| graph_error(format!("vertex {v} has parent {p}, but the graph has {} vertices", parents.len())))?;
+                slots.push(Some(v));
+            }
+        }
+        InputGraph::from_children(children)
+    }
+
+    fn check_acyclic(&self) -> Result<()> {
+        let mut g = DiGraph::<(), ()>::with_capacity(self.len(), self.len());
+        for _ in 0..self.len() {
+            g.add_node(());
+        }
+        for (v, cs) in self.children.iter().enumerate() {
+            for &c in cs.iter().filter(|&&c| c != NO_CHILD) {
+                g.add_edge(NodeIndex::new(c as usize), NodeIndex::new(v), ());
+            }
+        }
+        petgraph::algo::toposort(&g, None)
+            .map(|_| ())
+            .map_err(|cycle| graph_error(format!("vertex {} lies on a cycle", cycle.node_id().index())))
+    }
+
+    /// Checks that every vertex fits `f`: no more children than its arity (unless it uses
+    /// `gather_sum`).
+    pub fn check_for(&self, f: &VertexFn) -> Result<()> {
+        if let Some(max) = f.max_children() {
+            if let Some((v, cs)) = self.children.iter().enumerate().find(|(_, cs)| cs.len() > max) {
+                return Err(graph_error(format!(
+                    "vertex {v} has {} child slots, but `{}` gathers at most {max}",
+                    cs.len(),
+                    f.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of vertices.
+    pub fn len(&self) -> usize {
+        self.children.len()
+    }
+
+    /// Whether the graph has no vertex.
+    pub fn is_empty(&self) -> bool {
+        self.children.is_empty()
+    }
+
+    /// The child slots of vertex `v` (`NO_CHILD` where empty).
+    pub fn children(&self, v: usize) -> &[u32] {
+        &self.children[v]
+    }
+}
+
+fn graph_error(reason: String) -> Error {
+    Error::Graph { graph: "input".into(), reason }
+}

@@ -1,0 +1,154 @@
+//! Raw, bounds-checked access to the buffers of one backend call, and row gathers and
+//! scatter-adds.
+
+use super::{bad, CpuBackend};
+use arbor_core::backend::{IndexLoc, Loc, Mem, Rows, NO_ROW};
+use arbor_core::error::Result;
+
+const MAX_BUFFERS: usize = 16;
+
+/// Base pointers and lengths of the buffers of one call.
+///
+/// The engine's memory plan guarantees that the regions a call writes do not overlap the regions
+/// it reads, which is what makes handing out a mutable and shared slices of one buffer sound.
+pub(crate) struct Raw<'a> {
+    data: [(*mut f32, usize); MAX_BUFFERS],
+    index: [(*const u32, usize); MAX_BUFFERS],
+    _mem: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> Raw<'a> {
+    pub(crate) fn new(mem: &'a mut Mem<'_, CpuBackend>) -> Result<Raw<'a>> {
+        if mem.data.len() > MAX_BUFFERS || mem.index.len() > MAX_BUFFERS {
+            return Err(bad("call", format!("more than {MAX_BUFFERS} buffers in one call")));
+        }
+        let mut data = [(std::ptr::null_mut(), 0); MAX_BUFFERS];
+        for (d, b) in data.iter_mut().zip(mem.data.iter_mut()) {
+            *d = (b.as_mut_ptr(), b.len());
+        }
+        let mut index = [(std::ptr::null(), 0); MAX_BUFFERS];
+        for (d, b) in index.iter_mut().zip(mem.index.iter()) {
+            *d = (b.as_ptr(), b.len());
+        }
+        Ok(Raw { data, index, _mem: std::marker::PhantomData })
+    }
+
+    fn check(&self, op: &str, at: Loc, len: usize) -> Result<*mut f32> {
+        let (ptr, cap) = self.data.get(at.buf).copied().unwrap_or((std::ptr::null_mut(), 0));
+        if ptr.is_null() || at.offset + len > cap {
+            return Err(bad(op, format!("{len} elements at {}:{} outside a buffer of {cap}", at.buf, at.offset)));
+        }
+        // SAFETY: in bounds of the buffer, checked above.
+        Ok(unsafe { ptr.add(at.offset) })
+    }
+
+    /// `len` elements at `at`, to read.
+    ///
+    /// # Safety
+    /// No mutable slice overlapping this range may be live.
+    pub(crate) unsafe fn get(&self, op: &str, at: Loc, len: usize) -> Result<&'a [f32]> {
+        let p = self.check(op, at, len)?;
+        Ok(unsafe { std::slice::from_raw_parts(p, len) })
+    }
+
+    /// `len` elements at `at`, to write.
+    ///
+    /// # Safety
+    /// No other slice overlapping this range may be live.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn get_mut(&self, op: &str, at: Loc, len: usize) -> Result<&'a mut [f32]> {
+        let p = self.check(op, at, len)?;
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+    }
+
+    /// `len` indices at `at`.
+    pub(crate) fn index(&self, op: &str, at: IndexLoc, len: usize) -> Result<&'a [u32]> {
+        let (ptr, cap) = self.index.get(at.buf).copied().unwrap_or((std::ptr::null(), 0));
+        if ptr.is_null() || at.offset + len > cap {
+            return Err(bad(op, format!("{len} indices at {}:{} outside an index buffer of {cap}", at.buf, at.offset)));
+        }
+        // SAFETY: in bounds, checked above; index buffers are never written during a call.
+        Ok(unsafe { std::slice::from_raw_parts(ptr.add(at.offset), len) })
+    }
+
+    /// The block of row `row` (of `block` elements) starting at `data`, to read.
+    ///
+    /// # Safety
+    /// As [`Raw::get`].
+    pub(crate) unsafe fn row(&self, op: &str, data: Loc, row: u32, block: usize) -> Result<&'a [f32]> {
+        unsafe { self.get(op, data.add(row as usize * block), block) }
+    }
+}
+
+/// Reads the blocks of vertices `start..start + m` of `rows` into `out` (`m·block` elements).
+pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: usize, out: &mut [f32]) -> Result<()> {
+    // SAFETY (all reads below): a load's source is never written by the call that loads it.
+    match *rows {
+        Rows::Contiguous(at) => out.copy_from_slice(unsafe { raw.get("load", at.add(start * block), m * block)? }),
+        Rows::Broadcast(at) => out.copy_from_slice(unsafe { raw.get("load", at, block)? }),
+        Rows::Zeros => out.fill(0.0),
+        Rows::Indexed { data, index } => {
+            let idx = raw.index("gather", IndexLoc { offset: index.offset + start, ..index }, m)?;
+            for (o, &i) in out.chunks_exact_mut(block).zip(idx) {
+                if i == NO_ROW {
+                    o.fill(0.0);
+                } else {
+                    o.copy_from_slice(unsafe { raw.row("gather", data, i, block)? });
+                }
+            }
+        }
+        Rows::IndexedSet { data, offsets, index } => {
+            let offs = raw.index("gather_sum", IndexLoc { offset: offsets.offset + start, ..offsets }, m + 1)?;
+            out.fill(0.0);
+            for (v, o) in out.chunks_exact_mut(block).enumerate() {
+                let (lo, hi) = (offs[v] as usize, offs[v + 1] as usize);
+                let rows = raw.index("gather_sum", IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?;
+                for &i in rows {
+                    for (d, x) in o.iter_mut().zip(unsafe { raw.row("gather_sum", data, i, block)? }) {
+                        *d += x;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds each of `n` blocks at `src` into the rows `dst` names for its vertex.
+pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()> {
+    // SAFETY: the source (a gradient of this task) and the destination (children's state
+    // gradients) are different regions; each destination block is borrowed one at a time.
+    let src = unsafe { raw.get("scatter_add", src, n * block)? };
+    let data = match *dst {
+        Rows::Indexed { data, .. } | Rows::IndexedSet { data, .. } => data,
+        _ => return Err(bad("scatter_add", "destination must be indexed rows")),
+    };
+    let add = |row: u32, x: &[f32]| -> Result<()> {
+        if row != NO_ROW {
+            let d = unsafe { raw.get_mut("scatter_add", data.add(row as usize * block), block)? };
+            for (d, x) in d.iter_mut().zip(x) {
+                *d += x;
+            }
+        }
+        Ok(())
+    };
+    match *dst {
+        Rows::Indexed { index, .. } => {
+            let idx = raw.index("scatter_add", index, n)?;
+            for (x, &i) in src.chunks_exact(block.max(1)).zip(idx) {
+                add(i, x)?;
+            }
+        }
+        Rows::IndexedSet { offsets, index, .. } => {
+            let offs = raw.index("scatter_add", offsets, n + 1)?;
+            for (v, x) in src.chunks_exact(block.max(1)).enumerate() {
+                let (lo, hi) = (offs[v] as usize, offs[v + 1] as usize);
+                for &i in raw.index("scatter_add", IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))? {
+                    add(i, x)?;
+                }
+            }
+        }
+        _ => return Err(bad("scatter_add", "destination must be indexed rows")),
+    }
+    Ok(())
+}

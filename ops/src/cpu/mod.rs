@@ -1,0 +1,120 @@
+//! The CPU backend: host buffers, the `gemm` crate, and fused kernels run as tight loops.
+
+mod elementwise;
+mod fused;
+mod matmul;
+mod memory;
+
+use arbor_core::backend::{Backend, Gemm, Loc, Mem, Rows};
+use arbor_core::error::{Error, Result};
+use arbor_core::fusion::Kernel;
+use memory::Raw;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The CPU backend. Matrix products use all cores (through rayon) above a size threshold and one
+/// core below it, where threading costs more than it saves.
+#[derive(Debug, Default)]
+pub struct CpuBackend {
+    allocations: AtomicUsize,
+}
+
+impl CpuBackend {
+    /// A CPU backend.
+    pub fn new() -> CpuBackend {
+        CpuBackend::default()
+    }
+}
+
+pub(crate) fn bad(op: &str, msg: impl Into<String>) -> Error {
+    Error::Backend { backend: "cpu", op: op.into(), msg: msg.into() }
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Vec<f32>;
+    type Index = Vec<u32>;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        Ok(vec![0.0; len])
+    }
+
+    fn alloc_index(&self, len: usize) -> Result<Vec<u32>> {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        Ok(vec![0; len])
+    }
+
+    fn allocations(&self) -> usize {
+        self.allocations.load(Ordering::Relaxed)
+    }
+
+    fn len(&self, buf: &Vec<f32>) -> usize {
+        buf.len()
+    }
+
+    fn index_len(&self, buf: &Vec<u32>) -> usize {
+        buf.len()
+    }
+
+    fn write(&self, buf: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
+        let dst = buf
+            .get_mut(offset..offset + src.len())
+            .ok_or_else(|| bad("write", format!("{} elements at {offset} past a buffer of {}", src.len(), offset)))?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn write_index(&self, buf: &mut Vec<u32>, offset: usize, src: &[u32]) -> Result<()> {
+        let len = buf.len();
+        let dst = buf
+            .get_mut(offset..offset + src.len())
+            .ok_or_else(|| bad("write_index", format!("{} indices at {offset} past a buffer of {len}", src.len())))?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn read(&self, buf: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
+        let src = buf
+            .get(offset..offset + dst.len())
+            .ok_or_else(|| bad("read", format!("{} elements at {offset} past a buffer of {}", dst.len(), buf.len())))?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()> {
+        let raw = Raw::new(mem)?;
+        // SAFETY: `Raw::get_mut` checked the range; no other reference into the buffers is live.
+        unsafe { raw.get_mut("fill", dst, len)? }.fill(value);
+        Ok(())
+    }
+
+    fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> Result<()> {
+        matmul::gemm(&Raw::new(mem)?, g)
+    }
+
+    fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
+        fused::run(&Raw::new(mem)?, kernel, n, loads, stores)
+    }
+
+    fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()> {
+        memory::scatter_add(&Raw::new(mem)?, src, block, n, dst)
+    }
+
+    fn sum_rows(&self, mem: &mut Mem<'_, Self>, src: Loc, rows: usize, cols: usize, dst: Loc, accumulate: bool) -> Result<()> {
+        let raw = Raw::new(mem)?;
+        // SAFETY: both ranges are checked; the engine never sums a region into itself.
+        let (s, d) = unsafe { (raw.get("sum_rows", src, rows * cols)?, raw.get_mut("sum_rows", dst, cols)?) };
+        if !accumulate {
+            d.fill(0.0);
+        }
+        for row in s.chunks_exact(cols.max(1)) {
+            for (d, x) in d.iter_mut().zip(row) {
+                *d += x;
+            }
+        }
+        Ok(())
+    }
+}

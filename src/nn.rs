@@ -1,0 +1,48 @@
+//! Ready-made vertex functions.
+
+use arbor_core::ir::{Builder, Init, VertexFn};
+use arbor_core::Result;
+
+/// The binary (N-ary, N = 2) Tree-LSTM cell of Tai et al. (2015), with a forget gate per child.
+/// Pulls `x` (`embed` wide), gathers and scatters states `h` and `c`, pushes `h`.
+pub fn tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
+    let f = Builder::new("tree-lstm", 2);
+    let x = f.pull("x", embed);
+    let (h0, c0) = (f.gather(0, "h", hidden), f.gather(0, "c", hidden));
+    let (h1, c1) = (f.gather(1, "h", hidden), f.gather(1, "c", hidden));
+    let w = f.param("W", [embed, 5 * hidden], Init::Xavier);
+    let u0 = f.param("U0", [hidden, 5 * hidden], Init::Xavier);
+    let u1 = f.param("U1", [hidden, 5 * hidden], Init::Xavier);
+    let b = f.param("b", [1, 5 * hidden], Init::Zeros);
+    let gates = x.matmul(w) + h0.matmul(u0) + h1.matmul(u1) + b;
+    let gate = |k: usize| gates.slice(k * hidden, hidden);
+    let (i, f0, f1, o) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).sigmoid(), gate(3).sigmoid());
+    let u = gate(4).tanh();
+    let c = i * u + f0 * c0 + f1 * c1;
+    let h = o * c.tanh();
+    f.scatter("h", h);
+    f.scatter("c", c);
+    f.push("h", h);
+    f.build()
+}
+
+/// A child-sum Tree-LSTM cell over any number of children. Its forget gate is computed from the
+/// children's summed hidden state and applied to their summed memory (one gate for all children,
+/// since `gather_sum` reads the sum).
+pub fn child_sum_tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
+    let f = Builder::new("child-sum-tree-lstm", 0);
+    let x = f.pull("x", embed);
+    let (h, c) = (f.gather_sum("h", hidden), f.gather_sum("c", hidden));
+    let w = f.param("W", [embed, 4 * hidden], Init::Xavier);
+    let u = f.param("U", [hidden, 4 * hidden], Init::Xavier);
+    let b = f.param("b", [1, 4 * hidden], Init::Zeros);
+    let gates = x.matmul(w) + h.matmul(u) + b;
+    let gate = |k: usize| gates.slice(k * hidden, hidden);
+    let (i, fg, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).sigmoid(), gate(3).tanh());
+    let c_new = i * uu + fg * c;
+    let h_new = o * c_new.tanh();
+    f.scatter("h", h_new);
+    f.scatter("c", c_new);
+    f.push("h", h_new);
+    f.build()
+}

@@ -1,0 +1,172 @@
+//! The batched, fused engine on the CPU backend equals the one-vertex-at-a-time reference
+//! interpreter: outputs, input gradients and parameter gradients, on random forests and DAGs.
+
+use arbor::core::ir::interp::run_graph;
+use arbor::core::rng::Rng;
+use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, VertexFn};
+use proptest::prelude::*;
+
+/// A random graph of `n` vertices: each vertex fills each of its `arity` slots with an earlier
+/// vertex with probability 0.7 (in a tree, a vertex becomes a child at most once).
+fn random_graph(rng: &mut Rng, n: usize, arity: usize, dag: bool) -> InputGraph {
+    let mut has_parent = vec![false; n];
+    let children = (0..n)
+        .map(|v| {
+            let slots = if arity == 0 { rng.below(4) } else { arity };
+            (0..slots)
+                .map(|_| {
+                    if v == 0 || rng.uniform() > 0.7 {
+                        return None;
+                    }
+                    let c = rng.below(v);
+                    if !dag && has_parent[c] {
+                        return None;
+                    }
+                    has_parent[c] = true;
+                    Some(c)
+                })
+                .collect()
+        })
+        .collect();
+    InputGraph::from_children(children).expect("random graphs are acyclic")
+}
+
+fn random_rows(rng: &mut Rng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.range(-1.0, 1.0)).collect()
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let tol = 1e-5 * w.abs().max(1.0) + 1e-6;
+        assert!((g - w).abs() <= tol * 4.0, "{what}[{i}]: engine {g} vs reference {w}");
+    }
+}
+
+/// Runs `f` on a random minibatch through the engine and through the reference, and compares.
+fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) {
+    let mut rng = Rng::new(seed);
+    let params = f.init_params(&mut rng);
+    // Non-zero biases so every parameter gradient path is exercised.
+    let params: Vec<Vec<f32>> = params.into_iter().map(|p| p.iter().map(|x| x + rng.range(-0.1, 0.1)).collect()).collect();
+    let arity = if f.max_children().is_none() { 0 } else { f.arity() };
+    let gs: Vec<InputGraph> = (0..graphs)
+        .map(|_| {
+            let n = 1 + rng.below(max_vertices);
+            random_graph(&mut rng, n, arity, dag)
+        })
+        .collect();
+    let total: usize = gs.iter().map(InputGraph::len).sum();
+    let pulls: Vec<Vec<f32>> = f.inputs().iter().map(|p| random_rows(&mut rng, total * p.shape.numel())).collect();
+    let push_grads: Vec<Vec<f32>> = f.outputs().iter().map(|o| random_rows(&mut rng, total * o.shape.numel())).collect();
+
+    let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+    let refs: Vec<&InputGraph> = gs.iter().collect();
+    let pull_refs: Vec<&[f32]> = pulls.iter().map(Vec::as_slice).collect();
+    let outputs = engine.forward(&refs, &pull_refs).unwrap();
+    let grad_refs: Vec<&[f32]> = push_grads.iter().map(Vec::as_slice).collect();
+    let grads = engine.backward(&grad_refs).unwrap();
+
+    let mut want_out: Vec<Vec<f32>> = vec![Vec::new(); f.outputs().len()];
+    let mut want_pull: Vec<Vec<f32>> = vec![Vec::new(); f.inputs().len()];
+    let mut want_param: Vec<Vec<f32>> = f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
+    let mut start = 0;
+    for g in &gs {
+        let slice = |rows: &Vec<f32>, block: usize| rows[start * block..(start + g.len()) * block].to_vec();
+        let p: Vec<Vec<f32>> = pulls.iter().zip(f.inputs()).map(|(x, port)| slice(x, port.shape.numel())).collect();
+        let d: Vec<Vec<f32>> = push_grads.iter().zip(f.outputs()).map(|(x, port)| slice(x, port.shape.numel())).collect();
+        let pr: Vec<&[f32]> = p.iter().map(Vec::as_slice).collect();
+        let dr: Vec<&[f32]> = d.iter().map(Vec::as_slice).collect();
+        let run = run_graph(&f, &params, g, &pr, &dr);
+        for (w, o) in want_out.iter_mut().zip(run.outputs) {
+            w.extend(o);
+        }
+        for (w, o) in want_pull.iter_mut().zip(run.pull_grads) {
+            w.extend(o);
+        }
+        for (w, o) in want_param.iter_mut().zip(run.param_grads) {
+            for (a, b) in w.iter_mut().zip(o) {
+                *a += b;
+            }
+        }
+        start += g.len();
+    }
+    for (o, (got, want)) in outputs.iter().zip(&want_out).enumerate() {
+        assert_close(&format!("output {o}"), got, want);
+    }
+    for (i, (got, want)) in grads.pulls.iter().zip(&want_pull).enumerate() {
+        assert_close(&format!("input {i} gradient"), got, want);
+    }
+    for (p, (got, want)) in grads.params.iter().zip(&want_param).enumerate() {
+        assert_close(&format!("parameter {} gradient", f.params()[p].name), got, want);
+    }
+}
+
+/// A cell using the less common ops: per-vertex matrix values, matmul of two values, concat,
+/// sum_cols, a same-shape parameter, div, exp, log, relu, neg, scale.
+fn odd_cell() -> VertexFn {
+    let f = Builder::new("odd", 2);
+    let x = f.pull("x", [2, 3]);
+    let s0 = f.gather(0, "s", [2, 3]);
+    let s1 = f.gather(1, "s", [2, 3]);
+    let m = f.pull("m", [3, 3]);
+    let p = f.param("P", [2, 3], Init::Uniform(0.5));
+    let w = f.param("W", [3, 3], Init::Xavier);
+    let a = (x + s0).matmul(m).tanh() * p;
+    let b = (s1.matmul(w).sigmoid() + p).log().relu() - s1.scale(0.5);
+    let denom = a.exp() + b.sigmoid();
+    let q = -(a / denom);
+    let wide = f.concat(&[q, b]);
+    let s = wide.slice(1, 3).tanh() + q;
+    f.scatter("s", s);
+    f.push("sum", wide.sum_cols());
+    f.build().unwrap()
+}
+
+#[test]
+fn tree_lstm_on_a_fixed_forest() {
+    check(nn::tree_lstm(5, 4).unwrap(), 1, 6, 30, false);
+}
+
+#[test]
+fn child_sum_on_a_fixed_dag() {
+    check(nn::child_sum_tree_lstm(5, 4).unwrap(), 2, 5, 25, true);
+}
+
+#[test]
+fn odd_ops_on_a_fixed_dag() {
+    check(odd_cell(), 3, 4, 20, true);
+}
+
+#[test]
+fn empty_slots_and_single_vertices() {
+    let f = nn::tree_lstm(3, 2).unwrap();
+    let mut rng = Rng::new(5);
+    let params = f.init_params(&mut rng);
+    let lone = InputGraph::from_children(vec![vec![]]).unwrap();
+    let right_only = InputGraph::from_children(vec![vec![], vec![None, Some(0)]]).unwrap();
+    let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+    let x: Vec<f32> = random_rows(&mut rng, 3 * 3);
+    let out = engine.forward(&[&lone, &right_only], &[&x]).unwrap();
+    let run = run_graph(&f, &params, &right_only, &[&x[3..]], &[&[0.0; 4]]);
+    assert_close("right-only child", &out[0][2..], &run.outputs[0]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn tree_lstm_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=32, max_v in 1usize..=60, dag in any::<bool>()) {
+        check(nn::tree_lstm(6, 5).unwrap(), seed, graphs, max_v, dag);
+    }
+
+    #[test]
+    fn child_sum_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=16, max_v in 1usize..=60, dag in any::<bool>()) {
+        check(nn::child_sum_tree_lstm(4, 3).unwrap(), seed, graphs, max_v, dag);
+    }
+
+    #[test]
+    fn odd_ops_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=8, max_v in 1usize..=30) {
+        check(odd_cell(), seed, graphs, max_v, true);
+    }
+}
