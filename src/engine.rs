@@ -57,15 +57,30 @@ impl Layout {
                 .iter()
                 .enumerate()
                 .map(|(i, node)| {
-                    let own = plan.stored[i] && !matches!(node.op, Op::Pull { .. } | Op::Primal { .. } | Op::StateGrad { .. } | Op::PushGrad { .. });
+                    let own = plan.stored[i]
+                        && !matches!(
+                            node.op,
+                            Op::Pull { .. }
+                                | Op::Primal { .. }
+                                | Op::StateGrad { .. }
+                                | Op::PushGrad { .. }
+                        );
                     own.then(|| region(node.shape.numel()))
                 })
                 .collect()
         };
         let forward = stored(f.forward(), f.forward_plan());
         let backward = stored(&f.backward().func, f.backward_plan());
-        let push_grads = f.outputs().iter().map(|o| region(o.shape.numel())).collect();
-        let state_grads = f.states().iter().map(|st| region(st.shape.numel())).collect();
+        let push_grads = f
+            .outputs()
+            .iter()
+            .map(|o| region(o.shape.numel()))
+            .collect();
+        let state_grads = f
+            .states()
+            .iter()
+            .map(|st| region(st.shape.numel()))
+            .collect();
         let child_slots = 0;
         let child_offsets = f.arity() * n;
         let child_list = child_offsets + n + 1;
@@ -108,7 +123,11 @@ pub struct Engine<B: Backend> {
 }
 
 fn internal(msg: String) -> Error {
-    Error::Backend { backend: "engine", op: "plan".into(), msg }
+    Error::Backend {
+        backend: "engine",
+        op: "plan".into(),
+        msg,
+    }
 }
 
 impl<B: Backend> Engine<B> {
@@ -120,7 +139,11 @@ impl<B: Backend> Engine<B> {
             param_at.push(total);
             total += p.shape.numel();
         }
-        let bufs = vec![backend.alloc(0)?, backend.alloc(total)?, backend.alloc(total)?];
+        let bufs = vec![
+            backend.alloc(0)?,
+            backend.alloc(total)?,
+            backend.alloc(total)?,
+        ];
         let index = vec![backend.alloc_index(0)?];
         let mut e = Engine {
             backend,
@@ -195,7 +218,10 @@ impl<B: Backend> Engine<B> {
         let f = self.f.clone();
         for (gi, g) in graphs.iter().enumerate() {
             g.check_for(&f).map_err(|e| match e {
-                Error::Graph { reason, .. } => Error::Graph { graph: format!("#{gi} of the minibatch"), reason },
+                Error::Graph { reason, .. } => Error::Graph {
+                    graph: format!("#{gi} of the minibatch"),
+                    reason,
+                },
                 e => e,
             })?;
         }
@@ -229,8 +255,15 @@ impl<B: Backend> Engine<B> {
             self.run_phase(Pass::Forward, plan, Phase::Recurrent, rows)?;
         }
         self.run_phase(Pass::Forward, plan, Phase::Epilogue, 0..n)?;
-        let outputs: Vec<(ValueId, usize)> = f.outputs().iter().map(|o| (o.value, o.shape.numel())).collect();
-        outputs.into_iter().map(|(v, block)| self.download_rows(self.loc(Pass::Forward, v)?, block)).collect()
+        let outputs: Vec<(ValueId, usize)> = f
+            .outputs()
+            .iter()
+            .map(|o| (o.value, o.shape.numel()))
+            .collect();
+        outputs
+            .into_iter()
+            .map(|(v, block)| self.download_rows(self.loc(Pass::Forward, v)?, block))
+            .collect()
     }
 
     /// Runs F' over the minibatch of the last [`Engine::forward`], given each pushed output's
@@ -258,12 +291,34 @@ impl<B: Backend> Engine<B> {
             self.upload_rows(self.layout.push_grads[o], g, block)?;
         }
         for (s, st) in f.states().iter().enumerate() {
-            let at = Loc { buf: ARENA, offset: self.layout.state_grads[s] };
+            let at = Loc {
+                buf: ARENA,
+                offset: self.layout.state_grads[s],
+            };
             let len = n * st.shape.numel();
-            self.backend.fill(&mut Mem { data: &mut self.bufs, index: &self.index }, at, len, 0.0)?;
+            self.backend.fill(
+                &mut Mem {
+                    data: &mut self.bufs,
+                    index: &self.index,
+                },
+                at,
+                len,
+                0.0,
+            )?;
         }
         let grads_len = self.backend.len(&self.bufs[GRADS]);
-        self.backend.fill(&mut Mem { data: &mut self.bufs, index: &self.index }, Loc { buf: GRADS, offset: 0 }, grads_len, 0.0)?;
+        self.backend.fill(
+            &mut Mem {
+                data: &mut self.bufs,
+                index: &self.index,
+            },
+            Loc {
+                buf: GRADS,
+                offset: 0,
+            },
+            grads_len,
+            0.0,
+        )?;
 
         let plan = f.backward_plan();
         self.run_phase(Pass::Backward, plan, Phase::Prologue, 0..n)?;
@@ -284,7 +339,10 @@ impl<B: Backend> Engine<B> {
                 None => vec![0.0; n * block],
             });
         }
-        Ok(Gradients { pulls, params: self.read_params(GRADS)? })
+        Ok(Gradients {
+            pulls,
+            params: self.read_params(GRADS)?,
+        })
     }
 
     /// Grows the arena and the index buffer to the current layout (never shrinks them).
@@ -303,7 +361,8 @@ impl<B: Backend> Engine<B> {
         self.host.clear();
         for &v in &self.schedule.vertex_of_row {
             let v = v as usize;
-            self.host.extend_from_slice(&src[v * block..(v + 1) * block]);
+            self.host
+                .extend_from_slice(&src[v * block..(v + 1) * block]);
         }
         self.backend.write(&mut self.bufs[ARENA], at, &self.host)
     }
@@ -312,7 +371,8 @@ impl<B: Backend> Engine<B> {
     fn download_rows(&mut self, at: Loc, block: usize) -> Result<Vec<f32>> {
         let n = self.layout.vertices;
         self.host.resize(n * block, 0.0);
-        self.backend.read(&self.bufs[at.buf], at.offset, &mut self.host)?;
+        self.backend
+            .read(&self.bufs[at.buf], at.offset, &mut self.host)?;
         let mut out = vec![0.0; n * block];
         for (v, &r) in self.schedule.row_of_vertex.iter().enumerate() {
             let r = r as usize;
@@ -333,7 +393,8 @@ impl<B: Backend> Engine<B> {
         }
         self.host_index.extend_from_slice(&s.child_offsets);
         self.host_index.extend_from_slice(&s.child_list);
-        self.backend.write_index(&mut self.index[0], 0, &self.host_index)
+        self.backend
+            .write_index(&mut self.index[0], 0, &self.host_index)
     }
 
     fn func(&self, pass: Pass) -> &Func {
@@ -351,7 +412,12 @@ impl<B: Backend> Engine<B> {
             Op::Primal { value } => return self.loc(Pass::Forward, value),
             Op::StateGrad { state } => Some(l.state_grads[state]),
             Op::PushGrad { output } => Some(l.push_grads[output]),
-            Op::Param { param } => return Ok(Loc { buf: PARAMS, offset: self.param_at[param] }),
+            Op::Param { param } => {
+                return Ok(Loc {
+                    buf: PARAMS,
+                    offset: self.param_at[param],
+                })
+            }
             _ => match pass {
                 Pass::Forward => l.forward[v.index()],
                 Pass::Backward => l.backward[v.index()],
@@ -359,10 +425,21 @@ impl<B: Backend> Engine<B> {
         };
         offset
             .map(|offset| Loc { buf: ARENA, offset })
-            .ok_or_else(|| internal(format!("value {v} of `{}` is read but never stored", self.f.name())))
+            .ok_or_else(|| {
+                internal(format!(
+                    "value {v} of `{}` is read but never stored",
+                    self.f.name()
+                ))
+            })
     }
 
-    fn run_phase(&mut self, pass: Pass, plan: &Plan, phase: Phase, rows: Range<usize>) -> Result<()> {
+    fn run_phase(
+        &mut self,
+        pass: Pass,
+        plan: &Plan,
+        phase: Phase,
+        rows: Range<usize>,
+    ) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -371,7 +448,13 @@ impl<B: Backend> Engine<B> {
                 Step::Gemm(v) => {
                     let g = self.gemm_call(pass, *v, rows.clone())?;
                     let backend = &self.backend;
-                    backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                    backend.gemm(
+                        &mut Mem {
+                            data: &mut self.bufs,
+                            index: &self.index,
+                        },
+                        &g,
+                    )?;
                 }
                 Step::Fused(k) => self.run_kernel(pass, k, rows.clone())?,
             }
@@ -386,9 +469,18 @@ impl<B: Backend> Engine<B> {
         };
         let (na, nb, nv) = (func.node(a), func.node(b), func.node(v));
         let (r0, n) = (rows.start, rows.len());
-        let at = |x: ValueId, block: usize| -> Result<Loc> { Ok(self.loc(pass, x)?.add(r0 * block)) };
-        let (ar, ac) = if ta { (na.shape.cols(), na.shape.rows()) } else { (na.shape.rows(), na.shape.cols()) };
-        let b_loc = if nb.is_param { self.loc(pass, b)? } else { at(b, nb.shape.numel())? };
+        let at =
+            |x: ValueId, block: usize| -> Result<Loc> { Ok(self.loc(pass, x)?.add(r0 * block)) };
+        let (ar, ac) = if ta {
+            (na.shape.cols(), na.shape.rows())
+        } else {
+            (na.shape.rows(), na.shape.cols())
+        };
+        let b_loc = if nb.is_param {
+            self.loc(pass, b)?
+        } else {
+            at(b, nb.shape.numel())?
+        };
         let mut g = Gemm {
             m: ar,
             n: nv.shape.cols(),
@@ -426,12 +518,21 @@ impl<B: Backend> Engine<B> {
             loads.push(match node.op {
                 Op::Gather { slot, state } => Rows::Indexed {
                     data: self.loc(Pass::Forward, self.f.states()[state].value)?,
-                    index: IndexLoc { buf: 0, offset: l.child_slots + slot * l.vertices + r0 },
+                    index: IndexLoc {
+                        buf: 0,
+                        offset: l.child_slots + slot * l.vertices + r0,
+                    },
                 },
                 Op::GatherSum { state } => Rows::IndexedSet {
                     data: self.loc(Pass::Forward, self.f.states()[state].value)?,
-                    offsets: IndexLoc { buf: 0, offset: l.child_offsets + r0 },
-                    index: IndexLoc { buf: 0, offset: l.child_list },
+                    offsets: IndexLoc {
+                        buf: 0,
+                        offset: l.child_offsets + r0,
+                    },
+                    index: IndexLoc {
+                        buf: 0,
+                        offset: l.child_list,
+                    },
                 },
                 Op::Param { .. } => Rows::Broadcast(self.loc(pass, v)?),
                 Op::Zeros => Rows::Zeros,
@@ -440,10 +541,22 @@ impl<B: Backend> Engine<B> {
         }
         let mut stores = Vec::with_capacity(k.stores.len());
         for &i in &k.stores {
-            stores.push(self.loc(pass, k.values[i])?.add(r0 * k.nodes[i].shape.numel()));
+            stores.push(
+                self.loc(pass, k.values[i])?
+                    .add(r0 * k.nodes[i].shape.numel()),
+            );
         }
         let backend = &self.backend;
-        backend.fused(&mut Mem { data: &mut self.bufs, index: &self.index }, k, n, &loads, &stores)
+        backend.fused(
+            &mut Mem {
+                data: &mut self.bufs,
+                index: &self.index,
+            },
+            k,
+            n,
+            &loads,
+            &stores,
+        )
     }
 
     /// Scatter-adds the children's gradients computed in `phase` for `rows`.
@@ -456,20 +569,48 @@ impl<B: Backend> Engine<B> {
                 continue;
             }
             let block = self.f.states()[cg.state].shape.numel();
-            let data = Loc { buf: ARENA, offset: l.state_grads[cg.state] };
+            let data = Loc {
+                buf: ARENA,
+                offset: l.state_grads[cg.state],
+            };
             let dst = match cg.slot {
-                Some(k) => Rows::Indexed { data, index: IndexLoc { buf: 0, offset: l.child_slots + k * l.vertices + r0 } },
+                Some(k) => Rows::Indexed {
+                    data,
+                    index: IndexLoc {
+                        buf: 0,
+                        offset: l.child_slots + k * l.vertices + r0,
+                    },
+                },
                 None => Rows::IndexedSet {
                     data,
-                    offsets: IndexLoc { buf: 0, offset: l.child_offsets + r0 },
-                    index: IndexLoc { buf: 0, offset: l.child_list },
+                    offsets: IndexLoc {
+                        buf: 0,
+                        offset: l.child_offsets + r0,
+                    },
+                    index: IndexLoc {
+                        buf: 0,
+                        offset: l.child_list,
+                    },
                 },
             };
-            calls.push((self.loc(Pass::Backward, cg.value)?.add(r0 * block), block, dst));
+            calls.push((
+                self.loc(Pass::Backward, cg.value)?.add(r0 * block),
+                block,
+                dst,
+            ));
         }
         for (src, block, dst) in calls {
             let backend = &self.backend;
-            backend.scatter_add(&mut Mem { data: &mut self.bufs, index: &self.index }, src, block, n, &dst)?;
+            backend.scatter_add(
+                &mut Mem {
+                    data: &mut self.bufs,
+                    index: &self.index,
+                },
+                src,
+                block,
+                n,
+                &dst,
+            )?;
         }
         Ok(())
     }
@@ -485,7 +626,10 @@ impl<B: Backend> Engine<B> {
         for pg in &b.param_grads {
             let p = pg.param();
             let decl = &self.f.params()[p];
-            let dst = Loc { buf: GRADS, offset: self.param_at[p] };
+            let dst = Loc {
+                buf: GRADS,
+                offset: self.param_at[p],
+            };
             match *pg {
                 ParamGrad::MatMul { x, dy, .. } => {
                     let (nx, ny) = (func.node(x), func.node(dy));
@@ -507,13 +651,29 @@ impl<B: Backend> Engine<B> {
                         stride_b: 0,
                         stride_c: 0,
                     };
-                    self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                    self.backend.gemm(
+                        &mut Mem {
+                            data: &mut self.bufs,
+                            index: &self.index,
+                        },
+                        &g,
+                    )?;
                 }
                 ParamGrad::SumRows { dy, .. } => {
                     let period = decl.shape.numel();
                     let rows = n * func.node(dy).shape.numel() / period;
                     let src = self.loc(Pass::Backward, dy)?;
-                    self.backend.sum_rows(&mut Mem { data: &mut self.bufs, index: &self.index }, src, rows, period, dst, true)?;
+                    self.backend.sum_rows(
+                        &mut Mem {
+                            data: &mut self.bufs,
+                            index: &self.index,
+                        },
+                        src,
+                        rows,
+                        period,
+                        dst,
+                        true,
+                    )?;
                 }
             }
         }

@@ -12,3 +12,7 @@ pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
 pub use arbor_core::{DType, Error, Result, Shape, Tensor};
 pub use arbor_ops::CpuBackend;
 pub use engine::{Engine, Gradients};
+
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+struct ReadmeDoctests;

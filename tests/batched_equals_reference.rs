@@ -39,7 +39,10 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let tol = 1e-5 * w.abs().max(1.0) + 1e-6;
-        assert!((g - w).abs() <= tol * 4.0, "{what}[{i}]: engine {g} vs reference {w}");
+        assert!(
+            (g - w).abs() <= tol * 4.0,
+            "{what}[{i}]: engine {g} vs reference {w}"
+        );
     }
 }
 
@@ -48,8 +51,15 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
     let mut rng = Rng::new(seed);
     let params = f.init_params(&mut rng);
     // Non-zero biases so every parameter gradient path is exercised.
-    let params: Vec<Vec<f32>> = params.into_iter().map(|p| p.iter().map(|x| x + rng.range(-0.1, 0.1)).collect()).collect();
-    let arity = if f.max_children().is_none() { 0 } else { f.arity() };
+    let params: Vec<Vec<f32>> = params
+        .into_iter()
+        .map(|p| p.iter().map(|x| x + rng.range(-0.1, 0.1)).collect())
+        .collect();
+    let arity = if f.max_children().is_none() {
+        0
+    } else {
+        f.arity()
+    };
     let gs: Vec<InputGraph> = (0..graphs)
         .map(|_| {
             let n = 1 + rng.below(max_vertices);
@@ -57,8 +67,16 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
         })
         .collect();
     let total: usize = gs.iter().map(InputGraph::len).sum();
-    let pulls: Vec<Vec<f32>> = f.inputs().iter().map(|p| random_rows(&mut rng, total * p.shape.numel())).collect();
-    let push_grads: Vec<Vec<f32>> = f.outputs().iter().map(|o| random_rows(&mut rng, total * o.shape.numel())).collect();
+    let pulls: Vec<Vec<f32>> = f
+        .inputs()
+        .iter()
+        .map(|p| random_rows(&mut rng, total * p.shape.numel()))
+        .collect();
+    let push_grads: Vec<Vec<f32>> = f
+        .outputs()
+        .iter()
+        .map(|o| random_rows(&mut rng, total * o.shape.numel()))
+        .collect();
 
     let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
     let refs: Vec<&InputGraph> = gs.iter().collect();
@@ -69,12 +87,25 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
 
     let mut want_out: Vec<Vec<f32>> = vec![Vec::new(); f.outputs().len()];
     let mut want_pull: Vec<Vec<f32>> = vec![Vec::new(); f.inputs().len()];
-    let mut want_param: Vec<Vec<f32>> = f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
+    let mut want_param: Vec<Vec<f32>> = f
+        .params()
+        .iter()
+        .map(|p| vec![0.0; p.shape.numel()])
+        .collect();
     let mut start = 0;
     for g in &gs {
-        let slice = |rows: &Vec<f32>, block: usize| rows[start * block..(start + g.len()) * block].to_vec();
-        let p: Vec<Vec<f32>> = pulls.iter().zip(f.inputs()).map(|(x, port)| slice(x, port.shape.numel())).collect();
-        let d: Vec<Vec<f32>> = push_grads.iter().zip(f.outputs()).map(|(x, port)| slice(x, port.shape.numel())).collect();
+        let slice =
+            |rows: &Vec<f32>, block: usize| rows[start * block..(start + g.len()) * block].to_vec();
+        let p: Vec<Vec<f32>> = pulls
+            .iter()
+            .zip(f.inputs())
+            .map(|(x, port)| slice(x, port.shape.numel()))
+            .collect();
+        let d: Vec<Vec<f32>> = push_grads
+            .iter()
+            .zip(f.outputs())
+            .map(|(x, port)| slice(x, port.shape.numel()))
+            .collect();
         let pr: Vec<&[f32]> = p.iter().map(Vec::as_slice).collect();
         let dr: Vec<&[f32]> = d.iter().map(Vec::as_slice).collect();
         let run = run_graph(&f, &params, g, &pr, &dr);
@@ -98,7 +129,11 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
         assert_close(&format!("input {i} gradient"), got, want);
     }
     for (p, (got, want)) in grads.params.iter().zip(&want_param).enumerate() {
-        assert_close(&format!("parameter {} gradient", f.params()[p].name), got, want);
+        assert_close(
+            &format!("parameter {} gradient", f.params()[p].name),
+            got,
+            want,
+        );
     }
 }
 
@@ -168,5 +203,86 @@ proptest! {
     #[test]
     fn odd_ops_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=8, max_v in 1usize..=30) {
         check(odd_cell(), seed, graphs, max_v, true);
+    }
+}
+
+/// A random well-typed 2-ary vertex function: a random DAG of element-wise ops, slices, concats,
+/// row sums and matrix products over one pulled input and two gathered states, of random widths.
+/// Every value is used: leftovers are folded into the pushed output.
+fn random_fn(seed: u64) -> VertexFn {
+    let mut rng = Rng::new(seed);
+    let f = Builder::new("random", 2);
+    let w_state = 1 + rng.below(5);
+    let x = f.pull("x", 1 + rng.below(5));
+    let mut pool = vec![x, f.gather(0, "s", w_state), f.gather(1, "s", w_state)];
+    let mut used = vec![false; pool.len()];
+    let count = std::cell::Cell::new(0);
+    let param = |shape: [usize; 2]| {
+        count.set(count.get() + 1);
+        f.param(&format!("P{}", count.get()), shape, Init::Uniform(0.6))
+    };
+    for _ in 0..3 + rng.below(8) {
+        let i = rng.below(pool.len());
+        let a = pool[i];
+        let wa = a.shape().cols();
+        let v = match rng.below(8) {
+            0 => match rng.below(3) {
+                0 => a.tanh(),
+                1 => a.sigmoid(),
+                _ => -a.scale(0.7),
+            },
+            1 | 2 => {
+                // A partner of the same width, made by a product if needed.
+                let j = rng.below(pool.len());
+                let b = pool[j];
+                used[j] = true;
+                let b = if b.shape() == a.shape() {
+                    b
+                } else {
+                    b.matmul(param([b.shape().cols(), wa])).tanh()
+                };
+                match rng.below(3) {
+                    0 => a + b,
+                    1 => a - b,
+                    _ => a * b,
+                }
+            }
+            3 => a + param([1, wa]),
+            4 => a.matmul(param([wa, 1 + rng.below(5)])),
+            5 if wa > 1 => {
+                let start = rng.below(wa - 1);
+                a.slice(start, 1 + rng.below(wa - start))
+            }
+            6 => {
+                let j = rng.below(pool.len());
+                used[j] = true;
+                f.concat(&[a, pool[j]])
+            }
+            _ => a.sum_cols().tanh(),
+        };
+        used[i] = true;
+        pool.push(v);
+        used.push(false);
+    }
+    // Fold every unused value into a scalar pushed output; project the last value onto the state.
+    let last = *pool.last().unwrap();
+    let state = last.matmul(param([last.shape().cols(), w_state])).tanh();
+    let mut out = state.sum_cols();
+    for (v, u) in pool.iter().zip(&used).take(pool.len() - 1) {
+        if !u {
+            out = out + v.sum_cols();
+        }
+    }
+    f.scatter("s", state);
+    f.push("y", out);
+    f.build().unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn random_functions_batched_equal_reference(fn_seed in any::<u64>(), seed in any::<u64>(), graphs in 1usize..=12, max_v in 1usize..=30, dag in any::<bool>()) {
+        check(random_fn(fn_seed), seed, graphs, max_v, dag);
     }
 }

@@ -37,7 +37,11 @@ impl Schedule {
             graph_starts.push(graph_starts.last().copied().unwrap_or(0) + g.len());
         }
         let total = *graph_starts.last().unwrap_or(&0);
-        let arity = graphs.iter().flat_map(|g| (0..g.len()).map(|v| g.children(v).len())).max().unwrap_or(0);
+        let arity = graphs
+            .iter()
+            .flat_map(|g| (0..g.len()).map(|v| g.children(v).len()))
+            .max()
+            .unwrap_or(0);
         // Heights by an iterative post-order walk (graphs may be deep).
         let mut height = vec![u32::MAX; total];
         for (gi, g) in graphs.iter().enumerate() {
@@ -51,7 +55,10 @@ impl Schedule {
                 while let Some((v, expanded)) = stack.pop() {
                     let kids = g.children(v as usize).iter().filter(|&&c| c != NO_CHILD);
                     if expanded {
-                        let h = kids.map(|&c| height[base + c as usize] + 1).max().unwrap_or(0);
+                        let h = kids
+                            .map(|&c| height[base + c as usize] + 1)
+                            .max()
+                            .unwrap_or(0);
                         height[base + v as usize] = h;
                     } else if height[base + v as usize] == u32::MAX {
                         stack.push((v, true));
@@ -100,7 +107,15 @@ impl Schedule {
             }
             child_offsets.push(child_list.len() as u32);
         }
-        Schedule { tasks, vertex_of_row, row_of_vertex, graph_starts, child_rows, child_offsets, child_list }
+        Schedule {
+            tasks,
+            vertex_of_row,
+            row_of_vertex,
+            graph_starts,
+            child_rows,
+            child_offsets,
+            child_list,
+        }
     }
 
     /// Total vertices.

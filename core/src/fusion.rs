@@ -261,7 +261,11 @@ impl Plan {
                 }
             }
         }
-        Plan { phases, stored, phase }
+        Plan {
+            phases,
+            stored,
+            phase,
+        }
     }
 
     /// Number of GEMM steps and fused kernels over all phases.

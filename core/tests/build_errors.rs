@@ -60,7 +60,10 @@ fn per_vertex_matmul_mismatch() {
     f.push("y", a.matmul(m));
     f.scatter("m", m);
     let (e, msg) = build_err(f);
-    assert!(matches!(e, Error::Shape { ref op, .. } if op == "matmul"), "{e:?}");
+    assert!(
+        matches!(e, Error::Shape { ref op, .. } if op == "matmul"),
+        "{e:?}"
+    );
     assert_mentions(&msg, &["matmul", "[2×3]", "[2×4]"]);
 }
 
@@ -91,7 +94,10 @@ fn bias_of_wrong_width() {
     let b = f.param("b", [1, 2], Init::Zeros);
     f.push("y", x + b);
     let (e, msg) = build_err(f);
-    assert!(matches!(e, Error::Shape { ref op, .. } if op == "add"), "{e:?}");
+    assert!(
+        matches!(e, Error::Shape { ref op, .. } if op == "add"),
+        "{e:?}"
+    );
     assert_mentions(&msg, &["add", "[2×3]", "param b [1×2]"]);
 }
 
@@ -199,7 +205,10 @@ fn unused_param_and_pull() {
     let _w = f.param("W", [3, 3], Init::Xavier);
     f.push("y", x.tanh());
     let (e, msg) = build_err(f);
-    assert!(matches!(e, Error::Unused { ref value, .. } if value.op == "param W"), "{e:?}");
+    assert!(
+        matches!(e, Error::Unused { ref value, .. } if value.op == "param W"),
+        "{e:?}"
+    );
     assert_mentions(&msg, &["param W", "[3×3]"]);
 
     let f = Builder::new("cell", 1);
@@ -207,7 +216,10 @@ fn unused_param_and_pull() {
     let _z = f.pull("z", 2);
     f.push("y", x.tanh());
     let (e, msg) = build_err(f);
-    assert!(matches!(e, Error::Unused { ref value, .. } if value.shape == Shape::mat(1, 2)), "{e:?}");
+    assert!(
+        matches!(e, Error::Unused { ref value, .. } if value.shape == Shape::mat(1, 2)),
+        "{e:?}"
+    );
     assert_mentions(&msg, &["pull", "[1×2]", "never used"]);
 }
 
@@ -272,14 +284,20 @@ fn duplicate_names() {
     let y = f.pull("x", 3);
     f.push("y", x + y);
     let (e, _) = build_err(f);
-    assert!(matches!(e, Error::Duplicate { kind: "input", ref name, .. } if name == "x"), "{e:?}");
+    assert!(
+        matches!(e, Error::Duplicate { kind: "input", ref name, .. } if name == "x"),
+        "{e:?}"
+    );
 
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
     f.push("y", x.tanh());
     f.push("y", x.sigmoid());
     let (e, _) = build_err(f);
-    assert!(matches!(e, Error::Duplicate { kind: "output", ref name, .. } if name == "y"), "{e:?}");
+    assert!(
+        matches!(e, Error::Duplicate { kind: "output", ref name, .. } if name == "y"),
+        "{e:?}"
+    );
 
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
@@ -287,7 +305,10 @@ fn duplicate_names() {
     f.scatter("h", x.tanh() + h);
     f.scatter("h", x.sigmoid());
     let (e, _) = build_err(f);
-    assert!(matches!(e, Error::Duplicate { ref name, .. } if name == "h"), "{e:?}");
+    assert!(
+        matches!(e, Error::Duplicate { ref name, .. } if name == "h"),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -306,14 +327,20 @@ fn element_wise_on_parameters_only() {
         }
         other => panic!("expected Error::Shape, got {other:?}"),
     }
-    assert_mentions(&msg, &["add", "param P [1×3]", "param Q [1×3]", "parameters alone"]);
+    assert_mentions(
+        &msg,
+        &["add", "param P [1×3]", "param Q [1×3]", "parameters alone"],
+    );
 
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
     let p = f.param("P", [1, 3], Init::Zeros);
     f.push("y", x * p.tanh());
     let (e, msg) = build_err(f);
-    assert!(matches!(e, Error::Shape { ref op, .. } if op == "tanh"), "{e:?}");
+    assert!(
+        matches!(e, Error::Shape { ref op, .. } if op == "tanh"),
+        "{e:?}"
+    );
     assert_mentions(&msg, &["tanh", "param P [1×3]"]);
 }
 
@@ -324,7 +351,10 @@ fn matmul_with_parameter_on_the_left() {
     let w = f.param("W", [4, 3], Init::Xavier);
     f.push("y", w.matmul(x));
     let (e, msg) = build_err(f);
-    assert!(matches!(e, Error::Shape { ref op, .. } if op == "matmul"), "{e:?}");
+    assert!(
+        matches!(e, Error::Shape { ref op, .. } if op == "matmul"),
+        "{e:?}"
+    );
     assert_mentions(&msg, &["matmul", "param W [4×3]", "[3×2]", "right operand"]);
 }
 
@@ -334,7 +364,10 @@ fn slice_out_of_range() {
     let x = f.pull("x", 3);
     f.push("y", x.slice(2, 2));
     let (e, msg) = build_err(f);
-    assert!(matches!(e, Error::Shape { ref op, .. } if op.starts_with("slice")), "{e:?}");
+    assert!(
+        matches!(e, Error::Shape { ref op, .. } if op.starts_with("slice")),
+        "{e:?}"
+    );
     assert_mentions(&msg, &["slice(2..4)", "[1×3]", "2..4 outside 0..3"]);
 
     let f = Builder::new("cell", 1);
@@ -351,7 +384,10 @@ fn concat_of_different_row_counts() {
     let y = f.pull("y", [1, 3]);
     f.push("z", f.concat(&[x, y]));
     let (e, msg) = build_err(f);
-    assert!(matches!(e, Error::Shape { ref op, .. } if op == "concat"), "{e:?}");
+    assert!(
+        matches!(e, Error::Shape { ref op, .. } if op == "concat"),
+        "{e:?}"
+    );
     assert_mentions(&msg, &["concat", "[2×3]", "[1×3]"]);
 }
 
@@ -365,7 +401,10 @@ fn first_error_wins() {
     let z = y.slice(7, 2);
     f.push("y", z);
     let (e, _) = build_err(f);
-    assert!(matches!(e, Error::Shape { ref op, .. } if op == "matmul"), "{e:?}");
+    assert!(
+        matches!(e, Error::Shape { ref op, .. } if op == "matmul"),
+        "{e:?}"
+    );
 }
 
 #[test]

@@ -115,7 +115,9 @@ fn add_broadcast_bias() {
 
     let case = Case::random(&f, 3, &[true]);
     let vals = forward_vals(&f, &case);
-    let want: Vec<f32> = (0..6).map(|e| case.pulls[0][e] + case.params[0][e % 3]).collect();
+    let want: Vec<f32> = (0..6)
+        .map(|e| case.pulls[0][e] + case.params[0][e % 3])
+        .collect();
     assert_close(output(&f, &vals, "y"), &want);
     check(&f, &[true]);
 }
@@ -230,7 +232,10 @@ fn neg() {
 }
 
 /// `U(x)` pushed, `U(h)` scattered, for a unary op `U`.
-fn unary_fn(name: &str, op: for<'b> fn(arbor_core::ir::Var<'b>) -> arbor_core::ir::Var<'b>) -> VertexFn {
+fn unary_fn(
+    name: &str,
+    op: for<'b> fn(arbor_core::ir::Var<'b>) -> arbor_core::ir::Var<'b>,
+) -> VertexFn {
     let f = Builder::new(name, 1);
     let x = f.pull("x", [2, 3]);
     let h = f.gather(0, "h", [2, 3]);
@@ -244,7 +249,10 @@ fn sigmoid() {
     let f = unary_fn("sigmoid", |x| x.sigmoid());
     let case = Case::random(&f, 5, &[true]);
     let vals = forward_vals(&f, &case);
-    let want: Vec<f32> = case.pulls[0].iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
+    let want: Vec<f32> = case.pulls[0]
+        .iter()
+        .map(|x| 1.0 / (1.0 + (-x).exp()))
+        .collect();
     assert_close(output(&f, &vals, "y"), &want);
     check(&f, &[true]);
 }
@@ -303,7 +311,10 @@ fn slice() {
     let case = Case::random(&f, 7, &[true]);
     let vals = forward_vals(&f, &case);
     let x = &case.pulls[0];
-    assert_close(output(&f, &vals, "a"), &[x[1], x[2], x[3], x[6], x[7], x[8]]);
+    assert_close(
+        output(&f, &vals, "a"),
+        &[x[1], x[2], x[3], x[6], x[7], x[8]],
+    );
     let h = &case.children[0].as_ref().unwrap()[0];
     assert_close(state(&f, &vals, "h"), &[h[2], h[3], h[0], h[1]]);
     check(&f, &[true]);
@@ -396,7 +407,9 @@ fn gather_with_a_missing_child() {
     );
     let a = matmul(h0, &case.params[0], 1, 3, 3);
     let b = matmul(h2, &case.params[2], 1, 3, 3);
-    let want: Vec<f32> = (0..3).map(|e| (case.pulls[0][e] + a[e] + b[e]).tanh()).collect();
+    let want: Vec<f32> = (0..3)
+        .map(|e| (case.pulls[0][e] + a[e] + b[e]).tanh())
+        .collect();
     assert_close(state(&f, &vals, "h"), &want);
 
     let (grads, _) = common::analytic(&f, &case);
@@ -469,7 +482,9 @@ fn binary_tree_lstm_forward_matches_hand_computation() {
     let xw = matmul(x, &p[0], 1, d, 5 * h);
     let a0 = matmul(ch(0, 0), &p[1], 1, h, 5 * h);
     let a1 = matmul(ch(1, 0), &p[2], 1, h, 5 * h);
-    let gate: Vec<f32> = (0..5 * h).map(|j| xw[j] + a0[j] + a1[j] + p[3][j]).collect();
+    let gate: Vec<f32> = (0..5 * h)
+        .map(|j| xw[j] + a0[j] + a1[j] + p[3][j])
+        .collect();
     let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
     let mut c = vec![0.0; h];
     let mut hn = vec![0.0; h];

@@ -71,8 +71,14 @@ fn binary_tree_lstm_plan() {
 
     // The whole function prints with both plans.
     let all = format!("{cell}");
-    assert!(all.contains("vertex function `tree-lstm` (arity 2)"), "{all}");
-    assert!(all.contains("forward plan:") && all.contains("backward plan:"), "{all}");
+    assert!(
+        all.contains("vertex function `tree-lstm` (arity 2)"),
+        "{all}"
+    );
+    assert!(
+        all.contains("forward plan:") && all.contains("backward plan:"),
+        "{all}"
+    );
 }
 
 #[test]

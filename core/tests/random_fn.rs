@@ -15,6 +15,7 @@ use arbor_core::ir::{Builder, Init, Var, VertexFn};
 use arbor_core::Shape;
 use common::{check_gradients, check_plans, Case};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 #[derive(Clone, Debug)]
 struct Spec {
@@ -73,7 +74,8 @@ impl<'b> Gen<'b> {
     }
 
     fn add(&mut self, v: Var<'b>, what: String) {
-        self.log.push(format!("%{} = {what} {}", v.id().0, v.shape()));
+        self.log
+            .push(format!("%{} = {what} {}", v.id().0, v.shape()));
         self.pool.push(v);
         self.used.push(false);
     }
@@ -121,8 +123,8 @@ impl<'b> Gen<'b> {
                 (a.slice(start, len), "slice")
             }
             10 => {
-                let bv = self.take(j);
-                if c + bv.shape().cols() <= 8 {
+                if c + self.pool[j % self.pool.len()].shape().cols() <= 8 {
+                    let bv = self.take(j);
                     (self.b.concat(&[a, bv]), "concat")
                 } else {
                     (self.b.concat(&[a]), "concat1")
@@ -205,7 +207,11 @@ fn build(spec: &Spec) -> (Result<VertexFn, arbor_core::Error>, String) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(4000))]
+    #![proptest_config(ProptestConfig {
+        // Failing cases are kept next to this file (random_fn.proptest-regressions).
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::with_cases(256)
+    })]
 
     #[test]
     fn random_vertex_functions_have_correct_gradients(spec in spec()) {

@@ -234,7 +234,12 @@ pub fn children_first(g: &crate::graph::InputGraph) -> Vec<usize> {
                 order.push(v);
             } else {
                 stack.push((v, true));
-                stack.extend(g.children(v).iter().filter(|&&c| c != crate::graph::NO_CHILD).map(|&c| (c as usize, false)));
+                stack.extend(
+                    g.children(v)
+                        .iter()
+                        .filter(|&&c| c != crate::graph::NO_CHILD)
+                        .map(|&c| (c as usize, false)),
+                );
             }
         }
     }
@@ -268,22 +273,48 @@ pub fn run_graph(
             .map(|(p, x)| &x[v * block(&p.shape)..(v + 1) * block(&p.shape)])
             .collect();
         let vals = forward(f, params, &kids, &rows);
-        states[v] = f.states().iter().map(|s| vals[s.value.index()].clone()).collect();
+        states[v] = f
+            .states()
+            .iter()
+            .map(|s| vals[s.value.index()].clone())
+            .collect();
         values[v] = vals;
     }
-    let outputs = f.outputs().iter().map(|o| (0..n).flat_map(|v| values[v][o.value.index()].clone()).collect()).collect();
-    let mut state_grads: Vec<Vec<Vec<f32>>> = (0..n).map(|_| f.states().iter().map(|s| zeros(&s.shape)).collect()).collect();
+    let outputs = f
+        .outputs()
+        .iter()
+        .map(|o| {
+            (0..n)
+                .flat_map(|v| values[v][o.value.index()].clone())
+                .collect()
+        })
+        .collect();
+    let mut state_grads: Vec<Vec<Vec<f32>>> = (0..n)
+        .map(|_| f.states().iter().map(|s| zeros(&s.shape)).collect())
+        .collect();
     let mut param_grads: Vec<Vec<f32>> = f.params().iter().map(|p| zeros(&p.shape)).collect();
-    let mut pull_grads: Vec<Vec<f32>> = f.inputs().iter().map(|p| vec![0.0; n * block(&p.shape)]).collect();
+    let mut pull_grads: Vec<Vec<f32>> = f
+        .inputs()
+        .iter()
+        .map(|p| vec![0.0; n * block(&p.shape)])
+        .collect();
     for &v in order.iter().rev() {
-        let present: Vec<bool> = g.children(v).iter().map(|&c| c != crate::graph::NO_CHILD).collect();
+        let present: Vec<bool> = g
+            .children(v)
+            .iter()
+            .map(|&c| c != crate::graph::NO_CHILD)
+            .collect();
         let pg: Vec<Vec<f32>> = f
             .outputs()
             .iter()
             .zip(push_grads)
             .map(|(o, x)| x[v * block(&o.shape)..(v + 1) * block(&o.shape)].to_vec())
             .collect();
-        let io = BackwardIo { children: &present, state_grads: &state_grads[v], push_grads: &pg };
+        let io = BackwardIo {
+            children: &present,
+            state_grads: &state_grads[v],
+            push_grads: &pg,
+        };
         let grads = backward(f, params, &values[v], &io, &mut param_grads);
         for (k, child) in grads.children.into_iter().enumerate() {
             if let Some(child) = child {
@@ -300,5 +331,9 @@ pub fn run_graph(
             dst[v * b..(v + 1) * b].copy_from_slice(&gp);
         }
     }
-    GraphRun { outputs, pull_grads, param_grads }
+    GraphRun {
+        outputs,
+        pull_grads,
+        param_grads,
+    }
 }
