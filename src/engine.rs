@@ -470,7 +470,7 @@ impl<B: Backend> Engine<B> {
         let (na, nb, nv) = (func.node(a), func.node(b), func.node(v));
         let (r0, n) = (rows.start, rows.len());
         let at =
-            |x: ValueId, block: usize| -> Result<Loc> { Ok(self.loc(pass, x)?.add(r0 * block)) };
+            |x: ValueId, block: usize| -> Result<Loc> { Ok(self.loc(pass, x)?.offset_by(r0 * block)) };
         let (ar, ac) = if ta {
             (na.shape.cols(), na.shape.rows())
         } else {
@@ -536,14 +536,14 @@ impl<B: Backend> Engine<B> {
                 },
                 Op::Param { .. } => Rows::Broadcast(self.loc(pass, v)?),
                 Op::Zeros => Rows::Zeros,
-                _ => Rows::Contiguous(self.loc(pass, v)?.add(r0 * block)),
+                _ => Rows::Contiguous(self.loc(pass, v)?.offset_by(r0 * block)),
             });
         }
         let mut stores = Vec::with_capacity(k.stores.len());
         for &i in &k.stores {
             stores.push(
                 self.loc(pass, k.values[i])?
-                    .add(r0 * k.nodes[i].shape.numel()),
+                    .offset_by(r0 * k.nodes[i].shape.numel()),
             );
         }
         let backend = &self.backend;
@@ -594,7 +594,7 @@ impl<B: Backend> Engine<B> {
                 },
             };
             calls.push((
-                self.loc(Pass::Backward, cg.value)?.add(r0 * block),
+                self.loc(Pass::Backward, cg.value)?.offset_by(r0 * block),
                 block,
                 dst,
             ));

@@ -19,7 +19,7 @@ pub struct Loc {
 
 impl Loc {
     /// The location `n` elements further on.
-    pub fn add(self, n: usize) -> Loc {
+    pub fn offset_by(self, n: usize) -> Loc {
         Loc {
             buf: self.buf,
             offset: self.offset + n,

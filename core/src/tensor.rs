@@ -218,11 +218,7 @@ impl Tensor {
                 got: format!("{start}..{}", start + len),
             });
         }
-        let inner = if outer == 0 {
-            0
-        } else {
-            self.shape.numel() / outer
-        };
+        let inner = self.shape.numel().checked_div(outer).unwrap_or(0);
         let mut dims = self.shape.dims().to_vec();
         if let Some(d) = dims.first_mut() {
             *d = len;

@@ -146,7 +146,7 @@ fn run_chunk(
     for (&l, &at) in k.stores.iter().zip(stores) {
         let block = k.nodes[l].shape.numel();
         // SAFETY: a kernel's stores go to regions no load of the same call reads.
-        let dst = unsafe { raw.get_mut("fused store", at.add(start * block), m * block)? };
+        let dst = unsafe { raw.get_mut("fused store", at.offset_by(start * block), m * block)? };
         dst.copy_from_slice(&regs[offs[l]..offs[l] + m * block]);
     }
     Ok(())

@@ -38,7 +38,7 @@ pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
     };
     for i in 0..g.batch {
         // SAFETY: ranges checked by `get`; C never overlaps A or B in the engine's plans.
-        let c = unsafe { raw.get_mut("gemm", g.c.add(i * g.stride_c), extent(g.m, g.n, g.ldc))? };
+        let c = unsafe { raw.get_mut("gemm", g.c.offset_by(i * g.stride_c), extent(g.m, g.n, g.ldc))? };
         if g.k == 0 {
             if !g.accumulate {
                 for r in 0..g.m {
@@ -50,14 +50,14 @@ pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
         let a = unsafe {
             raw.get(
                 "gemm",
-                g.a.add(i * g.stride_a),
+                g.a.offset_by(i * g.stride_a),
                 extent(a_rows, a_cols, g.lda),
             )?
         };
         let b = unsafe {
             raw.get(
                 "gemm",
-                g.b.add(i * g.stride_b),
+                g.b.offset_by(i * g.stride_b),
                 extent(b_rows, b_cols, g.ldb),
             )?
         };

@@ -109,7 +109,7 @@ impl<'a> Raw<'a> {
         row: u32,
         block: usize,
     ) -> Result<&'a [f32]> {
-        unsafe { self.get(op, data.add(row as usize * block), block) }
+        unsafe { self.get(op, data.offset_by(row as usize * block), block) }
     }
 }
 
@@ -125,7 +125,7 @@ pub(crate) fn load(
     // SAFETY (all reads below): a load's source is never written by the call that loads it.
     match *rows {
         Rows::Contiguous(at) => {
-            out.copy_from_slice(unsafe { raw.get("load", at.add(start * block), m * block)? })
+            out.copy_from_slice(unsafe { raw.get("load", at.offset_by(start * block), m * block)? })
         }
         Rows::Broadcast(at) => out.copy_from_slice(unsafe { raw.get("load", at, block)? }),
         Rows::Zeros => out.fill(0.0),
@@ -201,7 +201,7 @@ pub(crate) fn scatter_add(
     };
     let add = |row: u32, x: &[f32]| -> Result<()> {
         if row != NO_ROW {
-            let d = unsafe { raw.get_mut("scatter_add", data.add(row as usize * block), block)? };
+            let d = unsafe { raw.get_mut("scatter_add", data.offset_by(row as usize * block), block)? };
             for (d, x) in d.iter_mut().zip(x) {
                 *d += x;
             }
