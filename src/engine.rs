@@ -11,7 +11,7 @@ use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows, NO_ROW};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::graph::InputGraph;
-use arbor_core::ir::{Func, Op, ParamGrad, ValueId, VertexFn};
+use arbor_core::ir::{Func, Op, ParamGrad, Port, ValueId, VertexFn};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -229,24 +229,8 @@ impl<B: Backend> Engine<B> {
         self.layout = Layout::new(&f, &self.schedule);
         self.reserve()?;
         let n = self.layout.vertices;
-        if pulls.len() != f.inputs().len() {
-            return Err(Error::Input {
-                what: format!("pulled inputs of `{}`", f.name()),
-                expected: format!("{}", f.inputs().len()),
-                got: format!("{}", pulls.len()),
-            });
-        }
-        for (i, (p, port)) in pulls.iter().zip(f.inputs()).enumerate() {
-            let block = port.shape.numel();
-            if p.len() != n * block {
-                return Err(Error::Input {
-                    what: format!("input `{}`", port.name),
-                    expected: format!("{} values ({n} vertices × {block})", n * block),
-                    got: format!("{}", p.len()),
-                });
-            }
-            self.upload_rows(self.layout.pulls[i], p, block)?;
-        }
+        let regions = self.layout.pulls.clone();
+        self.upload_ports("input", f.inputs(), pulls, &regions)?;
         self.upload_index()?;
         let plan = f.forward_plan();
         self.run_phase(Pass::Forward, plan, Phase::Prologue, 0..n)?;
@@ -272,24 +256,8 @@ impl<B: Backend> Engine<B> {
     pub fn backward(&mut self, push_grads: &[&[f32]]) -> Result<Gradients> {
         let f = self.f.clone();
         let n = self.layout.vertices;
-        if push_grads.len() != f.outputs().len() {
-            return Err(Error::Input {
-                what: format!("output gradients of `{}`", f.name()),
-                expected: format!("{}", f.outputs().len()),
-                got: format!("{}", push_grads.len()),
-            });
-        }
-        for (o, (g, port)) in push_grads.iter().zip(f.outputs()).enumerate() {
-            let block = port.shape.numel();
-            if g.len() != n * block {
-                return Err(Error::Input {
-                    what: format!("gradient of output `{}`", port.name),
-                    expected: format!("{} values ({n} vertices × {block})", n * block),
-                    got: format!("{}", g.len()),
-                });
-            }
-            self.upload_rows(self.layout.push_grads[o], g, block)?;
-        }
+        let regions = self.layout.push_grads.clone();
+        self.upload_ports("gradient of output", f.outputs(), push_grads, &regions)?;
         for (s, st) in f.states().iter().enumerate() {
             let at = Loc {
                 buf: ARENA,
@@ -352,6 +320,36 @@ impl<B: Backend> Engine<B> {
         }
         if self.backend.index_len(&self.index[0]) < self.layout.index {
             self.index[0] = self.backend.alloc_index(self.layout.index)?;
+        }
+        Ok(())
+    }
+
+    /// Checks one block of rows per vertex for every port and uploads each into its region.
+    fn upload_ports(
+        &mut self,
+        what: &str,
+        ports: &[Port],
+        data: &[&[f32]],
+        regions: &[usize],
+    ) -> Result<()> {
+        let n = self.layout.vertices;
+        if data.len() != ports.len() {
+            return Err(Error::Input {
+                what: format!("{what}s of `{}`", self.f.name()),
+                expected: format!("{}", ports.len()),
+                got: format!("{}", data.len()),
+            });
+        }
+        for ((rows, port), &at) in data.iter().zip(ports).zip(regions) {
+            let block = port.shape.numel();
+            if rows.len() != n * block {
+                return Err(Error::Input {
+                    what: format!("{what} `{}`", port.name),
+                    expected: format!("{} values ({n} vertices × {block})", n * block),
+                    got: format!("{}", rows.len()),
+                });
+            }
+            self.upload_rows(at, rows, block)?;
         }
         Ok(())
     }
@@ -469,8 +467,9 @@ impl<B: Backend> Engine<B> {
         };
         let (na, nb, nv) = (func.node(a), func.node(b), func.node(v));
         let (r0, n) = (rows.start, rows.len());
-        let at =
-            |x: ValueId, block: usize| -> Result<Loc> { Ok(self.loc(pass, x)?.offset_by(r0 * block)) };
+        let at = |x: ValueId, block: usize| -> Result<Loc> {
+            Ok(self.loc(pass, x)?.offset_by(r0 * block))
+        };
         let (ar, ac) = if ta {
             (na.shape.cols(), na.shape.rows())
         } else {

@@ -7,6 +7,7 @@ pub mod nn;
 
 pub use arbor_batching as batching;
 pub use arbor_core as core;
+pub use arbor_core::backend::Backend;
 pub use arbor_core::graph::InputGraph;
 pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
 pub use arbor_core::{DType, Error, Result, Shape, Tensor};

@@ -38,7 +38,13 @@ pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
     };
     for i in 0..g.batch {
         // SAFETY: ranges checked by `get`; C never overlaps A or B in the engine's plans.
-        let c = unsafe { raw.get_mut("gemm", g.c.offset_by(i * g.stride_c), extent(g.m, g.n, g.ldc))? };
+        let c = unsafe {
+            raw.get_mut(
+                "gemm",
+                g.c.offset_by(i * g.stride_c),
+                extent(g.m, g.n, g.ldc),
+            )?
+        };
         if g.k == 0 {
             if !g.accumulate {
                 for r in 0..g.m {

@@ -201,7 +201,8 @@ pub(crate) fn scatter_add(
     };
     let add = |row: u32, x: &[f32]| -> Result<()> {
         if row != NO_ROW {
-            let d = unsafe { raw.get_mut("scatter_add", data.offset_by(row as usize * block), block)? };
+            let d =
+                unsafe { raw.get_mut("scatter_add", data.offset_by(row as usize * block), block)? };
             for (d, x) in d.iter_mut().zip(x) {
                 *d += x;
             }

@@ -1,0 +1,137 @@
+//! The engine on bad input (typed errors naming the place), on deep graphs (no recursion), and
+//! in steady state (no allocation after the first minibatch of a size).
+
+use arbor::core::rng::Rng;
+use arbor::{nn, Backend, CpuBackend, Engine, Error, InputGraph};
+
+fn engine(embed: usize, hidden: usize) -> Engine<CpuBackend> {
+    let f = nn::tree_lstm(embed, hidden).unwrap();
+    let params = f.init_params(&mut Rng::new(1));
+    Engine::new(CpuBackend::new(), f, &params).unwrap()
+}
+
+#[test]
+fn wrong_input_length_names_the_input() {
+    let mut e = engine(3, 2);
+    let g = InputGraph::from_children(vec![vec![], vec![Some(0)]]).unwrap();
+    let err = e.forward(&[&g], &[&[0.0; 5]]).unwrap_err();
+    assert!(matches!(err, Error::Input { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("input `x`") && msg.contains("6 values") && msg.contains("got 5"),
+        "{msg}"
+    );
+    let err = e.forward(&[&g], &[]).unwrap_err();
+    assert!(err.to_string().contains("expected 1"), "{err}");
+}
+
+#[test]
+fn too_many_children_names_graph_and_vertex() {
+    let mut e = engine(3, 2);
+    let ok = InputGraph::from_children(vec![vec![]]).unwrap();
+    let wide = InputGraph::from_children(vec![
+        vec![],
+        vec![],
+        vec![],
+        vec![Some(0), Some(1), Some(2)],
+    ])
+    .unwrap();
+    let err = e.forward(&[&ok, &wide], &[&[0.0; 15]]).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Graph { .. }));
+    assert!(
+        msg.contains("#1")
+            && msg.contains("vertex 3")
+            && msg.contains("3 child slots")
+            && msg.contains("at most 2"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn cycles_and_bad_child_indices_are_refused() {
+    let err =
+        InputGraph::from_children(vec![vec![Some(2)], vec![Some(0)], vec![Some(1)]]).unwrap_err();
+    assert!(err.to_string().contains("lies on a cycle"), "{err}");
+    let err = InputGraph::from_children(vec![vec![Some(0)]]).unwrap_err();
+    assert!(err.to_string().contains("cycle"), "{err}");
+    let err = InputGraph::from_children(vec![vec![], vec![Some(7)]]).unwrap_err();
+    assert!(err.to_string().contains("vertex 1 has child 7"), "{err}");
+    let err = InputGraph::from_parents(&[None, Some(9)]).unwrap_err();
+    assert!(err.to_string().contains("parent 9"), "{err}");
+}
+
+#[test]
+fn backward_checks_gradient_lengths() {
+    let mut e = engine(3, 2);
+    let g = InputGraph::chain(3);
+    e.forward(&[&g], &[&[0.5; 9]]).unwrap();
+    let err = e.backward(&[&[1.0; 5]]).unwrap_err();
+    assert!(err.to_string().contains("gradient of output `h`"), "{err}");
+}
+
+#[test]
+fn steady_state_allocates_nothing() {
+    let mut e = engine(4, 3);
+    let mut rng = Rng::new(3);
+    let graphs: Vec<InputGraph> = (0..5).map(|i| InputGraph::chain(2 + i)).collect();
+    let refs: Vec<&InputGraph> = graphs.iter().collect();
+    let x: Vec<f32> = (0..20 * 4).map(|_| rng.uniform()).collect();
+    let dh = vec![1.0; 20 * 3];
+    e.forward(&refs, &[&x]).unwrap();
+    e.backward(&[&dh]).unwrap();
+    let after_first = e.backend().allocations();
+    for _ in 0..3 {
+        e.forward(&refs, &[&x]).unwrap();
+        e.backward(&[&dh]).unwrap();
+    }
+    assert_eq!(
+        e.backend().allocations(),
+        after_first,
+        "a steady-state step allocated device memory"
+    );
+    // A smaller minibatch reuses the same arena too.
+    e.forward(&refs[..2], &[&x[..5 * 4]]).unwrap();
+    assert_eq!(e.backend().allocations(), after_first);
+}
+
+#[test]
+fn chain_of_100k_vertices_runs_forward_and_backward() {
+    let mut e = engine(2, 2);
+    let n = 100_000;
+    let g = InputGraph::chain(n);
+    let x = vec![0.1; n * 2];
+    let h = e.forward(&[&g], &[&x]).unwrap();
+    assert_eq!(h[0].len(), n * 2);
+    assert!(h[0].iter().all(|v| v.is_finite()));
+    let mut dh = vec![0.0; n * 2];
+    dh[(n - 1) * 2] = 1.0; // gradient at the root only
+    let grads = e.backward(&[&dh]).unwrap();
+    // The root's own input gets gradient; the gradient vanishes along the chain but stays finite.
+    assert!(grads.pulls[0][(n - 1) * 2..].iter().any(|&g| g != 0.0));
+    assert!(grads.pulls[0].iter().all(|g| g.is_finite()));
+}
+
+#[test]
+fn tree_of_100k_leaves_runs_forward_and_backward() {
+    let mut e = engine(2, 2);
+    // A complete-ish binary tree built bottom-up: 100,000 leaves, pairs merged level by level.
+    let leaves = 100_000;
+    let mut children: Vec<Vec<Option<usize>>> = vec![vec![]; leaves];
+    let mut level: Vec<usize> = (0..leaves).collect();
+    while level.len() > 1 {
+        let mut next = Vec::new();
+        for pair in level.chunks(2) {
+            children.push(pair.iter().map(|&c| Some(c)).collect());
+            next.push(children.len() - 1);
+        }
+        level = next;
+    }
+    let n = children.len();
+    let g = InputGraph::from_children(children).unwrap();
+    let x = vec![0.1; n * 2];
+    e.forward(&[&g], &[&x]).unwrap();
+    assert_eq!(e.schedule().tasks.len(), 18); // ⌈log2 100000⌉ + 1 heights
+    let grads = e.backward(&[&vec![1e-3; n * 2]]).unwrap();
+    assert!(grads.params.iter().flatten().all(|g| g.is_finite()));
+}
