@@ -1,12 +1,12 @@
 //! The engine: runs a vertex function over a scheduled minibatch on a backend.
 //!
-//! Memory: one arena holds, for every vertex of the minibatch, the pulled inputs, every forward
-//! value the plan stores, the pushed-output gradients, the state gradients and every backward
-//! value the plan stores, each as one `[vertices × block]` region ordered by task. Parameters and
-//! their gradients live in two more buffers. The arena and the index buffer grow when a larger
-//! minibatch arrives and are reused otherwise, so a steady-state step allocates nothing.
+//! Memory: one arena holds every buffer of the minibatch where the [`MemoryPlan`] puts it (pulled
+//! inputs, stored values of F and F', output and state gradients), each ordered by task so a task
+//! reads and writes contiguous rows. Parameters and their gradients live in two more buffers. The
+//! arena and the index buffer grow when a larger minibatch arrives and are reused otherwise, so a
+//! steady-state step allocates no device memory.
 
-use arbor_batching::Schedule;
+use arbor_batching::{MemoryPlan, Policy, Region, Schedule, Scheduler};
 use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows, NO_ROW};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
@@ -26,76 +26,34 @@ enum Pass {
     Backward,
 }
 
-/// Where everything of one minibatch lives in the arena and the index buffer.
+/// Where the gather index plan of one minibatch lives in the index buffer.
 #[derive(Default)]
-struct Layout {
+struct IndexLayout {
     vertices: usize,
-    pulls: Vec<usize>,
-    forward: Vec<Option<usize>>,
-    backward: Vec<Option<usize>>,
-    push_grads: Vec<usize>,
-    state_grads: Vec<usize>,
-    arena: usize,
-    child_slots: usize,
     child_offsets: usize,
     child_list: usize,
-    index: usize,
+    len: usize,
 }
 
-impl Layout {
-    fn new(f: &VertexFn, s: &Schedule) -> Layout {
+impl IndexLayout {
+    fn new(arity: usize, s: &Schedule) -> IndexLayout {
         let n = s.len();
-        let mut at = 0;
-        let mut region = |numel: usize| {
-            let start = at;
-            at += n * numel;
-            start
-        };
-        let pulls = f.inputs().iter().map(|p| region(p.shape.numel())).collect();
-        let mut stored = |func: &Func, plan: &Plan| -> Vec<Option<usize>> {
-            func.nodes
-                .iter()
-                .enumerate()
-                .map(|(i, node)| {
-                    let own = plan.stored[i]
-                        && !matches!(
-                            node.op,
-                            Op::Pull { .. }
-                                | Op::Primal { .. }
-                                | Op::StateGrad { .. }
-                                | Op::PushGrad { .. }
-                        );
-                    own.then(|| region(node.shape.numel()))
-                })
-                .collect()
-        };
-        let forward = stored(f.forward(), f.forward_plan());
-        let backward = stored(&f.backward().func, f.backward_plan());
-        let push_grads = f
-            .outputs()
-            .iter()
-            .map(|o| region(o.shape.numel()))
-            .collect();
-        let state_grads = f
-            .states()
-            .iter()
-            .map(|st| region(st.shape.numel()))
-            .collect();
-        let child_slots = 0;
-        let child_offsets = f.arity() * n;
+        let child_offsets = arity * n;
         let child_list = child_offsets + n + 1;
-        Layout {
-            vertices: n,
-            pulls,
-            forward,
-            backward,
-            push_grads,
-            state_grads,
-            arena: at,
-            child_slots,
-            child_offsets,
-            child_list,
-            index: child_list + s.child_list.len(),
+        IndexLayout { vertices: n, child_offsets, child_list, len: child_list + s.child_list.len() }
+    }
+
+    /// Where the child rows of slot `slot` for row `row` on are.
+    fn slot(&self, slot: usize, row: usize) -> IndexLoc {
+        IndexLoc { buf: 0, offset: slot * self.vertices + row }
+    }
+
+    /// Rows `row..` of a vertex's children, all slots.
+    fn set(&self, data: Loc, row: usize) -> Rows {
+        Rows::IndexedSet {
+            data,
+            offsets: IndexLoc { buf: 0, offset: self.child_offsets + row },
+            index: IndexLoc { buf: 0, offset: self.child_list },
         }
     }
 }
@@ -116,18 +74,17 @@ pub struct Engine<B: Backend> {
     bufs: Vec<B::Buffer>,
     index: Vec<B::Index>,
     param_at: Vec<usize>,
+    scheduler: Scheduler,
     schedule: Schedule,
-    layout: Layout,
+    memory: MemoryPlan,
+    index_layout: IndexLayout,
+    trained: bool,
     host: Vec<f32>,
     host_index: Vec<u32>,
 }
 
 fn internal(msg: String) -> Error {
-    Error::Backend {
-        backend: "engine",
-        op: "plan".into(),
-        msg,
-    }
+    Error::Backend { backend: "engine", op: "plan".into(), msg }
 }
 
 impl<B: Backend> Engine<B> {
@@ -139,11 +96,7 @@ impl<B: Backend> Engine<B> {
             param_at.push(total);
             total += p.shape.numel();
         }
-        let bufs = vec![
-            backend.alloc(0)?,
-            backend.alloc(total)?,
-            backend.alloc(total)?,
-        ];
+        let bufs = vec![backend.alloc(0)?, backend.alloc(total)?, backend.alloc(total)?];
         let index = vec![backend.alloc_index(0)?];
         let mut e = Engine {
             backend,
@@ -151,8 +104,11 @@ impl<B: Backend> Engine<B> {
             bufs,
             index,
             param_at,
+            scheduler: Scheduler::default(),
             schedule: Schedule::default(),
-            layout: Layout::default(),
+            memory: MemoryPlan::default(),
+            index_layout: IndexLayout::default(),
+            trained: false,
             host: Vec::new(),
             host_index: Vec::new(),
         };
@@ -173,6 +129,16 @@ impl<B: Backend> Engine<B> {
     /// The schedule of the last forward pass.
     pub fn schedule(&self) -> &Schedule {
         &self.schedule
+    }
+
+    /// The memory plan of the last forward pass.
+    pub fn memory_plan(&self) -> &MemoryPlan {
+        &self.memory
+    }
+
+    /// Schedules later minibatches with `policy` (the default batches by height).
+    pub fn set_policy(&mut self, policy: Box<dyn Policy>) {
+        self.scheduler = Scheduler::new(policy);
     }
 
     /// Replaces every parameter's values.
@@ -212,42 +178,45 @@ impl<B: Backend> Engine<B> {
         Ok(out)
     }
 
-    /// Runs F over every vertex of `graphs` (one minibatch). `pulls[i]` holds input `i` for every
-    /// vertex, graph by graph, vertex by vertex. Returns each pushed output the same way.
+    /// Runs F over every vertex of `graphs` (one minibatch), keeping what [`Engine::backward`]
+    /// needs. `pulls[i]` holds input `i` for every vertex, graph by graph, vertex by vertex.
+    /// Returns each pushed output the same way.
     pub fn forward(&mut self, graphs: &[&InputGraph], pulls: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
+        self.run_forward(graphs, pulls, true)
+    }
+
+    /// Like [`Engine::forward`], for inference: keeps nothing for a backward pass, so it needs
+    /// less memory.
+    pub fn infer(&mut self, graphs: &[&InputGraph], pulls: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
+        self.run_forward(graphs, pulls, false)
+    }
+
+    fn run_forward(&mut self, graphs: &[&InputGraph], pulls: &[&[f32]], train: bool) -> Result<Vec<Vec<f32>>> {
         let f = self.f.clone();
         for (gi, g) in graphs.iter().enumerate() {
             g.check_for(&f).map_err(|e| match e {
-                Error::Graph { reason, .. } => Error::Graph {
-                    graph: format!("#{gi} of the minibatch"),
-                    reason,
-                },
+                Error::Graph { reason, .. } => Error::Graph { graph: format!("#{gi} of the minibatch"), reason },
                 e => e,
             })?;
         }
-        self.schedule = Schedule::by_height(graphs);
-        self.layout = Layout::new(&f, &self.schedule);
+        self.scheduler.schedule(graphs, &mut self.schedule);
+        self.memory = MemoryPlan::new(&f, self.schedule.len(), self.schedule.max_task(), train);
+        self.index_layout = IndexLayout::new(f.arity(), &self.schedule);
+        self.trained = train;
         self.reserve()?;
-        let n = self.layout.vertices;
-        let regions = self.layout.pulls.clone();
+        let n = self.schedule.len();
+        let regions: Vec<usize> = self.memory.pulls.iter().map(|r| r.offset).collect();
         self.upload_ports("input", f.inputs(), pulls, &regions)?;
         self.upload_index()?;
-        let plan = f.forward_plan();
+        let plan = if train { f.forward_plan() } else { f.inference_plan() };
         self.run_phase(Pass::Forward, plan, Phase::Prologue, 0..n)?;
         for t in 0..self.schedule.tasks.len() {
             let rows = self.schedule.tasks[t].clone();
             self.run_phase(Pass::Forward, plan, Phase::Recurrent, rows)?;
         }
         self.run_phase(Pass::Forward, plan, Phase::Epilogue, 0..n)?;
-        let outputs: Vec<(ValueId, usize)> = f
-            .outputs()
-            .iter()
-            .map(|o| (o.value, o.shape.numel()))
-            .collect();
-        outputs
-            .into_iter()
-            .map(|(v, block)| self.download_rows(self.loc(Pass::Forward, v)?, block))
-            .collect()
+        let outputs: Vec<(ValueId, usize)> = f.outputs().iter().map(|o| (o.value, o.shape.numel())).collect();
+        outputs.into_iter().map(|(v, block)| self.download_rows(self.loc(Pass::Forward, v, 0, 0)?, block)).collect()
     }
 
     /// Runs F' over the minibatch of the last [`Engine::forward`], given each pushed output's
@@ -255,35 +224,25 @@ impl<B: Backend> Engine<B> {
     /// the parameters.
     pub fn backward(&mut self, push_grads: &[&[f32]]) -> Result<Gradients> {
         let f = self.f.clone();
-        let n = self.layout.vertices;
-        let regions = self.layout.push_grads.clone();
+        if !self.trained {
+            return Err(Error::Input {
+                what: "Engine::backward".into(),
+                expected: "a preceding Engine::forward".into(),
+                got: "no forward pass, or an inference pass (Engine::infer keeps nothing for backward)".into(),
+            });
+        }
+        let n = self.schedule.len();
+        let regions: Vec<usize> = self.memory.push_grads.iter().map(|r| r.offset).collect();
         self.upload_ports("gradient of output", f.outputs(), push_grads, &regions)?;
         for (s, st) in f.states().iter().enumerate() {
-            let at = Loc {
-                buf: ARENA,
-                offset: self.layout.state_grads[s],
-            };
+            let at = Loc { buf: ARENA, offset: self.memory.state_grads[s].offset };
             let len = n * st.shape.numel();
-            self.backend.fill(
-                &mut Mem {
-                    data: &mut self.bufs,
-                    index: &self.index,
-                },
-                at,
-                len,
-                0.0,
-            )?;
+            self.backend.fill(&mut Mem { data: &mut self.bufs, index: &self.index }, at, len, 0.0)?;
         }
         let grads_len = self.backend.len(&self.bufs[GRADS]);
         self.backend.fill(
-            &mut Mem {
-                data: &mut self.bufs,
-                index: &self.index,
-            },
-            Loc {
-                buf: GRADS,
-                offset: 0,
-            },
+            &mut Mem { data: &mut self.bufs, index: &self.index },
+            Loc { buf: GRADS, offset: 0 },
             grads_len,
             0.0,
         )?;
@@ -303,36 +262,27 @@ impl<B: Backend> Engine<B> {
         for (i, port) in f.inputs().iter().enumerate() {
             let block = port.shape.numel();
             pulls.push(match f.backward().pull_grads[i] {
-                Some(g) => self.download_rows(self.loc(Pass::Backward, g)?, block)?,
+                Some(g) => self.download_rows(self.loc(Pass::Backward, g, 0, 0)?, block)?,
                 None => vec![0.0; n * block],
             });
         }
-        Ok(Gradients {
-            pulls,
-            params: self.read_params(GRADS)?,
-        })
+        Ok(Gradients { pulls, params: self.read_params(GRADS)? })
     }
 
     /// Grows the arena and the index buffer to the current layout (never shrinks them).
     fn reserve(&mut self) -> Result<()> {
-        if self.backend.len(&self.bufs[ARENA]) < self.layout.arena {
-            self.bufs[ARENA] = self.backend.alloc(self.layout.arena)?;
+        if self.backend.len(&self.bufs[ARENA]) < self.memory.len {
+            self.bufs[ARENA] = self.backend.alloc(self.memory.len)?;
         }
-        if self.backend.index_len(&self.index[0]) < self.layout.index {
-            self.index[0] = self.backend.alloc_index(self.layout.index)?;
+        if self.backend.index_len(&self.index[0]) < self.index_layout.len {
+            self.index[0] = self.backend.alloc_index(self.index_layout.len)?;
         }
         Ok(())
     }
 
     /// Checks one block of rows per vertex for every port and uploads each into its region.
-    fn upload_ports(
-        &mut self,
-        what: &str,
-        ports: &[Port],
-        data: &[&[f32]],
-        regions: &[usize],
-    ) -> Result<()> {
-        let n = self.layout.vertices;
+    fn upload_ports(&mut self, what: &str, ports: &[Port], data: &[&[f32]], regions: &[usize]) -> Result<()> {
+        let n = self.schedule.len();
         if data.len() != ports.len() {
             return Err(Error::Input {
                 what: format!("{what}s of `{}`", self.f.name()),
@@ -359,18 +309,16 @@ impl<B: Backend> Engine<B> {
         self.host.clear();
         for &v in &self.schedule.vertex_of_row {
             let v = v as usize;
-            self.host
-                .extend_from_slice(&src[v * block..(v + 1) * block]);
+            self.host.extend_from_slice(&src[v * block..(v + 1) * block]);
         }
         self.backend.write(&mut self.bufs[ARENA], at, &self.host)
     }
 
     /// Reads a region in row order and returns it in merged-vertex order.
     fn download_rows(&mut self, at: Loc, block: usize) -> Result<Vec<f32>> {
-        let n = self.layout.vertices;
+        let n = self.schedule.len();
         self.host.resize(n * block, 0.0);
-        self.backend
-            .read(&self.bufs[at.buf], at.offset, &mut self.host)?;
+        self.backend.read(&self.bufs[at.buf], at.offset, &mut self.host)?;
         let mut out = vec![0.0; n * block];
         for (v, &r) in self.schedule.row_of_vertex.iter().enumerate() {
             let r = r as usize;
@@ -391,8 +339,7 @@ impl<B: Backend> Engine<B> {
         }
         self.host_index.extend_from_slice(&s.child_offsets);
         self.host_index.extend_from_slice(&s.child_list);
-        self.backend
-            .write_index(&mut self.index[0], 0, &self.host_index)
+        self.backend.write_index(&mut self.index[0], 0, &self.host_index)
     }
 
     fn func(&self, pass: Pass) -> &Func {
@@ -402,42 +349,26 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Where row 0 of value `v` of `pass` lives.
-    fn loc(&self, pass: Pass, v: ValueId) -> Result<Loc> {
-        let l = &self.layout;
-        let offset = match self.func(pass).node(v).op {
-            Op::Pull { input } => Some(l.pulls[input]),
-            Op::Primal { value } => return self.loc(Pass::Forward, value),
-            Op::StateGrad { state } => Some(l.state_grads[state]),
-            Op::PushGrad { output } => Some(l.push_grads[output]),
-            Op::Param { param } => {
-                return Ok(Loc {
-                    buf: PARAMS,
-                    offset: self.param_at[param],
-                })
-            }
+    /// Where row `row` of value `v` of `pass` lives, for a step over rows from `task_start`.
+    fn loc(&self, pass: Pass, v: ValueId, row: usize, task_start: usize) -> Result<Loc> {
+        let m = &self.memory;
+        let region: Option<Region> = match self.func(pass).node(v).op {
+            Op::Pull { input } => Some(m.pulls[input]),
+            Op::Primal { value } => return self.loc(Pass::Forward, value, row, task_start),
+            Op::StateGrad { state } => Some(m.state_grads[state]),
+            Op::PushGrad { output } => Some(m.push_grads[output]),
+            Op::Param { param } => return Ok(Loc { buf: PARAMS, offset: self.param_at[param] }),
             _ => match pass {
-                Pass::Forward => l.forward[v.index()],
-                Pass::Backward => l.backward[v.index()],
+                Pass::Forward => m.forward[v.index()],
+                Pass::Backward => m.backward[v.index()],
             },
         };
-        offset
-            .map(|offset| Loc { buf: ARENA, offset })
-            .ok_or_else(|| {
-                internal(format!(
-                    "value {v} of `{}` is read but never stored",
-                    self.f.name()
-                ))
-            })
+        region
+            .map(|r| Loc { buf: ARENA, offset: r.at(row, task_start) })
+            .ok_or_else(|| internal(format!("value {v} of `{}` is read but never stored", self.f.name())))
     }
 
-    fn run_phase(
-        &mut self,
-        pass: Pass,
-        plan: &Plan,
-        phase: Phase,
-        rows: Range<usize>,
-    ) -> Result<()> {
+    fn run_phase(&mut self, pass: Pass, plan: &Plan, phase: Phase, rows: Range<usize>) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -446,13 +377,7 @@ impl<B: Backend> Engine<B> {
                 Step::Gemm(v) => {
                     let g = self.gemm_call(pass, *v, rows.clone())?;
                     let backend = &self.backend;
-                    backend.gemm(
-                        &mut Mem {
-                            data: &mut self.bufs,
-                            index: &self.index,
-                        },
-                        &g,
-                    )?;
+                    backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
                 }
                 Step::Fused(k) => self.run_kernel(pass, k, rows.clone())?,
             }
@@ -467,30 +392,20 @@ impl<B: Backend> Engine<B> {
         };
         let (na, nb, nv) = (func.node(a), func.node(b), func.node(v));
         let (r0, n) = (rows.start, rows.len());
-        let at = |x: ValueId, block: usize| -> Result<Loc> {
-            Ok(self.loc(pass, x)?.offset_by(r0 * block))
-        };
-        let (ar, ac) = if ta {
-            (na.shape.cols(), na.shape.rows())
-        } else {
-            (na.shape.rows(), na.shape.cols())
-        };
-        let b_loc = if nb.is_param {
-            self.loc(pass, b)?
-        } else {
-            at(b, nb.shape.numel())?
-        };
+        let at = |x: ValueId| self.loc(pass, x, r0, r0);
+        let (ar, ac) = if ta { (na.shape.cols(), na.shape.rows()) } else { (na.shape.rows(), na.shape.cols()) };
+        let b_loc = at(b)?;
         let mut g = Gemm {
             m: ar,
             n: nv.shape.cols(),
             k: ac,
-            a: at(a, na.shape.numel())?,
+            a: at(a)?,
             lda: na.shape.cols(),
             ta,
             b: b_loc,
             ldb: nb.shape.cols(),
             tb,
-            c: at(v, nv.shape.numel())?,
+            c: at(v)?,
             ldc: nv.shape.cols(),
             accumulate: false,
             batch: n,
@@ -508,115 +423,56 @@ impl<B: Backend> Engine<B> {
 
     fn run_kernel(&mut self, pass: Pass, k: &Kernel, rows: Range<usize>) -> Result<()> {
         let (r0, n) = (rows.start, rows.len());
-        let l = &self.layout;
+        let ix = &self.index_layout;
         let mut loads = Vec::new();
         for i in k.loads() {
-            let node = &k.nodes[i];
             let v = k.values[i];
-            let block = node.shape.numel();
-            loads.push(match node.op {
+            loads.push(match k.nodes[i].op {
                 Op::Gather { slot, state } => Rows::Indexed {
-                    data: self.loc(Pass::Forward, self.f.states()[state].value)?,
-                    index: IndexLoc {
-                        buf: 0,
-                        offset: l.child_slots + slot * l.vertices + r0,
-                    },
+                    data: self.loc(Pass::Forward, self.f.states()[state].value, 0, 0)?,
+                    index: ix.slot(slot, r0),
                 },
-                Op::GatherSum { state } => Rows::IndexedSet {
-                    data: self.loc(Pass::Forward, self.f.states()[state].value)?,
-                    offsets: IndexLoc {
-                        buf: 0,
-                        offset: l.child_offsets + r0,
-                    },
-                    index: IndexLoc {
-                        buf: 0,
-                        offset: l.child_list,
-                    },
-                },
-                Op::Param { .. } => Rows::Broadcast(self.loc(pass, v)?),
+                Op::GatherSum { state } => ix.set(self.loc(Pass::Forward, self.f.states()[state].value, 0, 0)?, r0),
+                Op::Param { .. } => Rows::Broadcast(self.loc(pass, v, 0, 0)?),
                 Op::Zeros => Rows::Zeros,
-                _ => Rows::Contiguous(self.loc(pass, v)?.offset_by(r0 * block)),
+                _ => Rows::Contiguous(self.loc(pass, v, r0, r0)?),
             });
         }
         let mut stores = Vec::with_capacity(k.stores.len());
         for &i in &k.stores {
-            stores.push(
-                self.loc(pass, k.values[i])?
-                    .offset_by(r0 * k.nodes[i].shape.numel()),
-            );
+            stores.push(self.loc(pass, k.values[i], r0, r0)?);
         }
         let backend = &self.backend;
-        backend.fused(
-            &mut Mem {
-                data: &mut self.bufs,
-                index: &self.index,
-            },
-            k,
-            n,
-            &loads,
-            &stores,
-        )
+        backend.fused(&mut Mem { data: &mut self.bufs, index: &self.index }, k, n, &loads, &stores)
     }
 
     /// Scatter-adds the children's gradients computed in `phase` for `rows`.
     fn send_child_grads(&mut self, plan: &Plan, phase: Phase, rows: Range<usize>) -> Result<()> {
         let (r0, n) = (rows.start, rows.len());
-        let l = &self.layout;
+        let ix = &self.index_layout;
         let mut calls = Vec::new();
         for cg in &self.f.backward().child_grads {
             if plan.phase[cg.value.index()] != phase || n == 0 {
                 continue;
             }
             let block = self.f.states()[cg.state].shape.numel();
-            let data = Loc {
-                buf: ARENA,
-                offset: l.state_grads[cg.state],
-            };
+            let data = Loc { buf: ARENA, offset: self.memory.state_grads[cg.state].offset };
             let dst = match cg.slot {
-                Some(k) => Rows::Indexed {
-                    data,
-                    index: IndexLoc {
-                        buf: 0,
-                        offset: l.child_slots + k * l.vertices + r0,
-                    },
-                },
-                None => Rows::IndexedSet {
-                    data,
-                    offsets: IndexLoc {
-                        buf: 0,
-                        offset: l.child_offsets + r0,
-                    },
-                    index: IndexLoc {
-                        buf: 0,
-                        offset: l.child_list,
-                    },
-                },
+                Some(k) => Rows::Indexed { data, index: ix.slot(k, r0) },
+                None => ix.set(data, r0),
             };
-            calls.push((
-                self.loc(Pass::Backward, cg.value)?.offset_by(r0 * block),
-                block,
-                dst,
-            ));
+            calls.push((self.loc(Pass::Backward, cg.value, r0, r0)?, block, dst));
         }
         for (src, block, dst) in calls {
             let backend = &self.backend;
-            backend.scatter_add(
-                &mut Mem {
-                    data: &mut self.bufs,
-                    index: &self.index,
-                },
-                src,
-                block,
-                n,
-                &dst,
-            )?;
+            backend.scatter_add(&mut Mem { data: &mut self.bufs, index: &self.index }, src, block, n, &dst)?;
         }
         Ok(())
     }
 
     /// Forms every parameter gradient with one operation per term over all vertices.
     fn param_grads(&mut self) -> Result<()> {
-        let n = self.layout.vertices;
+        let n = self.schedule.len();
         if n == 0 {
             return Ok(());
         }
@@ -625,10 +481,7 @@ impl<B: Backend> Engine<B> {
         for pg in &b.param_grads {
             let p = pg.param();
             let decl = &self.f.params()[p];
-            let dst = Loc {
-                buf: GRADS,
-                offset: self.param_at[p],
-            };
+            let dst = Loc { buf: GRADS, offset: self.param_at[p] };
             match *pg {
                 ParamGrad::MatMul { x, dy, .. } => {
                     let (nx, ny) = (func.node(x), func.node(dy));
@@ -636,10 +489,10 @@ impl<B: Backend> Engine<B> {
                         m: nx.shape.cols(),
                         n: ny.shape.cols(),
                         k: n * nx.shape.rows(),
-                        a: self.loc(Pass::Backward, x)?,
+                        a: self.loc(Pass::Backward, x, 0, 0)?,
                         lda: nx.shape.cols(),
                         ta: true,
-                        b: self.loc(Pass::Backward, dy)?,
+                        b: self.loc(Pass::Backward, dy, 0, 0)?,
                         ldb: ny.shape.cols(),
                         tb: false,
                         c: dst,
@@ -650,23 +503,14 @@ impl<B: Backend> Engine<B> {
                         stride_b: 0,
                         stride_c: 0,
                     };
-                    self.backend.gemm(
-                        &mut Mem {
-                            data: &mut self.bufs,
-                            index: &self.index,
-                        },
-                        &g,
-                    )?;
+                    self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
                 }
                 ParamGrad::SumRows { dy, .. } => {
                     let period = decl.shape.numel();
                     let rows = n * func.node(dy).shape.numel() / period;
-                    let src = self.loc(Pass::Backward, dy)?;
+                    let src = self.loc(Pass::Backward, dy, 0, 0)?;
                     self.backend.sum_rows(
-                        &mut Mem {
-                            data: &mut self.bufs,
-                            index: &self.index,
-                        },
+                        &mut Mem { data: &mut self.bufs, index: &self.index },
                         src,
                         rows,
                         period,

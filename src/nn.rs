@@ -16,12 +16,7 @@ pub fn tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
     let b = f.param("b", [1, 5 * hidden], Init::Zeros);
     let gates = x.matmul(w) + h0.matmul(u0) + h1.matmul(u1) + b;
     let gate = |k: usize| gates.slice(k * hidden, hidden);
-    let (i, f0, f1, o) = (
-        gate(0).sigmoid(),
-        gate(1).sigmoid(),
-        gate(2).sigmoid(),
-        gate(3).sigmoid(),
-    );
+    let (i, f0, f1, o) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).sigmoid(), gate(3).sigmoid());
     let u = gate(4).tanh();
     let c = i * u + f0 * c0 + f1 * c1;
     let h = o * c.tanh();
@@ -43,12 +38,7 @@ pub fn child_sum_tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
     let b = f.param("b", [1, 4 * hidden], Init::Zeros);
     let gates = x.matmul(w) + h.matmul(u) + b;
     let gate = |k: usize| gates.slice(k * hidden, hidden);
-    let (i, fg, o, uu) = (
-        gate(0).sigmoid(),
-        gate(1).sigmoid(),
-        gate(2).sigmoid(),
-        gate(3).tanh(),
-    );
+    let (i, fg, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).sigmoid(), gate(3).tanh());
     let c_new = i * uu + fg * c;
     let h_new = o * c_new.tanh();
     f.scatter("h", h_new);

@@ -39,10 +39,7 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let tol = 1e-5 * w.abs().max(1.0) + 1e-6;
-        assert!(
-            (g - w).abs() <= tol * 4.0,
-            "{what}[{i}]: engine {g} vs reference {w}"
-        );
+        assert!((g - w).abs() <= tol * 4.0, "{what}[{i}]: engine {g} vs reference {w}");
     }
 }
 
@@ -51,15 +48,9 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
     let mut rng = Rng::new(seed);
     let params = f.init_params(&mut rng);
     // Non-zero biases so every parameter gradient path is exercised.
-    let params: Vec<Vec<f32>> = params
-        .into_iter()
-        .map(|p| p.iter().map(|x| x + rng.range(-0.1, 0.1)).collect())
-        .collect();
-    let arity = if f.max_children().is_none() {
-        0
-    } else {
-        f.arity()
-    };
+    let params: Vec<Vec<f32>> =
+        params.into_iter().map(|p| p.iter().map(|x| x + rng.range(-0.1, 0.1)).collect()).collect();
+    let arity = if f.max_children().is_none() { 0 } else { f.arity() };
     let gs: Vec<InputGraph> = (0..graphs)
         .map(|_| {
             let n = 1 + rng.below(max_vertices);
@@ -67,16 +58,9 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
         })
         .collect();
     let total: usize = gs.iter().map(InputGraph::len).sum();
-    let pulls: Vec<Vec<f32>> = f
-        .inputs()
-        .iter()
-        .map(|p| random_rows(&mut rng, total * p.shape.numel()))
-        .collect();
-    let push_grads: Vec<Vec<f32>> = f
-        .outputs()
-        .iter()
-        .map(|o| random_rows(&mut rng, total * o.shape.numel()))
-        .collect();
+    let pulls: Vec<Vec<f32>> = f.inputs().iter().map(|p| random_rows(&mut rng, total * p.shape.numel())).collect();
+    let push_grads: Vec<Vec<f32>> =
+        f.outputs().iter().map(|o| random_rows(&mut rng, total * o.shape.numel())).collect();
 
     let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
     let refs: Vec<&InputGraph> = gs.iter().collect();
@@ -87,25 +71,13 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
 
     let mut want_out: Vec<Vec<f32>> = vec![Vec::new(); f.outputs().len()];
     let mut want_pull: Vec<Vec<f32>> = vec![Vec::new(); f.inputs().len()];
-    let mut want_param: Vec<Vec<f32>> = f
-        .params()
-        .iter()
-        .map(|p| vec![0.0; p.shape.numel()])
-        .collect();
+    let mut want_param: Vec<Vec<f32>> = f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
     let mut start = 0;
     for g in &gs {
-        let slice =
-            |rows: &Vec<f32>, block: usize| rows[start * block..(start + g.len()) * block].to_vec();
-        let p: Vec<Vec<f32>> = pulls
-            .iter()
-            .zip(f.inputs())
-            .map(|(x, port)| slice(x, port.shape.numel()))
-            .collect();
-        let d: Vec<Vec<f32>> = push_grads
-            .iter()
-            .zip(f.outputs())
-            .map(|(x, port)| slice(x, port.shape.numel()))
-            .collect();
+        let slice = |rows: &Vec<f32>, block: usize| rows[start * block..(start + g.len()) * block].to_vec();
+        let p: Vec<Vec<f32>> = pulls.iter().zip(f.inputs()).map(|(x, port)| slice(x, port.shape.numel())).collect();
+        let d: Vec<Vec<f32>> =
+            push_grads.iter().zip(f.outputs()).map(|(x, port)| slice(x, port.shape.numel())).collect();
         let pr: Vec<&[f32]> = p.iter().map(Vec::as_slice).collect();
         let dr: Vec<&[f32]> = d.iter().map(Vec::as_slice).collect();
         let run = run_graph(&f, &params, g, &pr, &dr);
@@ -129,11 +101,7 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
         assert_close(&format!("input {i} gradient"), got, want);
     }
     for (p, (got, want)) in grads.params.iter().zip(&want_param).enumerate() {
-        assert_close(
-            &format!("parameter {} gradient", f.params()[p].name),
-            got,
-            want,
-        );
+        assert_close(&format!("parameter {} gradient", f.params()[p].name), got, want);
     }
 }
 
@@ -236,11 +204,7 @@ fn random_fn(seed: u64) -> VertexFn {
                 let j = rng.below(pool.len());
                 let b = pool[j];
                 used[j] = true;
-                let b = if b.shape() == a.shape() {
-                    b
-                } else {
-                    b.matmul(param([b.shape().cols(), wa])).tanh()
-                };
+                let b = if b.shape() == a.shape() { b } else { b.matmul(param([b.shape().cols(), wa])).tanh() };
                 match rng.below(3) {
                     0 => a + b,
                     1 => a - b,

@@ -17,10 +17,7 @@ fn wrong_input_length_names_the_input() {
     let err = e.forward(&[&g], &[&[0.0; 5]]).unwrap_err();
     assert!(matches!(err, Error::Input { .. }), "{err:?}");
     let msg = err.to_string();
-    assert!(
-        msg.contains("input `x`") && msg.contains("6 values") && msg.contains("got 5"),
-        "{msg}"
-    );
+    assert!(msg.contains("input `x`") && msg.contains("6 values") && msg.contains("got 5"), "{msg}");
     let err = e.forward(&[&g], &[]).unwrap_err();
     assert!(err.to_string().contains("expected 1"), "{err}");
 }
@@ -29,29 +26,19 @@ fn wrong_input_length_names_the_input() {
 fn too_many_children_names_graph_and_vertex() {
     let mut e = engine(3, 2);
     let ok = InputGraph::from_children(vec![vec![]]).unwrap();
-    let wide = InputGraph::from_children(vec![
-        vec![],
-        vec![],
-        vec![],
-        vec![Some(0), Some(1), Some(2)],
-    ])
-    .unwrap();
+    let wide = InputGraph::from_children(vec![vec![], vec![], vec![], vec![Some(0), Some(1), Some(2)]]).unwrap();
     let err = e.forward(&[&ok, &wide], &[&[0.0; 15]]).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::Graph { .. }));
     assert!(
-        msg.contains("#1")
-            && msg.contains("vertex 3")
-            && msg.contains("3 child slots")
-            && msg.contains("at most 2"),
+        msg.contains("#1") && msg.contains("vertex 3") && msg.contains("3 child slots") && msg.contains("at most 2"),
         "{msg}"
     );
 }
 
 #[test]
 fn cycles_and_bad_child_indices_are_refused() {
-    let err =
-        InputGraph::from_children(vec![vec![Some(2)], vec![Some(0)], vec![Some(1)]]).unwrap_err();
+    let err = InputGraph::from_children(vec![vec![Some(2)], vec![Some(0)], vec![Some(1)]]).unwrap_err();
     assert!(err.to_string().contains("lies on a cycle"), "{err}");
     let err = InputGraph::from_children(vec![vec![Some(0)]]).unwrap_err();
     assert!(err.to_string().contains("cycle"), "{err}");
@@ -85,11 +72,7 @@ fn steady_state_allocates_nothing() {
         e.forward(&refs, &[&x]).unwrap();
         e.backward(&[&dh]).unwrap();
     }
-    assert_eq!(
-        e.backend().allocations(),
-        after_first,
-        "a steady-state step allocated device memory"
-    );
+    assert_eq!(e.backend().allocations(), after_first, "a steady-state step allocated device memory");
     // A smaller minibatch reuses the same arena too.
     e.forward(&refs[..2], &[&x[..5 * 4]]).unwrap();
     assert_eq!(e.backend().allocations(), after_first);

@@ -20,10 +20,7 @@ pub struct Loc {
 impl Loc {
     /// The location `n` elements further on.
     pub fn offset_by(self, n: usize) -> Loc {
-        Loc {
-            buf: self.buf,
-            offset: self.offset + n,
-        }
+        Loc { buf: self.buf, offset: self.offset + n }
     }
 }
 
@@ -147,24 +144,10 @@ pub trait Backend {
     fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> Result<()>;
     /// Runs a fused kernel over `n` vertices: `loads[j]` binds the kernel's j-th load op,
     /// `stores[j]` is where its j-th stored op writes (vertex `i` at `stores[j] + i·block`).
-    fn fused(
-        &self,
-        mem: &mut Mem<'_, Self>,
-        kernel: &Kernel,
-        n: usize,
-        loads: &[Rows],
-        stores: &[Loc],
-    ) -> Result<()>;
+    fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()>;
     /// For each of `n` vertices, adds its `block` elements at `src + i·block` into the rows `dst`
     /// names for it (`Indexed` or `IndexedSet`).
-    fn scatter_add(
-        &self,
-        mem: &mut Mem<'_, Self>,
-        src: Loc,
-        block: usize,
-        n: usize,
-        dst: &Rows,
-    ) -> Result<()>;
+    fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()>;
     /// `dst[j] (+)= Σ_i src[i·cols + j]` over `rows` rows.
     fn sum_rows(
         &self,

@@ -42,7 +42,9 @@ pub enum Error {
         reason: String,
     },
     /// `gather(k)` with k at or beyond the function's declared arity.
-    #[error("vertex function `{function}`: gather slot {slot} of state `{state}` is beyond the declared arity {arity}")]
+    #[error(
+        "vertex function `{function}`: gather slot {slot} of state `{state}` is beyond the declared arity {arity}"
+    )]
     GatherSlot {
         /// The function being built.
         function: String,

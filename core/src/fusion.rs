@@ -50,11 +50,7 @@ pub struct Kernel {
 impl Kernel {
     /// Local indices of the load ops, in the order the engine binds them.
     pub fn loads(&self) -> impl Iterator<Item = usize> + '_ {
-        self.nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.op.is_load())
-            .map(|(i, _)| i)
+        self.nodes.iter().enumerate().filter(|(_, n)| n.op.is_load()).map(|(i, _)| i)
     }
 
     /// A stable text naming the kernel's computation (ops, shapes and wiring), for caches.
@@ -98,35 +94,28 @@ pub struct Plan {
 
 /// Loads whose data the engine can hand to a GEMM or an output directly.
 fn addressable(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Pull { .. }
-            | Op::Param { .. }
-            | Op::Primal { .. }
-            | Op::StateGrad { .. }
-            | Op::PushGrad { .. }
-    )
+    matches!(op, Op::Pull { .. } | Op::Param { .. } | Op::Primal { .. } | Op::StateGrad { .. } | Op::PushGrad { .. })
 }
 
 impl Plan {
-    /// The plan of a function's forward pass.
+    /// The plan of a function's forward pass: it stores the states, the pushed outputs and every
+    /// value the backward pass reads.
     pub fn forward(f: &VertexFn) -> Plan {
-        let func = f.forward();
-        let rec_out: Vec<ValueId> = f
-            .states()
-            .iter()
-            .filter(|s| s.gathered)
-            .map(|s| s.value)
-            .collect();
+        Plan::forward_keeping(f, &f.backward().saved)
+    }
+
+    /// The plan of a function's forward pass for inference: it stores only the states and the
+    /// pushed outputs, nothing for a backward pass.
+    pub fn inference(f: &VertexFn) -> Plan {
+        Plan::forward_keeping(f, &[])
+    }
+
+    fn forward_keeping(f: &VertexFn, keep: &[ValueId]) -> Plan {
+        let rec_out: Vec<ValueId> = f.states().iter().filter(|s| s.gathered).map(|s| s.value).collect();
         let mut roots: Vec<ValueId> = f.states().iter().map(|s| s.value).collect();
         roots.extend(f.outputs().iter().map(|o| o.value));
-        roots.extend(f.backward().saved.iter().copied());
-        Plan::new(
-            func,
-            |op| matches!(op, Op::Gather { .. } | Op::GatherSum { .. }),
-            &rec_out,
-            &roots,
-        )
+        roots.extend(keep);
+        Plan::new(f.forward(), |op| matches!(op, Op::Gather { .. } | Op::GatherSum { .. }), &rec_out, &roots)
     }
 
     /// The plan of a function's backward pass (its derived F').
@@ -141,22 +130,12 @@ impl Plan {
                 crate::ir::ParamGrad::SumRows { dy, .. } => roots.push(dy),
             }
         }
-        Plan::new(
-            &b.func,
-            |op| matches!(op, Op::StateGrad { .. }),
-            &rec_out,
-            &roots,
-        )
+        Plan::new(&b.func, |op| matches!(op, Op::StateGrad { .. }), &rec_out, &roots)
     }
 
     /// Plans `func` given which loads carry the recurrence, which values feed it, and which
     /// values must be stored.
-    pub fn new(
-        func: &Func,
-        rec_in: impl Fn(&Op) -> bool,
-        rec_out: &[ValueId],
-        roots: &[ValueId],
-    ) -> Plan {
+    pub fn new(func: &Func, rec_in: impl Fn(&Op) -> bool, rec_out: &[ValueId], roots: &[ValueId]) -> Plan {
         let n = func.nodes.len();
         let users = func.users();
         let mut dep = vec![false; n];
@@ -205,11 +184,8 @@ impl Plan {
                     continue;
                 }
                 // A gather or zeros block handed to a GEMM or an output needs a copy in memory.
-                let mut homes: Vec<(Phase, usize)> = users[i]
-                    .iter()
-                    .filter(|u| func.node(**u).op.is_matmul())
-                    .map(|u| key(u.index()))
-                    .collect();
+                let mut homes: Vec<(Phase, usize)> =
+                    users[i].iter().filter(|u| func.node(**u).op.is_matmul()).map(|u| key(u.index())).collect();
                 if is_root[i] {
                     homes.push((phase[i], 0));
                 }
@@ -224,20 +200,10 @@ impl Plan {
                 continue;
             }
             let k = key(i);
-            let escapes = is_root[i]
-                || users[i]
-                    .iter()
-                    .any(|u| func.node(*u).op.is_matmul() || key(u.index()) != k);
+            let escapes = is_root[i] || users[i].iter().any(|u| func.node(*u).op.is_matmul() || key(u.index()) != k);
             stored[i] = escapes;
             let g = groups.entry(k).or_default();
-            g.insert(
-                i,
-                if escapes {
-                    Member::Stored
-                } else {
-                    Member::Local
-                },
-            );
+            g.insert(i, if escapes { Member::Stored } else { Member::Local });
             for x in node.op.inputs() {
                 let xn = func.node(x);
                 if xn.op.is_load() {
@@ -261,11 +227,7 @@ impl Plan {
                 }
             }
         }
-        Plan {
-            phases,
-            stored,
-            phase,
-        }
+        Plan { phases, stored, phase }
     }
 
     /// Number of GEMM steps and fused kernels over all phases.
@@ -296,24 +258,12 @@ fn kernel(func: &Func, members: &BTreeMap<usize, Member>) -> Kernel {
     for (l, (&v, &role)) in members.iter().enumerate() {
         let mut node = func.nodes[v].clone();
         node.op = match node.op {
-            _ if role == Member::Input => Op::Stored {
-                value: ValueId(v as u32),
-            },
+            _ if role == Member::Input => Op::Stored { value: ValueId(v as u32) },
             Op::MatMul { .. } => unreachable!("matrix products are never fused"),
             Op::Unary { op, x } => Op::Unary { op, x: remap(&x) },
-            Op::Binary { op, a, b } => Op::Binary {
-                op,
-                a: remap(&a),
-                b: remap(&b),
-            },
-            Op::Slice { x, start, len } => Op::Slice {
-                x: remap(&x),
-                start,
-                len,
-            },
-            Op::Concat { parts } => Op::Concat {
-                parts: parts.iter().map(remap).collect(),
-            },
+            Op::Binary { op, a, b } => Op::Binary { op, a: remap(&a), b: remap(&b) },
+            Op::Slice { x, start, len } => Op::Slice { x: remap(&x), start, len },
+            Op::Concat { parts } => Op::Concat { parts: parts.iter().map(remap).collect() },
             Op::SumCols { x } => Op::SumCols { x: remap(&x) },
             Op::BroadcastCols { x, cols } => Op::BroadcastCols { x: remap(&x), cols },
             load => load,
@@ -323,11 +273,7 @@ fn kernel(func: &Func, members: &BTreeMap<usize, Member>) -> Kernel {
             stores.push(l);
         }
     }
-    Kernel {
-        values: members.keys().map(|&v| ValueId(v as u32)).collect(),
-        nodes,
-        stores,
-    }
+    Kernel { values: members.keys().map(|&v| ValueId(v as u32)).collect(), nodes, stores }
 }
 
 impl fmt::Display for Kernel {
@@ -337,13 +283,7 @@ impl fmt::Display for Kernel {
             .iter()
             .zip(&self.values)
             .enumerate()
-            .map(|(l, (n, v))| {
-                format!(
-                    "{v}{}={}",
-                    if self.stores.contains(&l) { "*" } else { "" },
-                    n.op.name()
-                )
-            })
+            .map(|(l, (n, v))| format!("{v}{}={}", if self.stores.contains(&l) { "*" } else { "" }, n.op.name()))
             .collect();
         write!(f, "fused[{}]", ops.join(" "))
     }

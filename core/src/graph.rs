@@ -26,9 +26,7 @@ impl InputGraph {
             for c in slots {
                 match c {
                     Some(c) if c >= n => {
-                        return Err(graph_error(format!(
-                            "vertex {v} has child {c}, but the graph has {n} vertices"
-                        )))
+                        return Err(graph_error(format!("vertex {v} has child {c}, but the graph has {n} vertices")))
                     }
                     Some(c) => list.push(c as u32),
                     None => list.push(NO_CHILD),
@@ -43,16 +41,8 @@ impl InputGraph {
 
     /// A chain (a sequence): vertex `i` has vertex `i − 1` as its only child; the last is the root.
     pub fn chain(len: usize) -> InputGraph {
-        let children = (0..len).map(|i| {
-            if i == 0 {
-                SmallVec::new()
-            } else {
-                SmallVec::from_slice(&[i as u32 - 1])
-            }
-        });
-        InputGraph {
-            children: children.collect(),
-        }
+        let children = (0..len).map(|i| if i == 0 { SmallVec::new() } else { SmallVec::from_slice(&[i as u32 - 1]) });
+        InputGraph { children: children.collect() }
     }
 
     /// A tree from each vertex's parent (`None` for the root); children keep vertex order.
@@ -61,10 +51,7 @@ impl InputGraph {
         for (v, p) in parents.iter().enumerate() {
             if let Some(p) = *p {
                 let slots = children.get_mut(p).ok_or_else(|| {
-                    graph_error(format!(
-                        "vertex {v} has parent {p}, but the graph has {} vertices",
-                        parents.len()
-                    ))
+                    graph_error(format!("vertex {v} has parent {p}, but the graph has {} vertices", parents.len()))
                 })?;
                 slots.push(Some(v));
             }
@@ -84,24 +71,14 @@ impl InputGraph {
         }
         petgraph::algo::toposort(&g, None)
             .map(|_| ())
-            .map_err(|cycle| {
-                graph_error(format!(
-                    "vertex {} lies on a cycle",
-                    cycle.node_id().index()
-                ))
-            })
+            .map_err(|cycle| graph_error(format!("vertex {} lies on a cycle", cycle.node_id().index())))
     }
 
     /// Checks that every vertex fits `f`: no more children than its arity (unless it uses
     /// `gather_sum`).
     pub fn check_for(&self, f: &VertexFn) -> Result<()> {
         if let Some(max) = f.max_children() {
-            if let Some((v, cs)) = self
-                .children
-                .iter()
-                .enumerate()
-                .find(|(_, cs)| cs.len() > max)
-            {
+            if let Some((v, cs)) = self.children.iter().enumerate().find(|(_, cs)| cs.len() > max) {
                 return Err(graph_error(format!(
                     "vertex {v} has {} child slots, but `{}` gathers at most {max}",
                     cs.len(),
@@ -129,8 +106,5 @@ impl InputGraph {
 }
 
 fn graph_error(reason: String) -> Error {
-    Error::Graph {
-        graph: "input".into(),
-        reason,
-    }
+    Error::Graph { graph: "input".into(), reason }
 }

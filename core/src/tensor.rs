@@ -162,22 +162,14 @@ impl Tensor {
                 got: format!("{} elements", data.len()),
             });
         }
-        Ok(Tensor {
-            storage: Arc::new(Storage::F32(data)),
-            shape,
-            offset: 0,
-        })
+        Ok(Tensor { storage: Arc::new(Storage::F32(data)), shape, offset: 0 })
     }
 
     /// A tensor of zeros.
     pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Tensor {
         let shape = shape.into();
         let data = vec![0.0; shape.numel()];
-        Tensor {
-            storage: Arc::new(Storage::from_f32(&data, dtype)),
-            shape,
-            offset: 0,
-        }
+        Tensor { storage: Arc::new(Storage::from_f32(&data, dtype)), shape, offset: 0 }
     }
 
     /// The shape.
@@ -193,19 +185,14 @@ impl Tensor {
     /// The elements as f32, converting from f16/bf16 storage.
     pub fn to_vec(&self) -> Vec<f32> {
         let mut out = Vec::with_capacity(self.shape.numel());
-        self.storage
-            .read_f32(self.offset..self.offset + self.shape.numel(), &mut out);
+        self.storage.read_f32(self.offset..self.offset + self.shape.numel(), &mut out);
         out
     }
 
     /// A copy stored as `dtype` (rounding to nearest for f16/bf16).
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         let data = self.to_vec();
-        Tensor {
-            storage: Arc::new(Storage::from_f32(&data, dtype)),
-            shape: self.shape.clone(),
-            offset: 0,
-        }
+        Tensor { storage: Arc::new(Storage::from_f32(&data, dtype)), shape: self.shape.clone(), offset: 0 }
     }
 
     /// A view of rows `start..start + len` along the first dimension; shares storage.
@@ -223,11 +210,7 @@ impl Tensor {
         if let Some(d) = dims.first_mut() {
             *d = len;
         }
-        Ok(Tensor {
-            storage: self.storage.clone(),
-            shape: Shape::new(&dims),
-            offset: self.offset + start * inner,
-        })
+        Ok(Tensor { storage: self.storage.clone(), shape: Shape::new(&dims), offset: self.offset + start * inner })
     }
 
     /// The same elements under another shape with the same element count; shares storage.
@@ -240,11 +223,7 @@ impl Tensor {
                 got: format!("shape {shape} with {} elements", shape.numel()),
             });
         }
-        Ok(Tensor {
-            storage: self.storage.clone(),
-            shape,
-            offset: self.offset,
-        })
+        Ok(Tensor { storage: self.storage.clone(), shape, offset: self.offset })
     }
 
     /// Whether two tensors are views of the same storage.

@@ -31,12 +31,7 @@ fn matmul_inner_dimension_mismatch() {
     f.push("y", y);
     let (e, msg) = build_err(f);
     match &e {
-        Error::Shape {
-            function,
-            op,
-            inputs,
-            ..
-        } => {
+        Error::Shape { function, op, inputs, .. } => {
             assert_eq!(function, "cell");
             assert_eq!(op, "matmul");
             assert_eq!(inputs.len(), 2);
@@ -46,10 +41,7 @@ fn matmul_inner_dimension_mismatch() {
         }
         other => panic!("expected Error::Shape, got {other:?}"),
     }
-    assert_mentions(
-        &msg,
-        &["`cell`", "matmul", "[1×3]", "[4×5]", "param W", "3 vs 4"],
-    );
+    assert_mentions(&msg, &["`cell`", "matmul", "[1×3]", "[4×5]", "param W", "3 vs 4"]);
 }
 
 #[test]
@@ -60,10 +52,7 @@ fn per_vertex_matmul_mismatch() {
     f.push("y", a.matmul(m));
     f.scatter("m", m);
     let (e, msg) = build_err(f);
-    assert!(
-        matches!(e, Error::Shape { ref op, .. } if op == "matmul"),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Shape { ref op, .. } if op == "matmul"), "{e:?}");
     assert_mentions(&msg, &["matmul", "[2×3]", "[2×4]"]);
 }
 
@@ -94,10 +83,7 @@ fn bias_of_wrong_width() {
     let b = f.param("b", [1, 2], Init::Zeros);
     f.push("y", x + b);
     let (e, msg) = build_err(f);
-    assert!(
-        matches!(e, Error::Shape { ref op, .. } if op == "add"),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Shape { ref op, .. } if op == "add"), "{e:?}");
     assert_mentions(&msg, &["add", "[2×3]", "param b [1×2]"]);
 }
 
@@ -108,15 +94,7 @@ fn gather_slot_beyond_arity() {
     let h = f.gather(2, "h", 3);
     f.scatter("h", x + h);
     let (e, msg) = build_err(f);
-    assert_eq!(
-        e,
-        Error::GatherSlot {
-            function: "cell".into(),
-            slot: 2,
-            state: "h".into(),
-            arity: 2,
-        }
-    );
+    assert_eq!(e, Error::GatherSlot { function: "cell".into(), slot: 2, state: "h".into(), arity: 2 });
     assert_mentions(&msg, &["`cell`", "slot 2", "`h`", "arity 2"]);
 }
 
@@ -169,13 +147,7 @@ fn gathered_state_never_scattered() {
     let c = f.gather(0, "c", 3);
     f.scatter("h", x + h * c);
     let (e, msg) = build_err(f);
-    assert_eq!(
-        e,
-        Error::NotScattered {
-            function: "cell".into(),
-            state: "c".into(),
-        }
-    );
+    assert_eq!(e, Error::NotScattered { function: "cell".into(), state: "c".into() });
     assert_mentions(&msg, &["`cell`", "`c`", "never scattered"]);
 }
 
@@ -205,10 +177,7 @@ fn unused_param_and_pull() {
     let _w = f.param("W", [3, 3], Init::Xavier);
     f.push("y", x.tanh());
     let (e, msg) = build_err(f);
-    assert!(
-        matches!(e, Error::Unused { ref value, .. } if value.op == "param W"),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Unused { ref value, .. } if value.op == "param W"), "{e:?}");
     assert_mentions(&msg, &["param W", "[3×3]"]);
 
     let f = Builder::new("cell", 1);
@@ -216,10 +185,7 @@ fn unused_param_and_pull() {
     let _z = f.pull("z", 2);
     f.push("y", x.tanh());
     let (e, msg) = build_err(f);
-    assert!(
-        matches!(e, Error::Unused { ref value, .. } if value.shape == Shape::mat(1, 2)),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Unused { ref value, .. } if value.shape == Shape::mat(1, 2)), "{e:?}");
     assert_mentions(&msg, &["pull", "[1×2]", "never used"]);
 }
 
@@ -249,12 +215,7 @@ fn no_output() {
     let x = f.pull("x", 3);
     let _y = x.tanh();
     let (e, msg) = build_err(f);
-    assert_eq!(
-        e,
-        Error::NoOutput {
-            function: "cell".into()
-        }
-    );
+    assert_eq!(e, Error::NoOutput { function: "cell".into() });
     assert_mentions(&msg, &["`cell`", "scatters and pushes nothing"]);
 
     let (e, _) = build_err(Builder::new("empty", 0));
@@ -269,14 +230,7 @@ fn duplicate_names() {
     let w2 = f.param("W", [3, 3], Init::Xavier);
     f.push("y", x.matmul(w).matmul(w2));
     let (e, msg) = build_err(f);
-    assert_eq!(
-        e,
-        Error::Duplicate {
-            function: "cell".into(),
-            kind: "param",
-            name: "W".into(),
-        }
-    );
+    assert_eq!(e, Error::Duplicate { function: "cell".into(), kind: "param", name: "W".into() });
     assert_mentions(&msg, &["param `W`", "declared twice"]);
 
     let f = Builder::new("cell", 1);
@@ -284,20 +238,14 @@ fn duplicate_names() {
     let y = f.pull("x", 3);
     f.push("y", x + y);
     let (e, _) = build_err(f);
-    assert!(
-        matches!(e, Error::Duplicate { kind: "input", ref name, .. } if name == "x"),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Duplicate { kind: "input", ref name, .. } if name == "x"), "{e:?}");
 
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
     f.push("y", x.tanh());
     f.push("y", x.sigmoid());
     let (e, _) = build_err(f);
-    assert!(
-        matches!(e, Error::Duplicate { kind: "output", ref name, .. } if name == "y"),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Duplicate { kind: "output", ref name, .. } if name == "y"), "{e:?}");
 
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
@@ -305,10 +253,7 @@ fn duplicate_names() {
     f.scatter("h", x.tanh() + h);
     f.scatter("h", x.sigmoid());
     let (e, _) = build_err(f);
-    assert!(
-        matches!(e, Error::Duplicate { ref name, .. } if name == "h"),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Duplicate { ref name, .. } if name == "h"), "{e:?}");
 }
 
 #[test]
@@ -327,20 +272,14 @@ fn element_wise_on_parameters_only() {
         }
         other => panic!("expected Error::Shape, got {other:?}"),
     }
-    assert_mentions(
-        &msg,
-        &["add", "param P [1×3]", "param Q [1×3]", "parameters alone"],
-    );
+    assert_mentions(&msg, &["add", "param P [1×3]", "param Q [1×3]", "parameters alone"]);
 
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
     let p = f.param("P", [1, 3], Init::Zeros);
     f.push("y", x * p.tanh());
     let (e, msg) = build_err(f);
-    assert!(
-        matches!(e, Error::Shape { ref op, .. } if op == "tanh"),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Shape { ref op, .. } if op == "tanh"), "{e:?}");
     assert_mentions(&msg, &["tanh", "param P [1×3]"]);
 }
 
@@ -351,10 +290,7 @@ fn matmul_with_parameter_on_the_left() {
     let w = f.param("W", [4, 3], Init::Xavier);
     f.push("y", w.matmul(x));
     let (e, msg) = build_err(f);
-    assert!(
-        matches!(e, Error::Shape { ref op, .. } if op == "matmul"),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Shape { ref op, .. } if op == "matmul"), "{e:?}");
     assert_mentions(&msg, &["matmul", "param W [4×3]", "[3×2]", "right operand"]);
 }
 
@@ -364,10 +300,7 @@ fn slice_out_of_range() {
     let x = f.pull("x", 3);
     f.push("y", x.slice(2, 2));
     let (e, msg) = build_err(f);
-    assert!(
-        matches!(e, Error::Shape { ref op, .. } if op.starts_with("slice")),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Shape { ref op, .. } if op.starts_with("slice")), "{e:?}");
     assert_mentions(&msg, &["slice(2..4)", "[1×3]", "2..4 outside 0..3"]);
 
     let f = Builder::new("cell", 1);
@@ -384,10 +317,7 @@ fn concat_of_different_row_counts() {
     let y = f.pull("y", [1, 3]);
     f.push("z", f.concat(&[x, y]));
     let (e, msg) = build_err(f);
-    assert!(
-        matches!(e, Error::Shape { ref op, .. } if op == "concat"),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Shape { ref op, .. } if op == "concat"), "{e:?}");
     assert_mentions(&msg, &["concat", "[2×3]", "[1×3]"]);
 }
 
@@ -401,10 +331,7 @@ fn first_error_wins() {
     let z = y.slice(7, 2);
     f.push("y", z);
     let (e, _) = build_err(f);
-    assert!(
-        matches!(e, Error::Shape { ref op, .. } if op == "matmul"),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Shape { ref op, .. } if op == "matmul"), "{e:?}");
 }
 
 #[test]

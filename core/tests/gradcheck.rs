@@ -9,10 +9,7 @@
 mod common;
 
 use arbor_core::ir::{Builder, Init, VertexFn};
-use common::{
-    assert_gradients, binary_tree_lstm, check_plans, child_sum_tree_lstm, forward_vals, output,
-    state, Case,
-};
+use common::{assert_gradients, binary_tree_lstm, check_plans, child_sum_tree_lstm, forward_vals, output, state, Case};
 
 /// Runs the gradient check on a few random cases of `f` (children as given by `present`).
 #[track_caller]
@@ -20,26 +17,18 @@ fn check(f: &VertexFn, present: &[bool]) {
     for seed in 0..3 {
         let case = Case::random(f, 1000 + seed, present);
         let r = assert_gradients(f, &case);
-        let want_children = present.iter().filter(|&&p| p).count()
-            * f.states().iter().map(|s| s.shape.numel()).sum::<usize>();
+        let want_children =
+            present.iter().filter(|&&p| p).count() * f.states().iter().map(|s| s.shape.numel()).sum::<usize>();
         assert_eq!(r.children, want_children);
-        assert_eq!(
-            r.pulls,
-            f.inputs().iter().map(|p| p.shape.numel()).sum::<usize>()
-        );
-        assert_eq!(
-            r.params,
-            f.params().iter().map(|p| p.shape.numel()).sum::<usize>()
-        );
+        assert_eq!(r.pulls, f.inputs().iter().map(|p| p.shape.numel()).sum::<usize>());
+        assert_eq!(r.params, f.params().iter().map(|p| p.shape.numel()).sum::<usize>());
     }
     check_plans(f).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// `A·B` for row-major `A [r×k]`, `B [k×c]`.
 fn matmul(a: &[f32], b: &[f32], r: usize, k: usize, c: usize) -> Vec<f32> {
-    (0..r * c)
-        .map(|e| (0..k).map(|l| a[e / c * k + l] * b[l * c + e % c]).sum())
-        .collect()
+    (0..r * c).map(|e| (0..k).map(|l| a[e / c * k + l] * b[l * c + e % c]).sum()).collect()
 }
 
 #[track_caller]
@@ -63,10 +52,7 @@ fn matmul_by_param() {
 
     let case = Case::random(&f, 1, &[true]);
     let vals = forward_vals(&f, &case);
-    assert_close(
-        output(&f, &vals, "y"),
-        &matmul(&case.pulls[0], &case.params[0], 2, 3, 4),
-    );
+    assert_close(output(&f, &vals, "y"), &matmul(&case.pulls[0], &case.params[0], 2, 3, 4));
     check(&f, &[true]);
     check(&f, &[false]);
 }
@@ -115,9 +101,7 @@ fn add_broadcast_bias() {
 
     let case = Case::random(&f, 3, &[true]);
     let vals = forward_vals(&f, &case);
-    let want: Vec<f32> = (0..6)
-        .map(|e| case.pulls[0][e] + case.params[0][e % 3])
-        .collect();
+    let want: Vec<f32> = (0..6).map(|e| case.pulls[0][e] + case.params[0][e % 3]).collect();
     assert_close(output(&f, &vals, "y"), &want);
     check(&f, &[true]);
 }
@@ -202,9 +186,7 @@ fn div() {
     let case = Case::random(&f, 4, &[true]);
     let vals = forward_vals(&f, &case);
     let h = &case.children[0].as_ref().unwrap()[0];
-    let want: Vec<f32> = (0..6)
-        .map(|e| case.pulls[0][e] / (h[e].exp() + case.params[0][e % 3]))
-        .collect();
+    let want: Vec<f32> = (0..6).map(|e| case.pulls[0][e] / (h[e].exp() + case.params[0][e % 3])).collect();
     assert_close(output(&f, &vals, "y"), &want);
     check(&f, &[true]);
 }
@@ -232,10 +214,7 @@ fn neg() {
 }
 
 /// `U(x)` pushed, `U(h)` scattered, for a unary op `U`.
-fn unary_fn(
-    name: &str,
-    op: for<'b> fn(arbor_core::ir::Var<'b>) -> arbor_core::ir::Var<'b>,
-) -> VertexFn {
+fn unary_fn(name: &str, op: for<'b> fn(arbor_core::ir::Var<'b>) -> arbor_core::ir::Var<'b>) -> VertexFn {
     let f = Builder::new(name, 1);
     let x = f.pull("x", [2, 3]);
     let h = f.gather(0, "h", [2, 3]);
@@ -249,10 +228,7 @@ fn sigmoid() {
     let f = unary_fn("sigmoid", |x| x.sigmoid());
     let case = Case::random(&f, 5, &[true]);
     let vals = forward_vals(&f, &case);
-    let want: Vec<f32> = case.pulls[0]
-        .iter()
-        .map(|x| 1.0 / (1.0 + (-x).exp()))
-        .collect();
+    let want: Vec<f32> = case.pulls[0].iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
     assert_close(output(&f, &vals, "y"), &want);
     check(&f, &[true]);
 }
@@ -311,10 +287,7 @@ fn slice() {
     let case = Case::random(&f, 7, &[true]);
     let vals = forward_vals(&f, &case);
     let x = &case.pulls[0];
-    assert_close(
-        output(&f, &vals, "a"),
-        &[x[1], x[2], x[3], x[6], x[7], x[8]],
-    );
+    assert_close(output(&f, &vals, "a"), &[x[1], x[2], x[3], x[6], x[7], x[8]]);
     let h = &case.children[0].as_ref().unwrap()[0];
     assert_close(state(&f, &vals, "h"), &[h[2], h[3], h[0], h[1]]);
     check(&f, &[true]);
@@ -367,10 +340,7 @@ fn sum_cols() {
     let case = Case::random(&f, 9, &[true]);
     let vals = forward_vals(&f, &case);
     let x = &case.pulls[0];
-    assert_close(
-        output(&f, &vals, "y"),
-        &[x[0] + x[1] + x[2], x[3] + x[4] + x[5]],
-    );
+    assert_close(output(&f, &vals, "y"), &[x[0] + x[1] + x[2], x[3] + x[4] + x[5]]);
     check(&f, &[true]);
 }
 
@@ -401,15 +371,10 @@ fn gather_with_a_missing_child() {
     let case = Case::random(&f, 10, &[true, false, true]);
     let vals = forward_vals(&f, &case);
     assert!(state(&f, &vals, "c").iter().all(|&c| c == 0.0));
-    let (h0, h2) = (
-        &case.children[0].as_ref().unwrap()[0],
-        &case.children[2].as_ref().unwrap()[0],
-    );
+    let (h0, h2) = (&case.children[0].as_ref().unwrap()[0], &case.children[2].as_ref().unwrap()[0]);
     let a = matmul(h0, &case.params[0], 1, 3, 3);
     let b = matmul(h2, &case.params[2], 1, 3, 3);
-    let want: Vec<f32> = (0..3)
-        .map(|e| (case.pulls[0][e] + a[e] + b[e]).tanh())
-        .collect();
+    let want: Vec<f32> = (0..3).map(|e| (case.pulls[0][e] + a[e] + b[e]).tanh()).collect();
     assert_close(state(&f, &vals, "h"), &want);
 
     let (grads, _) = common::analytic(&f, &case);
@@ -438,14 +403,7 @@ fn gather_sum() {
     assert_eq!(f.max_children(), None);
     let case = Case::random(&f, 11, &[true, true, true]);
     let vals = forward_vals(&f, &case);
-    let hs: Vec<f32> = (0..3)
-        .map(|e| {
-            case.children
-                .iter()
-                .map(|c| c.as_ref().unwrap()[0][e])
-                .sum()
-        })
-        .collect();
+    let hs: Vec<f32> = (0..3).map(|e| case.children.iter().map(|c| c.as_ref().unwrap()[0][e]).sum()).collect();
     assert_close(&output(&f, &vals, "y")[3..], &hs);
     // Every child receives the same gradient of the summed state.
     let (grads, _) = common::analytic(&f, &case);
@@ -482,20 +440,13 @@ fn binary_tree_lstm_forward_matches_hand_computation() {
     let xw = matmul(x, &p[0], 1, d, 5 * h);
     let a0 = matmul(ch(0, 0), &p[1], 1, h, 5 * h);
     let a1 = matmul(ch(1, 0), &p[2], 1, h, 5 * h);
-    let gate: Vec<f32> = (0..5 * h)
-        .map(|j| xw[j] + a0[j] + a1[j] + p[3][j])
-        .collect();
+    let gate: Vec<f32> = (0..5 * h).map(|j| xw[j] + a0[j] + a1[j] + p[3][j]).collect();
     let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
     let mut c = vec![0.0; h];
     let mut hn = vec![0.0; h];
     for j in 0..h {
-        let (i, f0, f1, o, u) = (
-            sig(gate[j]),
-            sig(gate[h + j]),
-            sig(gate[2 * h + j]),
-            sig(gate[3 * h + j]),
-            gate[4 * h + j].tanh(),
-        );
+        let (i, f0, f1, o, u) =
+            (sig(gate[j]), sig(gate[h + j]), sig(gate[2 * h + j]), sig(gate[3 * h + j]), gate[4 * h + j].tanh());
         c[j] = i * u + f0 * ch(0, 1)[j] + f1 * ch(1, 1)[j];
         hn[j] = o * c[j].tanh();
     }
@@ -509,5 +460,44 @@ fn child_sum_tree_lstm_gradients() {
     let f = child_sum_tree_lstm(3, 2);
     for present in [&[][..], &[true], &[true, true], &[true, true, true]] {
         check(&f, present);
+    }
+}
+
+#[test]
+fn gather_and_gather_sum_of_the_same_state() {
+    // Child 0's `h` is read twice: on its own and inside the sum over all children.
+    let f = Builder::new("mixed-gather", 2);
+    let x = f.pull("x", 3);
+    let hs = f.gather_sum("h", 3);
+    let h0 = f.gather(0, "h", 3);
+    f.scatter("h", (x + hs * h0).tanh());
+    let f = f.build().unwrap();
+    assert_eq!(f.max_children(), None);
+    for present in [&[true, true][..], &[false, true], &[true, true, true]] {
+        check(&f, present);
+    }
+}
+
+#[test]
+fn pushed_or_scattered_parameter_gets_its_gradient_or_is_rejected() {
+    // A parameter pushed or scattered as is. Either `build` rejects it (a parameter is not a
+    // per-vertex value, like an element-wise op on parameters alone), naming it, or F' must
+    // send it the gradient of that output.
+    for scattered in [false, true] {
+        let f = Builder::new("param-out", 1);
+        let x = f.pull("x", 3);
+        let b = f.param("b", [1, 3], Init::Uniform(0.5));
+        if scattered {
+            let h = f.gather(0, "h", 3);
+            f.scatter("h", b);
+            f.push("y", (x + h).tanh());
+        } else {
+            f.push("y", x.tanh());
+            f.push("b", b);
+        }
+        match f.build() {
+            Err(e) => assert!(e.to_string().contains("param b"), "{e}"),
+            Ok(f) => check(&f, &[true]),
+        }
     }
 }

@@ -30,15 +30,9 @@ fn gemm_operands(f: &arbor_core::ir::Func, plan: &Plan, p: Phase) -> Vec<(String
 fn pull_matmul_in_prologue(cell: &VertexFn) {
     let fwd = cell.forward_plan();
     let pro = gemm_operands(cell.forward(), fwd, Phase::Prologue);
-    assert!(
-        pro.iter().all(|(a, _)| a == "pull(0)"),
-        "prologue GEMMs must read only the pulled x: {pro:?}\n{fwd}"
-    );
+    assert!(pro.iter().all(|(a, _)| a == "pull(0)"), "prologue GEMMs must read only the pulled x: {pro:?}\n{fwd}");
     let rec = gemm_operands(cell.forward(), fwd, Phase::Recurrent);
-    assert!(
-        rec.iter().all(|(a, _)| a.starts_with("gather")),
-        "recurrent GEMMs read gathered states: {rec:?}\n{fwd}"
-    );
+    assert!(rec.iter().all(|(a, _)| a.starts_with("gather")), "recurrent GEMMs read gathered states: {rec:?}\n{fwd}");
 }
 
 #[test]
@@ -71,14 +65,8 @@ fn binary_tree_lstm_plan() {
 
     // The whole function prints with both plans.
     let all = format!("{cell}");
-    assert!(
-        all.contains("vertex function `tree-lstm` (arity 2)"),
-        "{all}"
-    );
-    assert!(
-        all.contains("forward plan:") && all.contains("backward plan:"),
-        "{all}"
-    );
+    assert!(all.contains("vertex function `tree-lstm` (arity 2)"), "{all}");
+    assert!(all.contains("forward plan:") && all.contains("backward plan:"), "{all}");
 }
 
 #[test]
@@ -95,13 +83,9 @@ fn binary_tree_lstm_backward_reads_saved_values_only() {
     params.sort();
     assert_eq!(params, [0, 1, 2, 3]);
     for v in &b.saved {
+        assert!(!cell.forward().node(*v).is_param, "saved values are per-vertex values");
         assert!(
-            !cell.forward().node(*v).is_param,
-            "saved values are per-vertex values"
-        );
-        assert!(
-            cell.forward_plan().stored[v.index()]
-                || matches!(cell.forward().node(*v).op, Op::Pull { .. }),
+            cell.forward_plan().stored[v.index()] || matches!(cell.forward().node(*v).op, Op::Pull { .. }),
             "saved {v} is neither stored by the forward plan nor a pulled input"
         );
     }

@@ -42,14 +42,7 @@ fn spec() -> impl Strategy<Value = Spec> {
         any::<[bool; 2]>(),
         any::<u64>(),
     )
-        .prop_map(|(rows, pull, states, ops, present, seed)| Spec {
-            rows,
-            pull,
-            states,
-            ops,
-            present,
-            seed,
-        })
+        .prop_map(|(rows, pull, states, ops, present, seed)| Spec { rows, pull, states, ops, present, seed })
 }
 
 /// Builds the random function of `spec`; also returns a readable list of its ops.
@@ -74,8 +67,7 @@ impl<'b> Gen<'b> {
     }
 
     fn add(&mut self, v: Var<'b>, what: String) {
-        self.log
-            .push(format!("%{} = {what} {}", v.id().0, v.shape()));
+        self.log.push(format!("%{} = {what} {}", v.id().0, v.shape()));
         self.pool.push(v);
         self.used.push(false);
     }
@@ -140,11 +132,7 @@ impl<'b> Gen<'b> {
                 }
             }
             13 => {
-                let shape = if k % 2 == 0 {
-                    Shape::mat(r, c)
-                } else {
-                    Shape::mat(1, c)
-                };
+                let shape = if k % 2 == 0 { Shape::mat(r, c) } else { Shape::mat(1, c) };
                 let p = self.param(shape, Init::Uniform(1.0));
                 if j % 2 == 0 {
                     (a * p, "mul param")
@@ -165,13 +153,7 @@ impl<'b> Gen<'b> {
 
 fn build(spec: &Spec) -> (Result<VertexFn, arbor_core::Error>, String) {
     let b = Builder::new("random", 2);
-    let mut g = Gen {
-        b: &b,
-        pool: Vec::new(),
-        used: Vec::new(),
-        params: 0,
-        log: Vec::new(),
-    };
+    let mut g = Gen { b: &b, pool: Vec::new(), used: Vec::new(), params: 0, log: Vec::new() };
     let x = b.pull("x", [spec.rows, spec.pull]);
     g.add(x, "pull x".into());
     for (s, &w) in spec.states.iter().enumerate() {
@@ -183,22 +165,12 @@ fn build(spec: &Spec) -> (Result<VertexFn, arbor_core::Error>, String) {
     for &op in &spec.ops {
         g.op(op);
     }
-    let leftovers: Vec<Var<'_>> = g
-        .pool
-        .iter()
-        .zip(&g.used)
-        .filter(|(_, &u)| !u)
-        .map(|(&v, _)| v)
-        .collect();
+    let leftovers: Vec<Var<'_>> = g.pool.iter().zip(&g.used).filter(|(_, &u)| !u).map(|(&v, _)| v).collect();
     let out = b.concat(&leftovers);
     b.push("out", out);
     for (s, &w) in spec.states.iter().enumerate() {
         let p = g.param(Shape::mat(out.shape().cols(), w), Init::Xavier);
-        let v = if s == 0 {
-            out.matmul(p).tanh()
-        } else {
-            out.matmul(p).sigmoid()
-        };
+        let v = if s == 0 { out.matmul(p).tanh() } else { out.matmul(p).sigmoid() };
         b.scatter(&format!("s{s}"), v);
     }
     let log = g.log.join("\n");

@@ -12,9 +12,7 @@ pub fn device_count() -> Result<usize> {
     let missing = |lib: &str| Error::Backend {
         backend: "cuda",
         op: "detect".into(),
-        msg: format!(
-            "the {lib} library was not found (is CUDA installed and on the library path?)"
-        ),
+        msg: format!("the {lib} library was not found (is CUDA installed and on the library path?)"),
     };
     // SAFETY: these probes only try to load the shared libraries.
     unsafe {

@@ -94,11 +94,7 @@ impl Deriver<'_> {
     }
 
     fn load(&mut self, op: Op, shape: crate::tensor::Shape, is_param: bool) -> ValueId {
-        self.out.nodes.push(super::func::Node {
-            op,
-            shape,
-            is_param,
-        });
+        self.out.nodes.push(super::func::Node { op, shape, is_param });
         ValueId(self.out.nodes.len() as u32 - 1)
     }
 
@@ -155,10 +151,7 @@ impl Deriver<'_> {
         // Disjoint column pieces become one concatenation; overlapping ones a concatenation each.
         let mut groups: Vec<Vec<(usize, usize, ValueId)>> = Vec::new();
         for p in pieces {
-            let fits = groups
-                .last()
-                .and_then(|g| g.last())
-                .is_some_and(|last| last.0 + last.1 <= p.0);
+            let fits = groups.last().and_then(|g| g.last()).is_some_and(|last| last.0 + last.1 <= p.0);
             match groups.last_mut() {
                 Some(g) if fits => g.push(p),
                 _ => groups.push(vec![p]),
@@ -177,11 +170,7 @@ impl Deriver<'_> {
             if at < cols {
                 parts.push(self.zeros(rows, cols - at));
             }
-            full.push(if parts.len() == 1 {
-                parts[0]
-            } else {
-                self.emit(Op::Concat { parts })?
-            });
+            full.push(if parts.len() == 1 { parts[0] } else { self.emit(Op::Concat { parts })? });
         }
         let mut sum = full[0];
         for &g in &full[1..] {
@@ -194,17 +183,9 @@ impl Deriver<'_> {
 /// Derives F' from F.
 pub(crate) fn derive(f: &VertexFn) -> Result<Backward> {
     let fwd = f.forward();
-    let mut d = Deriver {
-        f,
-        out: Func::default(),
-        primal: HashMap::new(),
-        zeros: HashMap::new(),
-    };
+    let mut d = Deriver { f, out: Func::default(), primal: HashMap::new(), zeros: HashMap::new() };
     let mut contribs: Vec<Vec<Contrib>> = (0..fwd.nodes.len()).map(|_| Vec::new()).collect();
-    let mut back = Backward {
-        pull_grads: vec![None; f.inputs().len()],
-        ..Backward::default()
-    };
+    let mut back = Backward { pull_grads: vec![None; f.inputs().len()], ..Backward::default() };
 
     for (s, st) in f.states().iter().enumerate() {
         if st.gathered {
@@ -226,40 +207,18 @@ pub(crate) fn derive(f: &VertexFn) -> Result<Backward> {
         }
         let g = d.total(cs, node.shape.rows(), node.shape.cols())?;
         match node.op {
-            Op::Gather { slot, state } => back.child_grads.push(ChildGrad {
-                slot: Some(slot),
-                state,
-                value: g,
-            }),
-            Op::GatherSum { state } => back.child_grads.push(ChildGrad {
-                slot: None,
-                state,
-                value: g,
-            }),
+            Op::Gather { slot, state } => back.child_grads.push(ChildGrad { slot: Some(slot), state, value: g }),
+            Op::GatherSum { state } => back.child_grads.push(ChildGrad { slot: None, state, value: g }),
             Op::Pull { input } => back.pull_grads[input] = Some(g),
             Op::MatMul { a, b, .. } => {
                 let bp = d.primal(b);
-                let da = d.emit(Op::MatMul {
-                    a: g,
-                    b: bp,
-                    ta: false,
-                    tb: true,
-                })?;
+                let da = d.emit(Op::MatMul { a: g, b: bp, ta: false, tb: true })?;
                 contribs[a.index()].push(Contrib::Full(da));
                 let ap = d.primal(a);
                 match fwd.node(b).op {
-                    Op::Param { param } => back.param_grads.push(ParamGrad::MatMul {
-                        param,
-                        x: ap,
-                        dy: g,
-                    }),
+                    Op::Param { param } => back.param_grads.push(ParamGrad::MatMul { param, x: ap, dy: g }),
                     _ => {
-                        let db = d.emit(Op::MatMul {
-                            a: ap,
-                            b: g,
-                            ta: true,
-                            tb: false,
-                        })?;
+                        let db = d.emit(Op::MatMul { a: ap, b: g, ta: true, tb: false })?;
                         contribs[b.index()].push(Contrib::Full(db));
                     }
                 }
@@ -296,10 +255,7 @@ pub(crate) fn derive(f: &VertexFn) -> Result<Backward> {
                     BinaryOp::Sub => (g, d.unary(UnaryOp::Neg, g)?),
                     BinaryOp::Mul => {
                         let (ap, bp) = (d.primal(a), d.primal(b));
-                        (
-                            d.binary(BinaryOp::Mul, g, bp)?,
-                            d.binary(BinaryOp::Mul, g, ap)?,
-                        )
+                        (d.binary(BinaryOp::Mul, g, bp)?, d.binary(BinaryOp::Mul, g, ap)?)
                     }
                     BinaryOp::Div => {
                         let (bp, y) = (d.primal(b), d.primal(v));
@@ -319,25 +275,17 @@ pub(crate) fn derive(f: &VertexFn) -> Result<Backward> {
                 };
                 for (operand, grad) in [(a, da), (b, db)] {
                     match fwd.node(operand).op {
-                        Op::Param { param } => back
-                            .param_grads
-                            .push(ParamGrad::SumRows { param, dy: grad }),
+                        Op::Param { param } => back.param_grads.push(ParamGrad::SumRows { param, dy: grad }),
                         _ => contribs[operand.index()].push(Contrib::Full(grad)),
                     }
                 }
             }
-            Op::Slice { x, start, .. } => {
-                contribs[x.index()].push(Contrib::Cols { start, grad: g })
-            }
+            Op::Slice { x, start, .. } => contribs[x.index()].push(Contrib::Cols { start, grad: g }),
             Op::Concat { ref parts } => {
                 let mut at = 0;
                 for &p in parts {
                     let len = fwd.node(p).shape.cols();
-                    let gp = d.emit(Op::Slice {
-                        x: g,
-                        start: at,
-                        len,
-                    })?;
+                    let gp = d.emit(Op::Slice { x: g, start: at, len })?;
                     contribs[p.index()].push(Contrib::Full(gp));
                     at += len;
                 }
@@ -356,12 +304,7 @@ pub(crate) fn derive(f: &VertexFn) -> Result<Backward> {
             | Op::BroadcastCols { .. } => {}
         }
     }
-    let mut saved: Vec<ValueId> = d
-        .primal
-        .keys()
-        .filter(|v| !fwd.node(**v).is_param)
-        .copied()
-        .collect();
+    let mut saved: Vec<ValueId> = d.primal.keys().filter(|v| !fwd.node(**v).is_param).copied().collect();
     saved.sort();
     back.saved = saved;
     back.func = d.out;

@@ -63,11 +63,7 @@ impl Builder {
     /// A new function named `name` whose vertices have up to `arity` ordered child slots
     /// (`gather(k)` needs `k < arity`; `gather_sum` takes any number of children).
     pub fn new(name: impl Into<String>, arity: usize) -> Builder {
-        Builder {
-            name: name.into(),
-            arity,
-            inner: RefCell::new(Inner::default()),
-        }
+        Builder { name: name.into(), arity, inner: RefCell::new(Inner::default()) }
     }
 
     fn fail(&self, e: Error) {
@@ -79,11 +75,7 @@ impl Builder {
 
     fn load(&self, op: Op, shape: Shape, is_param: bool) -> ValueId {
         let mut inner = self.inner.borrow_mut();
-        inner.func.nodes.push(Node {
-            op,
-            shape,
-            is_param,
-        });
+        inner.func.nodes.push(Node { op, shape, is_param });
         ValueId(inner.func.nodes.len() as u32 - 1)
     }
 
@@ -96,19 +88,11 @@ impl Builder {
                 let inputs = op.inputs();
                 let (descs, shape) = {
                     let inner = self.inner.borrow();
-                    let descs: Vec<_> = inputs
-                        .iter()
-                        .map(|&v| inner.func.describe(v, &inner.params))
-                        .collect();
+                    let descs: Vec<_> = inputs.iter().map(|&v| inner.func.describe(v, &inner.params)).collect();
                     let shape = descs.first().map(|d| d.shape.clone()).unwrap_or_default();
                     (descs, shape)
                 };
-                self.fail(Error::Shape {
-                    function: self.name.clone(),
-                    op: op.name(),
-                    inputs: descs,
-                    reason,
-                });
+                self.fail(Error::Shape { function: self.name.clone(), op: op.name(), inputs: descs, reason });
                 self.load(op, shape, false)
             }
         };
@@ -120,12 +104,7 @@ impl Builder {
         if let Some(i) = inner.states.iter().position(|s| s.name == name) {
             return i;
         }
-        inner.states.push(PendingState {
-            name: name.into(),
-            shape: shape.clone(),
-            value: None,
-            gathered: false,
-        });
+        inner.states.push(PendingState { name: name.into(), shape: shape.clone(), value: None, gathered: false });
         inner.states.len() - 1
     }
 
@@ -161,12 +140,7 @@ impl Builder {
     /// zeros when the vertex has no child there.
     pub fn gather(&self, slot: usize, state: &str, shape: impl Into<Shape>) -> Var<'_> {
         if slot >= self.arity {
-            self.fail(Error::GatherSlot {
-                function: self.name.clone(),
-                slot,
-                state: state.into(),
-                arity: self.arity,
-            });
+            self.fail(Error::GatherSlot { function: self.name.clone(), slot, state: state.into(), arity: self.arity });
         }
         self.gather_op(Some(slot), state, shape.into())
     }
@@ -184,20 +158,12 @@ impl Builder {
             let inner = self.inner.borrow();
             if inner.inputs.iter().any(|p| p.name == name) {
                 drop(inner);
-                self.fail(Error::Duplicate {
-                    function: self.name.clone(),
-                    kind: "input",
-                    name: name.into(),
-                });
+                self.fail(Error::Duplicate { function: self.name.clone(), kind: "input", name: name.into() });
             }
             self.inner.borrow().inputs.len()
         };
         let id = self.load(Op::Pull { input }, shape.clone(), false);
-        self.inner.borrow_mut().inputs.push(Port {
-            name: name.into(),
-            shape,
-            value: id,
-        });
+        self.inner.borrow_mut().inputs.push(Port { name: name.into(), shape, value: id });
         Var { b: self, id }
     }
 
@@ -205,18 +171,10 @@ impl Builder {
     pub fn param(&self, name: &str, shape: impl Into<Shape>, init: Init) -> Var<'_> {
         let shape = shape.into();
         if self.inner.borrow().params.iter().any(|p| p.name == name) {
-            self.fail(Error::Duplicate {
-                function: self.name.clone(),
-                kind: "param",
-                name: name.into(),
-            });
+            self.fail(Error::Duplicate { function: self.name.clone(), kind: "param", name: name.into() });
         }
         let param = self.inner.borrow().params.len();
-        self.inner.borrow_mut().params.push(ParamDecl {
-            name: name.into(),
-            shape: shape.clone(),
-            init,
-        });
+        self.inner.borrow_mut().params.push(ParamDecl { name: name.into(), shape: shape.clone(), init });
         let id = self.load(Op::Param { param }, shape, true);
         Var { b: self, id }
     }
@@ -227,17 +185,10 @@ impl Builder {
         let s = self.state_index(name, &shape);
         let (known, already) = {
             let inner = self.inner.borrow();
-            (
-                inner.states[s].shape.clone(),
-                inner.states[s].value.is_some(),
-            )
+            (inner.states[s].shape.clone(), inner.states[s].value.is_some())
         };
         if already {
-            self.fail(Error::Duplicate {
-                function: self.name.clone(),
-                kind: "scattered state",
-                name: name.into(),
-            });
+            self.fail(Error::Duplicate { function: self.name.clone(), kind: "scattered state", name: name.into() });
         } else if known != shape {
             self.fail(Error::StateShape {
                 function: self.name.clone(),
@@ -254,26 +205,16 @@ impl Builder {
         let mut inner = self.inner.borrow_mut();
         if inner.outputs.iter().any(|p| p.name == name) {
             drop(inner);
-            self.fail(Error::Duplicate {
-                function: self.name.clone(),
-                kind: "output",
-                name: name.into(),
-            });
+            self.fail(Error::Duplicate { function: self.name.clone(), kind: "output", name: name.into() });
             return;
         }
         let shape = inner.func.node(value.id).shape.clone();
-        inner.outputs.push(Port {
-            name: name.into(),
-            shape,
-            value: value.id,
-        });
+        inner.outputs.push(Port { name: name.into(), shape, value: value.id });
     }
 
     /// The parts side by side, column-wise.
     pub fn concat(&self, parts: &[Var<'_>]) -> Var<'_> {
-        self.op(Op::Concat {
-            parts: parts.iter().map(|p| p.id).collect(),
-        })
+        self.op(Op::Concat { parts: parts.iter().map(|p| p.id).collect() })
     }
 
     /// Checks the function once (shapes, slots, states, unused and dead values), derives its
@@ -286,17 +227,9 @@ impl Builder {
         let mut states = Vec::with_capacity(inner.states.len());
         for s in inner.states {
             let Some(value) = s.value else {
-                return Err(Error::NotScattered {
-                    function: self.name,
-                    state: s.name,
-                });
+                return Err(Error::NotScattered { function: self.name, state: s.name });
             };
-            states.push(StateDecl {
-                name: s.name,
-                shape: s.shape,
-                value,
-                gathered: s.gathered,
-            });
+            states.push(StateDecl { name: s.name, shape: s.shape, value, gathered: s.gathered });
         }
         VertexFn::new(
             self.name,
@@ -327,21 +260,12 @@ impl<'b> Var<'b> {
     }
 
     fn binary(self, op: BinaryOp, rhs: Var<'b>) -> Var<'b> {
-        self.b.op(Op::Binary {
-            op,
-            a: self.id,
-            b: rhs.id,
-        })
+        self.b.op(Op::Binary { op, a: self.id, b: rhs.id })
     }
 
     /// `self · rhs`; `rhs` may be a parameter.
     pub fn matmul(self, rhs: Var<'b>) -> Var<'b> {
-        self.b.op(Op::MatMul {
-            a: self.id,
-            b: rhs.id,
-            ta: false,
-            tb: false,
-        })
+        self.b.op(Op::MatMul { a: self.id, b: rhs.id, ta: false, tb: false })
     }
 
     /// Element-wise logistic sigmoid.
@@ -376,11 +300,7 @@ impl<'b> Var<'b> {
 
     /// Columns `start..start + len`.
     pub fn slice(self, start: usize, len: usize) -> Var<'b> {
-        self.b.op(Op::Slice {
-            x: self.id,
-            start,
-            len,
-        })
+        self.b.op(Op::Slice { x: self.id, start, len })
     }
 
     /// The sum of each row: `[r × c] → [r × 1]`.

@@ -31,11 +31,7 @@ impl Func {
     /// Appends a value after checking its op's shapes; returns its id.
     pub fn push(&mut self, op: Op) -> Result<ValueId, String> {
         let (shape, is_param) = infer(&op, &self.nodes)?;
-        self.nodes.push(Node {
-            op,
-            shape,
-            is_param,
-        });
+        self.nodes.push(Node { op, shape, is_param });
         Ok(ValueId(self.nodes.len() as u32 - 1))
     }
 
@@ -57,11 +53,7 @@ impl Func {
             Op::Param { param } => format!("param {}", params[param].name),
             _ => n.op.name(),
         };
-        ValueDesc {
-            id: v.index(),
-            op,
-            shape: n.shape.clone(),
-        }
+        ValueDesc { id: v.index(), op, shape: n.shape.clone() }
     }
 }
 
@@ -116,9 +108,7 @@ pub struct Port {
 /// The shape of `op`'s result and whether it is a parameter, or why the inputs do not fit.
 pub(crate) fn infer(op: &Op, nodes: &[Node]) -> Result<(Shape, bool), String> {
     let get = |v: ValueId| -> Result<&Node, String> {
-        nodes
-            .get(v.index())
-            .ok_or_else(|| format!("value {v} does not exist"))
+        nodes.get(v.index()).ok_or_else(|| format!("value {v} does not exist"))
     };
     match op {
         Op::Gather { .. }
@@ -135,16 +125,8 @@ pub(crate) fn infer(op: &Op, nodes: &[Node]) -> Result<(Shape, bool), String> {
             if a.is_param {
                 return Err("a parameter can only be the right operand of matmul".into());
             }
-            let (ar, ac) = if *ta {
-                (a.shape.cols(), a.shape.rows())
-            } else {
-                (a.shape.rows(), a.shape.cols())
-            };
-            let (br, bc) = if *tb {
-                (b.shape.cols(), b.shape.rows())
-            } else {
-                (b.shape.rows(), b.shape.cols())
-            };
+            let (ar, ac) = if *ta { (a.shape.cols(), a.shape.rows()) } else { (a.shape.rows(), a.shape.cols()) };
+            let (br, bc) = if *tb { (b.shape.cols(), b.shape.rows()) } else { (b.shape.rows(), b.shape.cols()) };
             if ac != br {
                 return Err(format!("inner dimensions differ ({ac} vs {br})"));
             }
@@ -153,24 +135,19 @@ pub(crate) fn infer(op: &Op, nodes: &[Node]) -> Result<(Shape, bool), String> {
         Op::Unary { x, .. } => {
             let x = get(*x)?;
             if x.is_param {
-                return Err(
-                    "element-wise ops on parameters alone are not vertex computations".into(),
-                );
+                return Err("element-wise ops on parameters alone are not vertex computations".into());
             }
             Ok((x.shape.clone(), false))
         }
         Op::Binary { a, b, .. } => {
             let (a, b) = (get(*a)?, get(*b)?);
             match (a.is_param, b.is_param) {
-                (true, true) => {
-                    Err("element-wise ops on parameters alone are not vertex computations".into())
-                }
+                (true, true) => Err("element-wise ops on parameters alone are not vertex computations".into()),
                 (false, false) if a.shape == b.shape => Ok((a.shape.clone(), false)),
                 (false, false) => Err("per-vertex operands must have equal shapes".into()),
                 (pa, _) => {
                     let (v, p) = if pa { (b, a) } else { (a, b) };
-                    let fits = p.shape == v.shape
-                        || (p.shape.rows() == 1 && p.shape.cols() == v.shape.cols());
+                    let fits = p.shape == v.shape || (p.shape.rows() == 1 && p.shape.cols() == v.shape.cols());
                     if fits {
                         Ok((v.shape.clone(), false))
                     } else {
@@ -185,11 +162,7 @@ pub(crate) fn infer(op: &Op, nodes: &[Node]) -> Result<(Shape, bool), String> {
                 return Err("cannot slice a parameter inside a vertex function".into());
             }
             if *len == 0 || start + len > x.shape.cols() {
-                return Err(format!(
-                    "columns {start}..{} outside 0..{}",
-                    start + len,
-                    x.shape.cols()
-                ));
+                return Err(format!("columns {start}..{} outside 0..{}", start + len, x.shape.cols()));
             }
             Ok((Shape::mat(x.shape.rows(), *len), false))
         }

@@ -61,15 +61,11 @@ fn eval(node: &Node, func: &Func, vals: &[Vec<f32>]) -> Vec<f32> {
             let (va, vb) = (val(a), val(b));
             // A one-row parameter operand repeats over the rows.
             let pick = |v: &Vec<f32>, e: usize| if v.len() == r * c { v[e] } else { v[e % c] };
-            (0..r * c)
-                .map(|e| op.apply(pick(va, e), pick(vb, e)))
-                .collect()
+            (0..r * c).map(|e| op.apply(pick(va, e), pick(vb, e))).collect()
         }
         Op::Slice { x, start, len } => {
             let w = func.node(*x).shape.cols();
-            (0..r)
-                .flat_map(|i| val(x)[i * w + start..i * w + start + len].to_vec())
-                .collect()
+            (0..r).flat_map(|i| val(x)[i * w + start..i * w + start + len].to_vec()).collect()
         }
         Op::Concat { parts } => {
             let mut out = Vec::with_capacity(r * c);
@@ -83,9 +79,7 @@ fn eval(node: &Node, func: &Func, vals: &[Vec<f32>]) -> Vec<f32> {
         }
         Op::SumCols { x } => {
             let w = func.node(*x).shape.cols();
-            (0..r)
-                .map(|i| val(x)[i * w..(i + 1) * w].iter().sum())
-                .collect()
+            (0..r).map(|i| val(x)[i * w..(i + 1) * w].iter().sum()).collect()
         }
         Op::BroadcastCols { x, cols } => (0..r).flat_map(|i| vec![val(x)[i]; *cols]).collect(),
         load => unreachable!("load {} is resolved by the caller", load.name()),
@@ -99,12 +93,7 @@ fn zeros(shape: &Shape) -> Vec<f32> {
 /// Runs F on one vertex. `children[k]` holds the states the child in slot `k` scattered (indexed
 /// like [`VertexFn::states`]) or `None`; `pulls` holds the vertex's row of each input. Returns
 /// every forward value of the vertex (parameters included), indexed by [`ValueId`].
-pub fn forward(
-    f: &VertexFn,
-    params: &[Vec<f32>],
-    children: &[Option<&[Vec<f32>]>],
-    pulls: &[&[f32]],
-) -> Vec<Vec<f32>> {
+pub fn forward(f: &VertexFn, params: &[Vec<f32>], children: &[Option<&[Vec<f32>]>], pulls: &[&[f32]]) -> Vec<Vec<f32>> {
     let func = f.forward();
     let mut vals: Vec<Vec<f32>> = Vec::with_capacity(func.nodes.len());
     for node in &func.nodes {
@@ -154,17 +143,9 @@ pub fn backward(
         };
         vals.push(v);
     }
-    let state_zeros = || {
-        f.states()
-            .iter()
-            .map(|s| zeros(&s.shape))
-            .collect::<Vec<_>>()
-    };
-    let mut children: Vec<Option<Vec<Vec<f32>>>> = io
-        .children
-        .iter()
-        .map(|&present| present.then(state_zeros))
-        .collect();
+    let state_zeros = || f.states().iter().map(|s| zeros(&s.shape)).collect::<Vec<_>>();
+    let mut children: Vec<Option<Vec<Vec<f32>>>> =
+        io.children.iter().map(|&present| present.then(state_zeros)).collect();
     for cg in &b.child_grads {
         let g = &vals[cg.value.index()];
         for (k, child) in children.iter_mut().enumerate() {
@@ -190,9 +171,8 @@ pub fn backward(
                 let (xv, yv) = (&vals[x.index()], &vals[dy.index()]);
                 for i in 0..shape.rows() {
                     for j in 0..shape.cols() {
-                        dw[i * shape.cols() + j] += (0..xs.rows())
-                            .map(|l| xv[l * xs.cols() + i] * yv[l * ys.cols() + j])
-                            .sum::<f32>();
+                        dw[i * shape.cols() + j] +=
+                            (0..xs.rows()).map(|l| xv[l * xs.cols() + i] * yv[l * ys.cols() + j]).sum::<f32>();
                     }
                 }
             }
@@ -235,10 +215,7 @@ pub fn children_first(g: &crate::graph::InputGraph) -> Vec<usize> {
             } else {
                 stack.push((v, true));
                 stack.extend(
-                    g.children(v)
-                        .iter()
-                        .filter(|&&c| c != crate::graph::NO_CHILD)
-                        .map(|&c| (c as usize, false)),
+                    g.children(v).iter().filter(|&&c| c != crate::graph::NO_CHILD).map(|&c| (c as usize, false)),
                 );
             }
         }
@@ -266,55 +243,27 @@ pub fn run_graph(
             .iter()
             .map(|&c| (c != crate::graph::NO_CHILD).then(|| states[c as usize].as_slice()))
             .collect();
-        let rows: Vec<&[f32]> = f
-            .inputs()
-            .iter()
-            .zip(pulls)
-            .map(|(p, x)| &x[v * block(&p.shape)..(v + 1) * block(&p.shape)])
-            .collect();
+        let rows: Vec<&[f32]> =
+            f.inputs().iter().zip(pulls).map(|(p, x)| &x[v * block(&p.shape)..(v + 1) * block(&p.shape)]).collect();
         let vals = forward(f, params, &kids, &rows);
-        states[v] = f
-            .states()
-            .iter()
-            .map(|s| vals[s.value.index()].clone())
-            .collect();
+        states[v] = f.states().iter().map(|s| vals[s.value.index()].clone()).collect();
         values[v] = vals;
     }
-    let outputs = f
-        .outputs()
-        .iter()
-        .map(|o| {
-            (0..n)
-                .flat_map(|v| values[v][o.value.index()].clone())
-                .collect()
-        })
-        .collect();
-    let mut state_grads: Vec<Vec<Vec<f32>>> = (0..n)
-        .map(|_| f.states().iter().map(|s| zeros(&s.shape)).collect())
-        .collect();
+    let outputs =
+        f.outputs().iter().map(|o| (0..n).flat_map(|v| values[v][o.value.index()].clone()).collect()).collect();
+    let mut state_grads: Vec<Vec<Vec<f32>>> =
+        (0..n).map(|_| f.states().iter().map(|s| zeros(&s.shape)).collect()).collect();
     let mut param_grads: Vec<Vec<f32>> = f.params().iter().map(|p| zeros(&p.shape)).collect();
-    let mut pull_grads: Vec<Vec<f32>> = f
-        .inputs()
-        .iter()
-        .map(|p| vec![0.0; n * block(&p.shape)])
-        .collect();
+    let mut pull_grads: Vec<Vec<f32>> = f.inputs().iter().map(|p| vec![0.0; n * block(&p.shape)]).collect();
     for &v in order.iter().rev() {
-        let present: Vec<bool> = g
-            .children(v)
-            .iter()
-            .map(|&c| c != crate::graph::NO_CHILD)
-            .collect();
+        let present: Vec<bool> = g.children(v).iter().map(|&c| c != crate::graph::NO_CHILD).collect();
         let pg: Vec<Vec<f32>> = f
             .outputs()
             .iter()
             .zip(push_grads)
             .map(|(o, x)| x[v * block(&o.shape)..(v + 1) * block(&o.shape)].to_vec())
             .collect();
-        let io = BackwardIo {
-            children: &present,
-            state_grads: &state_grads[v],
-            push_grads: &pg,
-        };
+        let io = BackwardIo { children: &present, state_grads: &state_grads[v], push_grads: &pg };
         let grads = backward(f, params, &values[v], &io, &mut param_grads);
         for (k, child) in grads.children.into_iter().enumerate() {
             if let Some(child) = child {
@@ -331,9 +280,5 @@ pub fn run_graph(
             dst[v * b..(v + 1) * b].copy_from_slice(&gp);
         }
     }
-    GraphRun {
-        outputs,
-        pull_grads,
-        param_grads,
-    }
+    GraphRun { outputs, pull_grads, param_grads }
 }

@@ -271,10 +271,7 @@ impl Op {
             | Op::Zeros
             | Op::Stored { .. } => vec![],
             Op::MatMul { a, b, .. } | Op::Binary { a, b, .. } => vec![*a, *b],
-            Op::Unary { x, .. }
-            | Op::Slice { x, .. }
-            | Op::SumCols { x }
-            | Op::BroadcastCols { x, .. } => {
+            Op::Unary { x, .. } | Op::Slice { x, .. } | Op::SumCols { x } | Op::BroadcastCols { x, .. } => {
                 vec![*x]
             }
             Op::Concat { parts } => parts.clone(),
@@ -310,10 +307,7 @@ impl Op {
                 (false, true) => "matmul(bᵀ)".into(),
                 (true, true) => "matmul(aᵀ,bᵀ)".into(),
             },
-            Op::Unary {
-                op: UnaryOp::Scale(s),
-                ..
-            } => format!("scale({s})"),
+            Op::Unary { op: UnaryOp::Scale(s), .. } => format!("scale({s})"),
             Op::Unary { op, .. } => op.name().into(),
             Op::Binary { op, .. } => op.name().into(),
             Op::Slice { start, len, .. } => format!("slice({start}..{})", start + len),

@@ -21,6 +21,7 @@ pub struct VertexFn {
     outputs: Vec<Port>,
     backward: Backward,
     forward_plan: Plan,
+    inference_plan: Plan,
     backward_plan: Plan,
 }
 
@@ -36,11 +37,7 @@ impl VertexFn {
         inputs: Vec<Port>,
         outputs: Vec<Port>,
     ) -> Result<VertexFn> {
-        let roots: Vec<ValueId> = states
-            .iter()
-            .map(|s| s.value)
-            .chain(outputs.iter().map(|o| o.value))
-            .collect();
+        let roots: Vec<ValueId> = states.iter().map(|s| s.value).chain(outputs.iter().map(|o| o.value)).collect();
         if roots.is_empty() {
             return Err(Error::NoOutput { function: name });
         }
@@ -50,10 +47,7 @@ impl VertexFn {
             is_root[r.index()] = true;
         }
         if let Some(i) = (0..forward.nodes.len()).find(|&i| users[i].is_empty() && !is_root[i]) {
-            return Err(Error::Unused {
-                function: name,
-                value: forward.describe(ValueId(i as u32), &params),
-            });
+            return Err(Error::Unused { function: name, value: forward.describe(ValueId(i as u32), &params) });
         }
         // Values are topologically ordered, so one reverse sweep finds everything the roots use.
         let mut live = is_root;
@@ -65,10 +59,7 @@ impl VertexFn {
             }
         }
         if let Some(i) = live.iter().position(|l| !l) {
-            return Err(Error::Dead {
-                function: name,
-                value: forward.describe(ValueId(i as u32), &params),
-            });
+            return Err(Error::Dead { function: name, value: forward.describe(ValueId(i as u32), &params) });
         }
         let mut f = VertexFn {
             name,
@@ -81,10 +72,12 @@ impl VertexFn {
             outputs,
             backward: Backward::default(),
             forward_plan: Plan::default(),
+            inference_plan: Plan::default(),
             backward_plan: Plan::default(),
         };
         f.backward = autodiff::derive(&f)?;
         f.forward_plan = Plan::forward(&f);
+        f.inference_plan = Plan::inference(&f);
         f.backward_plan = Plan::backward(&f);
         Ok(f)
     }
@@ -117,6 +110,11 @@ impl VertexFn {
     /// The kernel plan of the forward function.
     pub fn forward_plan(&self) -> &Plan {
         &self.forward_plan
+    }
+
+    /// The kernel plan of the forward function when no backward pass follows.
+    pub fn inference_plan(&self) -> &Plan {
+        &self.inference_plan
     }
 
     /// The kernel plan of the backward function.
@@ -190,12 +188,7 @@ impl fmt::Display for VertexFn {
         for (i, n) in self.forward.nodes.iter().enumerate() {
             let v = ValueId(i as u32);
             let ins: Vec<String> = n.op.inputs().iter().map(ToString::to_string).collect();
-            writeln!(
-                f,
-                "  {} ({})",
-                self.forward.describe(v, &self.params),
-                ins.join(", ")
-            )?;
+            writeln!(f, "  {} ({})", self.forward.describe(v, &self.params), ins.join(", "))?;
         }
         writeln!(f, "forward plan:\n{}", self.forward_plan)?;
         write!(f, "backward plan:\n{}", self.backward_plan)

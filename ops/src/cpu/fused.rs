@@ -17,13 +17,7 @@ thread_local! {
     static SCRATCH: RefCell<(Vec<f32>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-pub(crate) fn run(
-    raw: &Raw<'_>,
-    k: &Kernel,
-    n: usize,
-    loads: &[Rows],
-    stores: &[Loc],
-) -> Result<()> {
+pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
     let load_ops: Vec<usize> = k.loads().collect();
     if load_ops.len() != loads.len() || k.stores.len() != stores.len() {
         return Err(bad(
@@ -37,12 +31,7 @@ pub(crate) fn run(
             ),
         ));
     }
-    let per_vertex: usize = k
-        .nodes
-        .iter()
-        .filter(|x| !x.is_param)
-        .map(|x| x.shape.numel())
-        .sum();
+    let per_vertex: usize = k.nodes.iter().filter(|x| !x.is_param).map(|x| x.shape.numel()).sum();
     let chunk = (CHUNK_ELEMS / per_vertex.max(1)).clamp(1, n.max(1));
     SCRATCH.with(|s| {
         let (regs, offs) = &mut *s.borrow_mut();
@@ -50,11 +39,7 @@ pub(crate) fn run(
         let mut total = 0;
         for x in &k.nodes {
             offs.push(total);
-            total += if x.is_param {
-                x.shape.numel()
-            } else {
-                chunk * x.shape.numel()
-            };
+            total += if x.is_param { x.shape.numel() } else { chunk * x.shape.numel() };
         }
         offs.push(total);
         if regs.len() < total {
@@ -91,13 +76,7 @@ fn run_chunk(
         let reg = |v: arbor_core::ir::ValueId| {
             let i = v.index();
             let n = &k.nodes[i];
-            &below[offs[i]
-                ..offs[i]
-                    + if n.is_param {
-                        n.shape.numel()
-                    } else {
-                        m * n.shape.numel()
-                    }]
+            &below[offs[i]..offs[i] + if n.is_param { n.shape.numel() } else { m * n.shape.numel() }]
         };
         let rows = m * node.shape.rows();
         match &node.op {
@@ -135,12 +114,7 @@ fn run_chunk(
                     o.fill(i);
                 }
             }
-            op => {
-                return Err(bad(
-                    "fused",
-                    format!("op {} cannot run in a fused kernel", op.name()),
-                ))
-            }
+            op => return Err(bad("fused", format!("op {} cannot run in a fused kernel", op.name()))),
         }
     }
     for (&l, &at) in k.stores.iter().zip(stores) {

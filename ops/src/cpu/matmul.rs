@@ -22,29 +22,13 @@ fn extent(rows: usize, cols: usize, ld: usize) -> usize {
 pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
     let (a_rows, a_cols) = if g.ta { (g.k, g.m) } else { (g.m, g.k) };
     let (b_rows, b_cols) = if g.tb { (g.n, g.k) } else { (g.k, g.n) };
-    if a_cols > g.lda.max(1) && a_rows > 1
-        || b_cols > g.ldb.max(1) && b_rows > 1
-        || g.n > g.ldc.max(1) && g.m > 1
-    {
-        return Err(bad(
-            "gemm",
-            format!("a leading dimension is smaller than its row: {g:?}"),
-        ));
+    if a_cols > g.lda.max(1) && a_rows > 1 || b_cols > g.ldb.max(1) && b_rows > 1 || g.n > g.ldc.max(1) && g.m > 1 {
+        return Err(bad("gemm", format!("a leading dimension is smaller than its row: {g:?}")));
     }
-    let par = if g.m * g.n * g.k * g.batch >= PARALLEL_FLOPS {
-        Parallelism::Rayon(0)
-    } else {
-        Parallelism::None
-    };
+    let par = if g.m * g.n * g.k * g.batch >= PARALLEL_FLOPS { Parallelism::Rayon(0) } else { Parallelism::None };
     for i in 0..g.batch {
         // SAFETY: ranges checked by `get`; C never overlaps A or B in the engine's plans.
-        let c = unsafe {
-            raw.get_mut(
-                "gemm",
-                g.c.offset_by(i * g.stride_c),
-                extent(g.m, g.n, g.ldc),
-            )?
-        };
+        let c = unsafe { raw.get_mut("gemm", g.c.offset_by(i * g.stride_c), extent(g.m, g.n, g.ldc))? };
         if g.k == 0 {
             if !g.accumulate {
                 for r in 0..g.m {
@@ -53,30 +37,10 @@ pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
             }
             continue;
         }
-        let a = unsafe {
-            raw.get(
-                "gemm",
-                g.a.offset_by(i * g.stride_a),
-                extent(a_rows, a_cols, g.lda),
-            )?
-        };
-        let b = unsafe {
-            raw.get(
-                "gemm",
-                g.b.offset_by(i * g.stride_b),
-                extent(b_rows, b_cols, g.ldb),
-            )?
-        };
-        let (a_rs, a_cs) = if g.ta {
-            (1, g.lda as isize)
-        } else {
-            (g.lda as isize, 1)
-        };
-        let (b_rs, b_cs) = if g.tb {
-            (1, g.ldb as isize)
-        } else {
-            (g.ldb as isize, 1)
-        };
+        let a = unsafe { raw.get("gemm", g.a.offset_by(i * g.stride_a), extent(a_rows, a_cols, g.lda))? };
+        let b = unsafe { raw.get("gemm", g.b.offset_by(i * g.stride_b), extent(b_rows, b_cols, g.ldb))? };
+        let (a_rs, a_cs) = if g.ta { (1, g.lda as isize) } else { (g.lda as isize, 1) };
+        let (b_rs, b_cs) = if g.tb { (1, g.ldb as isize) } else { (g.ldb as isize, 1) };
         // SAFETY: every element the product touches lies in the checked slices above.
         unsafe {
             gemm::gemm(

@@ -20,10 +20,7 @@ pub(crate) struct Raw<'a> {
 impl<'a> Raw<'a> {
     pub(crate) fn new(mem: &'a mut Mem<'_, CpuBackend>) -> Result<Raw<'a>> {
         if mem.data.len() > MAX_BUFFERS || mem.index.len() > MAX_BUFFERS {
-            return Err(bad(
-                "call",
-                format!("more than {MAX_BUFFERS} buffers in one call"),
-            ));
+            return Err(bad("call", format!("more than {MAX_BUFFERS} buffers in one call")));
         }
         let mut data = [(std::ptr::null_mut(), 0); MAX_BUFFERS];
         for (d, b) in data.iter_mut().zip(mem.data.iter_mut()) {
@@ -33,27 +30,13 @@ impl<'a> Raw<'a> {
         for (d, b) in index.iter_mut().zip(mem.index.iter()) {
             *d = (b.as_ptr(), b.len());
         }
-        Ok(Raw {
-            data,
-            index,
-            _mem: std::marker::PhantomData,
-        })
+        Ok(Raw { data, index, _mem: std::marker::PhantomData })
     }
 
     fn check(&self, op: &str, at: Loc, len: usize) -> Result<*mut f32> {
-        let (ptr, cap) = self
-            .data
-            .get(at.buf)
-            .copied()
-            .unwrap_or((std::ptr::null_mut(), 0));
+        let (ptr, cap) = self.data.get(at.buf).copied().unwrap_or((std::ptr::null_mut(), 0));
         if ptr.is_null() || at.offset + len > cap {
-            return Err(bad(
-                op,
-                format!(
-                    "{len} elements at {}:{} outside a buffer of {cap}",
-                    at.buf, at.offset
-                ),
-            ));
+            return Err(bad(op, format!("{len} elements at {}:{} outside a buffer of {cap}", at.buf, at.offset)));
         }
         // SAFETY: in bounds of the buffer, checked above.
         Ok(unsafe { ptr.add(at.offset) })
@@ -80,19 +63,9 @@ impl<'a> Raw<'a> {
 
     /// `len` indices at `at`.
     pub(crate) fn index(&self, op: &str, at: IndexLoc, len: usize) -> Result<&'a [u32]> {
-        let (ptr, cap) = self
-            .index
-            .get(at.buf)
-            .copied()
-            .unwrap_or((std::ptr::null(), 0));
+        let (ptr, cap) = self.index.get(at.buf).copied().unwrap_or((std::ptr::null(), 0));
         if ptr.is_null() || at.offset + len > cap {
-            return Err(bad(
-                op,
-                format!(
-                    "{len} indices at {}:{} outside an index buffer of {cap}",
-                    at.buf, at.offset
-                ),
-            ));
+            return Err(bad(op, format!("{len} indices at {}:{} outside an index buffer of {cap}", at.buf, at.offset)));
         }
         // SAFETY: in bounds, checked above; index buffers are never written during a call.
         Ok(unsafe { std::slice::from_raw_parts(ptr.add(at.offset), len) })
@@ -102,26 +75,13 @@ impl<'a> Raw<'a> {
     ///
     /// # Safety
     /// As [`Raw::get`].
-    pub(crate) unsafe fn row(
-        &self,
-        op: &str,
-        data: Loc,
-        row: u32,
-        block: usize,
-    ) -> Result<&'a [f32]> {
+    pub(crate) unsafe fn row(&self, op: &str, data: Loc, row: u32, block: usize) -> Result<&'a [f32]> {
         unsafe { self.get(op, data.offset_by(row as usize * block), block) }
     }
 }
 
 /// Reads the blocks of vertices `start..start + m` of `rows` into `out` (`m·block` elements).
-pub(crate) fn load(
-    raw: &Raw<'_>,
-    rows: &Rows,
-    start: usize,
-    m: usize,
-    block: usize,
-    out: &mut [f32],
-) -> Result<()> {
+pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: usize, out: &mut [f32]) -> Result<()> {
     // SAFETY (all reads below): a load's source is never written by the call that loads it.
     match *rows {
         Rows::Contiguous(at) => {
@@ -130,14 +90,7 @@ pub(crate) fn load(
         Rows::Broadcast(at) => out.copy_from_slice(unsafe { raw.get("load", at, block)? }),
         Rows::Zeros => out.fill(0.0),
         Rows::Indexed { data, index } => {
-            let idx = raw.index(
-                "gather",
-                IndexLoc {
-                    offset: index.offset + start,
-                    ..index
-                },
-                m,
-            )?;
+            let idx = raw.index("gather", IndexLoc { offset: index.offset + start, ..index }, m)?;
             for (o, &i) in out.chunks_exact_mut(block).zip(idx) {
                 if i == NO_ROW {
                     o.fill(0.0);
@@ -146,35 +99,15 @@ pub(crate) fn load(
                 }
             }
         }
-        Rows::IndexedSet {
-            data,
-            offsets,
-            index,
-        } => {
-            let offs = raw.index(
-                "gather_sum",
-                IndexLoc {
-                    offset: offsets.offset + start,
-                    ..offsets
-                },
-                m + 1,
-            )?;
+        Rows::IndexedSet { data, offsets, index } => {
+            let offs = raw.index("gather_sum", IndexLoc { offset: offsets.offset + start, ..offsets }, m + 1)?;
             out.fill(0.0);
             for (v, o) in out.chunks_exact_mut(block).enumerate() {
                 let (lo, hi) = (offs[v] as usize, offs[v + 1] as usize);
-                let rows = raw.index(
-                    "gather_sum",
-                    IndexLoc {
-                        offset: index.offset + lo,
-                        ..index
-                    },
-                    hi.saturating_sub(lo),
-                )?;
+                let rows =
+                    raw.index("gather_sum", IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?;
                 for &i in rows {
-                    for (d, x) in o
-                        .iter_mut()
-                        .zip(unsafe { raw.row("gather_sum", data, i, block)? })
-                    {
+                    for (d, x) in o.iter_mut().zip(unsafe { raw.row("gather_sum", data, i, block)? }) {
                         *d += x;
                     }
                 }
@@ -185,13 +118,7 @@ pub(crate) fn load(
 }
 
 /// Adds each of `n` blocks at `src` into the rows `dst` names for its vertex.
-pub(crate) fn scatter_add(
-    raw: &Raw<'_>,
-    src: Loc,
-    block: usize,
-    n: usize,
-    dst: &Rows,
-) -> Result<()> {
+pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()> {
     // SAFETY: the source (a gradient of this task) and the destination (children's state
     // gradients) are different regions; each destination block is borrowed one at a time.
     let src = unsafe { raw.get("scatter_add", src, n * block)? };
@@ -201,8 +128,7 @@ pub(crate) fn scatter_add(
     };
     let add = |row: u32, x: &[f32]| -> Result<()> {
         if row != NO_ROW {
-            let d =
-                unsafe { raw.get_mut("scatter_add", data.offset_by(row as usize * block), block)? };
+            let d = unsafe { raw.get_mut("scatter_add", data.offset_by(row as usize * block), block)? };
             for (d, x) in d.iter_mut().zip(x) {
                 *d += x;
             }
@@ -220,14 +146,9 @@ pub(crate) fn scatter_add(
             let offs = raw.index("scatter_add", offsets, n + 1)?;
             for (v, x) in src.chunks_exact(block.max(1)).enumerate() {
                 let (lo, hi) = (offs[v] as usize, offs[v + 1] as usize);
-                for &i in raw.index(
-                    "scatter_add",
-                    IndexLoc {
-                        offset: index.offset + lo,
-                        ..index
-                    },
-                    hi.saturating_sub(lo),
-                )? {
+                for &i in
+                    raw.index("scatter_add", IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?
+                {
                     add(i, x)?;
                 }
             }

@@ -26,11 +26,7 @@ impl CpuBackend {
 }
 
 pub(crate) fn bad(op: &str, msg: impl Into<String>) -> Error {
-    Error::Backend {
-        backend: "cpu",
-        op: op.into(),
-        msg: msg.into(),
-    }
+    Error::Backend { backend: "cpu", op: op.into(), msg: msg.into() }
 }
 
 impl Backend for CpuBackend {
@@ -64,43 +60,26 @@ impl Backend for CpuBackend {
     }
 
     fn write(&self, buf: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
-        let dst = buf.get_mut(offset..offset + src.len()).ok_or_else(|| {
-            bad(
-                "write",
-                format!(
-                    "{} elements at {offset} past a buffer of {}",
-                    src.len(),
-                    offset
-                ),
-            )
-        })?;
+        let dst = buf
+            .get_mut(offset..offset + src.len())
+            .ok_or_else(|| bad("write", format!("{} elements at {offset} past a buffer of {}", src.len(), offset)))?;
         dst.copy_from_slice(src);
         Ok(())
     }
 
     fn write_index(&self, buf: &mut Vec<u32>, offset: usize, src: &[u32]) -> Result<()> {
         let len = buf.len();
-        let dst = buf.get_mut(offset..offset + src.len()).ok_or_else(|| {
-            bad(
-                "write_index",
-                format!("{} indices at {offset} past a buffer of {len}", src.len()),
-            )
-        })?;
+        let dst = buf
+            .get_mut(offset..offset + src.len())
+            .ok_or_else(|| bad("write_index", format!("{} indices at {offset} past a buffer of {len}", src.len())))?;
         dst.copy_from_slice(src);
         Ok(())
     }
 
     fn read(&self, buf: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
-        let src = buf.get(offset..offset + dst.len()).ok_or_else(|| {
-            bad(
-                "read",
-                format!(
-                    "{} elements at {offset} past a buffer of {}",
-                    dst.len(),
-                    buf.len()
-                ),
-            )
-        })?;
+        let src = buf
+            .get(offset..offset + dst.len())
+            .ok_or_else(|| bad("read", format!("{} elements at {offset} past a buffer of {}", dst.len(), buf.len())))?;
         dst.copy_from_slice(src);
         Ok(())
     }
@@ -116,25 +95,11 @@ impl Backend for CpuBackend {
         matmul::gemm(&Raw::new(mem)?, g)
     }
 
-    fn fused(
-        &self,
-        mem: &mut Mem<'_, Self>,
-        kernel: &Kernel,
-        n: usize,
-        loads: &[Rows],
-        stores: &[Loc],
-    ) -> Result<()> {
+    fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
         fused::run(&Raw::new(mem)?, kernel, n, loads, stores)
     }
 
-    fn scatter_add(
-        &self,
-        mem: &mut Mem<'_, Self>,
-        src: Loc,
-        block: usize,
-        n: usize,
-        dst: &Rows,
-    ) -> Result<()> {
+    fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()> {
         memory::scatter_add(&Raw::new(mem)?, src, block, n, dst)
     }
 
@@ -149,12 +114,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let raw = Raw::new(mem)?;
         // SAFETY: both ranges are checked; the engine never sums a region into itself.
-        let (s, d) = unsafe {
-            (
-                raw.get("sum_rows", src, rows * cols)?,
-                raw.get_mut("sum_rows", dst, cols)?,
-            )
-        };
+        let (s, d) = unsafe { (raw.get("sum_rows", src, rows * cols)?, raw.get_mut("sum_rows", dst, cols)?) };
         if !accumulate {
             d.fill(0.0);
         }

@@ -1,0 +1,345 @@
+//! The memory plan of one minibatch: where every value of every task lives in the arena.
+//!
+//! Every buffer (a pulled input, a stored value of F or F', an output or state gradient) gets a
+//! lifetime on the timeline of one step: the forward pass, then (when training) the backward
+//! pass, then the parameter gradients. Buffers whose lifetimes overlap never share bytes; the
+//! others may. A value whose whole life lies inside one task of the recurrent phase (a task's
+//! temporaries, a task's gradients for its children before they are scatter-added) needs rows
+//! for one task only, not for the whole minibatch.
+
+use arbor_core::fusion::{Phase, Plan, Step};
+use arbor_core::ir::{Func, Op, ParamGrad, ValueId, VertexFn};
+use std::ops::Range;
+
+/// Offsets are rounded up to this many elements (64 bytes of f32).
+const ALIGN: usize = 16;
+
+/// Where one buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// Element offset of row 0 in the arena.
+    pub offset: usize,
+    /// Elements per vertex.
+    pub block: usize,
+    /// Whether the region holds one task's rows only (rows counted from the task's first row).
+    pub per_task: bool,
+}
+
+impl Region {
+    /// Element offset of row `row` of the minibatch, for a step over rows starting at `task_start`.
+    pub fn at(&self, row: usize, task_start: usize) -> usize {
+        self.offset + self.block * if self.per_task { row - task_start } else { row }
+    }
+}
+
+/// One buffer of the plan with its lifetime, for inspection and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    /// What the buffer holds, e.g. `forward %9` or `state_grad 0`.
+    pub what: String,
+    /// Its element range in the arena.
+    pub bytes: Range<usize>,
+    /// First and last step (inclusive) of the timeline that touch it.
+    pub steps: Range<usize>,
+}
+
+/// Where every buffer of one minibatch lives.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MemoryPlan {
+    /// Per pulled input.
+    pub pulls: Vec<Region>,
+    /// Per forward value (`None` where the plan does not store it).
+    pub forward: Vec<Option<Region>>,
+    /// Per backward value (`None` where not stored, and for inference).
+    pub backward: Vec<Option<Region>>,
+    /// Per pushed output: its gradient.
+    pub push_grads: Vec<Region>,
+    /// Per state: its gradient.
+    pub state_grads: Vec<Region>,
+    /// Elements the arena needs.
+    pub len: usize,
+    /// Every buffer with its lifetime.
+    pub lifetimes: Vec<Lifetime>,
+}
+
+/// A logical buffer of the plan.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Buf {
+    Pull(usize),
+    Forward(usize),
+    Backward(usize),
+    PushGrad(usize),
+    StateGrad(usize),
+}
+
+#[derive(Clone, Copy)]
+enum Pass {
+    Forward,
+    Backward,
+}
+
+struct Use {
+    first: usize,
+    last: usize,
+    /// Read by a gather (from other tasks), so never task-local.
+    gathered: bool,
+    /// Touched outside the recurrent phase.
+    outside: bool,
+}
+
+struct Timeline<'a> {
+    f: &'a VertexFn,
+    bufs: Vec<Buf>,
+    uses: Vec<Use>,
+    time: usize,
+    /// Step ranges of the recurrent sections: each runs once per task.
+    sections: Vec<Range<usize>>,
+}
+
+impl Timeline<'_> {
+    fn func(&self, pass: Pass) -> &Func {
+        match pass {
+            Pass::Forward => self.f.forward(),
+            Pass::Backward => &self.f.backward().func,
+        }
+    }
+
+    /// The buffer holding value `v` of `pass` (`None` for parameters and zeros).
+    fn resolve(&self, pass: Pass, v: ValueId) -> Option<Buf> {
+        match self.func(pass).node(v).op {
+            Op::Pull { input } => Some(Buf::Pull(input)),
+            Op::Primal { value } => self.resolve(Pass::Forward, value),
+            Op::StateGrad { state } => Some(Buf::StateGrad(state)),
+            Op::PushGrad { output } => Some(Buf::PushGrad(output)),
+            Op::Param { .. } | Op::Zeros => None,
+            _ => Some(match pass {
+                Pass::Forward => Buf::Forward(v.index()),
+                Pass::Backward => Buf::Backward(v.index()),
+            }),
+        }
+    }
+
+    fn touch(&mut self, b: Option<Buf>, recurrent: bool, gathered: bool) {
+        let Some(b) = b else { return };
+        let t = self.time;
+        match self.bufs.iter().position(|x| *x == b) {
+            Some(i) => {
+                let u = &mut self.uses[i];
+                u.first = u.first.min(t);
+                u.last = u.last.max(t);
+                u.gathered |= gathered;
+                u.outside |= !recurrent;
+            }
+            None => {
+                self.bufs.push(b);
+                self.uses.push(Use { first: t, last: t, gathered, outside: !recurrent });
+            }
+        }
+    }
+
+    /// Records the reads and writes of every step of `plan`.
+    fn steps(&mut self, pass: Pass, plan: &Plan, phase: Phase) {
+        let recurrent = phase == Phase::Recurrent;
+        if recurrent {
+            self.sections.push(self.time + 1..self.time + 1);
+        }
+        for step in &plan.phases[phase as usize] {
+            self.time += 1;
+            match step {
+                Step::Gemm(v) => {
+                    if let Op::MatMul { a, b, .. } = self.func(pass).node(*v).op {
+                        for x in [a, b, *v] {
+                            let buf = self.resolve(pass, x);
+                            self.touch(buf, recurrent, false);
+                        }
+                    }
+                }
+                Step::Fused(k) => {
+                    for (node, &v) in k.nodes.iter().zip(&k.values) {
+                        let (buf, gathered) = match node.op {
+                            Op::Gather { state, .. } | Op::GatherSum { state } => {
+                                (self.resolve(Pass::Forward, self.f.states()[state].value), true)
+                            }
+                            _ if node.op.is_load() => (self.resolve(pass, v), false),
+                            _ => (None, false),
+                        };
+                        self.touch(buf, recurrent, gathered);
+                    }
+                    for &l in &k.stores {
+                        let buf = self.resolve(pass, k.values[l]);
+                        self.touch(buf, recurrent, false);
+                    }
+                }
+            }
+        }
+    }
+
+    fn touch_all(&mut self, bufs: impl IntoIterator<Item = Option<Buf>>, recurrent: bool) {
+        for b in bufs {
+            self.touch(b, recurrent, false);
+        }
+    }
+
+    /// Closes the current recurrent section at the current step.
+    fn end_section(&mut self) {
+        if let Some(s) = self.sections.last_mut() {
+            s.end = self.time + 1;
+        }
+    }
+
+    /// Whether buffer `i` lives for one task only: touched only inside one recurrent section
+    /// and never by a gather of a later task. Other buffers that a section touches live through
+    /// all of it, since the section runs again for every task.
+    fn lifetime(&self, i: usize) -> (bool, Range<usize>) {
+        let u = &self.uses[i];
+        let within = |s: &Range<usize>| s.start <= u.first && u.last < s.end;
+        let per_task = matches!(self.bufs[i], Buf::Forward(_) | Buf::Backward(_))
+            && !u.gathered
+            && !u.outside
+            && self.sections.iter().any(within);
+        let mut live = u.first..u.last + 1;
+        if !per_task {
+            for s in &self.sections {
+                if s.start < live.end && live.start < s.end {
+                    live = live.start.min(s.start)..live.end.max(s.end);
+                }
+            }
+        }
+        (per_task, live)
+    }
+}
+
+impl MemoryPlan {
+    /// Plans the arena for `f` over `vertices` vertices whose largest task has `max_task`
+    /// vertices; `train` adds the backward pass (otherwise the inference plan is used).
+    pub fn new(f: &VertexFn, vertices: usize, max_task: usize, train: bool) -> MemoryPlan {
+        let mut tl = Timeline { f, bufs: Vec::new(), uses: Vec::new(), time: 0, sections: Vec::new() };
+        let fwd_plan = if train { f.forward_plan() } else { f.inference_plan() };
+        tl.touch_all((0..f.inputs().len()).map(|i| Some(Buf::Pull(i))), false);
+        for phase in [Phase::Prologue, Phase::Recurrent, Phase::Epilogue] {
+            tl.steps(Pass::Forward, fwd_plan, phase);
+            if phase == Phase::Recurrent {
+                tl.end_section();
+            }
+        }
+        tl.time += 1;
+        let outputs: Vec<_> = f.outputs().iter().map(|o| tl.resolve(Pass::Forward, o.value)).collect();
+        tl.touch_all(outputs, false);
+        if train {
+            let b = f.backward();
+            let bwd_plan = f.backward_plan();
+            tl.time += 1;
+            tl.touch_all((0..f.outputs().len()).map(|o| Some(Buf::PushGrad(o))), false);
+            tl.touch_all((0..f.states().len()).map(|s| Some(Buf::StateGrad(s))), false);
+            let sends = |tl: &Timeline<'_>, phase: Phase| -> Vec<Option<Buf>> {
+                b.child_grads
+                    .iter()
+                    .filter(|c| bwd_plan.phase[c.value.index()] == phase)
+                    .flat_map(|c| [tl.resolve(Pass::Backward, c.value), Some(Buf::StateGrad(c.state))])
+                    .collect()
+            };
+            tl.steps(Pass::Backward, bwd_plan, Phase::Prologue);
+            tl.time += 1;
+            let s = sends(&tl, Phase::Prologue);
+            tl.touch_all(s, false);
+            tl.steps(Pass::Backward, bwd_plan, Phase::Recurrent);
+            tl.time += 1;
+            let s = sends(&tl, Phase::Recurrent);
+            tl.touch_all(s, true);
+            tl.end_section();
+            tl.steps(Pass::Backward, bwd_plan, Phase::Epilogue);
+            tl.time += 1;
+            let mut reads = Vec::new();
+            for g in &b.param_grads {
+                match *g {
+                    ParamGrad::MatMul { x, dy, .. } => {
+                        reads.extend([tl.resolve(Pass::Backward, x), tl.resolve(Pass::Backward, dy)])
+                    }
+                    ParamGrad::SumRows { dy, .. } => reads.push(tl.resolve(Pass::Backward, dy)),
+                }
+            }
+            tl.touch_all(reads, false);
+            tl.time += 1;
+            let pulls: Vec<_> = b.pull_grads.iter().flatten().map(|&g| tl.resolve(Pass::Backward, g)).collect();
+            tl.touch_all(pulls, false);
+        }
+        MemoryPlan::place(f, &tl, vertices, max_task)
+    }
+
+    /// Gives every buffer the lowest aligned offset free of the buffers live at the same time.
+    fn place(f: &VertexFn, tl: &Timeline<'_>, vertices: usize, max_task: usize) -> MemoryPlan {
+        let block = |b: Buf| match b {
+            Buf::Pull(i) => f.inputs()[i].shape.numel(),
+            Buf::Forward(v) => f.forward().nodes[v].shape.numel(),
+            Buf::Backward(v) => f.backward().func.nodes[v].shape.numel(),
+            Buf::PushGrad(o) => f.outputs()[o].shape.numel(),
+            Buf::StateGrad(s) => f.states()[s].shape.numel(),
+        };
+        let mut order: Vec<usize> = (0..tl.bufs.len()).collect();
+        order.sort_by_key(|&i| (tl.uses[i].first, std::cmp::Reverse(block(tl.bufs[i]))));
+        let mut placed: Vec<(Range<usize>, Range<usize>)> = Vec::new();
+        let mut plan = MemoryPlan {
+            forward: vec![None; f.forward().nodes.len()],
+            backward: vec![None; f.backward().func.nodes.len()],
+            ..MemoryPlan::default()
+        };
+        let mut pulls = vec![None; f.inputs().len()];
+        let mut push_grads = vec![None; f.outputs().len()];
+        let mut state_grads = vec![None; f.states().len()];
+        for i in order {
+            let b = tl.bufs[i];
+            let (per_task, live) = tl.lifetime(i);
+            let rows = if per_task { max_task } else { vertices };
+            let size = (rows * block(b)).div_ceil(ALIGN) * ALIGN;
+            let mut busy: Vec<Range<usize>> = placed
+                .iter()
+                .filter(|(steps, _)| steps.start < live.end && live.start < steps.end)
+                .map(|(_, bytes)| bytes.clone())
+                .collect();
+            busy.sort_by_key(|r| r.start);
+            let mut offset = 0;
+            for r in &busy {
+                if offset + size <= r.start {
+                    break;
+                }
+                offset = offset.max(r.end);
+            }
+            let bytes = offset..offset + size;
+            plan.len = plan.len.max(bytes.end);
+            placed.push((live.clone(), bytes.clone()));
+            plan.lifetimes.push(Lifetime { what: format!("{b:?}"), bytes, steps: live });
+            let region = Region { offset, block: block(b), per_task };
+            match b {
+                Buf::Pull(i) => pulls[i] = Some(region),
+                Buf::Forward(v) => plan.forward[v] = Some(region),
+                Buf::Backward(v) => plan.backward[v] = Some(region),
+                Buf::PushGrad(o) => push_grads[o] = Some(region),
+                Buf::StateGrad(s) => state_grads[s] = Some(region),
+            }
+        }
+        let unused = Region { offset: 0, block: 0, per_task: false };
+        plan.pulls = pulls.into_iter().map(|r| r.unwrap_or(unused)).collect();
+        plan.push_grads = push_grads.into_iter().map(|r| r.unwrap_or(unused)).collect();
+        plan.state_grads = state_grads.into_iter().map(|r| r.unwrap_or(unused)).collect();
+        plan
+    }
+
+    /// Bytes of the arena (f32 elements × 4).
+    pub fn bytes(&self) -> usize {
+        self.len * 4
+    }
+
+    /// The first pair of buffers that are live at the same time and share bytes, if any.
+    pub fn overlap(&self) -> Option<(&Lifetime, &Lifetime)> {
+        for (i, a) in self.lifetimes.iter().enumerate() {
+            for b in &self.lifetimes[i + 1..] {
+                let live = a.steps.start < b.steps.end && b.steps.start < a.steps.end;
+                let shared = a.bytes.start < b.bytes.end && b.bytes.start < a.bytes.end;
+                if live && shared && !a.bytes.is_empty() && !b.bytes.is_empty() {
+                    return Some((a, b));
+                }
+            }
+        }
+        None
+    }
+}
