@@ -1,6 +1,7 @@
 //! The batched, fused engine on the CPU backend equals the one-vertex-at-a-time reference
 //! interpreter: outputs, input gradients and parameter gradients, on random forests and DAGs.
 
+use arbor::batching::{Agenda, ByDepth, ByHeight, Policy};
 use arbor::core::ir::interp::run_graph;
 use arbor::core::rng::Rng;
 use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, VertexFn};
@@ -62,13 +63,9 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
     let push_grads: Vec<Vec<f32>> =
         f.outputs().iter().map(|o| random_rows(&mut rng, total * o.shape.numel())).collect();
 
-    let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
     let refs: Vec<&InputGraph> = gs.iter().collect();
     let pull_refs: Vec<&[f32]> = pulls.iter().map(Vec::as_slice).collect();
-    let outputs = engine.forward(&refs, &pull_refs).unwrap();
     let grad_refs: Vec<&[f32]> = push_grads.iter().map(Vec::as_slice).collect();
-    let grads = engine.backward(&grad_refs).unwrap();
-
     let mut want_out: Vec<Vec<f32>> = vec![Vec::new(); f.outputs().len()];
     let mut want_pull: Vec<Vec<f32>> = vec![Vec::new(); f.inputs().len()];
     let mut want_param: Vec<Vec<f32>> = f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
@@ -94,14 +91,24 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
         }
         start += g.len();
     }
-    for (o, (got, want)) in outputs.iter().zip(&want_out).enumerate() {
-        assert_close(&format!("output {o}"), got, want);
-    }
-    for (i, (got, want)) in grads.pulls.iter().zip(&want_pull).enumerate() {
-        assert_close(&format!("input {i} gradient"), got, want);
-    }
-    for (p, (got, want)) in grads.params.iter().zip(&want_param).enumerate() {
-        assert_close(&format!("parameter {} gradient", f.params()[p].name), got, want);
+    let policies: [Box<dyn Policy>; 3] = [Box::new(ByHeight), Box::new(ByDepth), Box::new(Agenda { max_batch: 5 })];
+    for policy in policies {
+        let name = policy.name();
+        let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+        engine.set_policy(policy);
+        let inferred = engine.infer(&refs, &pull_refs).unwrap();
+        let outputs = engine.forward(&refs, &pull_refs).unwrap();
+        let grads = engine.backward(&grad_refs).unwrap();
+        assert_eq!(inferred, outputs, "{name}: inference differs from training forward");
+        for (o, (got, want)) in outputs.iter().zip(&want_out).enumerate() {
+            assert_close(&format!("{name}: output {o}"), got, want);
+        }
+        for (i, (got, want)) in grads.pulls.iter().zip(&want_pull).enumerate() {
+            assert_close(&format!("{name}: input {i} gradient"), got, want);
+        }
+        for (p, (got, want)) in grads.params.iter().zip(&want_param).enumerate() {
+            assert_close(&format!("{name}: parameter {} gradient", f.params()[p].name), got, want);
+        }
     }
 }
 

@@ -23,7 +23,9 @@ fn check(f: &VertexFn, present: &[bool]) {
         assert_eq!(r.pulls, f.inputs().iter().map(|p| p.shape.numel()).sum::<usize>());
         assert_eq!(r.params, f.params().iter().map(|p| p.shape.numel()).sum::<usize>());
     }
-    check_plans(f).unwrap_or_else(|e| panic!("{e}"));
+    if let Err(e) = check_plans(f) {
+        panic!("{e}")
+    }
 }
 
 /// `A·B` for row-major `A [r×k]`, `B [k×c]`.

@@ -61,7 +61,9 @@ fn binary_tree_lstm_plan() {
     assert_eq!(bwd.counts(), (3, 1), "backward plan:\n{text}");
     assert_eq!(phase_counts(bwd, Phase::Recurrent), (2, 1), "{text}");
     assert_eq!(phase_counts(bwd, Phase::Epilogue), (1, 0), "{text}");
-    check_plans(&cell).unwrap_or_else(|e| panic!("{e}"));
+    if let Err(e) = check_plans(&cell) {
+        panic!("{e}")
+    }
 
     // The whole function prints with both plans.
     let all = format!("{cell}");
@@ -99,5 +101,7 @@ fn child_sum_tree_lstm_plan() {
     assert_eq!(phase_counts(fwd, Phase::Prologue).0, 2, "{fwd}");
     assert_eq!(phase_counts(fwd, Phase::Recurrent).0, 2, "{fwd}");
     pull_matmul_in_prologue(&cell);
-    check_plans(&cell).unwrap_or_else(|e| panic!("{e}"));
+    if let Err(e) = check_plans(&cell) {
+        panic!("{e}")
+    }
 }

@@ -201,7 +201,8 @@ pub struct GradReport {
 
 /// Compares `interp::backward` with central differences of `L` for every entry of every present
 /// child's states, every pull and every parameter. Also checks the shapes of what backward
-/// returns. `Err` lists the mismatches.
+/// returns. `Err` lists the mismatches. Set `ARBOR_GRADCHECK_DEBUG=1` (with `--nocapture`) to
+/// print every check's [`GradReport`].
 pub fn check_gradients(f: &VertexFn, case: &Case) -> Result<GradReport, String> {
     let (grads, param_grads) = analytic(f, case);
     let mut case = case.clone();
@@ -295,7 +296,10 @@ pub fn check_gradients(f: &VertexFn, case: &Case) -> Result<GradReport, String> 
 /// zero, since such a check proves nothing.
 #[track_caller]
 pub fn assert_gradients(f: &VertexFn, case: &Case) -> GradReport {
-    let report = check_gradients(f, case).unwrap_or_else(|e| panic!("{e}"));
+    let report = match check_gradients(f, case) {
+        Ok(r) => r,
+        Err(e) => panic!("{e}"),
+    };
     assert!(
         report.norm > 1e-2,
         "vertex function `{}`: all gradients are (near) zero (norm {:.2e}); the check proves nothing",
