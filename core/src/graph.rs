@@ -45,7 +45,25 @@ impl InputGraph {
         InputGraph { children: children.collect() }
     }
 
-    /// A tree from each vertex's parent (`None` for the root); children keep vertex order.
+    /// A graph of `n` vertices from `(parent, child)` edges; each parent's children take slots in
+    /// edge order. With `root`, every vertex must be reachable from it.
+    pub fn from_edges(n: usize, edges: &[(usize, usize)], root: Option<usize>) -> Result<InputGraph> {
+        let mut children = vec![Vec::new(); n];
+        for &(p, c) in edges {
+            let slots = children.get_mut(p).ok_or_else(|| {
+                graph_error(format!("edge ({p}, {c}) names parent {p}, but the graph has {n} vertices"))
+            })?;
+            slots.push(Some(c));
+        }
+        let g = InputGraph::from_children(children)?;
+        if let Some(root) = root {
+            g.check_rooted(root)?;
+        }
+        Ok(g)
+    }
+
+    /// A tree from each vertex's parent (`None` for the root); children keep vertex order. There
+    /// must be exactly one root.
     pub fn from_parents(parents: &[Option<usize>]) -> Result<InputGraph> {
         let mut children = vec![Vec::new(); parents.len()];
         for (v, p) in parents.iter().enumerate() {
@@ -56,7 +74,42 @@ impl InputGraph {
                 slots.push(Some(v));
             }
         }
-        InputGraph::from_children(children)
+        let g = InputGraph::from_children(children)?;
+        let root = parents.iter().position(Option::is_none).ok_or_else(|| graph_error("no vertex is a root".into()))?;
+        g.check_rooted(root)?;
+        Ok(g)
+    }
+
+    /// Checks that every vertex is reachable from `root` by following children.
+    pub fn check_rooted(&self, root: usize) -> Result<()> {
+        if root >= self.len() {
+            return Err(graph_error(format!("root {root} is not a vertex of a graph of {} vertices", self.len())));
+        }
+        let mut seen = vec![false; self.len()];
+        let mut stack = vec![root];
+        seen[root] = true;
+        while let Some(v) = stack.pop() {
+            for &c in self.children(v).iter().filter(|&&c| c != NO_CHILD) {
+                if !std::mem::replace(&mut seen[c as usize], true) {
+                    stack.push(c as usize);
+                }
+            }
+        }
+        match seen.iter().position(|s| !s) {
+            Some(v) => Err(graph_error(format!("vertex {v} is not reachable from the root {root}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The vertices no vertex has as a child.
+    pub fn roots(&self) -> Vec<usize> {
+        let mut is_child = vec![false; self.len()];
+        for cs in &self.children {
+            for &c in cs.iter().filter(|&&c| c != NO_CHILD) {
+                is_child[c as usize] = true;
+            }
+        }
+        (0..self.len()).filter(|&v| !is_child[v]).collect()
     }
 
     fn check_acyclic(&self) -> Result<()> {

@@ -6,6 +6,7 @@ pub mod error;
 pub mod fusion;
 pub mod graph;
 pub mod ir;
+pub mod ptb;
 pub mod rng;
 pub mod tensor;
 

@@ -110,18 +110,25 @@ impl Builder {
 
     fn gather_op(&self, slot: Option<usize>, state: &str, shape: Shape) -> Var<'_> {
         let s = self.state_index(state, &shape);
-        let known = {
+        let (known, scattered) = {
             let mut inner = self.inner.borrow_mut();
             let st = &mut inner.states[s];
             st.gathered = true;
-            st.shape.clone()
+            (st.shape.clone(), st.value.is_some())
         };
-        if known != shape {
+        if known != shape && scattered {
             self.fail(Error::StateShape {
                 function: self.name.clone(),
                 state: state.into(),
                 gathered: shape.clone(),
                 scattered: known,
+            });
+        } else if known != shape {
+            self.fail(Error::Shape {
+                function: self.name.clone(),
+                op: format!("gather of state `{state}`"),
+                inputs: vec![],
+                reason: format!("it is gathered as {shape} here but as {known} elsewhere"),
             });
         }
         if let Some(&id) = self.inner.borrow().gathers.get(&(slot, s)) {
@@ -179,8 +186,25 @@ impl Builder {
         Var { b: self, id }
     }
 
+    /// Records an error if `value` is a parameter: only per-vertex values leave a vertex.
+    fn check_per_vertex(&self, what: &str, name: &str, value: Var<'_>) {
+        let desc = {
+            let inner = self.inner.borrow();
+            inner.func.node(value.id).is_param.then(|| inner.func.describe(value.id, &inner.params))
+        };
+        if let Some(desc) = desc {
+            self.fail(Error::Shape {
+                function: self.name.clone(),
+                op: format!("{what} `{name}`"),
+                inputs: vec![desc],
+                reason: "a parameter is not a per-vertex value".into(),
+            });
+        }
+    }
+
     /// Publishes `value` as this vertex's state `name`, for its parents to gather.
     pub fn scatter(&self, name: &str, value: Var<'_>) {
+        self.check_per_vertex("scatter", name, value);
         let shape = self.inner.borrow().func.node(value.id).shape.clone();
         let s = self.state_index(name, &shape);
         let (known, already) = {
@@ -202,6 +226,7 @@ impl Builder {
 
     /// Emits `value` as this vertex's output `name`, for the output layer.
     pub fn push(&self, name: &str, value: Var<'_>) {
+        self.check_per_vertex("push", name, value);
         let mut inner = self.inner.borrow_mut();
         if inner.outputs.iter().any(|p| p.name == name) {
             drop(inner);

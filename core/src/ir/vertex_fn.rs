@@ -46,9 +46,6 @@ impl VertexFn {
         for r in &roots {
             is_root[r.index()] = true;
         }
-        if let Some(i) = (0..forward.nodes.len()).find(|&i| users[i].is_empty() && !is_root[i]) {
-            return Err(Error::Unused { function: name, value: forward.describe(ValueId(i as u32), &params) });
-        }
         // Values are topologically ordered, so one reverse sweep finds everything the roots use.
         let mut live = is_root;
         for i in (0..forward.nodes.len()).rev() {
@@ -59,7 +56,12 @@ impl VertexFn {
             }
         }
         if let Some(i) = live.iter().position(|l| !l) {
-            return Err(Error::Dead { function: name, value: forward.describe(ValueId(i as u32), &params) });
+            let value = forward.describe(ValueId(i as u32), &params);
+            return Err(if users[i].is_empty() {
+                Error::Unused { function: name, value }
+            } else {
+                Error::Dead { function: name, value }
+            });
         }
         let mut f = VertexFn {
             name,
