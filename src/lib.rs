@@ -3,6 +3,7 @@
 //! engine batches the vertices of a whole minibatch into a few large kernels.
 
 pub mod engine;
+pub mod layers;
 pub mod nn;
 
 pub use arbor_batching as batching;

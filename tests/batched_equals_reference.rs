@@ -39,8 +39,10 @@ fn random_rows(rng: &mut Rng, len: usize) -> Vec<f32> {
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let tol = 1e-5 * w.abs().max(1.0) + 1e-6;
-        assert!((g - w).abs() <= tol * 4.0, "{what}[{i}]: engine {g} vs reference {w}");
+        // Relative error 1e-5 (absolute below magnitude 1): summation order differs between
+        // batched GEMMs and the interpreter's loops.
+        let tol = 1e-5 * w.abs().max(1.0);
+        assert!((g - w).abs() <= tol, "{what}[{i}]: engine {g} vs reference {w}");
     }
 }
 
@@ -68,7 +70,9 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
     let grad_refs: Vec<&[f32]> = push_grads.iter().map(Vec::as_slice).collect();
     let mut want_out: Vec<Vec<f32>> = vec![Vec::new(); f.outputs().len()];
     let mut want_pull: Vec<Vec<f32>> = vec![Vec::new(); f.inputs().len()];
-    let mut want_param: Vec<Vec<f32>> = f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
+    // Per-graph reference gradients are summed in f64, so the reference's own rounding stays
+    // far below the tolerance.
+    let mut want_param: Vec<Vec<f64>> = f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
     let mut start = 0;
     for g in &gs {
         let slice = |rows: &Vec<f32>, block: usize| rows[start * block..(start + g.len()) * block].to_vec();
@@ -86,11 +90,12 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
         }
         for (w, o) in want_param.iter_mut().zip(run.param_grads) {
             for (a, b) in w.iter_mut().zip(o) {
-                *a += b;
+                *a += f64::from(b);
             }
         }
         start += g.len();
     }
+    let want_param: Vec<Vec<f32>> = want_param.iter().map(|w| w.iter().map(|&x| x as f32).collect()).collect();
     let policies: [Box<dyn Policy>; 3] = [Box::new(ByHeight), Box::new(ByDepth), Box::new(Agenda { max_batch: 5 })];
     for policy in policies {
         let name = policy.name();
@@ -166,12 +171,12 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     #[test]
-    fn tree_lstm_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=32, max_v in 1usize..=60, dag in any::<bool>()) {
+    fn tree_lstm_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=32, max_v in 1usize..=200, dag in any::<bool>()) {
         check(nn::tree_lstm(6, 5).unwrap(), seed, graphs, max_v, dag);
     }
 
     #[test]
-    fn child_sum_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=16, max_v in 1usize..=60, dag in any::<bool>()) {
+    fn child_sum_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=32, max_v in 1usize..=200, dag in any::<bool>()) {
         check(nn::child_sum_tree_lstm(4, 3).unwrap(), seed, graphs, max_v, dag);
     }
 

@@ -118,3 +118,17 @@ fn tree_of_100k_leaves_runs_forward_and_backward() {
     let grads = e.backward(&[&vec![1e-3; n * 2]]).unwrap();
     assert!(grads.params.iter().flatten().all(|g| g.is_finite()));
 }
+
+#[test]
+fn unreachable_vertices_are_refused() {
+    let err = InputGraph::from_parents(&[None, Some(0), None]).unwrap_err();
+    assert!(err.to_string().contains("vertex 2 is not reachable from the root 0"), "{err}");
+    let err = InputGraph::from_edges(4, &[(3, 0), (3, 1)], Some(3)).unwrap_err();
+    assert!(err.to_string().contains("vertex 2 is not reachable from the root 3"), "{err}");
+    let err = InputGraph::from_edges(2, &[(5, 0)], None).unwrap_err();
+    assert!(err.to_string().contains("parent 5"), "{err}");
+    let g = InputGraph::from_edges(3, &[(2, 1), (2, 0)], Some(2)).unwrap();
+    assert_eq!(g.children(2), &[1, 0]);
+    assert_eq!(g.roots(), vec![2]);
+    assert!(InputGraph::from_parents(&[Some(0)]).is_err());
+}

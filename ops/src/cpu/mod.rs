@@ -11,6 +11,11 @@ use arbor_core::fusion::Kernel;
 use memory::Raw;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+thread_local! {
+    /// Grow-only f64 accumulators for row sums.
+    static SUMS: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The CPU backend. Matrix products use all cores (through rayon) above a size threshold and one
 /// core below it, where threading costs more than it saves.
 #[derive(Debug, Default)]
@@ -115,14 +120,20 @@ impl Backend for CpuBackend {
         let raw = Raw::new(mem)?;
         // SAFETY: both ranges are checked; the engine never sums a region into itself.
         let (s, d) = unsafe { (raw.get("sum_rows", src, rows * cols)?, raw.get_mut("sum_rows", dst, cols)?) };
-        if !accumulate {
-            d.fill(0.0);
-        }
-        for row in s.chunks_exact(cols.max(1)) {
-            for (d, x) in d.iter_mut().zip(row) {
-                *d += x;
+        // Accumulate in f64: these sums run over every vertex of a minibatch.
+        SUMS.with(|acc| {
+            let acc = &mut *acc.borrow_mut();
+            acc.clear();
+            acc.extend(d.iter().map(|&x| if accumulate { f64::from(x) } else { 0.0 }));
+            for row in s.chunks_exact(cols.max(1)) {
+                for (a, &x) in acc.iter_mut().zip(row) {
+                    *a += f64::from(x);
+                }
             }
-        }
+            for (d, a) in d.iter_mut().zip(acc.iter()) {
+                *d = *a as f32;
+            }
+        });
         Ok(())
     }
 }

@@ -1,0 +1,336 @@
+//! Static layers around the vertex function: the input layer I (an embedding table feeding
+//! `pull`) and the output layer O (a linear layer with softmax cross-entropy over pushed rows).
+//!
+//! Training a Tree-LSTM for a few steps on three hand-written trees:
+//!
+//! ```
+//! use arbor::core::ptb::PtbTree;
+//! use arbor::core::rng::Rng;
+//! use arbor::layers::{Embedding, LossOn, SoftmaxClassifier};
+//! use arbor::{nn, CpuBackend, Engine, InputGraph};
+//!
+//! let text = ["(4 (3 good) (4 (3 very) (4 good)))", "(0 (1 bad) (0 (2 very) (0 bad)))", "(2 (2 a) (2 book))"];
+//! let trees: Vec<PtbTree> = text.iter().enumerate().map(|(i, t)| PtbTree::parse(t, "inline", i + 1)).collect::<Result<_, _>>()?;
+//! let vocab = ["good", "bad", "very", "a", "book"];
+//! let ids: Vec<u32> = trees.iter().flat_map(|t| t.words.iter())
+//!     .map(|w| w.as_ref().map_or(0, |w| vocab.iter().position(|v| v == w).unwrap() as u32)).collect();
+//! let labels: Vec<u32> = trees.iter().flat_map(|t| t.labels.iter()).map(|l| l.parse().unwrap()).collect();
+//! let graphs: Vec<&InputGraph> = trees.iter().map(|t| &t.graph).collect();
+//! let targets = LossOn::Root.select(&graphs, &labels)?;
+//!
+//! let (dim, hidden, lr) = (8, 8, 0.5);
+//! let mut rng = Rng::new(7);
+//! let mut embed = Embedding::new(vocab.len(), dim, 0.1, &mut rng);
+//! let cell = nn::tree_lstm(dim, hidden)?;
+//! let mut engine = Engine::new(CpuBackend::new(), cell.clone(), &cell.init_params(&mut rng))?;
+//! let mut out = SoftmaxClassifier::new(hidden, 5, &mut rng);
+//! let mut losses = Vec::new();
+//! for _ in 0..60 {
+//!     let x = embed.lookup(&ids)?;
+//!     let h = engine.forward(&graphs, &[&x])?;
+//!     let step = out.loss(&h[0], &targets)?;
+//!     let grads = engine.backward(&[&step.grad_input])?;
+//!     let mut params = engine.params()?;
+//!     for (p, g) in params.iter_mut().zip(&grads.params) {
+//!         p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
+//!     }
+//!     engine.set_params(&params)?;
+//!     embed.apply(&embed.sparse_grad(&ids, &grads.pulls[0])?, -lr);
+//!     out.apply(&step.grads, -lr);
+//!     losses.push(step.loss);
+//! }
+//! assert!(losses[59] < 0.5 * losses[0], "loss went from {} to {}", losses[0], losses[59]);
+//! # Ok::<(), arbor::Error>(())
+//! ```
+
+use arbor_core::error::{Error, Result};
+use arbor_core::graph::InputGraph;
+use arbor_core::rng::Rng;
+
+/// An embedding table: one `dim`-wide row per vocabulary entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Embedding {
+    dim: usize,
+    table: Vec<f32>,
+}
+
+/// A gradient that touches only some rows of a table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SparseGrad {
+    /// The rows touched, ascending, each once.
+    pub rows: Vec<u32>,
+    /// Their gradients, `rows.len() × dim`.
+    pub values: Vec<f32>,
+}
+
+impl Embedding {
+    /// A `vocab × dim` table drawn uniformly from `[-scale, scale]`.
+    pub fn new(vocab: usize, dim: usize, scale: f32, rng: &mut Rng) -> Embedding {
+        Embedding { dim, table: (0..vocab * dim).map(|_| rng.range(-scale, scale)).collect() }
+    }
+
+    /// A table from given rows (e.g. pre-trained vectors); errors if `table` is not whole rows.
+    pub fn from_table(table: Vec<f32>, dim: usize) -> Result<Embedding> {
+        if dim == 0 || table.len() % dim != 0 {
+            return Err(Error::Input {
+                what: "embedding table".into(),
+                expected: format!("a whole number of {dim}-wide rows"),
+                got: format!("{} values", table.len()),
+            });
+        }
+        Ok(Embedding { dim, table })
+    }
+
+    /// Rows in the table.
+    pub fn vocab(&self) -> usize {
+        self.table.len() / self.dim
+    }
+
+    /// Width of a row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The table, row-major.
+    pub fn table(&self) -> &[f32] {
+        &self.table
+    }
+
+    fn check(&self, ids: &[u32]) -> Result<()> {
+        match ids.iter().position(|&i| i as usize >= self.vocab()) {
+            Some(p) => Err(Error::Input {
+                what: format!("embedding lookup, position {p}"),
+                expected: format!("an id below {}", self.vocab()),
+                got: ids[p].to_string(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The rows of `ids`, one after another (the `pull` input of every vertex).
+    pub fn lookup(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.check(ids)?;
+        let d = self.dim;
+        Ok(ids.iter().flat_map(|&i| &self.table[i as usize * d..(i as usize + 1) * d]).copied().collect())
+    }
+
+    /// The table's gradient from the gradient of looked-up rows: rows summed per id.
+    pub fn sparse_grad(&self, ids: &[u32], grad_rows: &[f32]) -> Result<SparseGrad> {
+        self.check(ids)?;
+        let d = self.dim;
+        if grad_rows.len() != ids.len() * d {
+            return Err(Error::Input {
+                what: "embedding gradient".into(),
+                expected: format!("{} values ({} ids × {d})", ids.len() * d, ids.len()),
+                got: grad_rows.len().to_string(),
+            });
+        }
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&p| ids[p]);
+        let mut g = SparseGrad::default();
+        for p in order {
+            if g.rows.last() != Some(&ids[p]) {
+                g.rows.push(ids[p]);
+                g.values.extend(std::iter::repeat_n(0.0, d));
+            }
+            let at = g.values.len() - d;
+            for (a, x) in g.values[at..].iter_mut().zip(&grad_rows[p * d..(p + 1) * d]) {
+                *a += x;
+            }
+        }
+        Ok(g)
+    }
+
+    /// `table[row] += scale · grad[row]` for the rows the gradient touches.
+    pub fn apply(&mut self, g: &SparseGrad, scale: f32) {
+        let d = self.dim;
+        for (k, &r) in g.rows.iter().enumerate() {
+            for (t, x) in self.table[r as usize * d..(r as usize + 1) * d].iter_mut().zip(&g.values[k * d..(k + 1) * d])
+            {
+                *t += scale * x;
+            }
+        }
+    }
+}
+
+/// Which vertices carry a loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossOn {
+    /// Only each graph's roots (e.g. sentence sentiment).
+    Root,
+    /// Every vertex (e.g. every phrase of a sentiment treebank).
+    All,
+}
+
+impl LossOn {
+    /// The target of each vertex of the minibatch (graph by graph), given every vertex's label.
+    pub fn select(self, graphs: &[&InputGraph], labels: &[u32]) -> Result<Vec<Option<u32>>> {
+        let total: usize = graphs.iter().map(|g| g.len()).sum();
+        if labels.len() != total {
+            return Err(Error::Input {
+                what: "vertex labels".into(),
+                expected: format!("one per vertex ({total})"),
+                got: labels.len().to_string(),
+            });
+        }
+        Ok(match self {
+            LossOn::All => labels.iter().map(|&l| Some(l)).collect(),
+            LossOn::Root => {
+                let mut out = vec![None; total];
+                let mut base = 0;
+                for g in graphs {
+                    for r in g.roots() {
+                        out[base + r] = Some(labels[base + r]);
+                    }
+                    base += g.len();
+                }
+                out
+            }
+        })
+    }
+}
+
+/// Gradients of a [`SoftmaxClassifier`]'s parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassifierGrads {
+    /// Of the `input × classes` weight.
+    pub weight: Vec<f32>,
+    /// Of the bias.
+    pub bias: Vec<f32>,
+}
+
+/// What one loss evaluation gives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LossOutput {
+    /// Mean cross-entropy over the rows with a target.
+    pub loss: f32,
+    /// Rows whose most likely class is their target.
+    pub correct: usize,
+    /// Rows with a target.
+    pub count: usize,
+    /// Gradient of `loss` with respect to every input row (zero for rows without a target).
+    pub grad_input: Vec<f32>,
+    /// Gradient of `loss` with respect to the classifier's parameters.
+    pub grads: ClassifierGrads,
+}
+
+/// A linear layer followed by softmax cross-entropy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SoftmaxClassifier {
+    input: usize,
+    classes: usize,
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+impl SoftmaxClassifier {
+    /// A classifier from `input`-wide rows to `classes` classes (Xavier weights, zero bias).
+    pub fn new(input: usize, classes: usize, rng: &mut Rng) -> SoftmaxClassifier {
+        let a = (6.0 / (input + classes) as f32).sqrt();
+        let weight = (0..input * classes).map(|_| rng.range(-a, a)).collect();
+        SoftmaxClassifier { input, classes, weight, bias: vec![0.0; classes] }
+    }
+
+    /// The weight (`input × classes`, row-major) and the bias.
+    pub fn params(&self) -> (&[f32], &[f32]) {
+        (&self.weight, &self.bias)
+    }
+
+    /// Class probabilities of every row.
+    pub fn probabilities(&self, rows: &[f32]) -> Result<Vec<f32>> {
+        if rows.len() % self.input.max(1) != 0 {
+            return Err(Error::Input {
+                what: "classifier input".into(),
+                expected: format!("whole {}-wide rows", self.input),
+                got: format!("{} values", rows.len()),
+            });
+        }
+        let (n, c) = (rows.len() / self.input.max(1), self.classes);
+        let mut p = vec![0.0; n * c];
+        for (x, out) in rows.chunks_exact(self.input).zip(p.chunks_exact_mut(c)) {
+            out.copy_from_slice(&self.bias);
+            for (xi, w) in x.iter().zip(self.weight.chunks_exact(c)) {
+                for (o, wj) in out.iter_mut().zip(w) {
+                    *o += xi * wj;
+                }
+            }
+            let max = out.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0;
+            for o in out.iter_mut() {
+                *o = (*o - max).exp();
+                sum += *o;
+            }
+            out.iter_mut().for_each(|o| *o /= sum);
+        }
+        Ok(p)
+    }
+
+    /// The most likely class of every row.
+    pub fn predict(&self, rows: &[f32]) -> Result<Vec<usize>> {
+        let p = self.probabilities(rows)?;
+        Ok(p.chunks_exact(self.classes).map(argmax).collect())
+    }
+
+    /// Mean cross-entropy of the rows that have a target, with all gradients.
+    pub fn loss(&self, rows: &[f32], targets: &[Option<u32>]) -> Result<LossOutput> {
+        let mut p = self.probabilities(rows)?;
+        let (c, d) = (self.classes, self.input);
+        if targets.len() * d != rows.len() {
+            return Err(Error::Input {
+                what: "classifier targets".into(),
+                expected: format!("one per row ({})", rows.len() / d.max(1)),
+                got: targets.len().to_string(),
+            });
+        }
+        if let Some((i, t)) =
+            targets.iter().enumerate().find_map(|(i, t)| t.filter(|&t| t as usize >= c).map(|t| (i, t)))
+        {
+            return Err(Error::Input {
+                what: format!("target of row {i}"),
+                expected: format!("a class below {c}"),
+                got: t.to_string(),
+            });
+        }
+        let count = targets.iter().flatten().count();
+        let scale = 1.0 / count.max(1) as f32;
+        let (mut loss, mut correct) = (0.0, 0);
+        let mut grads = ClassifierGrads { weight: vec![0.0; d * c], bias: vec![0.0; c] };
+        let mut grad_input = vec![0.0; rows.len()];
+        for (i, t) in targets.iter().enumerate() {
+            let probs = &mut p[i * c..(i + 1) * c];
+            let Some(t) = t.map(|t| t as usize) else { continue };
+            loss -= probs[t].max(f32::MIN_POSITIVE).ln();
+            correct += usize::from(argmax(probs) == t);
+            // d loss / d logits = (softmax − onehot) / count.
+            probs[t] -= 1.0;
+            probs.iter_mut().for_each(|g| *g *= scale);
+            let x = &rows[i * d..(i + 1) * d];
+            for (b, g) in grads.bias.iter_mut().zip(probs.iter()) {
+                *b += g;
+            }
+            for (w, gx) in self.weight.chunks_exact(c).zip(&mut grad_input[i * d..(i + 1) * d]) {
+                *gx = w.iter().zip(probs.iter()).map(|(w, g)| w * g).sum();
+            }
+            for (xi, gw) in x.iter().zip(grads.weight.chunks_exact_mut(c)) {
+                for (gw, g) in gw.iter_mut().zip(probs.iter()) {
+                    *gw += xi * g;
+                }
+            }
+        }
+        Ok(LossOutput { loss: loss * scale, correct, count, grad_input, grads })
+    }
+
+    /// `params += scale · grads`.
+    pub fn apply(&mut self, g: &ClassifierGrads, scale: f32) {
+        for (w, x) in self.weight.iter_mut().zip(&g.weight) {
+            *w += scale * x;
+        }
+        for (b, x) in self.bias.iter_mut().zip(&g.bias) {
+            *b += scale * x;
+        }
+    }
+}
+
+fn argmax(xs: &[f32]) -> usize {
+    xs.iter().enumerate().fold(0, |best, (i, &x)| if x > xs[best] { i } else { best })
+}
