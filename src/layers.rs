@@ -52,6 +52,7 @@ use arbor_core::rng::Rng;
 pub struct Embedding {
     dim: usize,
     table: Vec<f32>,
+    padding: Option<u32>,
 }
 
 /// A gradient that touches only some rows of a table.
@@ -66,7 +67,22 @@ pub struct SparseGrad {
 impl Embedding {
     /// A `vocab × dim` table drawn uniformly from `[-scale, scale]`.
     pub fn new(vocab: usize, dim: usize, scale: f32, rng: &mut Rng) -> Embedding {
-        Embedding { dim, table: (0..vocab * dim).map(|_| rng.range(-scale, scale)).collect() }
+        Embedding { dim, table: (0..vocab * dim).map(|_| rng.range(-scale, scale)).collect(), padding: None }
+    }
+
+    /// Makes row `id` an all-zero row that never gets a gradient (for vertices without a word).
+    pub fn with_padding(mut self, id: u32) -> Embedding {
+        let d = self.dim;
+        if let Some(row) = self.table.get_mut(id as usize * d..(id as usize + 1) * d) {
+            row.fill(0.0);
+            self.padding = Some(id);
+        }
+        self
+    }
+
+    /// The table, row-major, to update in place.
+    pub fn table_mut(&mut self) -> &mut [f32] {
+        &mut self.table
     }
 
     /// A table from given rows (e.g. pre-trained vectors); errors if `table` is not whole rows.
@@ -78,7 +94,7 @@ impl Embedding {
                 got: format!("{} values", table.len()),
             });
         }
-        Ok(Embedding { dim, table })
+        Ok(Embedding { dim, table, padding: None })
     }
 
     /// Rows in the table.
@@ -129,6 +145,9 @@ impl Embedding {
         order.sort_by_key(|&p| ids[p]);
         let mut g = SparseGrad::default();
         for p in order {
+            if Some(ids[p]) == self.padding {
+                continue;
+            }
             if g.rows.last() != Some(&ids[p]) {
                 g.rows.push(ids[p]);
                 g.values.extend(std::iter::repeat_n(0.0, d));
@@ -234,6 +253,16 @@ impl SoftmaxClassifier {
     /// The weight (`input × classes`, row-major) and the bias.
     pub fn params(&self) -> (&[f32], &[f32]) {
         (&self.weight, &self.bias)
+    }
+
+    /// The weight and the bias, to update in place.
+    pub fn params_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        (&mut self.weight, &mut self.bias)
+    }
+
+    /// Number of classes.
+    pub fn classes(&self) -> usize {
+        self.classes
     }
 
     /// Class probabilities of every row.

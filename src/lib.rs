@@ -2,9 +2,12 @@
 //! functions: declare the per-vertex computation once, hand each example its own graph, and the
 //! engine batches the vertices of a whole minibatch into a few large kernels.
 
+pub mod data;
 pub mod engine;
 pub mod layers;
 pub mod nn;
+pub mod optim;
+pub mod train;
 
 pub use arbor_batching as batching;
 pub use arbor_core as core;

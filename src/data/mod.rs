@@ -1,0 +1,93 @@
+//! Data sets: vocabularies, tree examples, readers for SST and the built-in synthetic treebank.
+
+pub mod sst;
+pub mod synthetic;
+
+use crate::core::graph::InputGraph;
+use std::collections::HashMap;
+
+/// The padding id: internal vertices pull its all-zero row.
+pub const PAD: u32 = 0;
+/// The unknown-word id.
+pub const UNK: u32 = 1;
+
+/// Words to ids, with `<pad>` = 0 and `<unk>` = 1.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Vocab {
+    words: Vec<String>,
+    ids: HashMap<String, u32>,
+    lowercase: bool,
+}
+
+impl Vocab {
+    /// An empty vocabulary (only `<pad>` and `<unk>`); with `lowercase`, words are folded.
+    pub fn new(lowercase: bool) -> Vocab {
+        let mut v = Vocab { words: Vec::new(), ids: HashMap::new(), lowercase };
+        v.add("<pad>");
+        v.add("<unk>");
+        v
+    }
+
+    fn key(&self, word: &str) -> String {
+        if self.lowercase {
+            word.to_lowercase()
+        } else {
+            word.to_string()
+        }
+    }
+
+    /// The id of `word`, adding it if new.
+    pub fn add(&mut self, word: &str) -> u32 {
+        let key = self.key(word);
+        if let Some(&id) = self.ids.get(&key) {
+            return id;
+        }
+        let id = self.words.len() as u32;
+        self.words.push(key.clone());
+        self.ids.insert(key, id);
+        id
+    }
+
+    /// The id of `word`, or `UNK`.
+    pub fn get(&self, word: &str) -> u32 {
+        self.ids.get(&self.key(word)).copied().unwrap_or(UNK)
+    }
+
+    /// The word of `id`.
+    pub fn word(&self, id: u32) -> Option<&str> {
+        self.words.get(id as usize).map(String::as_str)
+    }
+
+    /// Number of entries, `<pad>` and `<unk>` included.
+    pub fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    /// Whether only `<pad>` and `<unk>` are in it.
+    pub fn is_empty(&self) -> bool {
+        self.words.len() <= 2
+    }
+
+    /// Whether words are lowercased.
+    pub fn lowercase(&self) -> bool {
+        self.lowercase
+    }
+}
+
+/// One labelled tree: its graph, each vertex's word id (`PAD` for internal vertices) and label.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeExample {
+    /// The tree (children before parents; the root last).
+    pub graph: InputGraph,
+    /// Word id per vertex.
+    pub words: Vec<u32>,
+    /// Class label per vertex.
+    pub labels: Vec<u32>,
+}
+
+impl TreeExample {
+    /// The root vertex.
+    pub fn root(&self) -> usize {
+        self.graph.len() - 1
+    }
+}

@@ -1,0 +1,160 @@
+//! Optimizers: SGD with momentum, Adagrad, Adam and AdamW, with weight decay and gradient-norm
+//! clipping. Dense parameters and embedding tables (sparse rows, state kept per row) share one
+//! optimizer; each tensor has its own slot of state.
+
+use crate::layers::SparseGrad;
+
+/// Which update rule.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rule {
+    /// SGD with momentum (0 for plain SGD); weight decay is added to the gradient.
+    Sgd {
+        /// Momentum coefficient.
+        momentum: f32,
+    },
+    /// Adagrad; weight decay is added to the gradient.
+    Adagrad,
+    /// Adam; weight decay is added to the gradient (L2).
+    Adam,
+    /// AdamW: Adam with decoupled weight decay.
+    AdamW,
+}
+
+/// Optimizer settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Config {
+    /// The update rule.
+    pub rule: Rule,
+    /// Learning rate.
+    pub lr: f32,
+    /// Weight decay.
+    pub weight_decay: f32,
+    /// Adam's β₁.
+    pub beta1: f32,
+    /// Adam's β₂.
+    pub beta2: f32,
+    /// Denominator guard (Adagrad, Adam).
+    pub eps: f32,
+}
+
+impl Config {
+    /// Settings for `rule` at learning rate `lr`, with common defaults for the rest.
+    pub fn new(rule: Rule, lr: f32) -> Config {
+        Config { rule, lr, weight_decay: 0.0, beta1: 0.9, beta2: 0.999, eps: 1e-8 }
+    }
+}
+
+/// Per-tensor state.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Slot {
+    /// First moment (momentum, Adam's m) or Adagrad's sum of squares.
+    pub m: Vec<f32>,
+    /// Adam's second moment.
+    pub v: Vec<f32>,
+}
+
+/// An optimizer over any number of tensors (slots).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Optimizer {
+    /// Settings.
+    pub config: Config,
+    /// Steps taken (for Adam's bias correction).
+    pub steps: u64,
+    /// State per slot.
+    pub slots: Vec<Slot>,
+}
+
+impl Optimizer {
+    /// An optimizer with no state yet.
+    pub fn new(config: Config) -> Optimizer {
+        Optimizer { config, steps: 0, slots: Vec::new() }
+    }
+
+    /// Starts a step: call once before the updates of one minibatch.
+    pub fn begin_step(&mut self) {
+        self.steps += 1;
+    }
+
+    fn slot(&mut self, slot: usize, len: usize) -> &mut Slot {
+        if self.slots.len() <= slot {
+            self.slots.resize_with(slot + 1, Slot::default);
+        }
+        let s = &mut self.slots[slot];
+        let init = if self.config.rule == Rule::Adagrad { 0.1 } else { 0.0 };
+        if s.m.len() != len {
+            s.m = vec![init; len];
+            s.v = vec![0.0; len];
+        }
+        s
+    }
+
+    /// Updates dense parameters `p` with gradient `g`, using state `slot`.
+    pub fn dense(&mut self, slot: usize, p: &mut [f32], g: &[f32]) {
+        let c = self.config;
+        let t = self.steps.max(1);
+        let s = self.slot(slot, p.len());
+        update(c, t, p, g, &mut s.m, &mut s.v);
+    }
+
+    /// Updates the rows of an embedding table (`dim` wide) that `g` touches, using state `slot`
+    /// (kept for every row, so a row's history survives minibatches that skip it).
+    pub fn sparse(&mut self, slot: usize, table: &mut [f32], dim: usize, g: &SparseGrad) {
+        let c = self.config;
+        let t = self.steps.max(1);
+        let s = self.slot(slot, table.len());
+        for (k, &r) in g.rows.iter().enumerate() {
+            let rows = r as usize * dim..(r as usize + 1) * dim;
+            update(
+                c,
+                t,
+                &mut table[rows.clone()],
+                &g.values[k * dim..(k + 1) * dim],
+                &mut s.m[rows.clone()],
+                &mut s.v[rows],
+            );
+        }
+    }
+}
+
+fn update(c: Config, t: u64, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    match c.rule {
+        Rule::Sgd { momentum } => {
+            for ((p, &g), m) in p.iter_mut().zip(g).zip(m) {
+                let g = g + c.weight_decay * *p;
+                *m = momentum * *m + g;
+                *p -= c.lr * *m;
+            }
+        }
+        Rule::Adagrad => {
+            for ((p, &g), m) in p.iter_mut().zip(g).zip(m) {
+                let g = g + c.weight_decay * *p;
+                *m += g * g;
+                *p -= c.lr * g / (m.sqrt() + c.eps);
+            }
+        }
+        Rule::Adam | Rule::AdamW => {
+            let (b1, b2) = (c.beta1, c.beta2);
+            let (bc1, bc2) = (1.0 - b1.powi(t as i32), 1.0 - b2.powi(t as i32));
+            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+                let g = if c.rule == Rule::Adam { g + c.weight_decay * *p } else { g };
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+                let step = (*m / bc1) / ((*v / bc2).sqrt() + c.eps);
+                if c.rule == Rule::AdamW {
+                    *p -= c.lr * c.weight_decay * *p;
+                }
+                *p -= c.lr * step;
+            }
+        }
+    }
+}
+
+/// Scales every gradient so their joint L2 norm is at most `max`; returns the norm before.
+pub fn clip_grad_norm(grads: &mut [&mut [f32]], max: f32) -> f32 {
+    let norm = grads.iter().flat_map(|g| g.iter()).map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt() as f32;
+    if norm > max && norm > 0.0 {
+        let s = max / norm;
+        grads.iter_mut().for_each(|g| g.iter_mut().for_each(|x| *x *= s));
+    }
+    norm
+}
