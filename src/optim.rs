@@ -80,9 +80,8 @@ impl Optimizer {
             self.slots.resize_with(slot + 1, Slot::default);
         }
         let s = &mut self.slots[slot];
-        let init = if self.config.rule == Rule::Adagrad { 0.1 } else { 0.0 };
         if s.m.len() != len {
-            s.m = vec![init; len];
+            s.m = vec![0.0; len];
             s.v = vec![0.0; len];
         }
         s

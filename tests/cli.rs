@@ -1,0 +1,49 @@
+//! The `arbor` command: the summary JSON line, and one-line errors with a non-zero exit.
+
+use std::process::Command;
+
+fn arbor(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_arbor")).args(args).output().expect("the arbor binary runs")
+}
+
+#[test]
+fn train_prints_a_json_summary_last() {
+    let out = arbor(&["train", "--epochs", "1", "--hidden", "8", "--embed", "8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last = stdout.lines().last().expect("a summary line");
+    let v: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    for key in ["model", "epochs", "train_seconds", "sent_per_s", "dev_acc", "test_acc"] {
+        assert!(v.get(key).is_some(), "missing {key} in {last}");
+    }
+    assert_eq!(v["model"], "tree-lstm");
+    let acc = v["test_acc"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&acc));
+}
+
+#[test]
+fn bad_input_gives_one_line_and_a_failure() {
+    for args in [&["train", "--data", "/no/such/dir"][..], &["train", "--batch", "0"], &["train", "--hidden", "x"]] {
+        let out = arbor(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(err.lines().next().is_some_and(|l| l.contains("error") || l.starts_with("arbor:")), "{args:?}: {err}");
+    }
+    let out = arbor(&["train", "--data", "/no/such/dir"]);
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "arbor: /no/such/dir: not a directory");
+}
+
+#[test]
+fn malformed_data_names_file_and_line() {
+    let dir = std::env::temp_dir().join(format!("arbor-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("train.txt"), "(3 (2 a) (2 b))\n(3 (2 a) (7 b))\n").unwrap();
+    std::fs::write(dir.join("dev.txt"), "(3 (2 a) (2 b))\n").unwrap();
+    std::fs::write(dir.join("test.txt"), "(3 (2 a) (2 b))\n").unwrap();
+    let out = arbor(&["train", "--data", dir.to_str().unwrap(), "--epochs", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!out.status.success());
+    assert!(err.contains("train.txt:2:") && err.contains("label `7`"), "{err}");
+}

@@ -1,0 +1,74 @@
+//! Optimizers: each rule minimises a quadratic; sparse updates touch only their rows; Adam's
+//! first step and clipping have their closed forms.
+
+use arbor::layers::SparseGrad;
+use arbor::optim::{clip_grad_norm, Config, Optimizer, Rule};
+
+/// Minimises Σ (p − target)² from zero and returns the final distance.
+fn minimise(rule: Rule, lr: f32, steps: usize) -> f32 {
+    let target = [1.0f32, -2.0, 0.5];
+    let mut p = [0.0f32; 3];
+    let mut opt = Optimizer::new(Config::new(rule, lr));
+    for _ in 0..steps {
+        let g: Vec<f32> = p.iter().zip(&target).map(|(p, t)| 2.0 * (p - t)).collect();
+        opt.begin_step();
+        opt.dense(0, &mut p, &g);
+    }
+    p.iter().zip(&target).map(|(p, t)| (p - t).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn every_rule_minimises_a_quadratic() {
+    assert!(minimise(Rule::Sgd { momentum: 0.0 }, 0.1, 200) < 1e-4);
+    assert!(minimise(Rule::Sgd { momentum: 0.9 }, 0.02, 400) < 1e-3);
+    assert!(minimise(Rule::Adagrad, 0.5, 500) < 1e-3);
+    assert!(minimise(Rule::Adam, 0.05, 800) < 1e-2);
+    assert!(minimise(Rule::AdamW, 0.05, 800) < 1e-2);
+}
+
+#[test]
+fn adam_first_step_is_lr_times_sign() {
+    let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.1));
+    let mut p = [1.0f32, 1.0];
+    opt.begin_step();
+    opt.dense(0, &mut p, &[0.5, -3.0]);
+    assert!((p[0] - 0.9).abs() < 1e-5 && (p[1] - 1.1).abs() < 1e-5, "{p:?}");
+}
+
+#[test]
+fn weight_decay_is_decoupled_in_adamw() {
+    let mut c = Config::new(Rule::AdamW, 0.1);
+    c.weight_decay = 0.5;
+    let mut opt = Optimizer::new(c);
+    let mut p = [2.0f32];
+    opt.begin_step();
+    opt.dense(0, &mut p, &[0.0]);
+    // Zero gradient: only the decay acts, p ← p − lr·wd·p.
+    assert!((p[0] - 1.9).abs() < 1e-6, "{p:?}");
+}
+
+#[test]
+fn sparse_updates_touch_only_their_rows_and_keep_row_state() {
+    let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 1.0));
+    let mut table = vec![0.0f32; 3 * 2];
+    let g = SparseGrad { rows: vec![1], values: vec![1.0, -1.0] };
+    opt.begin_step();
+    opt.sparse(0, &mut table, 2, &g);
+    assert_eq!(table[0..2], [0.0, 0.0]);
+    assert_eq!(table[4..6], [0.0, 0.0]);
+    assert!((table[2] + 1.0).abs() < 1e-6 && (table[3] - 1.0).abs() < 1e-6, "{table:?}");
+    // The second update of row 1 is damped by its own history: 1/√2.
+    opt.begin_step();
+    opt.sparse(0, &mut table, 2, &g);
+    assert!((table[2] + 1.0 + 1.0 / 2f32.sqrt()).abs() < 1e-5, "{table:?}");
+}
+
+#[test]
+fn clipping_scales_to_the_bound() {
+    let (mut a, mut b) = (vec![3.0f32], vec![4.0f32]);
+    let norm = clip_grad_norm(&mut [&mut a, &mut b], 1.0);
+    assert!((norm - 5.0).abs() < 1e-6);
+    assert!((a[0] - 0.6).abs() < 1e-6 && (b[0] - 0.8).abs() < 1e-6);
+    let norm = clip_grad_norm(&mut [&mut a, &mut b], 10.0);
+    assert!((norm - 1.0).abs() < 1e-6 && (a[0] - 0.6).abs() < 1e-6);
+}
