@@ -30,6 +30,10 @@ enum Model {
     TreeLstm,
     /// Child-sum Tree-LSTM.
     ChildSum,
+    /// An LSTM over each sentence as a chain (loss at the last word).
+    VarLstm,
+    /// Tree-FC: one fully connected layer over the children (the Cavs benchmark cell).
+    TreeFc,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -157,11 +161,18 @@ fn train(args: &TrainArgs) -> Result<()> {
             got: format!("{} {} {} {}", args.batch, args.epochs, args.hidden, args.embed),
         });
     }
-    let data = load(args)?;
+    let mut data = load(args)?;
     let (cell, model_name) = match args.model {
         Model::TreeLstm => (nn::tree_lstm(args.embed, args.hidden)?, "tree-lstm"),
         Model::ChildSum => (nn::child_sum_tree_lstm(args.embed, args.hidden)?, "child-sum"),
+        Model::VarLstm => (nn::var_lstm(args.embed, args.hidden)?, "var-lstm"),
+        Model::TreeFc => (nn::tree_fc(args.embed, args.hidden)?, "tree-fc"),
     };
+    if matches!(args.model, Model::VarLstm) {
+        for split in [&mut data.train, &mut data.dev, &mut data.test] {
+            *split = split.iter().map(TreeExample::to_chain).collect();
+        }
+    }
     let mut rng = Rng::new(args.seed);
     let mut model = TreeClassifier::new(cell, data.vocab, data.classes, &mut rng)?;
     let rule = match args.optimizer {
@@ -171,9 +182,10 @@ fn train(args: &TrainArgs) -> Result<()> {
         Opt::Sgd => Rule::Sgd { momentum: 0.9 },
     };
     let mut opt = Optimizer::new(Config { weight_decay: args.weight_decay, ..Config::new(rule, args.lr) });
-    let loss_on = match args.loss {
-        Loss::Root => LossOn::Root,
-        Loss::All => LossOn::All,
+    let loss_on = match (args.loss, args.model) {
+        // A chain has one label: the sentence's.
+        (_, Model::VarLstm) | (Loss::Root, _) => LossOn::Root,
+        (Loss::All, _) => LossOn::All,
     };
     let clip = (args.clip > 0.0).then_some(args.clip);
     eprintln!(

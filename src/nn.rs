@@ -46,3 +46,39 @@ pub fn child_sum_tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
     f.push("h", h_new);
     f.build()
 }
+
+/// An LSTM cell over a chain (Var-LSTM: a sentence as a chain graph, each vertex gathering its
+/// predecessor). Pulls `x`, gathers and scatters `h` and `c`, pushes `h`.
+pub fn var_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
+    let f = Builder::new("var-lstm", 1);
+    let x = f.pull("x", embed);
+    let (h, c) = (f.gather(0, "h", hidden), f.gather(0, "c", hidden));
+    let w = f.param("W", [embed, 4 * hidden], Init::Xavier);
+    let u = f.param("U", [hidden, 4 * hidden], Init::Xavier);
+    let b = f.param("b", [1, 4 * hidden], Init::Zeros);
+    let gates = x.matmul(w) + h.matmul(u) + b;
+    let gate = |k: usize| gates.slice(k * hidden, hidden);
+    let (i, fg, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).sigmoid(), gate(3).tanh());
+    let c_new = i * uu + fg * c;
+    let h_new = o * c_new.tanh();
+    f.scatter("h", h_new);
+    f.scatter("c", c_new);
+    f.push("h", h_new);
+    f.build()
+}
+
+/// Tree-FC, the Cavs benchmark cell: one fully connected layer over a vertex's input and its two
+/// children's states, `h = tanh(x·W + h₀·U₀ + h₁·U₁ + b)`.
+pub fn tree_fc(embed: usize, hidden: usize) -> Result<VertexFn> {
+    let f = Builder::new("tree-fc", 2);
+    let x = f.pull("x", embed);
+    let (h0, h1) = (f.gather(0, "h", hidden), f.gather(1, "h", hidden));
+    let w = f.param("W", [embed, hidden], Init::Xavier);
+    let u0 = f.param("U0", [hidden, hidden], Init::Xavier);
+    let u1 = f.param("U1", [hidden, hidden], Init::Xavier);
+    let b = f.param("b", [1, hidden], Init::Zeros);
+    let h = (x.matmul(w) + h0.matmul(u0) + h1.matmul(u1) + b).tanh();
+    f.scatter("h", h);
+    f.push("h", h);
+    f.build()
+}

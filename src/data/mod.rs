@@ -90,4 +90,13 @@ impl TreeExample {
     pub fn root(&self) -> usize {
         self.graph.len() - 1
     }
+
+    /// The sentence as a chain: the leaves' words in order, each labelled with the root's label
+    /// (the chain's root is its last word).
+    pub fn to_chain(&self) -> TreeExample {
+        let words: Vec<u32> =
+            (0..self.graph.len()).filter(|&v| self.graph.children(v).is_empty()).map(|v| self.words[v]).collect();
+        let label = self.labels[self.root()];
+        TreeExample { graph: InputGraph::chain(words.len()), labels: vec![label; words.len()], words }
+    }
 }
