@@ -2,6 +2,7 @@
 //! functions: declare the per-vertex computation once, hand each example its own graph, and the
 //! engine batches the vertices of a whole minibatch into a few large kernels.
 
+pub mod checkpoint;
 pub mod data;
 pub mod engine;
 pub mod layers;

@@ -1,14 +1,17 @@
 //! The `arbor` command: train and evaluate models from the command line.
 
+use arbor::checkpoint::Checkpoint;
 use arbor::core::rng::Rng;
-use arbor::data::{sst, synthetic, TreeExample};
+use arbor::data::{sst, synthetic, TreeExample, Vocab};
 use arbor::layers::LossOn;
+use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::train::TreeClassifier;
-use arbor::{nn, Error, Result};
+use arbor::{Error, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Parser)]
@@ -22,10 +25,12 @@ struct Cli {
 enum Command {
     /// Train a model. With no --data, trains the binary Tree-LSTM on the built-in synthetic treebank.
     Train(TrainArgs),
+    /// Evaluate a checkpoint on the test split of its data.
+    Eval(EvalArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum Model {
+enum ModelArg {
     /// Binary constituency Tree-LSTM (Tai et al. 2015).
     TreeLstm,
     /// Child-sum Tree-LSTM.
@@ -34,6 +39,17 @@ enum Model {
     VarLstm,
     /// Tree-FC: one fully connected layer over the children (the Cavs benchmark cell).
     TreeFc,
+}
+
+impl ModelArg {
+    fn model(self) -> Model {
+        match self {
+            ModelArg::TreeLstm => Model::TreeLstm,
+            ModelArg::ChildSum => Model::ChildSum,
+            ModelArg::VarLstm => Model::VarLstm,
+            ModelArg::TreeFc => Model::TreeFc,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -56,7 +72,7 @@ enum Opt {
 struct TrainArgs {
     /// The model.
     #[arg(long, value_enum, default_value = "tree-lstm")]
-    model: Model,
+    model: ModelArg,
     /// An SST directory (train.txt, dev.txt, test.txt); without it, the synthetic treebank.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -93,12 +109,29 @@ struct TrainArgs {
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Keep checkpoints here: `best/` (best dev accuracy) and `last/` (end of the last epoch).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Continue from a checkpoint written by --checkpoint (its `last/` folder, or the folder itself).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+}
+
+#[derive(Parser)]
+struct EvalArgs {
+    /// A checkpoint folder (as written by `train --checkpoint`; `best/` is used if present).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The data directory (default: the one the checkpoint was trained on).
+    #[arg(long)]
+    data: Option<PathBuf>,
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(args) => train(&args),
+        Command::Eval(args) => eval(&args),
     };
     if let Err(e) = result {
         eprintln!("arbor: {e}");
@@ -111,35 +144,42 @@ struct Data {
     train: Vec<TreeExample>,
     dev: Vec<TreeExample>,
     test: Vec<TreeExample>,
-    vocab: usize,
+    vocab: Vocab,
     classes: usize,
 }
 
-fn load(args: &TrainArgs) -> Result<Data> {
-    match &args.data {
-        None => Ok(Data {
+/// The synthetic treebank of `seed`, or the SST splits in `dir`; sentences as chains for `model`.
+fn load(dir: Option<&Path>, seed: u64, lowercase: bool, model: Model) -> Result<Data> {
+    let mut data = match dir {
+        None => Data {
             name: "synthetic".into(),
-            train: synthetic::generate(4000, 12, args.seed),
-            dev: synthetic::generate(500, 12, args.seed + 1_000_003),
-            test: synthetic::generate(500, 12, args.seed + 2_000_003),
-            vocab: synthetic::vocab().len(),
+            train: synthetic::generate(4000, 12, seed),
+            dev: synthetic::generate(500, 12, seed + 1_000_003),
+            test: synthetic::generate(500, 12, seed + 2_000_003),
+            vocab: synthetic::vocab(),
             classes: synthetic::CLASSES,
-        }),
+        },
         Some(dir) => {
             if !dir.is_dir() {
                 return Err(Error::Io { path: dir.display().to_string(), msg: "not a directory".into() });
             }
-            let s = sst::read_splits(dir, args.lowercase)?;
-            Ok(Data {
+            let s = sst::read_splits(dir, lowercase)?;
+            Data {
                 name: dir.display().to_string(),
-                vocab: s.vocab.len(),
                 train: s.train,
                 dev: s.dev,
                 test: s.test,
+                vocab: s.vocab,
                 classes: sst::CLASSES,
-            })
+            }
+        }
+    };
+    if model.chains() {
+        for split in [&mut data.train, &mut data.dev, &mut data.test] {
+            *split = split.iter().map(TreeExample::to_chain).collect();
         }
     }
+    Ok(data)
 }
 
 fn bar(len: usize, msg: String) -> ProgressBar {
@@ -153,6 +193,14 @@ fn bar(len: usize, msg: String) -> ProgressBar {
     pb
 }
 
+fn meta_usize(meta: &Value, key: &str) -> Result<usize> {
+    meta[key].as_u64().map(|v| v as usize).ok_or_else(|| Error::Input {
+        what: "checkpoint metadata".into(),
+        expected: format!("a number `{key}`"),
+        got: meta[key].to_string(),
+    })
+}
+
 fn train(args: &TrainArgs) -> Result<()> {
     if args.batch == 0 || args.epochs == 0 || args.hidden == 0 || args.embed == 0 {
         return Err(Error::Input {
@@ -161,20 +209,11 @@ fn train(args: &TrainArgs) -> Result<()> {
             got: format!("{} {} {} {}", args.batch, args.epochs, args.hidden, args.embed),
         });
     }
-    let mut data = load(args)?;
-    let (cell, model_name) = match args.model {
-        Model::TreeLstm => (nn::tree_lstm(args.embed, args.hidden)?, "tree-lstm"),
-        Model::ChildSum => (nn::child_sum_tree_lstm(args.embed, args.hidden)?, "child-sum"),
-        Model::VarLstm => (nn::var_lstm(args.embed, args.hidden)?, "var-lstm"),
-        Model::TreeFc => (nn::tree_fc(args.embed, args.hidden)?, "tree-fc"),
-    };
-    if matches!(args.model, Model::VarLstm) {
-        for split in [&mut data.train, &mut data.dev, &mut data.test] {
-            *split = split.iter().map(TreeExample::to_chain).collect();
-        }
-    }
+    let model_kind = args.model.model();
+    let data = load(args.data.as_deref(), args.seed, args.lowercase, model_kind)?;
     let mut rng = Rng::new(args.seed);
-    let mut model = TreeClassifier::new(cell, data.vocab, data.classes, &mut rng)?;
+    let cell = model_kind.cell(args.embed, args.hidden)?;
+    let mut model = TreeClassifier::new(cell, data.vocab.len(), data.classes, &mut rng)?;
     let rule = match args.optimizer {
         Opt::Adagrad => Rule::Adagrad,
         Opt::Adam => Rule::Adam,
@@ -182,24 +221,48 @@ fn train(args: &TrainArgs) -> Result<()> {
         Opt::Sgd => Rule::Sgd { momentum: 0.9 },
     };
     let mut opt = Optimizer::new(Config { weight_decay: args.weight_decay, ..Config::new(rule, args.lr) });
-    let loss_on = match (args.loss, args.model) {
+    let loss_on = match (args.loss, model_kind.chains()) {
         // A chain has one label: the sentence's.
-        (_, Model::VarLstm) | (Loss::Root, _) => LossOn::Root,
-        (Loss::All, _) => LossOn::All,
+        (Loss::Root, _) | (_, true) => LossOn::Root,
+        (Loss::All, false) => LossOn::All,
     };
     let clip = (args.clip > 0.0).then_some(args.clip);
+    let (mut first_epoch, mut best_dev, mut test_acc) = (1, 0.0f64, 0.0f64);
+    if let Some(dir) = &args.resume {
+        let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
+        let ck = Checkpoint::load(&dir)?;
+        model.restore(&ck)?;
+        opt.restore(&ck, ck.meta["steps"].as_u64().unwrap_or(0))?;
+        let state: Vec<u64> =
+            ck.meta["rng"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+        if let [a, b, c, d] = state[..] {
+            rng = Rng::from_state([a, b, c, d]);
+        }
+        first_epoch = meta_usize(&ck.meta, "epoch")? + 1;
+        best_dev = ck.meta["best_dev_acc"].as_f64().unwrap_or(0.0);
+        test_acc = ck.meta["test_acc"].as_f64().unwrap_or(0.0);
+        eprintln!("arbor: resuming from {} after epoch {}", dir.display(), first_epoch - 1);
+    }
     eprintln!(
-        "arbor: training {model_name} on {} ({} train / {} dev / {} test trees, vocabulary {})",
+        "arbor: training {} on {} ({} train / {} dev / {} test trees, vocabulary {})",
+        model_kind.name(),
         data.name,
         data.train.len(),
         data.dev.len(),
         data.test.len(),
-        data.vocab
+        data.vocab.len()
     );
+    let meta = |epoch: usize, dev: f64, test: f64, best: f64, opt: &Optimizer, rng: &Rng| {
+        json!({
+            "model": model_kind.name(), "embed": args.embed, "hidden": args.hidden, "classes": data.classes,
+            "data": data.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": data.vocab.words(),
+            "epoch": epoch, "steps": opt.steps, "rng": rng.state(), "dev_acc": dev, "test_acc": test, "best_dev_acc": best,
+        })
+    };
     let mut order: Vec<usize> = (0..data.train.len()).collect();
-    let (mut best_dev, mut train_seconds, mut sentences) = (0.0f64, 0.0f64, 0usize);
-    let mut test_acc = 0.0;
-    for epoch in 1..=args.epochs {
+    let (mut train_seconds, mut sentences) = (0.0f64, 0usize);
+    for epoch in first_epoch..=args.epochs {
+        order.sort_unstable();
         rng.shuffle(&mut order);
         let pb = bar(order.len(), format!("epoch {epoch}/{}", args.epochs));
         let start = Instant::now();
@@ -215,14 +278,24 @@ fn train(args: &TrainArgs) -> Result<()> {
         sentences += order.len();
         pb.finish_and_clear();
         let dev = model.accuracy(&data.dev, 256)?;
-        if dev > best_dev {
+        let improved = dev > best_dev;
+        if improved {
             best_dev = dev;
             test_acc = model.accuracy(&data.test, 256)?;
         }
+        if let Some(dir) = &args.checkpoint {
+            let mut tensors = model.tensors()?;
+            let m = meta(epoch, dev, test_acc, best_dev, &opt, &rng);
+            if improved {
+                Checkpoint { tensors: tensors.clone(), meta: m.clone() }.save(&dir.join("best"))?;
+            }
+            tensors.extend(opt.tensors());
+            Checkpoint { tensors, meta: m }.save(&dir.join("last"))?;
+        }
         eprintln!("epoch {epoch}: loss {:.4}, dev root accuracy {dev:.4}", loss / steps.max(1) as f64);
     }
-    let summary = serde_json::json!({
-        "model": model_name,
+    let summary = json!({
+        "model": model_kind.name(),
         "data": data.name,
         "epochs": args.epochs,
         "batch": args.batch,
@@ -234,5 +307,39 @@ fn train(args: &TrainArgs) -> Result<()> {
         "test_acc": test_acc,
     });
     println!("{summary}");
+    Ok(())
+}
+
+fn eval(args: &EvalArgs) -> Result<()> {
+    let dir =
+        if args.checkpoint.join("best").is_dir() { args.checkpoint.join("best") } else { args.checkpoint.clone() };
+    let ck = Checkpoint::load(&dir)?;
+    let meta = &ck.meta;
+    let model_kind = Model::from_name(meta["model"].as_str().unwrap_or_default())?;
+    let (embed, hidden, classes) =
+        (meta_usize(meta, "embed")?, meta_usize(meta, "hidden")?, meta_usize(meta, "classes")?);
+    let lowercase = meta["lowercase"].as_bool().unwrap_or(false);
+    let words: Vec<String> = meta["vocab"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
+        .unwrap_or_default();
+    let trained_on = meta["data"].as_str().unwrap_or("synthetic");
+    let data_dir = args.data.clone().or_else(|| (trained_on != "synthetic").then(|| PathBuf::from(trained_on)));
+    let test = match &data_dir {
+        None => synthetic::generate(500, 12, meta_usize(meta, "seed")? as u64 + 2_000_003),
+        Some(dir) => {
+            let mut vocab = Vocab::from_words(&words, lowercase);
+            sst::read(&dir.join("test.txt"), &mut vocab, false)?
+        }
+    };
+    let test: Vec<TreeExample> =
+        if model_kind.chains() { test.iter().map(TreeExample::to_chain).collect() } else { test };
+    let mut model = TreeClassifier::new(model_kind.cell(embed, hidden)?, words.len(), classes, &mut Rng::new(0))?;
+    model.restore(&ck)?;
+    let acc = model.accuracy(&test, 256)?;
+    println!(
+        "{}",
+        json!({"model": model_kind.name(), "checkpoint": dir.display().to_string(), "test_acc": acc, "trees": test.len()})
+    );
     Ok(())
 }

@@ -82,3 +82,55 @@ pub fn tree_fc(embed: usize, hidden: usize) -> Result<VertexFn> {
     f.push("h", h);
     f.build()
 }
+
+/// The tree and sequence models of the zoo, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Model {
+    /// [`tree_lstm`]
+    TreeLstm,
+    /// [`child_sum_tree_lstm`]
+    ChildSum,
+    /// [`var_lstm`] (each sentence as a chain)
+    VarLstm,
+    /// [`tree_fc`]
+    TreeFc,
+}
+
+impl Model {
+    /// Every model.
+    pub const ALL: [Model; 4] = [Model::TreeLstm, Model::ChildSum, Model::VarLstm, Model::TreeFc];
+
+    /// The model's name, as the command line and checkpoints spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Model::TreeLstm => "tree-lstm",
+            Model::ChildSum => "child-sum",
+            Model::VarLstm => "var-lstm",
+            Model::TreeFc => "tree-fc",
+        }
+    }
+
+    /// The model called `name`.
+    pub fn from_name(name: &str) -> Result<Model> {
+        Model::ALL.into_iter().find(|m| m.name() == name).ok_or_else(|| arbor_core::Error::Input {
+            what: "model".into(),
+            expected: Model::ALL.map(Model::name).join(", "),
+            got: name.into(),
+        })
+    }
+
+    /// The model's vertex function.
+    pub fn cell(self, embed: usize, hidden: usize) -> Result<VertexFn> {
+        match self {
+            Model::TreeLstm => tree_lstm(embed, hidden),
+            Model::ChildSum => child_sum_tree_lstm(embed, hidden),
+            Model::VarLstm => var_lstm(embed, hidden),
+            Model::TreeFc => tree_fc(embed, hidden),
+        }
+    }
+
+    /// Whether the model reads sentences as chains rather than trees.
+    pub fn chains(self) -> bool {
+        self == Model::VarLstm
+    }
+}

@@ -70,6 +70,28 @@ impl Optimizer {
         Optimizer { config, steps: 0, slots: Vec::new() }
     }
 
+    /// The state as named tensors (`opt.<slot>.m`, `opt.<slot>.v`), for checkpoints.
+    pub fn tensors(&self) -> Vec<crate::checkpoint::Named> {
+        let mut out = Vec::new();
+        for (i, s) in self.slots.iter().enumerate() {
+            out.push((format!("opt.{i}.m"), vec![s.m.len()], s.m.clone()));
+            out.push((format!("opt.{i}.v"), vec![s.v.len()], s.v.clone()));
+        }
+        out
+    }
+
+    /// Restores the state saved by [`Optimizer::tensors`] after `steps` steps.
+    pub fn restore(&mut self, ck: &crate::checkpoint::Checkpoint, steps: u64) -> arbor_core::Result<()> {
+        self.steps = steps;
+        self.slots.clear();
+        let mut i = 0;
+        while let (Ok(m), Ok(v)) = (ck.tensor(&format!("opt.{i}.m")), ck.tensor(&format!("opt.{i}.v"))) {
+            self.slots.push(Slot { m: m.to_vec(), v: v.to_vec() });
+            i += 1;
+        }
+        Ok(())
+    }
+
     /// Starts a step: call once before the updates of one minibatch.
     pub fn begin_step(&mut self) {
         self.steps += 1;

@@ -1,11 +1,12 @@
 //! Training tree classifiers: embedding → vertex function (on the engine) → softmax classifier.
 
+use crate::checkpoint::{Checkpoint, Named};
 use crate::data::{TreeExample, PAD};
 use crate::engine::Engine;
 use crate::layers::{Embedding, LossOn, SoftmaxClassifier};
 use crate::optim::{clip_grad_norm, Optimizer};
 use crate::{CpuBackend, InputGraph, VertexFn};
-use arbor_core::error::Result;
+use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 
 /// A tree classifier: word vectors pulled by every vertex, a vertex function over the tree, and
@@ -92,6 +93,50 @@ impl TreeClassifier {
         let dim = self.embed.dim();
         opt.sparse(n + 2, self.embed.table_mut(), dim, &sparse);
         Ok(StepStats { loss: step.loss, correct: step.correct, count: step.count, vertices: b.words.len() })
+    }
+
+    /// Every learned tensor, named: `cell.<param>`, `classifier.weight`, `classifier.bias`,
+    /// `embedding`.
+    pub fn tensors(&self) -> Result<Vec<Named>> {
+        let f = self.engine.function();
+        let mut out: Vec<Named> = f
+            .params()
+            .iter()
+            .zip(self.engine.params()?)
+            .map(|(p, v)| (format!("cell.{}", p.name), p.shape.dims().to_vec(), v))
+            .collect();
+        let (w, b) = self.out.params();
+        out.push(("classifier.weight".into(), vec![w.len() / self.out.classes(), self.out.classes()], w.to_vec()));
+        out.push(("classifier.bias".into(), vec![b.len()], b.to_vec()));
+        out.push(("embedding".into(), vec![self.embed.vocab(), self.embed.dim()], self.embed.table().to_vec()));
+        Ok(out)
+    }
+
+    /// Restores every learned tensor from a checkpoint made by [`TreeClassifier::tensors`].
+    pub fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
+        let f = self.engine.function().clone();
+        let params: Vec<Vec<f32>> = f
+            .params()
+            .iter()
+            .map(|p| ck.tensor(&format!("cell.{}", p.name)).map(<[f32]>::to_vec))
+            .collect::<Result<_>>()?;
+        self.engine.set_params(&params)?;
+        let copy = |dst: &mut [f32], name: &str| -> Result<()> {
+            let src = ck.tensor(name)?;
+            if src.len() != dst.len() {
+                return Err(Error::Input {
+                    what: format!("checkpoint tensor `{name}`"),
+                    expected: format!("{} values", dst.len()),
+                    got: src.len().to_string(),
+                });
+            }
+            dst.copy_from_slice(src);
+            Ok(())
+        };
+        let (w, b) = self.out.params_mut();
+        copy(w, "classifier.weight")?;
+        copy(b, "classifier.bias")?;
+        copy(self.embed.table_mut(), "embedding")
     }
 
     /// Root accuracy over `data`, in minibatches of `batch` trees, in inference mode.

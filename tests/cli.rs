@@ -47,3 +47,60 @@ fn malformed_data_names_file_and_line() {
     assert!(!out.status.success());
     assert!(err.contains("train.txt:2:") && err.contains("label `7`"), "{err}");
 }
+
+fn last_json(out: &std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().expect("a summary line")).expect("JSON")
+}
+
+fn temp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("arbor-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    dir
+}
+
+const SMALL: [&str; 6] = ["--hidden", "3", "--embed", "3", "--lr", "0.002"];
+
+#[test]
+fn eval_reproduces_the_checkpoint_accuracy_exactly() {
+    let ck = temp("eval");
+    let mut args = vec!["train", "--epochs", "1", "--checkpoint", ck.to_str().unwrap()];
+    args.extend(SMALL);
+    let trained = last_json(&arbor(&args));
+    let evaluated = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
+    let acc = trained["test_acc"].as_f64().unwrap();
+    assert!(acc < 1.0, "the tiny model should not be perfect ({acc}), or this test shows nothing");
+    assert_eq!(trained["test_acc"], evaluated["test_acc"]);
+    // A corrupted tensor file is refused with a checksum error.
+    let file = ck.join("best/model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&file, bytes).unwrap();
+    let out = arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("checksum mismatch"));
+    std::fs::remove_dir_all(&ck).ok();
+}
+
+#[test]
+fn resume_continues_exactly() {
+    let (full, half) = (temp("full"), temp("half"));
+    let run = |epochs: &str, dir: &std::path::Path, resume: bool| {
+        let mut args = vec!["train", "--epochs", epochs, "--checkpoint", dir.to_str().unwrap()];
+        if resume {
+            args.extend(["--resume", dir.to_str().unwrap()]);
+        }
+        args.extend(SMALL);
+        last_json(&arbor(&args))
+    };
+    run("2", &full, false);
+    run("1", &half, false);
+    run("2", &half, true);
+    let a = std::fs::read(full.join("last/model.safetensors")).unwrap();
+    let b = std::fs::read(half.join("last/model.safetensors")).unwrap();
+    assert!(a == b, "parameters after 1 + 1 resumed epochs differ from 2 uninterrupted epochs");
+    std::fs::remove_dir_all(&full).ok();
+    std::fs::remove_dir_all(&half).ok();
+}

@@ -36,6 +36,20 @@ impl Vocab {
         }
     }
 
+    /// A vocabulary from its words in id order (as [`Vocab::words`] lists them).
+    pub fn from_words(words: &[String], lowercase: bool) -> Vocab {
+        let mut v = Vocab::new(lowercase);
+        for w in words.iter().skip(2) {
+            v.add(w);
+        }
+        v
+    }
+
+    /// Every word, in id order.
+    pub fn words(&self) -> &[String] {
+        &self.words
+    }
+
     /// The id of `word`, adding it if new.
     pub fn add(&mut self, word: &str) -> u32 {
         let key = self.key(word);
