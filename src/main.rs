@@ -2,7 +2,7 @@
 
 use arbor::checkpoint::Checkpoint;
 use arbor::core::rng::Rng;
-use arbor::data::{sst, synthetic, TreeExample, Vocab};
+use arbor::data::{glove, sst, synthetic, TreeExample, Vocab, PAD};
 use arbor::layers::LossOn;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
@@ -106,6 +106,9 @@ struct TrainArgs {
     /// Lowercase words (SST only).
     #[arg(long)]
     lowercase: bool,
+    /// Initialise word vectors from a GloVe text file (its width must equal --embed).
+    #[arg(long)]
+    embeddings: Option<PathBuf>,
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -214,6 +217,11 @@ fn train(args: &TrainArgs) -> Result<()> {
     let mut rng = Rng::new(args.seed);
     let cell = model_kind.cell(args.embed, args.hidden)?;
     let mut model = TreeClassifier::new(cell, data.vocab.len(), data.classes, &mut rng)?;
+    if let Some(file) = &args.embeddings {
+        let found = glove::read_into(file, &data.vocab, args.embed, model.embed.table_mut())?;
+        model.embed.table_mut()[PAD as usize * args.embed..(PAD as usize + 1) * args.embed].fill(0.0);
+        eprintln!("arbor: {found} of {} words have vectors in {}", data.vocab.len(), file.display());
+    }
     let rule = match args.optimizer {
         Opt::Adagrad => Rule::Adagrad,
         Opt::Adam => Rule::Adam,

@@ -1,5 +1,6 @@
 //! Data sets: vocabularies, tree examples, readers for SST and the built-in synthetic treebank.
 
+pub mod glove;
 pub mod sst;
 pub mod synthetic;
 
