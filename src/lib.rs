@@ -8,6 +8,7 @@ pub mod engine;
 pub mod layers;
 pub mod nn;
 pub mod optim;
+pub mod plot;
 pub mod train;
 
 pub use arbor_batching as batching;

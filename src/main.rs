@@ -6,6 +6,7 @@ use arbor::data::{glove, sst, synthetic, TreeExample, Vocab, PAD};
 use arbor::layers::LossOn;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::plot::{self, Series};
 use arbor::train::TreeClassifier;
 use arbor::{Error, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -118,6 +119,9 @@ struct TrainArgs {
     /// Continue from a checkpoint written by --checkpoint (its `last/` folder, or the folder itself).
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// Write the loss and dev-accuracy curves to this SVG file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Parser)]
@@ -269,6 +273,7 @@ fn train(args: &TrainArgs) -> Result<()> {
     };
     let mut order: Vec<usize> = (0..data.train.len()).collect();
     let (mut train_seconds, mut sentences) = (0.0f64, 0usize);
+    let (mut loss_curve, mut dev_curve) = (Vec::new(), Vec::new());
     for epoch in first_epoch..=args.epochs {
         order.sort_unstable();
         rng.shuffle(&mut order);
@@ -300,7 +305,17 @@ fn train(args: &TrainArgs) -> Result<()> {
             tensors.extend(opt.tensors());
             Checkpoint { tensors, meta: m }.save(&dir.join("last"))?;
         }
-        eprintln!("epoch {epoch}: loss {:.4}, dev root accuracy {dev:.4}", loss / steps.max(1) as f64);
+        let mean_loss = loss / steps.max(1) as f64;
+        eprintln!("epoch {epoch}: loss {mean_loss:.4}, dev root accuracy {dev:.4}");
+        loss_curve.push(mean_loss);
+        dev_curve.push(dev);
+        if let Some(path) = &args.plot {
+            let series = [
+                Series { name: "training loss", values: &loss_curve },
+                Series { name: "dev root accuracy", values: &dev_curve },
+            ];
+            plot::write_svg(path, &series)?;
+        }
     }
     let summary = json!({
         "model": model_kind.name(),

@@ -104,3 +104,19 @@ fn resume_continues_exactly() {
     std::fs::remove_dir_all(&full).ok();
     std::fs::remove_dir_all(&half).ok();
 }
+
+#[test]
+fn plot_writes_both_curves() {
+    let dir = temp("plot");
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("curves.svg");
+    let mut args = vec!["train", "--epochs", "3", "--plot", svg.to_str().unwrap()];
+    args.extend(SMALL);
+    last_json(&arbor(&args));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+    assert_eq!(text.matches("<polyline").count(), 2);
+    assert_eq!(text.matches("<circle").count(), 6, "three epochs on two curves");
+    assert!(text.contains("training loss") && text.contains("dev root accuracy"));
+    std::fs::remove_dir_all(&dir).ok();
+}
