@@ -2,12 +2,12 @@
 
 use arbor::checkpoint::Checkpoint;
 use arbor::core::rng::Rng;
-use arbor::data::{glove, sst, synthetic, TreeExample, Vocab, PAD};
+use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD};
 use arbor::layers::LossOn;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
-use arbor::train::TreeClassifier;
+use arbor::train::{cross_validate, Classifier, GraphTraining};
 use arbor::{Error, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -40,6 +40,8 @@ enum ModelArg {
     VarLstm,
     /// Tree-FC: one fully connected layer over the children (the Cavs benchmark cell).
     TreeFc,
+    /// Gated graph network for graph classification (TU data sets such as MUTAG).
+    Ggnn,
 }
 
 impl ModelArg {
@@ -48,7 +50,7 @@ impl ModelArg {
             ModelArg::TreeLstm => Model::TreeLstm,
             ModelArg::ChildSum => Model::ChildSum,
             ModelArg::VarLstm => Model::VarLstm,
-            ModelArg::TreeFc => Model::TreeFc,
+            ModelArg::TreeFc | ModelArg::Ggnn => Model::TreeFc,
         }
     }
 }
@@ -77,27 +79,33 @@ struct TrainArgs {
     /// An SST directory (train.txt, dev.txt, test.txt); without it, the synthetic treebank.
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Passes over the training set.
-    #[arg(long, default_value_t = 5)]
-    epochs: usize,
+    /// Passes over the training set (default 5; 100 per fold for ggnn).
+    #[arg(long)]
+    epochs: Option<usize>,
+    /// Cross-validation folds (ggnn).
+    #[arg(long, default_value_t = 10)]
+    folds: usize,
+    /// Message-passing steps (ggnn).
+    #[arg(long, default_value_t = 4)]
+    steps: usize,
     /// Trees per minibatch.
     #[arg(long, default_value_t = 25)]
     batch: usize,
-    /// Hidden state width.
-    #[arg(long, default_value_t = 64)]
-    hidden: usize,
-    /// Word vector width.
-    #[arg(long, default_value_t = 32)]
-    embed: usize,
+    /// Hidden state width (default 64; 32 for ggnn).
+    #[arg(long)]
+    hidden: Option<usize>,
+    /// Word vector (or node-label vector) width (default 32; 16 for ggnn).
+    #[arg(long)]
+    embed: Option<usize>,
     /// Where the loss is taken.
     #[arg(long, value_enum, default_value = "all")]
     loss: Loss,
     /// The optimizer.
     #[arg(long, value_enum, default_value = "adam")]
     optimizer: Opt,
-    /// Learning rate.
-    #[arg(long, default_value_t = 0.01)]
-    lr: f32,
+    /// Learning rate (default 0.01; 0.005 for ggnn).
+    #[arg(long)]
+    lr: Option<f32>,
     /// Weight decay.
     #[arg(long, default_value_t = 0.0)]
     weight_decay: f32,
@@ -208,31 +216,60 @@ fn meta_usize(meta: &Value, key: &str) -> Result<usize> {
     })
 }
 
-fn train(args: &TrainArgs) -> Result<()> {
-    if args.batch == 0 || args.epochs == 0 || args.hidden == 0 || args.embed == 0 {
-        return Err(Error::Input {
-            what: "arguments".into(),
-            expected: "--batch, --epochs, --hidden and --embed above 0".into(),
-            got: format!("{} {} {} {}", args.batch, args.epochs, args.hidden, args.embed),
-        });
+/// The sizes and rates of a run: the flags, or the model's defaults.
+struct Sizes {
+    epochs: usize,
+    hidden: usize,
+    embed: usize,
+    lr: f32,
+}
+
+impl Sizes {
+    fn of(args: &TrainArgs) -> Sizes {
+        let graph = matches!(args.model, ModelArg::Ggnn);
+        Sizes {
+            epochs: args.epochs.unwrap_or(if graph { 100 } else { 5 }),
+            hidden: args.hidden.unwrap_or(if graph { 32 } else { 64 }),
+            embed: args.embed.unwrap_or(if graph { 16 } else { 32 }),
+            lr: args.lr.unwrap_or(if graph { 0.005 } else { 0.01 }),
+        }
     }
-    let model_kind = args.model.model();
-    let data = load(args.data.as_deref(), args.seed, args.lowercase, model_kind)?;
-    let mut rng = Rng::new(args.seed);
-    let cell = model_kind.cell(args.embed, args.hidden)?;
-    let mut model = TreeClassifier::new(cell, data.vocab.len(), data.classes, &mut rng)?;
-    if let Some(file) = &args.embeddings {
-        let found = glove::read_into(file, &data.vocab, args.embed, model.embed.table_mut())?;
-        model.embed.table_mut()[PAD as usize * args.embed..(PAD as usize + 1) * args.embed].fill(0.0);
-        eprintln!("arbor: {found} of {} words have vectors in {}", data.vocab.len(), file.display());
-    }
+}
+
+fn optimizer(args: &TrainArgs, lr: f32) -> Config {
     let rule = match args.optimizer {
         Opt::Adagrad => Rule::Adagrad,
         Opt::Adam => Rule::Adam,
         Opt::Adamw => Rule::AdamW,
         Opt::Sgd => Rule::Sgd { momentum: 0.9 },
     };
-    let mut opt = Optimizer::new(Config { weight_decay: args.weight_decay, ..Config::new(rule, args.lr) });
+    Config { weight_decay: args.weight_decay, ..Config::new(rule, lr) }
+}
+
+fn train(args: &TrainArgs) -> Result<()> {
+    let sizes = Sizes::of(args);
+    let Sizes { epochs, hidden, embed, lr } = sizes;
+    if args.batch == 0 || epochs == 0 || hidden == 0 || embed == 0 {
+        return Err(Error::Input {
+            what: "arguments".into(),
+            expected: "--batch, --epochs, --hidden and --embed above 0".into(),
+            got: format!("{} {epochs} {hidden} {embed}", args.batch),
+        });
+    }
+    if matches!(args.model, ModelArg::Ggnn) {
+        return train_graphs(args, &sizes);
+    }
+    let model_kind = args.model.model();
+    let data = load(args.data.as_deref(), args.seed, args.lowercase, model_kind)?;
+    let mut rng = Rng::new(args.seed);
+    let cell = model_kind.cell(embed, hidden)?;
+    let mut model = Classifier::new(cell, data.vocab.len(), Some(PAD), data.classes, &mut rng)?;
+    if let Some(file) = &args.embeddings {
+        let found = glove::read_into(file, &data.vocab, embed, model.embed.table_mut())?;
+        model.embed.table_mut()[PAD as usize * embed..(PAD as usize + 1) * embed].fill(0.0);
+        eprintln!("arbor: {found} of {} words have vectors in {}", data.vocab.len(), file.display());
+    }
+    let mut opt = Optimizer::new(optimizer(args, lr));
     let loss_on = match (args.loss, model_kind.chains()) {
         // A chain has one label: the sentence's.
         (Loss::Root, _) | (_, true) => LossOn::Root,
@@ -266,7 +303,7 @@ fn train(args: &TrainArgs) -> Result<()> {
     );
     let meta = |epoch: usize, dev: f64, test: f64, best: f64, opt: &Optimizer, rng: &Rng| {
         json!({
-            "model": model_kind.name(), "embed": args.embed, "hidden": args.hidden, "classes": data.classes,
+            "model": model_kind.name(), "embed": embed, "hidden": hidden, "classes": data.classes,
             "data": data.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": data.vocab.words(),
             "epoch": epoch, "steps": opt.steps, "rng": rng.state(), "dev_acc": dev, "test_acc": test, "best_dev_acc": best,
         })
@@ -274,10 +311,10 @@ fn train(args: &TrainArgs) -> Result<()> {
     let mut order: Vec<usize> = (0..data.train.len()).collect();
     let (mut train_seconds, mut sentences) = (0.0f64, 0usize);
     let (mut loss_curve, mut dev_curve) = (Vec::new(), Vec::new());
-    for epoch in first_epoch..=args.epochs {
+    for epoch in first_epoch..=epochs {
         order.sort_unstable();
         rng.shuffle(&mut order);
-        let pb = bar(order.len(), format!("epoch {epoch}/{}", args.epochs));
+        let pb = bar(order.len(), format!("epoch {epoch}/{}", epochs));
         let start = Instant::now();
         let (mut loss, mut steps) = (0.0f64, 0usize);
         for chunk in order.chunks(args.batch) {
@@ -320,16 +357,79 @@ fn train(args: &TrainArgs) -> Result<()> {
     let summary = json!({
         "model": model_kind.name(),
         "data": data.name,
-        "epochs": args.epochs,
+        "epochs": epochs,
         "batch": args.batch,
-        "hidden": args.hidden,
-        "embed": args.embed,
+        "hidden": hidden,
+        "embed": embed,
         "train_seconds": (train_seconds * 1000.0).round() / 1000.0,
         "sent_per_s": (sentences as f64 / train_seconds.max(1e-9)).round(),
         "dev_acc": best_dev,
         "test_acc": test_acc,
     });
     println!("{summary}");
+    Ok(())
+}
+
+/// The name of the TU data set in `dir` (the prefix of its `NAME_A.txt`).
+fn tu_name(dir: &Path) -> Result<String> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| Error::Io { path: dir.display().to_string(), msg: e.to_string() })?;
+    entries.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix("_A.txt").map(String::from)).next().ok_or_else(
+        || Error::Io { path: dir.display().to_string(), msg: "no NAME_A.txt here: not a TU data set".into() },
+    )
+}
+
+fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
+    let epochs = sizes.epochs;
+    let dir = args.data.as_deref().ok_or_else(|| Error::Input {
+        what: "--model ggnn".into(),
+        expected: "--data DIR with a TU data set (e.g. ../shared/data/mutag)".into(),
+        got: "no --data".into(),
+    })?;
+    let name = tu_name(dir)?;
+    let data = tu::read(dir, &name)?;
+    eprintln!(
+        "arbor: {}-fold cross-validation of ggnn on {name} ({} graphs, {} node labels, {} classes)",
+        args.folds,
+        data.graphs.len(),
+        data.node_label_count,
+        data.classes
+    );
+    let cfg = GraphTraining {
+        steps: args.steps,
+        features: sizes.embed,
+        hidden: sizes.hidden,
+        epochs,
+        batch: args.batch,
+        folds: args.folds,
+        seed: args.seed,
+        optimizer: optimizer(args, sizes.lr),
+        clip: (args.clip > 0.0).then_some(args.clip),
+    };
+    let pb = ProgressBar::new((args.folds * epochs) as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} epochs, eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let start = Instant::now();
+    let result = cross_validate(&data, &cfg, &mut |fold, _| {
+        pb.set_message(format!("fold {}/{}", fold + 1, args.folds));
+        pb.inc(1);
+    })?;
+    pb.finish_and_clear();
+    for (k, a) in result.fold_acc.iter().enumerate() {
+        eprintln!("fold {}: held-out accuracy {a:.4}", k + 1);
+    }
+    println!(
+        "{}",
+        json!({
+            "model": "ggnn", "data": dir.display().to_string(), "folds": result.fold_acc.len(), "epochs": epochs,
+            "steps": args.steps, "hidden": sizes.hidden, "embed": sizes.embed,
+            "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
+            "graphs_per_s": result.graphs_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
+        })
+    );
     Ok(())
 }
 
@@ -357,7 +457,8 @@ fn eval(args: &EvalArgs) -> Result<()> {
     };
     let test: Vec<TreeExample> =
         if model_kind.chains() { test.iter().map(TreeExample::to_chain).collect() } else { test };
-    let mut model = TreeClassifier::new(model_kind.cell(embed, hidden)?, words.len(), classes, &mut Rng::new(0))?;
+    let mut model =
+        Classifier::new(model_kind.cell(embed, hidden)?, words.len(), Some(PAD), classes, &mut Rng::new(0))?;
     model.restore(&ck)?;
     let acc = model.accuracy(&test, 256)?;
     println!(

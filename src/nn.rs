@@ -134,3 +134,28 @@ impl Model {
         self == Model::VarLstm
     }
 }
+
+/// A gated graph network cell (Li et al. 2016) for message passing unrolled as a DAG: vertex
+/// `(v, t)` has `(v, t−1)` in child slot 0 and `(u, t−1)` for every neighbour `u` in the other
+/// slots. The message is the neighbours' summed state (`gather_sum` minus the own previous state)
+/// through a linear map; the update is a GRU; every step also sees the node's features `x`.
+pub fn ggnn(features: usize, hidden: usize) -> Result<VertexFn> {
+    // Arity 1 for the own previous state; `gather_sum` admits any number of neighbours.
+    let f = Builder::new("ggnn", 1);
+    let x = f.pull("x", features);
+    let prev = f.gather(0, "h", hidden);
+    let message = (f.gather_sum("h", hidden) - prev).matmul(f.param("Wm", [hidden, hidden], Init::Xavier));
+    let gate = |name: &str| {
+        let w = f.param(&format!("W{name}"), [hidden, hidden], Init::Xavier);
+        let v = f.param(&format!("V{name}"), [features, hidden], Init::Xavier);
+        let b = f.param(&format!("b{name}"), [1, hidden], Init::Zeros);
+        message.matmul(w) + x.matmul(v) + b
+    };
+    let z = (gate("z") + prev.matmul(f.param("Uz", [hidden, hidden], Init::Xavier))).sigmoid();
+    let r = (gate("r") + prev.matmul(f.param("Ur", [hidden, hidden], Init::Xavier))).sigmoid();
+    let candidate = (gate("h") + (r * prev).matmul(f.param("Uh", [hidden, hidden], Init::Xavier))).tanh();
+    let h = prev + z * (candidate - prev);
+    f.scatter("h", h);
+    f.push("h", h);
+    f.build()
+}

@@ -1,17 +1,45 @@
-//! Training tree classifiers: embedding → vertex function (on the engine) → softmax classifier.
+//! Training classifiers: embedding → vertex function (on the engine) → softmax classifier, with
+//! a target per vertex (trees, sequences) or per graph (a mean over its final vertices).
 
 use crate::checkpoint::{Checkpoint, Named};
-use crate::data::{TreeExample, PAD};
+use crate::data::TreeExample;
 use crate::engine::Engine;
 use crate::layers::{Embedding, LossOn, SoftmaxClassifier};
 use crate::optim::{clip_grad_norm, Optimizer};
 use crate::{CpuBackend, InputGraph, VertexFn};
+use std::ops::Range;
+
+/// How the pushed rows of a minibatch become predictions.
+#[derive(Clone, Copy, Debug)]
+pub enum Readout<'a> {
+    /// One target per vertex (`None`: no loss at that vertex).
+    Vertices(&'a [Option<u32>]),
+    /// One target per group of vertices (merged-vertex ranges), predicted from the mean of the
+    /// group's rows: graph classification.
+    MeanPool {
+        /// The vertices of each group.
+        groups: &'a [Range<usize>],
+        /// The target of each group.
+        targets: &'a [u32],
+    },
+}
+
+fn mean_pool(rows: &[f32], width: usize, groups: &[Range<usize>]) -> Vec<f32> {
+    let mut out = vec![0.0; groups.len() * width];
+    for (g, o) in groups.iter().zip(out.chunks_exact_mut(width)) {
+        for r in g.clone() {
+            o.iter_mut().zip(&rows[r * width..(r + 1) * width]).for_each(|(o, x)| *o += x);
+        }
+        o.iter_mut().for_each(|o| *o /= g.len().max(1) as f32);
+    }
+    out
+}
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 
-/// A tree classifier: word vectors pulled by every vertex, a vertex function over the tree, and
-/// a softmax classifier over the pushed state.
-pub struct TreeClassifier {
+/// A classifier: vectors pulled by every vertex (words, node labels), a vertex function over each
+/// example's graph, and a softmax classifier over the pushed state.
+pub struct Classifier {
     /// The input layer.
     pub embed: Embedding,
     /// The vertex function on its engine.
@@ -47,18 +75,28 @@ fn batch<'a>(examples: &[&'a TreeExample]) -> Batch<'a> {
     }
 }
 
-impl TreeClassifier {
-    /// A classifier around `cell` (which must pull one `embed`-wide input and push one row).
-    pub fn new(cell: VertexFn, vocab: usize, classes: usize, rng: &mut Rng) -> Result<TreeClassifier> {
+impl Classifier {
+    /// A classifier around `cell` (which must pull one `embed`-wide input and push one row) over
+    /// `vocab` input rows, of which `padding` (if any) stays zero.
+    pub fn new(
+        cell: VertexFn,
+        vocab: usize,
+        padding: Option<u32>,
+        classes: usize,
+        rng: &mut Rng,
+    ) -> Result<Classifier> {
         let embed_dim = cell.inputs().first().map_or(0, |p| p.shape.numel());
         let hidden = cell.outputs().first().map_or(0, |p| p.shape.numel());
-        let embed = Embedding::new(vocab, embed_dim, 0.1, rng).with_padding(PAD);
+        let mut embed = Embedding::new(vocab, embed_dim, 0.1, rng);
+        if let Some(id) = padding {
+            embed = embed.with_padding(id);
+        }
         let params = cell.init_params(rng);
         let engine = Engine::new(CpuBackend::new(), cell, &params)?;
-        Ok(TreeClassifier { embed, engine, out: SoftmaxClassifier::new(hidden, classes, rng) })
+        Ok(Classifier { embed, engine, out: SoftmaxClassifier::new(hidden, classes, rng) })
     }
 
-    /// One optimizer step on a minibatch; `clip` bounds the joint gradient norm.
+    /// One optimizer step on a minibatch of trees (or chains); `clip` bounds the joint gradient norm.
     pub fn train_step(
         &mut self,
         examples: &[&TreeExample],
@@ -68,11 +106,53 @@ impl TreeClassifier {
     ) -> Result<StepStats> {
         let b = batch(examples);
         let targets = loss_on.select(&b.graphs, &b.labels)?;
-        let x = self.embed.lookup(&b.words)?;
-        let h = self.engine.forward(&b.graphs, &[&x])?;
-        let mut step = self.out.loss(&h[0], &targets)?;
-        let mut grads = self.engine.backward(&[&step.grad_input])?;
-        let mut sparse = self.embed.sparse_grad(&b.words, &grads.pulls[0])?;
+        self.step(&b.graphs, &b.words, Readout::Vertices(&targets), opt, clip)
+    }
+
+    /// The pushed rows of every vertex of a minibatch, in inference mode.
+    pub fn infer(&mut self, graphs: &[&InputGraph], ids: &[u32]) -> Result<Vec<f32>> {
+        let x = self.embed.lookup(ids)?;
+        Ok(self.engine.infer(graphs, &[&x])?.swap_remove(0))
+    }
+
+    /// One optimizer step: vertex `i` of the merged minibatch pulls row `ids[i]` of the embedding.
+    pub fn step(
+        &mut self,
+        graphs: &[&InputGraph],
+        ids: &[u32],
+        readout: Readout<'_>,
+        opt: &mut Optimizer,
+        clip: Option<f32>,
+    ) -> Result<StepStats> {
+        let x = self.embed.lookup(ids)?;
+        let h = self.engine.forward(graphs, &[&x])?;
+        let width = self.engine.function().outputs()[0].shape.numel();
+        let (mut step, push_grad) = match readout {
+            Readout::Vertices(targets) => {
+                let step = self.out.loss(&h[0], targets)?;
+                let g = step.grad_input.clone();
+                (step, g)
+            }
+            Readout::MeanPool { groups, targets } => {
+                let pooled = mean_pool(&h[0], width, groups);
+                let t: Vec<Option<u32>> = targets.iter().map(|&t| Some(t)).collect();
+                let step = self.out.loss(&pooled, &t)?;
+                let mut g = vec![0.0; h[0].len()];
+                for (gi, group) in groups.iter().enumerate() {
+                    let share = 1.0 / group.len().max(1) as f32;
+                    for r in group.clone() {
+                        for (d, s) in
+                            g[r * width..(r + 1) * width].iter_mut().zip(&step.grad_input[gi * width..(gi + 1) * width])
+                        {
+                            *d = s * share;
+                        }
+                    }
+                }
+                (step, g)
+            }
+        };
+        let mut grads = self.engine.backward(&[&push_grad])?;
+        let mut sparse = self.embed.sparse_grad(ids, &grads.pulls[0])?;
         if let Some(max) = clip {
             let mut all: Vec<&mut [f32]> = grads.params.iter_mut().map(Vec::as_mut_slice).collect();
             all.push(&mut step.grads.weight);
@@ -92,7 +172,23 @@ impl TreeClassifier {
         opt.dense(n + 1, bias, &step.grads.bias);
         let dim = self.embed.dim();
         opt.sparse(n + 2, self.embed.table_mut(), dim, &sparse);
-        Ok(StepStats { loss: step.loss, correct: step.correct, count: step.count, vertices: b.words.len() })
+        Ok(StepStats { loss: step.loss, correct: step.correct, count: step.count, vertices: ids.len() })
+    }
+
+    /// Accuracy of mean-pooled predictions: `groups[i]` are the vertices whose mean predicts
+    /// `targets[i]`.
+    pub fn pooled_accuracy(
+        &mut self,
+        graphs: &[&InputGraph],
+        ids: &[u32],
+        groups: &[Range<usize>],
+        targets: &[u32],
+    ) -> Result<f64> {
+        let h = self.infer(graphs, ids)?;
+        let width = self.engine.function().outputs()[0].shape.numel();
+        let predicted = self.out.predict(&mean_pool(&h, width, groups))?;
+        let correct = predicted.iter().zip(targets).filter(|(p, t)| **p == **t as usize).count();
+        Ok(correct as f64 / targets.len().max(1) as f64)
     }
 
     /// Every learned tensor, named: `cell.<param>`, `classifier.weight`, `classifier.bias`,
@@ -112,7 +208,7 @@ impl TreeClassifier {
         Ok(out)
     }
 
-    /// Restores every learned tensor from a checkpoint made by [`TreeClassifier::tensors`].
+    /// Restores every learned tensor from a checkpoint made by [`Classifier::tensors`].
     pub fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
         let f = self.engine.function().clone();
         let params: Vec<Vec<f32>> = f
@@ -146,9 +242,8 @@ impl TreeClassifier {
             let refs: Vec<&TreeExample> = chunk.iter().collect();
             let b = batch(&refs);
             let targets = LossOn::Root.select(&b.graphs, &b.labels)?;
-            let x = self.embed.lookup(&b.words)?;
-            let h = self.engine.infer(&b.graphs, &[&x])?;
-            let predicted = self.out.predict(&h[0])?;
+            let h = self.infer(&b.graphs, &b.words)?;
+            let predicted = self.out.predict(&h)?;
             for (p, t) in predicted.iter().zip(&targets) {
                 if let Some(t) = t {
                     count += 1;
@@ -158,4 +253,105 @@ impl TreeClassifier {
         }
         Ok(if count == 0 { 0.0 } else { correct as f64 / count as f64 })
     }
+}
+
+/// Settings of graph classification by cross-validation.
+#[derive(Clone, Debug)]
+pub struct GraphTraining {
+    /// Message-passing steps.
+    pub steps: usize,
+    /// Node-feature (label embedding) width.
+    pub features: usize,
+    /// Hidden state width.
+    pub hidden: usize,
+    /// Passes over each fold's training graphs.
+    pub epochs: usize,
+    /// Graphs per minibatch.
+    pub batch: usize,
+    /// Folds.
+    pub folds: usize,
+    /// Seed for the split, the initialisation and the order.
+    pub seed: u64,
+    /// Optimizer settings.
+    pub optimizer: crate::optim::Config,
+    /// Gradient-norm bound.
+    pub clip: Option<f32>,
+}
+
+/// Cross-validated accuracy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CvResult {
+    /// Held-out accuracy of every fold.
+    pub fold_acc: Vec<f64>,
+    /// Their mean.
+    pub mean: f64,
+    /// Their standard deviation.
+    pub std: f64,
+    /// Graphs trained on per second.
+    pub graphs_per_s: f64,
+}
+
+struct GraphBatch {
+    graphs: Vec<InputGraph>,
+    ids: Vec<u32>,
+    groups: Vec<Range<usize>>,
+    targets: Vec<u32>,
+}
+
+fn graph_batch(examples: &[&crate::data::tu::GraphExample], steps: usize) -> GraphBatch {
+    let mut b = GraphBatch { graphs: Vec::new(), ids: Vec::new(), groups: Vec::new(), targets: Vec::new() };
+    for e in examples {
+        let g = e.unroll(steps);
+        let base = b.ids.len();
+        for _ in 0..=steps {
+            b.ids.extend(&e.node_labels);
+        }
+        b.groups.push(base + g.len() - e.node_labels.len()..base + g.len());
+        b.targets.push(e.label);
+        b.graphs.push(g);
+    }
+    b
+}
+
+/// Trains a fresh gated graph network per fold and reports held-out accuracy; `progress` is told
+/// `(fold, epoch)` after every epoch.
+pub fn cross_validate(
+    data: &crate::data::tu::TuDataset,
+    cfg: &GraphTraining,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<CvResult> {
+    let mut rng = Rng::new(cfg.seed);
+    let mut order: Vec<usize> = (0..data.graphs.len()).collect();
+    rng.shuffle(&mut order);
+    let folds = cfg.folds.clamp(2, data.graphs.len().max(2));
+    let mut fold_acc = Vec::with_capacity(folds);
+    let (mut seconds, mut seen) = (0.0, 0usize);
+    for k in 0..folds {
+        let held: Vec<usize> = order.iter().copied().skip(k).step_by(folds).collect();
+        let mut train: Vec<usize> = order.iter().copied().filter(|i| !held.contains(i)).collect();
+        let cell = crate::nn::ggnn(cfg.features, cfg.hidden)?;
+        let mut model = Classifier::new(cell, data.node_label_count, None, data.classes, &mut rng)?;
+        let mut opt = Optimizer::new(cfg.optimizer);
+        let start = std::time::Instant::now();
+        for epoch in 0..cfg.epochs {
+            rng.shuffle(&mut train);
+            for chunk in train.chunks(cfg.batch.max(1)) {
+                let examples: Vec<_> = chunk.iter().map(|&i| &data.graphs[i]).collect();
+                let b = graph_batch(&examples, cfg.steps);
+                let refs: Vec<&InputGraph> = b.graphs.iter().collect();
+                let readout = Readout::MeanPool { groups: &b.groups, targets: &b.targets };
+                model.step(&refs, &b.ids, readout, &mut opt, cfg.clip)?;
+            }
+            seen += train.len();
+            progress(k, epoch);
+        }
+        seconds += start.elapsed().as_secs_f64();
+        let examples: Vec<_> = held.iter().map(|&i| &data.graphs[i]).collect();
+        let b = graph_batch(&examples, cfg.steps);
+        let refs: Vec<&InputGraph> = b.graphs.iter().collect();
+        fold_acc.push(model.pooled_accuracy(&refs, &b.ids, &b.groups, &b.targets)?);
+    }
+    let mean = fold_acc.iter().sum::<f64>() / fold_acc.len() as f64;
+    let std = (fold_acc.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / fold_acc.len() as f64).sqrt();
+    Ok(CvResult { fold_acc, mean, std, graphs_per_s: seen as f64 / seconds.max(1e-9) })
 }

@@ -152,6 +152,7 @@ fn child_sum_on_a_fixed_dag() {
 fn var_lstm_on_chains_and_tree_fc_on_a_forest() {
     check(nn::var_lstm(4, 3).unwrap(), 4, 6, 40, false);
     check(nn::tree_fc(4, 3).unwrap(), 5, 6, 40, false);
+    check(nn::ggnn(3, 4).unwrap(), 6, 6, 40, true);
 }
 
 #[test]

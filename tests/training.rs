@@ -2,11 +2,11 @@
 //! through ARBOR_DATA, default ../shared/data).
 
 use arbor::core::rng::Rng;
-use arbor::data::{sst, synthetic, TreeExample};
+use arbor::data::{sst, synthetic, TreeExample, PAD};
 use arbor::layers::LossOn;
 use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
-use arbor::train::TreeClassifier;
+use arbor::train::Classifier;
 use std::path::PathBuf;
 
 fn data_dir() -> PathBuf {
@@ -15,7 +15,7 @@ fn data_dir() -> PathBuf {
 }
 
 /// Trains for `epochs` and returns the mean loss of the first and the last epoch.
-fn fit(model: &mut TreeClassifier, train: &[TreeExample], epochs: usize, opt: &mut Optimizer, seed: u64) -> (f64, f64) {
+fn fit(model: &mut Classifier, train: &[TreeExample], epochs: usize, opt: &mut Optimizer, seed: u64) -> (f64, f64) {
     let mut rng = Rng::new(seed);
     let mut order: Vec<usize> = (0..train.len()).collect();
     let mut losses = Vec::new();
@@ -37,9 +37,14 @@ fn tree_lstm_learns_the_synthetic_composition_rule() {
     let train = synthetic::generate(1500, 10, 1);
     let test = synthetic::generate(300, 10, 99);
     let mut rng = Rng::new(3);
-    let mut model =
-        TreeClassifier::new(nn::tree_lstm(16, 32).unwrap(), synthetic::vocab().len(), synthetic::CLASSES, &mut rng)
-            .unwrap();
+    let mut model = Classifier::new(
+        nn::tree_lstm(16, 32).unwrap(),
+        synthetic::vocab().len(),
+        Some(PAD),
+        synthetic::CLASSES,
+        &mut rng,
+    )
+    .unwrap();
     let before = model.accuracy(&test, 100).unwrap();
     let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.01));
     let (first, last) = fit(&mut model, &train, 4, &mut opt, 5);
@@ -56,7 +61,7 @@ fn tree_lstm_trains_on_sst() {
     let train = splits.train;
     let mut rng = Rng::new(1);
     let mut model =
-        TreeClassifier::new(nn::tree_lstm(32, 32).unwrap(), splits.vocab.len(), sst::CLASSES, &mut rng).unwrap();
+        Classifier::new(nn::tree_lstm(32, 32).unwrap(), splits.vocab.len(), Some(PAD), sst::CLASSES, &mut rng).unwrap();
     let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
     let (first, last) = fit(&mut model, &train, 2, &mut opt, 2);
     let acc = model.accuracy(&splits.test, 256).unwrap();

@@ -3,6 +3,7 @@
 pub mod glove;
 pub mod sst;
 pub mod synthetic;
+pub mod tu;
 
 use crate::core::graph::InputGraph;
 use std::collections::HashMap;

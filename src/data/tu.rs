@@ -1,0 +1,139 @@
+//! Graph classification data in the TU Dortmund format (`NAME_A.txt`, `NAME_graph_indicator.txt`,
+//! `NAME_graph_labels.txt`, `NAME_node_labels.txt`), e.g. MUTAG.
+
+use crate::core::error::{Error, Result};
+use crate::core::graph::InputGraph;
+use std::path::Path;
+
+/// One graph: its nodes' labels, undirected edges, and class.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphExample {
+    /// Label of every node (0-based node ids within the graph).
+    pub node_labels: Vec<u32>,
+    /// Neighbours of every node, ascending.
+    pub neighbours: Vec<Vec<u32>>,
+    /// Class (graph labels renumbered 0, 1, … in ascending order of the file's values).
+    pub label: u32,
+}
+
+/// A TU data set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TuDataset {
+    /// The graphs.
+    pub graphs: Vec<GraphExample>,
+    /// Number of distinct node labels (max label + 1).
+    pub node_label_count: usize,
+    /// Number of classes.
+    pub classes: usize,
+}
+
+fn read_lines(path: &Path) -> Result<Vec<(usize, String)>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Io { path: path.display().to_string(), msg: e.to_string() })?;
+    Ok(text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| (i + 1, l.trim().to_string()))
+        .collect())
+}
+
+fn number(path: &Path, line: usize, text: &str) -> Result<i64> {
+    text.trim().parse().map_err(|_| Error::Parse {
+        file: path.display().to_string(),
+        line,
+        msg: format!("`{}` is not an integer", text.trim()),
+    })
+}
+
+/// Reads data set `name` from `dir`. Errors name the file and line.
+pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
+    let file = |suffix: &str| dir.join(format!("{name}_{suffix}.txt"));
+    let (ind_path, lab_path, node_path, a_path) =
+        (file("graph_indicator"), file("graph_labels"), file("node_labels"), file("A"));
+    let indicator: Vec<(usize, i64)> =
+        read_lines(&ind_path)?.iter().map(|(l, t)| number(&ind_path, *l, t).map(|g| (*l, g))).collect::<Result<_>>()?;
+    let graph_labels: Vec<i64> =
+        read_lines(&lab_path)?.iter().map(|(l, t)| number(&lab_path, *l, t)).collect::<Result<_>>()?;
+    let node_labels: Vec<i64> =
+        read_lines(&node_path)?.iter().map(|(l, t)| number(&node_path, *l, t)).collect::<Result<_>>()?;
+    if node_labels.len() != indicator.len() {
+        return Err(Error::Parse {
+            file: node_path.display().to_string(),
+            line: node_labels.len(),
+            msg: format!("{} node labels for {} nodes", node_labels.len(), indicator.len()),
+        });
+    }
+    let mut classes: Vec<i64> = graph_labels.clone();
+    classes.sort_unstable();
+    classes.dedup();
+    let mut graphs: Vec<GraphExample> = graph_labels
+        .iter()
+        .map(|l| GraphExample {
+            node_labels: Vec::new(),
+            neighbours: Vec::new(),
+            label: classes.partition_point(|c| c < l) as u32,
+        })
+        .collect();
+    let mut local = Vec::with_capacity(indicator.len());
+    let mut max_label = 0;
+    for (&(line, g), &nl) in indicator.iter().zip(&node_labels) {
+        let g = usize::try_from(g - 1).ok().filter(|&g| g < graphs.len()).ok_or_else(|| Error::Parse {
+            file: ind_path.display().to_string(),
+            line,
+            msg: format!("graph {g} is not among the {} graphs", graphs.len()),
+        })?;
+        let nl = u32::try_from(nl).map_err(|_| Error::Parse {
+            file: node_path.display().to_string(),
+            line,
+            msg: format!("node label {nl} is negative"),
+        })?;
+        max_label = max_label.max(nl);
+        local.push((g, graphs[g].node_labels.len() as u32));
+        graphs[g].node_labels.push(nl);
+        graphs[g].neighbours.push(Vec::new());
+    }
+    for (line, text) in read_lines(&a_path)? {
+        let bad = |msg: String| Error::Parse { file: a_path.display().to_string(), line, msg };
+        let (a, b) = text.split_once(',').ok_or_else(|| bad(format!("`{text}` is not `row, col`")))?;
+        let (a, b) = (number(&a_path, line, a)?, number(&a_path, line, b)?);
+        let node = |x: i64| usize::try_from(x - 1).ok().and_then(|i| local.get(i).copied());
+        let ((ga, la), (gb, lb)) = match (node(a), node(b)) {
+            (Some(x), Some(y)) => (x, y),
+            _ => return Err(bad(format!("edge ({a}, {b}) names a node outside 1..={}", local.len()))),
+        };
+        if ga != gb {
+            return Err(bad(format!("edge ({a}, {b}) joins graphs {} and {}", ga + 1, gb + 1)));
+        }
+        for (x, y) in [(la, lb), (lb, la)] {
+            let n = &mut graphs[ga].neighbours[x as usize];
+            if let Err(at) = n.binary_search(&y) {
+                n.insert(at, y);
+            }
+        }
+    }
+    Ok(TuDataset { graphs, node_label_count: max_label as usize + 1, classes: classes.len() })
+}
+
+impl GraphExample {
+    /// Message passing unrolled for `steps` steps as a DAG: vertex `t·n + v` is node `v` at step
+    /// `t`; it has `(v, t−1)` in slot 0 and its neighbours at `t−1` after. The last `n` vertices
+    /// are the final states.
+    pub fn unroll(&self, steps: usize) -> InputGraph {
+        let n = self.node_labels.len();
+        let mut children = Vec::with_capacity(n * (steps + 1));
+        for t in 0..=steps {
+            for v in 0..n {
+                if t == 0 {
+                    children.push(Vec::new());
+                } else {
+                    let prev = (t - 1) * n;
+                    let mut slots = vec![Some(prev + v)];
+                    slots.extend(self.neighbours[v].iter().map(|&u| Some(prev + u as usize)));
+                    children.push(slots);
+                }
+            }
+        }
+        InputGraph::from_children(children).expect("an unrolled graph only points to earlier steps")
+    }
+}
