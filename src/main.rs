@@ -308,24 +308,15 @@ fn train(args: &TrainArgs) -> Result<()> {
             "epoch": epoch, "steps": opt.steps, "rng": rng.state(), "dev_acc": dev, "test_acc": test, "best_dev_acc": best,
         })
     };
-    let mut order: Vec<usize> = (0..data.train.len()).collect();
     let (mut train_seconds, mut sentences) = (0.0f64, 0usize);
     let (mut loss_curve, mut dev_curve) = (Vec::new(), Vec::new());
     for epoch in first_epoch..=epochs {
-        order.sort_unstable();
-        rng.shuffle(&mut order);
-        let pb = bar(order.len(), format!("epoch {epoch}/{}", epochs));
+        let pb = bar(data.train.len(), format!("epoch {epoch}/{epochs}"));
         let start = Instant::now();
-        let (mut loss, mut steps) = (0.0f64, 0usize);
-        for chunk in order.chunks(args.batch) {
-            let batch: Vec<&TreeExample> = chunk.iter().map(|&i| &data.train[i]).collect();
-            let s = model.train_step(&batch, loss_on, &mut opt, clip)?;
-            loss += f64::from(s.loss);
-            steps += 1;
-            pb.inc(chunk.len() as u64);
-        }
+        let mean_loss =
+            model.epoch(&data.train, args.batch, loss_on, &mut opt, clip, &mut rng, &mut |n| pb.inc(n as u64))?;
         train_seconds += start.elapsed().as_secs_f64();
-        sentences += order.len();
+        sentences += data.train.len();
         pb.finish_and_clear();
         let dev = model.accuracy(&data.dev, 256)?;
         let improved = dev > best_dev;
@@ -342,7 +333,6 @@ fn train(args: &TrainArgs) -> Result<()> {
             tensors.extend(opt.tensors());
             Checkpoint { tensors, meta: m }.save(&dir.join("last"))?;
         }
-        let mean_loss = loss / steps.max(1) as f64;
         eprintln!("epoch {epoch}: loss {mean_loss:.4}, dev root accuracy {dev:.4}");
         loss_curve.push(mean_loss);
         dev_curve.push(dev);

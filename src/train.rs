@@ -109,6 +109,32 @@ impl Classifier {
         self.step(&b.graphs, &b.words, Readout::Vertices(&targets), opt, clip)
     }
 
+    /// One pass over `train` in minibatches of `batch`, in an order drawn from `rng` (the same
+    /// state gives the same order); `progress` is told the trees done after every minibatch.
+    /// Returns the mean loss.
+    #[allow(clippy::too_many_arguments)]
+    pub fn epoch(
+        &mut self,
+        train: &[TreeExample],
+        batch: usize,
+        loss_on: LossOn,
+        opt: &mut Optimizer,
+        clip: Option<f32>,
+        rng: &mut Rng,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<f64> {
+        let mut order: Vec<usize> = (0..train.len()).collect();
+        rng.shuffle(&mut order);
+        let (mut loss, mut steps) = (0.0, 0);
+        for chunk in order.chunks(batch.max(1)) {
+            let examples: Vec<&TreeExample> = chunk.iter().map(|&i| &train[i]).collect();
+            loss += f64::from(self.train_step(&examples, loss_on, opt, clip)?.loss);
+            steps += 1;
+            progress(chunk.len());
+        }
+        Ok(loss / steps.max(1) as f64)
+    }
+
     /// The pushed rows of every vertex of a minibatch, in inference mode.
     pub fn infer(&mut self, graphs: &[&InputGraph], ids: &[u32]) -> Result<Vec<f32>> {
         let x = self.embed.lookup(ids)?;

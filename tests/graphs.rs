@@ -7,9 +7,7 @@ use arbor::train::{cross_validate, GraphTraining};
 use std::path::PathBuf;
 
 fn mutag() -> PathBuf {
-    std::env::var_os("ARBOR_DATA")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data"), PathBuf::from)
-        .join("mutag")
+    arbor::data::data_dir().join("mutag")
 }
 
 #[test]

@@ -7,7 +7,6 @@ use arbor::layers::LossOn;
 use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::train::Classifier;
-use std::path::PathBuf;
 
 fn data_dir() -> PathBuf {
     std::env::var_os("ARBOR_DATA")
@@ -17,18 +16,9 @@ fn data_dir() -> PathBuf {
 /// Trains for `epochs` and returns the mean loss of the first and the last epoch.
 fn fit(model: &mut Classifier, train: &[TreeExample], epochs: usize, opt: &mut Optimizer, seed: u64) -> (f64, f64) {
     let mut rng = Rng::new(seed);
-    let mut order: Vec<usize> = (0..train.len()).collect();
-    let mut losses = Vec::new();
-    for _ in 0..epochs {
-        rng.shuffle(&mut order);
-        let (mut sum, mut n) = (0.0, 0);
-        for chunk in order.chunks(25) {
-            let batch: Vec<&TreeExample> = chunk.iter().map(|&i| &train[i]).collect();
-            sum += f64::from(model.train_step(&batch, LossOn::All, opt, Some(5.0)).unwrap().loss);
-            n += 1;
-        }
-        losses.push(sum / n as f64);
-    }
+    let losses: Vec<f64> = (0..epochs)
+        .map(|_| model.epoch(train, 25, LossOn::All, opt, Some(5.0), &mut rng, &mut |_| {}).unwrap())
+        .collect();
     (losses[0], losses[epochs - 1])
 }
 
@@ -55,7 +45,7 @@ fn tree_lstm_learns_the_synthetic_composition_rule() {
 
 #[test]
 fn tree_lstm_trains_on_sst() {
-    let dir = data_dir().join("sst");
+    let dir = arbor::data::data_dir().join("sst");
     let splits = sst::read_splits(&dir, false)
         .unwrap_or_else(|e| panic!("SST data not found ({e}); set ARBOR_DATA to the folder holding sst/"));
     let train = splits.train;

@@ -7,6 +7,12 @@ pub mod tu;
 
 use crate::core::graph::InputGraph;
 use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// The shared data folder: `ARBOR_DATA` if set, else `../shared/data`.
+pub fn data_dir() -> PathBuf {
+    std::env::var_os("ARBOR_DATA").map_or_else(|| PathBuf::from("../shared/data"), PathBuf::from)
+}
 
 /// The padding id: internal vertices pull its all-zero row.
 pub const PAD: u32 = 0;
