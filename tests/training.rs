@@ -8,11 +8,6 @@ use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::train::Classifier;
 
-fn data_dir() -> PathBuf {
-    std::env::var_os("ARBOR_DATA")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data"), PathBuf::from)
-}
-
 /// Trains for `epochs` and returns the mean loss of the first and the last epoch.
 fn fit(model: &mut Classifier, train: &[TreeExample], epochs: usize, opt: &mut Optimizer, seed: u64) -> (f64, f64) {
     let mut rng = Rng::new(seed);
