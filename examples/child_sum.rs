@@ -9,7 +9,7 @@ use arbor::train::Classifier;
 fn main() -> arbor::Result<()> {
     let (train, test) = (synthetic::generate(4000, 12, 1), synthetic::generate(500, 12, 2));
     let mut rng = Rng::new(1);
-    let cell = arbor::nn::child_sum_tree_lstm(32, 64)?;
+    let cell = arbor::nn::child_sum_tree_lstm(32, 64, 2)?;
     println!("{cell}");
     let mut model = Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut rng)?;
     let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.01));

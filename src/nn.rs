@@ -26,20 +26,33 @@ pub fn tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
     f.build()
 }
 
-/// A child-sum Tree-LSTM cell over any number of children. Its forget gate is computed from the
-/// children's summed hidden state and applied to their summed memory (one gate for all children,
-/// since `gather_sum` reads the sum).
-pub fn child_sum_tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
-    let f = Builder::new("child-sum-tree-lstm", 0);
+/// The child-sum Tree-LSTM cell of Tai et al. (2015) for vertices of up to `max_children`
+/// children: gates `i, o, u` from the children's summed hidden state, and one forget gate per
+/// child, `f_k = σ(x·W_f + h_k·U_f + b_f)` with `U_f` shared by all children. A missing child
+/// reads zeros, so it adds nothing to the memory; a vertex with more children is refused.
+pub fn child_sum_tree_lstm(embed: usize, hidden: usize, max_children: usize) -> Result<VertexFn> {
+    if max_children == 0 {
+        return Err(arbor_core::Error::Input {
+            what: "child-sum Tree-LSTM".into(),
+            expected: "max_children of at least 1".into(),
+            got: "0".into(),
+        });
+    }
+    let f = Builder::new("child-sum-tree-lstm", max_children);
     let x = f.pull("x", embed);
-    let (h, c) = (f.gather_sum("h", hidden), f.gather_sum("c", hidden));
-    let w = f.param("W", [embed, 4 * hidden], Init::Xavier);
-    let u = f.param("U", [hidden, 4 * hidden], Init::Xavier);
-    let b = f.param("b", [1, 4 * hidden], Init::Zeros);
-    let gates = x.matmul(w) + h.matmul(u) + b;
+    let kids: Vec<_> = (0..max_children).map(|k| (f.gather(k, "h", hidden), f.gather(k, "c", hidden))).collect();
+    let w = f.param("W", [embed, 3 * hidden], Init::Xavier);
+    let u = f.param("U", [hidden, 3 * hidden], Init::Xavier);
+    let b = f.param("b", [1, 3 * hidden], Init::Zeros);
+    let wf = f.param("Wf", [embed, hidden], Init::Xavier);
+    let uf = f.param("Uf", [hidden, hidden], Init::Xavier);
+    let bf = f.param("bf", [1, hidden], Init::Zeros);
+    let sum_h = kids.iter().skip(1).fold(kids[0].0, |s, k| s + k.0);
+    let gates = x.matmul(w) + sum_h.matmul(u) + b;
     let gate = |k: usize| gates.slice(k * hidden, hidden);
-    let (i, fg, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).sigmoid(), gate(3).tanh());
-    let c_new = i * uu + fg * c;
+    let (i, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).tanh());
+    let xf = x.matmul(wf) + bf;
+    let c_new = kids.iter().fold(i * uu, |c, &(hk, ck)| c + (xf + hk.matmul(uf)).sigmoid() * ck);
     let h_new = o * c_new.tanh();
     f.scatter("h", h_new);
     f.scatter("c", c_new);
@@ -123,7 +136,8 @@ impl Model {
     pub fn cell(self, embed: usize, hidden: usize) -> Result<VertexFn> {
         match self {
             Model::TreeLstm => tree_lstm(embed, hidden),
-            Model::ChildSum => child_sum_tree_lstm(embed, hidden),
+            // Constituency trees (SST, the synthetic treebank) are binary.
+            Model::ChildSum => child_sum_tree_lstm(embed, hidden, 2),
             Model::VarLstm => var_lstm(embed, hidden),
             Model::TreeFc => tree_fc(embed, hidden),
         }
