@@ -44,7 +44,11 @@ fn malformed_tu_files_name_file_and_line() {
     assert!(err.contains("T_A.txt:2:") && err.contains("joins graphs 1 and 2"), "{err}");
     write("A", "1 2\n");
     assert!(tu::read(&dir, "T").unwrap_err().to_string().contains("T_A.txt:1:"));
+    write("A", "-9223372036854775808, 2\n");
+    assert!(tu::read(&dir, "T").unwrap_err().to_string().contains("outside"));
     write("A", "1, 2\n");
+    write("graph_indicator", "1\n-9223372036854775808\n2\n");
+    assert!(tu::read(&dir, "T").unwrap_err().to_string().contains("T_graph_indicator.txt:2:"));
     write("graph_indicator", "1\nx\n2\n");
     let err = tu::read(&dir, "T").unwrap_err().to_string();
     assert!(err.contains("T_graph_indicator.txt:2:") && err.contains("`x`"), "{err}");
@@ -69,4 +73,52 @@ fn ggnn_learns_mutag() {
     assert_eq!(r.fold_acc.len(), 3);
     // Stated bar for this short 3-fold run; always answering the majority class gives 0.665.
     assert!(r.mean >= 0.75, "cross-validated accuracy {} ({:?})", r.mean, r.fold_acc);
+}
+
+mod fuzz {
+    use super::tu;
+    use proptest::prelude::*;
+
+    const FILES: [(&str, &str); 4] = [
+        ("graph_indicator", "1\n1\n1\n2\n2\n"),
+        ("graph_labels", "1\n-1\n"),
+        ("node_labels", "0\n1\n0\n2\n2\n"),
+        ("A", "1, 2\n2, 1\n2, 3\n3, 2\n4, 5\n5, 4\n"),
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn mutated_tu_files_never_panic(file in 0usize..4, pos in 0usize..40, op in 0u8..3, ch in "[0-9,\\- x\\n]") {
+            let dir = std::env::temp_dir().join(format!("arbor-tu-fuzz-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            for (k, (name, text)) in FILES.iter().enumerate() {
+                let mut t: Vec<char> = text.chars().collect();
+                if k == file {
+                    let pos = pos.min(t.len() - 1);
+                    let c = ch.chars().next().unwrap();
+                    match op {
+                        0 => { t.remove(pos); }
+                        1 => t.insert(pos, c),
+                        _ => t[pos] = c,
+                    }
+                }
+                std::fs::write(dir.join(format!("F_{name}.txt")), t.into_iter().collect::<String>()).unwrap();
+            }
+            match tu::read(&dir, "F") {
+                Ok(d) => {
+                    for g in &d.graphs {
+                        prop_assert_eq!(g.neighbours.len(), g.node_labels.len());
+                        let unrolled = g.unroll(2);
+                        prop_assert_eq!(unrolled.len(), 3 * g.node_labels.len());
+                    }
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    prop_assert!(msg.contains("F_") && msg.contains(".txt"), "{}", msg);
+                }
+            }
+        }
+    }
 }

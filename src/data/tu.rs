@@ -78,11 +78,14 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
     let mut local = Vec::with_capacity(indicator.len());
     let mut max_label = 0;
     for (&(line, g), &nl) in indicator.iter().zip(&node_labels) {
-        let g = usize::try_from(g - 1).ok().filter(|&g| g < graphs.len()).ok_or_else(|| Error::Parse {
-            file: ind_path.display().to_string(),
-            line,
-            msg: format!("graph {g} is not among the {} graphs", graphs.len()),
-        })?;
+        let g =
+            g.checked_sub(1).and_then(|g| usize::try_from(g).ok()).filter(|&g| g < graphs.len()).ok_or_else(|| {
+                Error::Parse {
+                    file: ind_path.display().to_string(),
+                    line,
+                    msg: format!("graph {g} is not among the {} graphs", graphs.len()),
+                }
+            })?;
         let nl = u32::try_from(nl).map_err(|_| Error::Parse {
             file: node_path.display().to_string(),
             line,
@@ -97,7 +100,7 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
         let bad = |msg: String| Error::Parse { file: a_path.display().to_string(), line, msg };
         let (a, b) = text.split_once(',').ok_or_else(|| bad(format!("`{text}` is not `row, col`")))?;
         let (a, b) = (number(&a_path, line, a)?, number(&a_path, line, b)?);
-        let node = |x: i64| usize::try_from(x - 1).ok().and_then(|i| local.get(i).copied());
+        let node = |x: i64| x.checked_sub(1).and_then(|i| usize::try_from(i).ok()).and_then(|i| local.get(i).copied());
         let ((ga, la), (gb, lb)) = match (node(a), node(b)) {
             (Some(x), Some(y)) => (x, y),
             _ => return Err(bad(format!("edge ({a}, {b}) names a node outside 1..={}", local.len()))),
