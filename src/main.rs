@@ -371,6 +371,19 @@ fn tu_name(dir: &Path) -> Result<String> {
 
 fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     let epochs = sizes.epochs;
+    let tree_only = [
+        ("--checkpoint", args.checkpoint.is_some()),
+        ("--resume", args.resume.is_some()),
+        ("--plot", args.plot.is_some()),
+        ("--embeddings", args.embeddings.is_some()),
+    ];
+    if let Some((flag, _)) = tree_only.iter().find(|(_, set)| *set) {
+        return Err(Error::Input {
+            what: "--model ggnn".into(),
+            expected: "the cross-validation flags (--folds, --steps, sizes, optimizer)".into(),
+            got: format!("{flag}, which applies to tree and sequence models only"),
+        });
+    }
     let dir = args.data.as_deref().ok_or_else(|| Error::Input {
         what: "--model ggnn".into(),
         expected: "--data DIR with a TU data set (e.g. ../shared/data/mutag)".into(),

@@ -32,6 +32,10 @@ fn bad_input_gives_one_line_and_a_failure() {
     }
     let out = arbor(&["train", "--data", "/no/such/dir"]);
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "arbor: /no/such/dir: not a directory");
+    let out = arbor(&["train", "--model", "ggnn"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--data DIR with a TU data set"));
+    let out = arbor(&["train", "--model", "ggnn", "--data", ".", "--plot", "x.svg"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--plot, which applies to tree and sequence models only"));
 }
 
 #[test]
