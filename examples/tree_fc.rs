@@ -5,20 +5,6 @@ use arbor::core::rng::Rng;
 use arbor::{nn, CpuBackend, Engine, InputGraph};
 use std::time::Instant;
 
-fn complete_tree(leaves: usize) -> InputGraph {
-    let mut children: Vec<Vec<Option<usize>>> = vec![vec![]; leaves];
-    let mut level: Vec<usize> = (0..leaves).collect();
-    while level.len() > 1 {
-        let mut next = Vec::new();
-        for pair in level.chunks(2) {
-            children.push(pair.iter().map(|&c| Some(c)).collect());
-            next.push(children.len() - 1);
-        }
-        level = next;
-    }
-    InputGraph::from_children(children).expect("a complete binary tree")
-}
-
 fn main() -> arbor::Result<()> {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().ok());
     let leaves = args.next().flatten().unwrap_or(256);
@@ -27,7 +13,7 @@ fn main() -> arbor::Result<()> {
     let mut rng = Rng::new(1);
     let params = cell.init_params(&mut rng);
     let mut engine = Engine::new(CpuBackend::new(), cell, &params)?;
-    let trees: Vec<InputGraph> = (0..16).map(|_| complete_tree(leaves)).collect();
+    let trees: Vec<InputGraph> = (0..16).map(|_| InputGraph::balanced_binary(leaves)).collect();
     let refs: Vec<&InputGraph> = trees.iter().collect();
     let n: usize = trees.iter().map(InputGraph::len).sum();
     let x: Vec<f32> = (0..n * hidden).map(|_| rng.range(-1.0, 1.0)).collect();

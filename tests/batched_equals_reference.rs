@@ -7,31 +7,6 @@ use arbor::core::rng::Rng;
 use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, VertexFn};
 use proptest::prelude::*;
 
-/// A random graph of `n` vertices: each vertex fills each of its `arity` slots with an earlier
-/// vertex with probability 0.7 (in a tree, a vertex becomes a child at most once).
-fn random_graph(rng: &mut Rng, n: usize, arity: usize, dag: bool) -> InputGraph {
-    let mut has_parent = vec![false; n];
-    let children = (0..n)
-        .map(|v| {
-            let slots = if arity == 0 { rng.below(4) } else { arity };
-            (0..slots)
-                .map(|_| {
-                    if v == 0 || rng.uniform() > 0.7 {
-                        return None;
-                    }
-                    let c = rng.below(v);
-                    if !dag && has_parent[c] {
-                        return None;
-                    }
-                    has_parent[c] = true;
-                    Some(c)
-                })
-                .collect()
-        })
-        .collect();
-    InputGraph::from_children(children).expect("random graphs are acyclic")
-}
-
 fn random_rows(rng: &mut Rng, len: usize) -> Vec<f32> {
     (0..len).map(|_| rng.range(-1.0, 1.0)).collect()
 }
@@ -58,7 +33,7 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
     let gs: Vec<InputGraph> = (0..graphs)
         .map(|_| {
             let n = 1 + rng.below(max_vertices);
-            random_graph(&mut rng, n, arity, dag)
+            InputGraph::random(&mut rng, n, arity, dag)
         })
         .collect();
     let total: usize = gs.iter().map(InputGraph::len).sum();

@@ -98,20 +98,8 @@ fn chain_of_100k_vertices_runs_forward_and_backward() {
 #[test]
 fn tree_of_100k_leaves_runs_forward_and_backward() {
     let mut e = engine(2, 2);
-    // A complete-ish binary tree built bottom-up: 100,000 leaves, pairs merged level by level.
-    let leaves = 100_000;
-    let mut children: Vec<Vec<Option<usize>>> = vec![vec![]; leaves];
-    let mut level: Vec<usize> = (0..leaves).collect();
-    while level.len() > 1 {
-        let mut next = Vec::new();
-        for pair in level.chunks(2) {
-            children.push(pair.iter().map(|&c| Some(c)).collect());
-            next.push(children.len() - 1);
-        }
-        level = next;
-    }
-    let n = children.len();
-    let g = InputGraph::from_children(children).unwrap();
+    let g = InputGraph::balanced_binary(100_000);
+    let n = g.len();
     let x = vec![0.1; n * 2];
     e.forward(&[&g], &[&x]).unwrap();
     assert_eq!(e.schedule().tasks.len(), 18); // ⌈log2 100000⌉ + 1 heights

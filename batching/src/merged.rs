@@ -43,26 +43,12 @@ impl<'a> Merged<'a> {
         self.slots(v).filter(|&c| c != NO_CHILD).map(|c| c as usize)
     }
 
-    /// Every vertex, each after all of its children (an iterative post-order walk).
+    /// Every vertex, each after all of its children: each graph's order (computed when the
+    /// graph was built), graph by graph.
     pub fn children_first<'b>(&self, bump: &'b Bump) -> BumpVec<'b, usize> {
-        let n = self.len();
-        let mut done = BumpVec::from_iter_in(std::iter::repeat_n(false, n), bump);
-        let mut order = BumpVec::with_capacity_in(n, bump);
-        let mut stack = BumpVec::new_in(bump);
-        for root in 0..n {
-            stack.push((root, false));
-            while let Some((v, expanded)) = stack.pop() {
-                if done[v] {
-                    continue;
-                }
-                if expanded {
-                    done[v] = true;
-                    order.push(v);
-                } else {
-                    stack.push((v, true));
-                    stack.extend(self.children(v).filter(|&c| !done[c]).map(|c| (c, false)));
-                }
-            }
+        let mut order = BumpVec::with_capacity_in(self.len(), bump);
+        for (g, &base) in self.graphs.iter().zip(self.starts) {
+            order.extend(g.children_first().iter().map(|&v| base + v as usize));
         }
         order
     }

@@ -7,25 +7,6 @@ use arbor_core::ir::{Builder, Init};
 use arbor_core::rng::Rng;
 use proptest::prelude::*;
 
-fn random_graph(rng: &mut Rng, n: usize, arity: usize, dag: bool) -> InputGraph {
-    let mut has_parent = vec![false; n];
-    let children = (0..n)
-        .map(|v| {
-            (0..arity)
-                .map(|_| {
-                    let c = (v > 0 && rng.uniform() < 0.7).then(|| rng.below(v))?;
-                    if !dag && has_parent[c] {
-                        return None;
-                    }
-                    has_parent[c] = true;
-                    Some(c)
-                })
-                .collect()
-        })
-        .collect();
-    InputGraph::from_children(children).unwrap()
-}
-
 fn policies() -> Vec<Box<dyn Policy>> {
     vec![Box::new(ByHeight), Box::new(ByDepth), Box::new(Agenda::default()), Box::new(Agenda { max_batch: 3 })]
 }
@@ -77,7 +58,7 @@ proptest! {
     #[test]
     fn every_policy_gives_a_valid_schedule(seed in any::<u64>(), graphs in 1usize..=32, max_v in 1usize..=200, arity in 1usize..=4, dag in any::<bool>()) {
         let mut rng = Rng::new(seed);
-        let gs: Vec<InputGraph> = (0..graphs).map(|_| { let n = 1 + rng.below(max_v); random_graph(&mut rng, n, arity, dag) }).collect();
+        let gs: Vec<InputGraph> = (0..graphs).map(|_| { let n = 1 + rng.below(max_v); InputGraph::random(&mut rng, n, arity, dag) }).collect();
         let refs: Vec<&InputGraph> = gs.iter().collect();
         let mut schedule = Schedule::default();
         let mut heights = 0;

@@ -13,6 +13,35 @@ pub const NO_CHILD: u32 = u32::MAX;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputGraph {
     children: Vec<SmallVec<[u32; 2]>>,
+    /// Every vertex after all of its children, computed once at construction.
+    order: Vec<u32>,
+}
+
+/// Vertices of a DAG given by its child lists, each after all of its children (an iterative
+/// post-order walk, so deep graphs are fine).
+fn children_first(children: &[SmallVec<[u32; 2]>]) -> Vec<u32> {
+    let n = children.len();
+    let mut done = vec![false; n];
+    let mut order = Vec::with_capacity(n);
+    let mut stack = Vec::new();
+    for root in 0..n {
+        stack.push((root, false));
+        while let Some((v, expanded)) = stack.pop() {
+            if done[v] {
+                continue;
+            }
+            if expanded {
+                done[v] = true;
+                order.push(v as u32);
+            } else {
+                stack.push((v, true));
+                stack.extend(
+                    children[v].iter().filter(|&&c| c != NO_CHILD && !done[c as usize]).map(|&c| (c as usize, false)),
+                );
+            }
+        }
+    }
+    order
 }
 
 impl InputGraph {
@@ -34,15 +63,60 @@ impl InputGraph {
             }
             out.push(list);
         }
-        let g = InputGraph { children: out };
+        let mut g = InputGraph { children: out, order: Vec::new() };
         g.check_acyclic()?;
+        g.order = children_first(&g.children);
         Ok(g)
     }
 
     /// A chain (a sequence): vertex `i` has vertex `i − 1` as its only child; the last is the root.
     pub fn chain(len: usize) -> InputGraph {
         let children = (0..len).map(|i| if i == 0 { SmallVec::new() } else { SmallVec::from_slice(&[i as u32 - 1]) });
-        InputGraph { children: children.collect() }
+        InputGraph { children: children.collect(), order: (0..len as u32).collect() }
+    }
+
+    /// A balanced binary tree over `leaves` leaves (the leaves first, pairs merged level by
+    /// level; an odd vertex out gets a one-child parent). The root is the last vertex.
+    pub fn balanced_binary(leaves: usize) -> InputGraph {
+        let mut children: Vec<Vec<Option<usize>>> = vec![vec![]; leaves];
+        let mut level: Vec<usize> = (0..leaves).collect();
+        while level.len() > 1 {
+            let mut next = Vec::with_capacity(level.len().div_ceil(2));
+            for pair in level.chunks(2) {
+                children.push(pair.iter().map(|&c| Some(c)).collect());
+                next.push(children.len() - 1);
+            }
+            level = next;
+        }
+        InputGraph::from_children(children).expect("merging disjoint subtrees gives a tree")
+    }
+
+    /// A random graph of `n` vertices for tests and benchmarks: each vertex fills each of its
+    /// `arity` slots (a random 0–3 when `arity` is 0) with an earlier vertex with probability
+    /// 0.7; unless `dag`, a vertex becomes a child at most once (a forest).
+    pub fn random(rng: &mut crate::rng::Rng, n: usize, arity: usize, dag: bool) -> InputGraph {
+        let mut has_parent = vec![false; n];
+        let children = (0..n)
+            .map(|v| {
+                let slots = if arity == 0 { rng.below(4) } else { arity };
+                (0..slots)
+                    .map(|_| {
+                        let c = (v > 0 && rng.uniform() < 0.7).then(|| rng.below(v))?;
+                        if !dag && has_parent[c] {
+                            return None;
+                        }
+                        has_parent[c] = true;
+                        Some(c)
+                    })
+                    .collect()
+            })
+            .collect();
+        InputGraph::from_children(children).expect("children are earlier vertices")
+    }
+
+    /// Every vertex, each after all of its children.
+    pub fn children_first(&self) -> &[u32] {
+        &self.order
     }
 
     /// A graph of `n` vertices from `(parent, child)` edges; each parent's children take slots in

@@ -198,31 +198,6 @@ pub struct GraphRun {
     pub param_grads: Vec<Vec<f32>>,
 }
 
-/// Vertices of `g` with every child before its parents (iterative, so deep graphs are fine).
-pub fn children_first(g: &crate::graph::InputGraph) -> Vec<usize> {
-    let mut done = vec![false; g.len()];
-    let mut order = Vec::with_capacity(g.len());
-    let mut stack = Vec::new();
-    for root in 0..g.len() {
-        stack.push((root, false));
-        while let Some((v, expanded)) = stack.pop() {
-            if done[v] {
-                continue;
-            }
-            if expanded {
-                done[v] = true;
-                order.push(v);
-            } else {
-                stack.push((v, true));
-                stack.extend(
-                    g.children(v).iter().filter(|&&c| c != crate::graph::NO_CHILD).map(|&c| (c as usize, false)),
-                );
-            }
-        }
-    }
-    order
-}
-
 /// Runs F and then F' over one graph, vertex by vertex. `pulls[i]` and `push_grads[o]` hold one
 /// row block per vertex, in vertex order.
 pub fn run_graph(
@@ -233,7 +208,7 @@ pub fn run_graph(
     push_grads: &[&[f32]],
 ) -> GraphRun {
     let n = g.len();
-    let order = children_first(g);
+    let order: Vec<usize> = g.children_first().iter().map(|&v| v as usize).collect();
     let block = |s: &Shape| s.numel();
     let mut values: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
     let mut states: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
