@@ -28,6 +28,59 @@ enum Command {
     Train(TrainArgs),
     /// Evaluate a checkpoint on the test split of its data.
     Eval(EvalArgs),
+    /// Measure training or inference throughput on SST (or synthetic trees).
+    Bench(BenchArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Mode {
+    /// Forward, backward, and the optimizer update.
+    Train,
+    /// Forward only (inference mode: nothing kept for backward).
+    Infer,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Device {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Parser)]
+struct BenchArgs {
+    /// The model (ggnn is benchmarked by `arbor train --model ggnn`).
+    #[arg(long, value_enum, default_value = "tree-lstm")]
+    model: ModelArg,
+    /// An SST directory; without it, the synthetic treebank (balanced binary trees for tree-fc).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Trees per minibatch.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Hidden state width.
+    #[arg(long, default_value_t = 150)]
+    hidden: usize,
+    /// Word vector width.
+    #[arg(long, default_value_t = 300)]
+    embed: usize,
+    /// Training sentences in the timed run (the first N, cycled if needed).
+    #[arg(long, default_value_t = 2000)]
+    sentences: usize,
+    /// What to time.
+    #[arg(long, value_enum, default_value = "train")]
+    mode: Mode,
+    /// Where the loss is taken (train mode).
+    #[arg(long, value_enum, default_value = "root")]
+    loss: Loss,
+    /// The compute device.
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
+    /// Worker threads for matrix products (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Leaves of each synthetic tree for tree-fc without --data.
+    #[arg(long, default_value_t = 32)]
+    leaves: usize,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -55,7 +108,7 @@ impl ModelArg {
     }
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum Loss {
     /// Loss on every tree's root.
     Root,
@@ -147,6 +200,7 @@ fn main() {
     let result = match cli.command {
         Command::Train(args) => train(&args),
         Command::Eval(args) => eval(&args),
+        Command::Bench(args) => bench(&args),
     };
     if let Err(e) = result {
         eprintln!("arbor: {e}");
@@ -467,6 +521,110 @@ fn eval(args: &EvalArgs) -> Result<()> {
     println!(
         "{}",
         json!({"model": model_kind.name(), "checkpoint": dir.display().to_string(), "test_acc": acc, "trees": test.len()})
+    );
+    Ok(())
+}
+
+/// Peak resident memory of this process in MiB (Linux), or 0 where unknown.
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn bench(args: &BenchArgs) -> Result<()> {
+    if args.device == Device::Cuda {
+        let why = match arbor_cuda::device_count() {
+            Ok(n) if n > 0 => "the CUDA backend is not built yet".to_string(),
+            Ok(_) => "no CUDA device".to_string(),
+            Err(e) => e.to_string(),
+        };
+        return Err(Error::Input { what: "--device cuda".into(), expected: "a usable CUDA backend".into(), got: why });
+    }
+    if let Some(t) = args.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(t.max(1)).build_global().map_err(|e| Error::Input {
+            what: "--threads".into(),
+            expected: "a thread pool".into(),
+            got: e.to_string(),
+        })?;
+    }
+    let model_kind = args.model.model();
+    if matches!(args.model, ModelArg::Ggnn) || args.batch == 0 || args.sentences == 0 {
+        return Err(Error::Input {
+            what: "arguments".into(),
+            expected: "a tree or sequence model, --batch and --sentences above 0".into(),
+            got: format!("{} {} {}", model_kind.name(), args.batch, args.sentences),
+        });
+    }
+    let (pool, vocab, classes) = match (&args.data, model_kind) {
+        (None, Model::TreeFc) => {
+            let tree = synthetic::generate(1, 2, 0).remove(0);
+            let graph = arbor::InputGraph::balanced_binary(args.leaves);
+            let n = graph.len();
+            let ex = TreeExample { graph, words: vec![2; n], labels: vec![tree.labels[0]; n] };
+            (vec![ex], synthetic::vocab().len(), synthetic::CLASSES)
+        }
+        _ => {
+            let d = load(args.data.as_deref(), 1, false, model_kind)?;
+            (d.train, d.vocab.len(), d.classes)
+        }
+    };
+    let examples: Vec<&TreeExample> = pool.iter().cycle().take(args.sentences).collect();
+    let cell = model_kind.cell(args.embed, args.hidden)?;
+    let (fwd_flops, bwd_flops) = cell.flops_per_vertex();
+    let mut rng = Rng::new(1);
+    let mut model = Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?;
+    let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
+    let loss_on = if args.loss == Loss::All && !model_kind.chains() { LossOn::All } else { LossOn::Root };
+    let mut run = |batch: &[&TreeExample]| -> Result<()> {
+        match args.mode {
+            Mode::Train => model.train_step(batch, loss_on, &mut opt, None).map(|_| ()),
+            Mode::Infer => {
+                let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
+                let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
+                let h = model.infer(&graphs, &ids)?;
+                model.out.predict(&h).map(|_| ())
+            }
+        }
+    };
+    let warmup = args.sentences.min(args.batch * 3);
+    for chunk in examples[..warmup].chunks(args.batch) {
+        run(chunk)?;
+    }
+    let pb = bar(
+        examples.len(),
+        format!("bench {} {}", model_kind.name(), if args.mode == Mode::Train { "train" } else { "infer" }),
+    );
+    let start = Instant::now();
+    for chunk in examples.chunks(args.batch) {
+        run(chunk)?;
+        pb.inc(chunk.len() as u64);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
+    let flops = vertices as f64 * (fwd_flops + if args.mode == Mode::Train { bwd_flops } else { 0 }) as f64;
+    println!(
+        "{}",
+        json!({
+            "model": model_kind.name(),
+            "mode": if args.mode == Mode::Train { "train" } else { "infer" },
+            "device": "cpu",
+            "threads": rayon::current_num_threads(),
+            "batch": args.batch,
+            "hidden": args.hidden,
+            "embed": args.embed,
+            "loss": if loss_on == LossOn::All { "all" } else { "root" },
+            "sentences": args.sentences,
+            "seconds": (seconds * 1e4).round() / 1e4,
+            "sent_per_s": (args.sentences as f64 / seconds).round(),
+            "vertices_per_s": (vertices as f64 / seconds).round(),
+            "gflops": (flops / seconds / 1e7).round() / 100.0,
+            "peak_rss_mb": (peak_rss_mb() * 10.0).round() / 10.0,
+        })
     );
     Ok(())
 }

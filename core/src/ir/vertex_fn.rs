@@ -159,6 +159,38 @@ impl VertexFn {
         dep
     }
 
+    /// Floating-point operations per vertex: `(forward, backward)`. Matrix products count
+    /// `2·m·k·n`, element-wise ops one per element; backward includes the parameter-gradient
+    /// products.
+    pub fn flops_per_vertex(&self) -> (u64, u64) {
+        fn count(func: &super::Func) -> u64 {
+            func.nodes
+                .iter()
+                .map(|n| match n.op {
+                    Op::MatMul { a, ta, .. } => {
+                        let s = &func.node(a).shape;
+                        let k = if ta { s.rows() } else { s.cols() };
+                        2 * (n.shape.numel() * k) as u64
+                    }
+                    ref op if op.is_load() => 0,
+                    _ => n.shape.numel() as u64,
+                })
+                .sum()
+        }
+        let b = &self.backward;
+        let param_grads: u64 = b
+            .param_grads
+            .iter()
+            .map(|g| match *g {
+                super::ParamGrad::MatMul { x, dy, .. } => {
+                    2 * (b.func.node(x).shape.numel() * b.func.node(dy).shape.cols()) as u64
+                }
+                super::ParamGrad::SumRows { dy, .. } => b.func.node(dy).shape.numel() as u64,
+            })
+            .sum();
+        (count(&self.forward), count(&b.func) + param_grads)
+    }
+
     /// Fresh parameter values drawn from their initialisers with `rng`, in declaration order.
     pub fn init_params(&self, rng: &mut Rng) -> Vec<Vec<f32>> {
         self.params
