@@ -79,6 +79,13 @@ pub struct Engine<B: Backend> {
     memory: MemoryPlan,
     index_layout: IndexLayout,
     trained: bool,
+    /// Per task, which forward values are known to be all zeros.
+    zero_fwd: Vec<Vec<bool>>,
+    /// Per task, which backward values are known to be all zeros.
+    zero_bwd: Vec<Vec<bool>>,
+    /// Per input, which rows (in row order) are all zeros.
+    pull_zero_rows: Vec<Vec<bool>>,
+    skip_padding_grads: bool,
     host: Vec<f32>,
     host_index: Vec<u32>,
 }
@@ -109,6 +116,10 @@ impl<B: Backend> Engine<B> {
             memory: MemoryPlan::default(),
             index_layout: IndexLayout::default(),
             trained: false,
+            zero_fwd: Vec::new(),
+            zero_bwd: Vec::new(),
+            pull_zero_rows: Vec::new(),
+            skip_padding_grads: false,
             host: Vec::new(),
             host_index: Vec::new(),
         };
@@ -134,6 +145,12 @@ impl<B: Backend> Engine<B> {
     /// The memory plan of the last forward pass.
     pub fn memory_plan(&self) -> &MemoryPlan {
         &self.memory
+    }
+
+    /// Treats all-zero input rows as padding: their gradient is reported as zero and not
+    /// computed (e.g. the internal vertices of a constituency tree, which have no word).
+    pub fn set_skip_padding_grads(&mut self, skip: bool) {
+        self.skip_padding_grads = skip;
     }
 
     /// Schedules later minibatches with `policy` (the default batches by height).
@@ -204,17 +221,31 @@ impl<B: Backend> Engine<B> {
         self.index_layout = IndexLayout::new(f.arity(), &self.schedule);
         self.trained = train;
         self.reserve()?;
-        let n = self.schedule.len();
         let regions: Vec<usize> = self.memory.pulls.iter().map(|r| r.offset).collect();
-        self.upload_ports("input", f.inputs(), pulls, &regions)?;
+        self.pull_zero_rows = self.upload_ports("input", f.inputs(), pulls, &regions)?;
         self.upload_index()?;
+        self.zero_fwd = (0..self.schedule.tasks.len())
+            .map(|t| {
+                let rows = self.schedule.tasks[t].clone();
+                f.forward().known_zeros(|_, op| match *op {
+                    Op::Gather { slot, .. } => {
+                        self.schedule.child_rows.get(slot).is_none_or(|c| c[rows.clone()].iter().all(|&r| r == NO_ROW))
+                    }
+                    Op::GatherSum { .. } => {
+                        self.schedule.child_offsets[rows.start] == self.schedule.child_offsets[rows.end]
+                    }
+                    Op::Pull { input } => self.task_all(t, &self.pull_zero_rows[input]),
+                    _ => false,
+                })
+            })
+            .collect();
         let plan = if train { f.forward_plan() } else { f.inference_plan() };
-        self.run_phase(Pass::Forward, plan, Phase::Prologue, 0..n)?;
-        for t in 0..self.schedule.tasks.len() {
-            let rows = self.schedule.tasks[t].clone();
-            self.run_phase(Pass::Forward, plan, Phase::Recurrent, rows)?;
+        let tasks = self.schedule.tasks.len();
+        self.run_phase(Pass::Forward, plan, Phase::Prologue, 0..tasks)?;
+        for t in 0..tasks {
+            self.run_phase(Pass::Forward, plan, Phase::Recurrent, t..t + 1)?;
         }
-        self.run_phase(Pass::Forward, plan, Phase::Epilogue, 0..n)?;
+        self.run_phase(Pass::Forward, plan, Phase::Epilogue, 0..tasks)?;
         let outputs: Vec<(ValueId, usize)> = f.outputs().iter().map(|o| (o.value, o.shape.numel())).collect();
         outputs.into_iter().map(|(v, block)| self.download_rows(self.loc(Pass::Forward, v, 0, 0)?, block)).collect()
     }
@@ -233,7 +264,26 @@ impl<B: Backend> Engine<B> {
         }
         let n = self.schedule.len();
         let regions: Vec<usize> = self.memory.push_grads.iter().map(|r| r.offset).collect();
-        self.upload_ports("gradient of output", f.outputs(), push_grads, &regions)?;
+        let push_zero = self.upload_ports("gradient of output", f.outputs(), push_grads, &regions)?;
+        let b = f.backward();
+        self.zero_bwd = (0..self.schedule.tasks.len())
+            .map(|t| {
+                let mut z = b.func.known_zeros(|_, op| match *op {
+                    Op::Primal { value } => self.zero_fwd[t][value.index()],
+                    Op::PushGrad { output } => self.task_all(t, &push_zero[output]),
+                    _ => false,
+                });
+                if self.skip_padding_grads {
+                    let users = b.func.users();
+                    for (i, g) in b.pull_grads.iter().enumerate() {
+                        if let Some(g) = g.filter(|g| users[g.index()].is_empty()) {
+                            z[g.index()] |= self.task_all(t, &self.pull_zero_rows[i]);
+                        }
+                    }
+                }
+                z
+            })
+            .collect();
         for (s, st) in f.states().iter().enumerate() {
             let at = Loc { buf: ARENA, offset: self.memory.state_grads[s].offset };
             let len = n * st.shape.numel();
@@ -248,23 +298,30 @@ impl<B: Backend> Engine<B> {
         )?;
 
         let plan = f.backward_plan();
-        self.run_phase(Pass::Backward, plan, Phase::Prologue, 0..n)?;
-        self.send_child_grads(plan, Phase::Prologue, 0..n)?;
-        for t in (0..self.schedule.tasks.len()).rev() {
-            let rows = self.schedule.tasks[t].clone();
-            self.run_phase(Pass::Backward, plan, Phase::Recurrent, rows.clone())?;
-            self.send_child_grads(plan, Phase::Recurrent, rows)?;
+        let tasks = self.schedule.tasks.len();
+        self.run_phase(Pass::Backward, plan, Phase::Prologue, 0..tasks)?;
+        self.send_child_grads(plan, Phase::Prologue, 0..tasks)?;
+        for t in (0..tasks).rev() {
+            self.run_phase(Pass::Backward, plan, Phase::Recurrent, t..t + 1)?;
+            self.send_child_grads(plan, Phase::Recurrent, t..t + 1)?;
         }
-        self.run_phase(Pass::Backward, plan, Phase::Epilogue, 0..n)?;
+        self.run_phase(Pass::Backward, plan, Phase::Epilogue, 0..tasks)?;
         self.param_grads()?;
 
         let mut pulls = Vec::with_capacity(f.inputs().len());
         for (i, port) in f.inputs().iter().enumerate() {
             let block = port.shape.numel();
-            pulls.push(match f.backward().pull_grads[i] {
+            let mut rows = match f.backward().pull_grads[i] {
                 Some(g) => self.download_rows(self.loc(Pass::Backward, g, 0, 0)?, block)?,
                 None => vec![0.0; n * block],
-            });
+            };
+            if self.skip_padding_grads {
+                for (r, _) in self.pull_zero_rows[i].iter().enumerate().filter(|(_, z)| **z) {
+                    let v = self.schedule.vertex_of_row[r] as usize;
+                    rows[v * block..(v + 1) * block].fill(0.0);
+                }
+            }
+            pulls.push(rows);
         }
         Ok(Gradients { pulls, params: self.read_params(GRADS)? })
     }
@@ -281,7 +338,14 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Checks one block of rows per vertex for every port and uploads each into its region.
-    fn upload_ports(&mut self, what: &str, ports: &[Port], data: &[&[f32]], regions: &[usize]) -> Result<()> {
+    /// Returns, per port, which rows (in row order) are all zeros.
+    fn upload_ports(
+        &mut self,
+        what: &str,
+        ports: &[Port],
+        data: &[&[f32]],
+        regions: &[usize],
+    ) -> Result<Vec<Vec<bool>>> {
         let n = self.schedule.len();
         if data.len() != ports.len() {
             return Err(Error::Input {
@@ -290,6 +354,7 @@ impl<B: Backend> Engine<B> {
                 got: format!("{}", data.len()),
             });
         }
+        let mut zero = Vec::with_capacity(ports.len());
         for ((rows, port), &at) in data.iter().zip(ports).zip(regions) {
             let block = port.shape.numel();
             if rows.len() != n * block {
@@ -299,19 +364,28 @@ impl<B: Backend> Engine<B> {
                     got: format!("{}", rows.len()),
                 });
             }
-            self.upload_rows(at, rows, block)?;
+            zero.push(self.upload_rows(at, rows, block)?);
         }
-        Ok(())
+        Ok(zero)
     }
 
-    /// Writes rows given in merged-vertex order into the arena in row order.
-    fn upload_rows(&mut self, at: usize, src: &[f32], block: usize) -> Result<()> {
+    /// Writes rows given in merged-vertex order into the arena in row order; returns which rows
+    /// (in row order) are all zeros.
+    fn upload_rows(&mut self, at: usize, src: &[f32], block: usize) -> Result<Vec<bool>> {
         self.host.clear();
+        let mut zero = Vec::with_capacity(self.schedule.len());
         for &v in &self.schedule.vertex_of_row {
-            let v = v as usize;
-            self.host.extend_from_slice(&src[v * block..(v + 1) * block]);
+            let row = &src[v as usize * block..(v as usize + 1) * block];
+            zero.push(row.iter().all(|&x| x == 0.0));
+            self.host.extend_from_slice(row);
         }
-        self.backend.write(&mut self.bufs[ARENA], at, &self.host)
+        self.backend.write(&mut self.bufs[ARENA], at, &self.host)?;
+        Ok(zero)
+    }
+
+    /// Whether every row of task `t` is flagged in `rows`.
+    fn task_all(&self, t: usize, rows: &[bool]) -> bool {
+        rows[self.schedule.tasks[t].clone()].iter().all(|&z| z)
     }
 
     /// Reads a region in row order and returns it in merged-vertex order.
@@ -368,16 +442,46 @@ impl<B: Backend> Engine<B> {
             .ok_or_else(|| internal(format!("value {v} of `{}` is read but never stored", self.f.name())))
     }
 
-    fn run_phase(&mut self, pass: Pass, plan: &Plan, phase: Phase, rows: Range<usize>) -> Result<()> {
-        if rows.is_empty() {
-            return Ok(());
+    /// Row ranges of the tasks in `tasks`, merged into runs of equal `zero(task)`.
+    fn runs(&self, tasks: Range<usize>, zero: impl Fn(usize) -> bool) -> Vec<(Range<usize>, bool)> {
+        let mut out: Vec<(Range<usize>, bool)> = Vec::new();
+        for t in tasks {
+            let (rows, z) = (self.schedule.tasks[t].clone(), zero(t));
+            match out.last_mut() {
+                Some((r, lz)) if *lz == z && r.end == rows.start => r.end = rows.end,
+                _ => out.push((rows, z)),
+            }
         }
+        out
+    }
+
+    fn zero(&self, pass: Pass, t: usize, v: ValueId) -> bool {
+        match pass {
+            Pass::Forward => self.zero_fwd[t][v.index()],
+            Pass::Backward => self.zero_bwd[t][v.index()],
+        }
+    }
+
+    /// Runs the steps of `phase` over the rows of `tasks` (one task for the recurrent phase). A
+    /// matrix product known to be zero on a run of tasks becomes a zero fill there.
+    fn run_phase(&mut self, pass: Pass, plan: &Plan, phase: Phase, tasks: Range<usize>) -> Result<()> {
+        let Some(rows) = self.schedule.tasks.get(tasks.start).map(|r| r.start..self.schedule.tasks[tasks.end - 1].end)
+        else {
+            return Ok(());
+        };
         for step in &plan.phases[phase as usize] {
             match step {
                 Step::Gemm(v) => {
-                    let g = self.gemm_call(pass, *v, rows.clone())?;
-                    let backend = &self.backend;
-                    backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                    for (run, zero) in self.runs(tasks.clone(), |t| self.zero(pass, t, *v)) {
+                        if zero {
+                            let at = self.loc(pass, *v, run.start, run.start)?;
+                            let len = run.len() * self.func(pass).node(*v).shape.numel();
+                            self.backend.fill(&mut Mem { data: &mut self.bufs, index: &self.index }, at, len, 0.0)?;
+                        } else {
+                            let g = self.gemm_call(pass, *v, run)?;
+                            self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                        }
+                    }
                 }
                 Step::Fused(k) => self.run_kernel(pass, k, rows.clone())?,
             }
@@ -446,13 +550,21 @@ impl<B: Backend> Engine<B> {
         backend.fused(&mut Mem { data: &mut self.bufs, index: &self.index }, k, n, &loads, &stores)
     }
 
-    /// Scatter-adds the children's gradients computed in `phase` for `rows`.
-    fn send_child_grads(&mut self, plan: &Plan, phase: Phase, rows: Range<usize>) -> Result<()> {
+    /// Scatter-adds the children's gradients computed in `phase` for the rows of `tasks`,
+    /// skipping those known to be zero there.
+    fn send_child_grads(&mut self, plan: &Plan, phase: Phase, tasks: Range<usize>) -> Result<()> {
+        let Some(rows) = self.schedule.tasks.get(tasks.start).map(|r| r.start..self.schedule.tasks[tasks.end - 1].end)
+        else {
+            return Ok(());
+        };
         let (r0, n) = (rows.start, rows.len());
         let ix = &self.index_layout;
         let mut calls = Vec::new();
         for cg in &self.f.backward().child_grads {
-            if plan.phase[cg.value.index()] != phase || n == 0 {
+            if plan.phase[cg.value.index()] != phase
+                || n == 0
+                || tasks.clone().all(|t| self.zero_bwd[t][cg.value.index()])
+            {
                 continue;
             }
             let block = self.f.states()[cg.state].shape.numel();
@@ -470,12 +582,10 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// Forms every parameter gradient with one operation per term over all vertices.
+    /// Forms every parameter gradient with one operation per term over all vertices (per run of
+    /// tasks where the term can be non-zero).
     fn param_grads(&mut self) -> Result<()> {
-        let n = self.schedule.len();
-        if n == 0 {
-            return Ok(());
-        }
+        let tasks = 0..self.schedule.tasks.len();
         let b = self.f.backward();
         let func = &b.func;
         for pg in &b.param_grads {
@@ -485,38 +595,39 @@ impl<B: Backend> Engine<B> {
             match *pg {
                 ParamGrad::MatMul { x, dy, .. } => {
                     let (nx, ny) = (func.node(x), func.node(dy));
-                    let g = Gemm {
-                        m: nx.shape.cols(),
-                        n: ny.shape.cols(),
-                        k: n * nx.shape.rows(),
-                        a: self.loc(Pass::Backward, x, 0, 0)?,
-                        lda: nx.shape.cols(),
-                        ta: true,
-                        b: self.loc(Pass::Backward, dy, 0, 0)?,
-                        ldb: ny.shape.cols(),
-                        tb: false,
-                        c: dst,
-                        ldc: decl.shape.cols(),
-                        accumulate: true,
-                        batch: 1,
-                        stride_a: 0,
-                        stride_b: 0,
-                        stride_c: 0,
-                    };
-                    self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                    let zero = |t: usize| self.zero_bwd[t][x.index()] || self.zero_bwd[t][dy.index()];
+                    for (run, _) in self.runs(tasks.clone(), zero).into_iter().filter(|(_, z)| !z) {
+                        let g = Gemm {
+                            m: nx.shape.cols(),
+                            n: ny.shape.cols(),
+                            k: run.len() * nx.shape.rows(),
+                            a: self.loc(Pass::Backward, x, run.start, 0)?,
+                            lda: nx.shape.cols(),
+                            ta: true,
+                            b: self.loc(Pass::Backward, dy, run.start, 0)?,
+                            ldb: ny.shape.cols(),
+                            tb: false,
+                            c: dst,
+                            ldc: decl.shape.cols(),
+                            accumulate: true,
+                            batch: 1,
+                            stride_a: 0,
+                            stride_b: 0,
+                            stride_c: 0,
+                        };
+                        self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                    }
                 }
                 ParamGrad::SumRows { dy, .. } => {
                     let period = decl.shape.numel();
-                    let rows = n * func.node(dy).shape.numel() / period;
-                    let src = self.loc(Pass::Backward, dy, 0, 0)?;
-                    self.backend.sum_rows(
-                        &mut Mem { data: &mut self.bufs, index: &self.index },
-                        src,
-                        rows,
-                        period,
-                        dst,
-                        true,
-                    )?;
+                    let block = func.node(dy).shape.numel();
+                    for (run, _) in
+                        self.runs(tasks.clone(), |t| self.zero_bwd[t][dy.index()]).into_iter().filter(|(_, z)| !z)
+                    {
+                        let src = self.loc(Pass::Backward, dy, run.start, 0)?;
+                        let mem = &mut Mem { data: &mut self.bufs, index: &self.index };
+                        self.backend.sum_rows(mem, src, run.len() * block / period, period, dst, true)?;
+                    }
                 }
             }
         }

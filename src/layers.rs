@@ -265,8 +265,7 @@ impl SoftmaxClassifier {
         self.classes
     }
 
-    /// Class probabilities of every row.
-    pub fn probabilities(&self, rows: &[f32]) -> Result<Vec<f32>> {
+    fn check_rows(&self, rows: &[f32]) -> Result<usize> {
         if rows.len() % self.input.max(1) != 0 {
             return Err(Error::Input {
                 what: "classifier input".into(),
@@ -274,22 +273,32 @@ impl SoftmaxClassifier {
                 got: format!("{} values", rows.len()),
             });
         }
-        let (n, c) = (rows.len() / self.input.max(1), self.classes);
-        let mut p = vec![0.0; n * c];
-        for (x, out) in rows.chunks_exact(self.input).zip(p.chunks_exact_mut(c)) {
-            out.copy_from_slice(&self.bias);
-            for (xi, w) in x.iter().zip(self.weight.chunks_exact(c)) {
-                for (o, wj) in out.iter_mut().zip(w) {
-                    *o += xi * wj;
-                }
+        Ok(rows.len() / self.input.max(1))
+    }
+
+    /// The class probabilities of one row, written to `out`.
+    fn row_probabilities(&self, x: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(&self.bias);
+        for (xi, w) in x.iter().zip(self.weight.chunks_exact(self.classes)) {
+            for (o, wj) in out.iter_mut().zip(w) {
+                *o += xi * wj;
             }
-            let max = out.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            for o in out.iter_mut() {
-                *o = (*o - max).exp();
-                sum += *o;
-            }
-            out.iter_mut().for_each(|o| *o /= sum);
+        }
+        let max = out.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0;
+        for o in out.iter_mut() {
+            *o = (*o - max).exp();
+            sum += *o;
+        }
+        out.iter_mut().for_each(|o| *o /= sum);
+    }
+
+    /// Class probabilities of every row.
+    pub fn probabilities(&self, rows: &[f32]) -> Result<Vec<f32>> {
+        let n = self.check_rows(rows)?;
+        let mut p = vec![0.0; n * self.classes];
+        for (x, out) in rows.chunks_exact(self.input).zip(p.chunks_exact_mut(self.classes)) {
+            self.row_probabilities(x, out);
         }
         Ok(p)
     }
@@ -300,10 +309,23 @@ impl SoftmaxClassifier {
         Ok(p.chunks_exact(self.classes).map(argmax).collect())
     }
 
+    /// The most likely class of row `row` only.
+    pub fn predict_row(&self, rows: &[f32], row: usize) -> Result<usize> {
+        let x = rows.get(row * self.input..(row + 1) * self.input).ok_or_else(|| Error::Input {
+            what: "classifier row".into(),
+            expected: format!("a row below {}", rows.len() / self.input.max(1)),
+            got: row.to_string(),
+        })?;
+        let mut p = vec![0.0; self.classes];
+        self.row_probabilities(x, &mut p);
+        Ok(argmax(&p))
+    }
+
     /// Mean cross-entropy of the rows that have a target, with all gradients.
     pub fn loss(&self, rows: &[f32], targets: &[Option<u32>]) -> Result<LossOutput> {
-        let mut p = self.probabilities(rows)?;
+        self.check_rows(rows)?;
         let (c, d) = (self.classes, self.input);
+        let mut probs = vec![0.0; c];
         if targets.len() * d != rows.len() {
             return Err(Error::Input {
                 what: "classifier targets".into(),
@@ -326,10 +348,10 @@ impl SoftmaxClassifier {
         let mut grads = ClassifierGrads { weight: vec![0.0; d * c], bias: vec![0.0; c] };
         let mut grad_input = vec![0.0; rows.len()];
         for (i, t) in targets.iter().enumerate() {
-            let probs = &mut p[i * c..(i + 1) * c];
             let Some(t) = t.map(|t| t as usize) else { continue };
+            self.row_probabilities(&rows[i * d..(i + 1) * d], &mut probs);
             loss -= probs[t].max(f32::MIN_POSITIVE).ln();
-            correct += usize::from(argmax(probs) == t);
+            correct += usize::from(argmax(&probs) == t);
             // d loss / d logits = (softmax − onehot) / count.
             probs[t] -= 1.0;
             probs.iter_mut().for_each(|g| *g *= scale);

@@ -586,7 +586,12 @@ fn bench(args: &BenchArgs) -> Result<()> {
                 let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
                 let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
                 let h = model.infer(&graphs, &ids)?;
-                model.out.predict(&h).map(|_| ())
+                let mut root = 0;
+                for e in batch {
+                    root += e.graph.len();
+                    model.out.predict_row(&h, root - 1)?;
+                }
+                Ok(())
             }
         }
     };

@@ -92,7 +92,9 @@ impl Classifier {
             embed = embed.with_padding(id);
         }
         let params = cell.init_params(rng);
-        let engine = Engine::new(CpuBackend::new(), cell, &params)?;
+        let mut engine = Engine::new(CpuBackend::new(), cell, &params)?;
+        // The padding row's gradient is dropped by the embedding, so the engine need not form it.
+        engine.set_skip_padding_grads(padding.is_some());
         Ok(Classifier { embed, engine, out: SoftmaxClassifier::new(hidden, classes, rng) })
     }
 
@@ -269,11 +271,10 @@ impl Classifier {
             let b = batch(&refs);
             let targets = LossOn::Root.select(&b.graphs, &b.labels)?;
             let h = self.infer(&b.graphs, &b.words)?;
-            let predicted = self.out.predict(&h)?;
-            for (p, t) in predicted.iter().zip(&targets) {
+            for (row, t) in targets.iter().enumerate() {
                 if let Some(t) = t {
                     count += 1;
-                    correct += usize::from(*p == *t as usize);
+                    correct += usize::from(self.out.predict_row(&h, row)? == *t as usize);
                 }
             }
         }

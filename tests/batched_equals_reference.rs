@@ -137,6 +137,35 @@ fn odd_ops_on_a_fixed_dag() {
 }
 
 #[test]
+fn zero_blocks_are_skipped_exactly() {
+    for seed in [6, 12, 18] {
+        check(nn::tree_lstm(6, 5).unwrap(), seed, 20, 60, false);
+        check(nn::child_sum_tree_lstm(4, 3, 3).unwrap(), seed, 20, 60, true);
+        check(odd_cell(), seed, 6, 30, true);
+    }
+}
+
+#[test]
+fn padding_rows_get_zero_gradients_when_asked() {
+    let f = nn::tree_lstm(3, 2).unwrap();
+    let params = f.init_params(&mut Rng::new(1));
+    let g = InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)]]).unwrap();
+    let x = [0.5, -0.2, 0.1, 0.3, 0.3, -0.7, 0.0, 0.0, 0.0];
+    let dh = [0.0, 0.0, 0.0, 0.0, 1.0, -1.0];
+    let mut plain = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+    plain.forward(&[&g], &[&x]).unwrap();
+    let want = plain.backward(&[&dh]).unwrap();
+    let mut skipping = Engine::new(CpuBackend::new(), f, &params).unwrap();
+    skipping.set_skip_padding_grads(true);
+    skipping.forward(&[&g], &[&x]).unwrap();
+    let got = skipping.backward(&[&dh]).unwrap();
+    assert_eq!(got.pulls[0][..6], want.pulls[0][..6]);
+    assert!(want.pulls[0][6..].iter().any(|&v| v != 0.0), "the root's input gradient is not zero without skipping");
+    assert_eq!(got.pulls[0][6..], [0.0; 3]);
+    assert_eq!(got.params, want.params);
+}
+
+#[test]
 fn empty_slots_and_single_vertices() {
     let f = nn::tree_lstm(3, 2).unwrap();
     let mut rng = Rng::new(5);
