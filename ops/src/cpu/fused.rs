@@ -1,5 +1,7 @@
 //! Runs a fused kernel: the vertices are cut into chunks small enough that every intermediate
-//! of a chunk stays in cache, and each op runs as one loop over the chunk.
+//! of a chunk stays in cache, and each op runs as one loop over the chunk. Contiguous inputs are
+//! read where they lie and stored results are computed where they go; only intermediates and
+//! gathered rows use scratch.
 
 use super::memory::{load, Raw};
 use super::{bad, elementwise};
@@ -12,9 +14,23 @@ use std::cell::RefCell;
 /// Scratch elements a chunk may use across all of its intermediates.
 const CHUNK_ELEMS: usize = 1 << 15;
 
+/// Per-call scratch, kept per thread and only ever grown.
+#[derive(Default)]
+struct Scratch {
+    /// Intermediates.
+    regs: Vec<f32>,
+    /// Offset of each op's scratch in `regs`.
+    offs: Vec<usize>,
+    /// Where each op's values for the current chunk are.
+    at: Vec<*const f32>,
+    /// The store (if any) of each op.
+    store_of: Vec<Option<Loc>>,
+    /// The binding of each load op.
+    load_of: Vec<Option<Rows>>,
+}
+
 thread_local! {
-    /// Grow-only scratch: intermediates, then their offsets.
-    static SCRATCH: RefCell<(Vec<f32>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
@@ -22,74 +38,88 @@ pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &
     if load_ops.len() != loads.len() || k.stores.len() != stores.len() {
         return Err(bad(
             "fused",
-            format!(
-                "kernel has {} loads and {} stores, got {} and {}",
-                load_ops.len(),
-                k.stores.len(),
-                loads.len(),
-                stores.len()
-            ),
+            format!("kernel has {} loads and {} stores, got {} and {}", load_ops.len(), k.stores.len(), loads.len(), stores.len()),
         ));
     }
     let per_vertex: usize = k.nodes.iter().filter(|x| !x.is_param).map(|x| x.shape.numel()).sum();
     let chunk = (CHUNK_ELEMS / per_vertex.max(1)).clamp(1, n.max(1));
     SCRATCH.with(|s| {
-        let (regs, offs) = &mut *s.borrow_mut();
-        offs.clear();
+        let s = &mut *s.borrow_mut();
+        s.offs.clear();
         let mut total = 0;
         for x in &k.nodes {
-            offs.push(total);
+            s.offs.push(total);
             total += if x.is_param { x.shape.numel() } else { chunk * x.shape.numel() };
         }
-        offs.push(total);
-        if regs.len() < total {
-            regs.resize(total, 0.0);
+        if s.regs.len() < total {
+            s.regs.resize(total, 0.0);
+        }
+        s.at.clear();
+        s.at.resize(k.nodes.len(), std::ptr::null());
+        s.store_of.clear();
+        s.store_of.resize(k.nodes.len(), None);
+        for (&l, &at) in k.stores.iter().zip(stores) {
+            s.store_of[l] = Some(at);
+        }
+        s.load_of.clear();
+        s.load_of.resize(k.nodes.len(), None);
+        for (&l, &rows) in load_ops.iter().zip(loads) {
+            s.load_of[l] = Some(rows);
         }
         let mut start = 0;
         while start < n {
             let m = chunk.min(n - start);
-            run_chunk(raw, k, loads, stores, start, m, regs, offs)?;
+            run_chunk(raw, k, start, m, s)?;
             start += m;
         }
         Ok(())
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_chunk(
-    raw: &Raw<'_>,
-    k: &Kernel,
-    loads: &[Rows],
-    stores: &[Loc],
-    start: usize,
-    m: usize,
-    regs: &mut [f32],
-    offs: &[usize],
-) -> Result<()> {
-    let mut next_load = 0;
+fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch) -> Result<()> {
     for (l, node) in k.nodes.iter().enumerate() {
         let block = node.shape.numel();
         let len = if node.is_param { block } else { m * block };
-        // Inputs are earlier ops, so they lie below this op's register.
-        let (below, here) = regs.split_at_mut(offs[l]);
-        let out = &mut here[..len];
-        let reg = |v: arbor_core::ir::ValueId| {
-            let i = v.index();
-            let n = &k.nodes[i];
-            &below[offs[i]..offs[i] + if n.is_param { n.shape.numel() } else { m * n.shape.numel() }]
+        // An input in place: read it where it lies.
+        match s.load_of[l] {
+            Some(Rows::Contiguous(at)) if s.store_of[l].is_none() => {
+                // SAFETY: loads are never written by the call that reads them.
+                s.at[l] = unsafe { raw.get("fused load", at.offset_by(start * block), len)? }.as_ptr();
+                continue;
+            }
+            Some(Rows::Broadcast(at)) => {
+                s.at[l] = unsafe { raw.get("fused load", at, len)? }.as_ptr();
+                continue;
+            }
+            _ => {}
+        }
+        // Everything else is computed into its store or into scratch.
+        // SAFETY: a store's region is not read by this kernel (the memory plan keeps the regions
+        // a kernel writes apart from those it reads), and each scratch register is this op's own.
+        let out: &mut [f32] = match s.store_of[l] {
+            Some(at) => unsafe { raw.get_mut("fused store", at.offset_by(start * block), len)? },
+            None => unsafe { std::slice::from_raw_parts_mut(s.regs.as_mut_ptr().add(s.offs[l]), len) },
+        };
+        s.at[l] = out.as_ptr();
+        // Inputs are earlier ops; their values stay put for the whole chunk.
+        let reg = |v: arbor_core::ir::ValueId| -> &[f32] {
+            let x = &k.nodes[v.index()];
+            let len = if x.is_param { x.shape.numel() } else { m * x.shape.numel() };
+            // SAFETY: `at` of an earlier op points at `len` values written (or loaded) above.
+            unsafe { std::slice::from_raw_parts(s.at[v.index()], len) }
         };
         let rows = m * node.shape.rows();
         match &node.op {
             op if op.is_load() => {
-                load(raw, &loads[next_load], start, m, block, out)?;
-                next_load += 1;
+                let binding = s.load_of[l].ok_or_else(|| bad("fused", format!("load {l} has no binding")))?;
+                load(raw, &binding, start, m, block, out)?;
             }
             Op::Unary { op, x } => elementwise::unary(*op, reg(*x), out),
             Op::Binary { op, a, b } => elementwise::binary(*op, reg(*a), reg(*b), out),
-            Op::Slice { x, start: s, len } => {
+            Op::Slice { x, start: c0, len } => {
                 let w = k.nodes[x.index()].shape.cols();
                 for (o, i) in out.chunks_exact_mut(*len).zip(reg(*x).chunks_exact(w)) {
-                    o.copy_from_slice(&i[*s..s + len]);
+                    o.copy_from_slice(&i[*c0..c0 + len]);
                 }
             }
             Op::Concat { parts } => {
@@ -116,12 +146,6 @@ fn run_chunk(
             }
             op => return Err(bad("fused", format!("op {} cannot run in a fused kernel", op.name()))),
         }
-    }
-    for (&l, &at) in k.stores.iter().zip(stores) {
-        let block = k.nodes[l].shape.numel();
-        // SAFETY: a kernel's stores go to regions no load of the same call reads.
-        let dst = unsafe { raw.get_mut("fused store", at.offset_by(start * block), m * block)? };
-        dst.copy_from_slice(&regs[offs[l]..offs[l] + m * block]);
     }
     Ok(())
 }
