@@ -7,7 +7,7 @@ use arbor_core::error::Result;
 use gemm::Parallelism;
 
 /// Products with fewer multiply-adds than this run on one thread.
-const PARALLEL_FLOPS: usize = 1 << 20;
+const PARALLEL_FLOPS: usize = 1 << 24;
 
 /// Elements spanned by a stored `rows × cols` matrix with row stride `ld`.
 fn extent(rows: usize, cols: usize, ld: usize) -> usize {
