@@ -86,8 +86,14 @@ pub struct Engine<B: Backend> {
     /// Per input, which rows (in row order) are all zeros.
     pull_zero_rows: Vec<Vec<bool>>,
     skip_padding_grads: bool,
+    /// Floating-point operations executed so far (GEMMs and fused kernels).
+    flops: u64,
     host: Vec<f32>,
     host_index: Vec<u32>,
+}
+
+fn gemm_flops(g: &Gemm) -> u64 {
+    2 * (g.m * g.n * g.k * g.batch) as u64
 }
 
 fn internal(msg: String) -> Error {
@@ -120,6 +126,7 @@ impl<B: Backend> Engine<B> {
             zero_bwd: Vec::new(),
             pull_zero_rows: Vec::new(),
             skip_padding_grads: false,
+            flops: 0,
             host: Vec::new(),
             host_index: Vec::new(),
         };
@@ -151,6 +158,12 @@ impl<B: Backend> Engine<B> {
     /// computed (e.g. the internal vertices of a constituency tree, which have no word).
     pub fn set_skip_padding_grads(&mut self, skip: bool) {
         self.skip_padding_grads = skip;
+    }
+
+    /// Floating-point operations this engine has executed: `2·m·n·k` per matrix product, one
+    /// per element per fused op. Work skipped as known zeros is not counted.
+    pub fn flops(&self) -> u64 {
+        self.flops
     }
 
     /// Schedules later minibatches with `policy` (the default batches by height).
@@ -479,6 +492,7 @@ impl<B: Backend> Engine<B> {
                             self.backend.fill(&mut Mem { data: &mut self.bufs, index: &self.index }, at, len, 0.0)?;
                         } else {
                             let g = self.gemm_call(pass, *v, run)?;
+                            self.flops += gemm_flops(&g);
                             self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
                         }
                     }
@@ -527,6 +541,7 @@ impl<B: Backend> Engine<B> {
 
     fn run_kernel(&mut self, pass: Pass, k: &Kernel, rows: Range<usize>) -> Result<()> {
         let (r0, n) = (rows.start, rows.len());
+        self.flops += (n * k.nodes.iter().filter(|x| !x.op.is_load()).map(|x| x.shape.numel()).sum::<usize>()) as u64;
         let ix = &self.index_layout;
         let mut loads = Vec::new();
         for i in k.loads() {
@@ -615,6 +630,7 @@ impl<B: Backend> Engine<B> {
                             stride_b: 0,
                             stride_c: 0,
                         };
+                        self.flops += gemm_flops(&g);
                         self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
                     }
                 }

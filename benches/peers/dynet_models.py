@@ -25,7 +25,8 @@ args = ap.parse_args()
 
 import dynet_config  # noqa: E402
 
-dynet_config.set(autobatch=1, mem=2048, random_seed=1)
+# Autobatching cannot grow the memory pool, so it is sized for batch 256 at hidden 512.
+dynet_config.set(autobatch=1, mem=6144, random_seed=1)
 import dynet as dy  # noqa: E402
 
 

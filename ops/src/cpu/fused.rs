@@ -38,7 +38,13 @@ pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &
     if load_ops.len() != loads.len() || k.stores.len() != stores.len() {
         return Err(bad(
             "fused",
-            format!("kernel has {} loads and {} stores, got {} and {}", load_ops.len(), k.stores.len(), loads.len(), stores.len()),
+            format!(
+                "kernel has {} loads and {} stores, got {} and {}",
+                load_ops.len(),
+                k.stores.len(),
+                loads.len(),
+                stores.len()
+            ),
         ));
     }
     let per_vertex: usize = k.nodes.iter().filter(|x| !x.is_param).map(|x| x.shape.numel()).sum();

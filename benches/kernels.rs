@@ -1,0 +1,116 @@
+//! Micro-benchmarks (divan): the machine's GEMM peak, the GEMM shapes of a Tree-LSTM step, the
+//! fused element-wise kernels, and scheduling + memory planning per vertex.
+//!
+//! `cargo bench --bench kernels` (all), or e.g. `cargo bench --bench kernels -- gemm`.
+
+use arbor::batching::{MemoryPlan, Schedule, Scheduler};
+use arbor::core::backend::{Backend, Gemm, Loc, Mem, Rows};
+use arbor::core::fusion::{Phase, Step};
+use arbor::core::rng::Rng;
+use arbor::{nn, CpuBackend, InputGraph};
+use divan::{black_box, Bencher};
+
+fn main() {
+    divan::main();
+}
+
+fn gemm(b: Bencher<'_, '_>, m: usize, k: usize, n: usize) {
+    let cpu = CpuBackend::new();
+    let mut data = vec![cpu.alloc(m * k).unwrap(), cpu.alloc(k * n).unwrap(), cpu.alloc(m * n).unwrap()];
+    let g = Gemm {
+        m,
+        n,
+        k,
+        a: Loc { buf: 0, offset: 0 },
+        lda: k,
+        ta: false,
+        b: Loc { buf: 1, offset: 0 },
+        ldb: n,
+        tb: false,
+        c: Loc { buf: 2, offset: 0 },
+        ldc: n,
+        accumulate: false,
+        batch: 1,
+        stride_a: 0,
+        stride_b: 0,
+        stride_c: 0,
+    };
+    b.counter(divan::counter::ItemsCount::new(2 * m * k * n))
+        .bench_local(|| cpu.gemm(&mut Mem { data: &mut data, index: &[] }, black_box(&g)).unwrap());
+}
+
+/// The machine's GEMM peak: large square products (items = floating-point operations).
+#[divan::bench(args = [512, 1024, 2048])]
+fn gemm_peak(b: Bencher<'_, '_>, size: usize) {
+    gemm(b, size, size, size);
+}
+
+/// Tree-LSTM shapes at hidden 150, embed 300, batch 64 (about 2,500 vertices, tasks of about 60):
+/// per-task `h·U` (60×150·150×750), hoisted `x·W` (1,300 leaves ×300·300×750) and the lazy
+/// `dU = hᵀ·dG` (150×1,200·1,200×750).
+#[divan::bench(args = [(60, 150, 750), (1300, 300, 750), (150, 1200, 750)])]
+fn gemm_tree_lstm(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize)) {
+    gemm(b, m, k, n);
+}
+
+/// The Tree-LSTM's fused kernels over one task of 64 vertices (items = vertices).
+#[divan::bench(args = ["forward", "backward"])]
+fn fused_tree_lstm(b: Bencher<'_, '_>, pass: &str) {
+    let cell = nn::tree_lstm(300, 150).unwrap();
+    let plan = if pass == "forward" { cell.forward_plan() } else { cell.backward_plan() };
+    let kernel = plan.phases[Phase::Recurrent as usize]
+        .iter()
+        .filter_map(|s| if let Step::Fused(k) = s { Some(k) } else { None })
+        .max_by_key(|k| k.nodes.len())
+        .expect("a recurrent fused kernel")
+        .clone();
+    let n = 64;
+    let cpu = CpuBackend::new();
+    // Every load reads (and every store writes) its own random region.
+    let mut rng = Rng::new(1);
+    let mut data = Vec::new();
+    let mut loads = Vec::new();
+    for l in kernel.loads() {
+        let node = &kernel.nodes[l];
+        let len = if node.is_param { node.shape.numel() } else { n * node.shape.numel() };
+        let mut buf = cpu.alloc(len).unwrap();
+        cpu.write(&mut buf, 0, &(0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<_>>()).unwrap();
+        let at = Loc { buf: data.len(), offset: 0 };
+        data.push(buf);
+        loads.push(if node.is_param { Rows::Broadcast(at) } else { Rows::Contiguous(at) });
+    }
+    let out_len: usize = kernel.stores.iter().map(|&s| n * kernel.nodes[s].shape.numel()).sum();
+    let out = data.len();
+    data.push(cpu.alloc(out_len).unwrap());
+    let mut at = 0;
+    let stores: Vec<Loc> = kernel
+        .stores
+        .iter()
+        .map(|&s| {
+            let loc = Loc { buf: out, offset: at };
+            at += n * kernel.nodes[s].shape.numel();
+            loc
+        })
+        .collect();
+    // The gather loads read from a contiguous copy here: this measures the arithmetic.
+    assert!(data.len() <= 16, "{} buffers", data.len());
+    b.counter(divan::counter::ItemsCount::new(n)).bench_local(|| {
+        cpu.fused(&mut Mem { data: &mut data, index: &[] }, black_box(&kernel), n, &loads, &stores).unwrap()
+    });
+}
+
+/// Scheduling and memory planning of a minibatch of 64 random binary trees (items = vertices).
+#[divan::bench(args = [64, 256])]
+fn schedule_and_plan(b: Bencher<'_, '_>, trees: usize) {
+    let cell = nn::tree_lstm(300, 150).unwrap();
+    let mut rng = Rng::new(2);
+    let graphs: Vec<InputGraph> = (0..trees).map(|_| InputGraph::random(&mut rng, 40, 2, false)).collect();
+    let refs: Vec<&InputGraph> = graphs.iter().collect();
+    let vertices: usize = graphs.iter().map(InputGraph::len).sum();
+    let mut scheduler = Scheduler::default();
+    let mut schedule = Schedule::default();
+    b.counter(divan::counter::ItemsCount::new(vertices)).bench_local(|| {
+        scheduler.schedule(black_box(&refs), &mut schedule);
+        black_box(MemoryPlan::new(&cell, schedule.len(), schedule.max_task(), true));
+    });
+}

@@ -1,0 +1,54 @@
+"""Runs `arbor bench` and the DyNet script alternately (A B A B …) on the same settings and prints
+the median throughput ratio. Needs `cargo build --release` and `benches/peers/setup.sh` first.
+
+usage: compare.py --model tree-lstm|var-lstm --batch B --hidden H --embed E --sentences N
+                  --mode train|infer [--loss root|all] [--pairs 3] [--data DIR]
+Prints one JSON line per pair (to stderr) and a final JSON summary (stdout).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", default="tree-lstm")
+ap.add_argument("--batch", type=int, default=64)
+ap.add_argument("--hidden", type=int, default=150)
+ap.add_argument("--embed", type=int, default=300)
+ap.add_argument("--sentences", type=int, default=1000)
+ap.add_argument("--mode", default="train")
+ap.add_argument("--loss", default="root")
+ap.add_argument("--pairs", type=int, default=3)
+ap.add_argument("--threads", type=int, default=0, help="arbor threads (0: all cores)")
+ap.add_argument("--data", default=os.environ.get("ARBOR_DATA", os.path.join(root, "..", "shared", "data")) + "/sst")
+a = ap.parse_args()
+
+common = ["--model", a.model, "--batch", str(a.batch), "--hidden", str(a.hidden), "--embed", str(a.embed),
+          "--sentences", str(a.sentences), "--mode", a.mode, "--loss", a.loss, "--data", a.data]
+arbor_cmd = [os.path.join(root, "target", "release", "arbor"), "bench"] + common
+if a.threads:
+    arbor_cmd += ["--threads", str(a.threads)]
+dynet_cmd = [os.path.join(root, "target", "peers-venv", "bin", "python"),
+             os.path.join(root, "benches", "peers", "dynet_models.py")] + common
+
+
+def run(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+arbor, dynet = [], []
+for i in range(a.pairs):
+    x, y = run(arbor_cmd), run(dynet_cmd)
+    arbor.append(x["sent_per_s"])
+    dynet.append(y["sent_per_s"])
+    print(json.dumps({"pair": i + 1, "arbor": x["sent_per_s"], "dynet": y["sent_per_s"]}), file=sys.stderr)
+ratios = [x / y for x, y in zip(arbor, dynet)]
+print(json.dumps({
+    "model": a.model, "mode": a.mode, "batch": a.batch, "hidden": a.hidden, "embed": a.embed, "loss": a.loss,
+    "sentences": a.sentences, "pairs": a.pairs, "arbor_sent_per_s": statistics.median(arbor),
+    "dynet_sent_per_s": statistics.median(dynet), "median_ratio": round(statistics.median(ratios), 2),
+}))
