@@ -99,7 +99,7 @@ impl Embedding {
 
     /// Rows in the table.
     pub fn vocab(&self) -> usize {
-        self.table.len() / self.dim
+        self.table.len().checked_div(self.dim).unwrap_or(0)
     }
 
     /// Width of a row.

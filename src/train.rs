@@ -85,8 +85,16 @@ impl Classifier {
         classes: usize,
         rng: &mut Rng,
     ) -> Result<Classifier> {
-        let embed_dim = cell.inputs().first().map_or(0, |p| p.shape.numel());
-        let hidden = cell.outputs().first().map_or(0, |p| p.shape.numel());
+        let (embed_dim, hidden) = match (cell.inputs(), cell.outputs()) {
+            ([x], [h]) => (x.shape.numel(), h.shape.numel()),
+            (inputs, outputs) => {
+                return Err(Error::Input {
+                    what: format!("classifier around `{}`", cell.name()),
+                    expected: "a vertex function with one pulled input and one pushed output".into(),
+                    got: format!("{} inputs and {} outputs", inputs.len(), outputs.len()),
+                })
+            }
+        };
         let mut embed = Embedding::new(vocab, embed_dim, 0.1, rng);
         if let Some(id) = padding {
             embed = embed.with_padding(id);

@@ -70,3 +70,15 @@ fn classifier_refuses_bad_targets_and_rows() {
     assert!(clf.loss(&[0.0; 4], &[Some(1)]).is_err());
     assert_eq!(clf.predict(&[0.0; 4]).unwrap().len(), 2);
 }
+
+#[test]
+fn classifier_needs_one_input_and_one_output() {
+    let f = arbor::Builder::new("two-outputs", 1);
+    let x = f.pull("x", 2);
+    let h = x.tanh();
+    f.push("a", h);
+    f.push("b", h.sigmoid());
+    let cell = f.build().unwrap();
+    let err = arbor::train::Classifier::new(cell, 5, None, 2, &mut Rng::new(1)).err().expect("refused");
+    assert!(err.to_string().contains("1 inputs and 2 outputs"), "{err}");
+}
