@@ -482,23 +482,40 @@ impl<B: Backend> Engine<B> {
         else {
             return Ok(());
         };
+        let mut gemms = Vec::new();
         for step in &plan.phases[phase as usize] {
             match step {
-                Step::Gemm(v) => {
-                    for (run, zero) in self.runs(tasks.clone(), |t| self.zero(pass, t, *v)) {
-                        if zero {
-                            let at = self.loc(pass, *v, run.start, run.start)?;
-                            let len = run.len() * self.func(pass).node(*v).shape.numel();
-                            self.backend.fill(&mut Mem { data: &mut self.bufs, index: &self.index }, at, len, 0.0)?;
-                        } else {
-                            let g = self.gemm_call(pass, *v, run)?;
-                            self.flops += gemm_flops(&g);
-                            self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                Step::Gemms(vs) => {
+                    for &v in vs {
+                        for (run, zero) in self.runs(tasks.clone(), |t| self.zero(pass, t, v)) {
+                            if zero {
+                                let at = self.loc(pass, v, run.start, run.start)?;
+                                let len = run.len() * self.func(pass).node(v).shape.numel();
+                                self.backend.fill(
+                                    &mut Mem { data: &mut self.bufs, index: &self.index },
+                                    at,
+                                    len,
+                                    0.0,
+                                )?;
+                            } else {
+                                let g = self.gemm_call(pass, v, run)?;
+                                self.flops += gemm_flops(&g);
+                                gemms.push(g);
+                            }
                         }
                     }
+                    self.flush_gemms(&mut gemms)?;
                 }
                 Step::Fused(k) => self.run_kernel(pass, k, rows.clone())?,
             }
+        }
+        Ok(())
+    }
+
+    fn flush_gemms(&mut self, gemms: &mut Vec<Gemm>) -> Result<()> {
+        if !gemms.is_empty() {
+            self.backend.gemm_batch(&mut Mem { data: &mut self.bufs, index: &self.index }, gemms)?;
+            gemms.clear();
         }
         Ok(())
     }

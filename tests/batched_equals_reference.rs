@@ -132,6 +132,20 @@ fn var_lstm_on_chains_and_tree_fc_on_a_forest() {
 }
 
 #[test]
+fn chained_products_without_fused_steps_between() {
+    let f = Builder::new("chain", 2);
+    let x = f.pull("x", 4);
+    let h = f.gather(0, "h", 3) + f.gather(1, "h", 3);
+    let w1 = f.param("W1", [4, 5], Init::Xavier);
+    let w2 = f.param("W2", [5, 3], Init::Xavier);
+    let u = f.param("U", [3, 3], Init::Xavier);
+    let y = x.matmul(w1).matmul(w2).matmul(u) + h.matmul(u);
+    f.scatter("h", y.tanh());
+    f.push("y", y);
+    check(f.build().unwrap(), 8, 8, 40, false);
+}
+
+#[test]
 fn odd_ops_on_a_fixed_dag() {
     check(odd_cell(), 3, 4, 20, true);
 }

@@ -146,11 +146,15 @@ impl Timeline<'_> {
         for step in &plan.phases[phase as usize] {
             self.time += 1;
             match step {
-                Step::Gemm(v) => {
-                    if let Op::MatMul { a, b, .. } = self.func(pass).node(*v).op {
-                        for x in [a, b, *v] {
-                            let buf = self.resolve(pass, x);
-                            self.touch(buf, recurrent, false);
+                // Products of one step may run at the same time: they share one time step, so no
+                // output reuses the bytes of any input of the step.
+                Step::Gemms(vs) => {
+                    for &v in vs {
+                        if let Op::MatMul { a, b, .. } = self.func(pass).node(v).op {
+                            for x in [a, b, v] {
+                                let buf = self.resolve(pass, x);
+                                self.touch(buf, recurrent, false);
+                            }
                         }
                     }
                 }

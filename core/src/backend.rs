@@ -142,6 +142,11 @@ pub trait Backend {
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()>;
     /// A (batched, strided) matrix product.
     fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> Result<()>;
+    /// Independent products: none writes what another reads or writes, so a backend may run
+    /// them concurrently. By default they run one after another.
+    fn gemm_batch(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
+        gs.iter().try_for_each(|g| self.gemm(mem, g))
+    }
     /// Runs a fused kernel over `n` vertices: `loads[j]` binds the kernel's j-th load op,
     /// `stores[j]` is where its j-th stored op writes (vertex `i` at `stores[j] + i·block`).
     fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()>;

@@ -75,8 +75,9 @@ impl Kernel {
 /// One step of a phase.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
-    /// A matrix product computing this value.
-    Gemm(ValueId),
+    /// Independent matrix products computing these values: none reads another, so a backend may
+    /// run them concurrently.
+    Gemms(Vec<ValueId>),
     /// A fused group of row-local ops.
     Fused(Kernel),
 }
@@ -220,21 +221,24 @@ impl Plan {
                 if let Some(members) = groups.get(&(p, l)) {
                     phases[p as usize].push(Step::Fused(kernel(func, members)));
                 }
-                for (i, node) in func.nodes.iter().enumerate() {
-                    if node.op.is_matmul() && key(i) == (p, l) {
-                        phases[p as usize].push(Step::Gemm(ValueId(i as u32)));
-                    }
+                // Products of one level read only earlier levels, never each other.
+                let gemms: Vec<ValueId> = (0..n)
+                    .filter(|&i| func.nodes[i].op.is_matmul() && key(i) == (p, l))
+                    .map(|i| ValueId(i as u32))
+                    .collect();
+                if !gemms.is_empty() {
+                    phases[p as usize].push(Step::Gemms(gemms));
                 }
             }
         }
         Plan { phases, stored, phase }
     }
 
-    /// Number of GEMM steps and fused kernels over all phases.
+    /// Number of matrix products and of fused kernels over all phases.
     pub fn counts(&self) -> (usize, usize) {
         let steps = self.phases.iter().flatten();
-        let gemms = steps.clone().filter(|s| matches!(s, Step::Gemm(_))).count();
-        (gemms, steps.count() - gemms)
+        let gemms = steps.clone().map(|s| if let Step::Gemms(vs) = s { vs.len() } else { 0 }).sum();
+        (gemms, steps.filter(|s| matches!(s, Step::Fused(_))).count())
     }
 }
 
@@ -300,7 +304,10 @@ impl fmt::Display for Plan {
             writeln!(f, "  {p:?}:")?;
             for s in steps {
                 match s {
-                    Step::Gemm(v) => writeln!(f, "    gemm {v}")?,
+                    Step::Gemms(vs) => {
+                        let vs: Vec<String> = vs.iter().map(ToString::to_string).collect();
+                        writeln!(f, "    gemm {}", vs.join(" "))?
+                    }
                     Step::Fused(k) => writeln!(f, "    {k}")?,
                 }
             }

@@ -9,20 +9,23 @@ use common::{binary_tree_lstm, check_plans, child_sum_tree_lstm};
 /// GEMM and fused-kernel counts of one phase.
 fn phase_counts(plan: &Plan, p: Phase) -> (usize, usize) {
     let steps = &plan.phases[p as usize];
-    let gemms = steps.iter().filter(|s| matches!(s, Step::Gemm(_))).count();
-    (gemms, steps.len() - gemms)
+    let gemms = steps.iter().map(|s| if let Step::Gemms(vs) = s { vs.len() } else { 0 }).sum();
+    (gemms, steps.iter().filter(|s| matches!(s, Step::Fused(_))).count())
 }
 
 /// The GEMMs of a phase, as (left operand's op, right operand's op) of the function.
 fn gemm_operands(f: &arbor_core::ir::Func, plan: &Plan, p: Phase) -> Vec<(String, String)> {
     plan.phases[p as usize]
         .iter()
-        .filter_map(|s| match s {
-            Step::Gemm(v) => match f.node(*v).op {
-                Op::MatMul { a, b, .. } => Some((f.node(a).op.name(), f.node(b).op.name())),
-                _ => panic!("gemm step {v} is not a matmul"),
-            },
-            Step::Fused(_) => None,
+        .flat_map(|s| match s {
+            Step::Gemms(vs) => vs
+                .iter()
+                .map(|v| match f.node(*v).op {
+                    Op::MatMul { a, b, .. } => (f.node(a).op.name(), f.node(b).op.name()),
+                    _ => panic!("gemm step {v} is not a matmul"),
+                })
+                .collect(),
+            Step::Fused(_) => vec![],
         })
         .collect()
 }

@@ -402,22 +402,27 @@ pub fn check_plan(
     for p in PHASES {
         for step in &plan.phases[p as usize] {
             match step {
-                Step::Gemm(v) => {
-                    let node = func.node(*v);
-                    if !node.op.is_matmul() {
-                        return Err(format!("gemm step {v} is {}", node.op.name()));
+                Step::Gemms(vs) => {
+                    if let Some(v) = vs.iter().find(|v| func.node(**v).op.inputs().iter().any(|x| vs.contains(x))) {
+                        return Err(format!("gemm {v} reads a product of its own batch"));
                     }
-                    for x in node.op.inputs() {
-                        if !mem[x.index()] {
-                            return Err(format!("gemm {v} reads {x} before it is in memory"));
+                    for v in vs {
+                        let node = func.node(*v);
+                        if !node.op.is_matmul() {
+                            return Err(format!("gemm step {v} is {}", node.op.name()));
                         }
+                        for x in node.op.inputs() {
+                            if !mem[x.index()] {
+                                return Err(format!("gemm {v} reads {x} before it is in memory"));
+                            }
+                        }
+                        if !plan.stored[v.index()] {
+                            return Err(format!("gemm {v} not marked stored"));
+                        }
+                        mem[v.index()] = true;
+                        computed[v.index()] += 1;
+                        computed_in[v.index()] = Some(p);
                     }
-                    if !plan.stored[v.index()] {
-                        return Err(format!("gemm {v} not marked stored"));
-                    }
-                    mem[v.index()] = true;
-                    computed[v.index()] += 1;
-                    computed_in[v.index()] = Some(p);
                 }
                 Step::Fused(k) => {
                     if k.nodes.len() != k.values.len() {

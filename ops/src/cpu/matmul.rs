@@ -18,6 +18,21 @@ fn extent(rows: usize, cols: usize, ld: usize) -> usize {
     }
 }
 
+/// Products with fewer multiply-adds than this are not worth handing to another thread.
+const CONCURRENT_FLOPS: usize = 1 << 20;
+
+/// Runs independent products, concurrently when there are several mid-sized ones (each too small
+/// to split across threads by itself, but large enough to pay for a thread hand-off).
+pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm]) -> Result<()> {
+    let size = |g: &Gemm| g.m * g.n * g.k * g.batch;
+    let mid_sized = gs.iter().all(|g| (CONCURRENT_FLOPS..PARALLEL_FLOPS).contains(&size(g)));
+    if gs.len() < 2 || !mid_sized || rayon::current_num_threads() < 2 {
+        return gs.iter().try_for_each(|g| gemm(raw, g));
+    }
+    use rayon::prelude::*;
+    gs.par_iter().try_for_each(|g| gemm(raw, g))
+}
+
 /// Runs a (batched) product, checking every operand's range first.
 pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
     let (a_rows, a_cols) = if g.ta { (g.k, g.m) } else { (g.m, g.k) };

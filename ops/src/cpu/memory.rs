@@ -17,6 +17,10 @@ pub(crate) struct Raw<'a> {
     _mem: std::marker::PhantomData<&'a mut [f32]>,
 }
 
+// SAFETY: `Raw` is a table of base pointers. Sharing it across threads is sound as long as no two
+// threads write overlapping ranges, which is what `Backend::gemm_batch` promises.
+unsafe impl Sync for Raw<'_> {}
+
 impl<'a> Raw<'a> {
     pub(crate) fn new(mem: &'a mut Mem<'_, CpuBackend>) -> Result<Raw<'a>> {
         if mem.data.len() > MAX_BUFFERS || mem.index.len() > MAX_BUFFERS {

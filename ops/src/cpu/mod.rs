@@ -100,6 +100,11 @@ impl Backend for CpuBackend {
         matmul::gemm(&Raw::new(mem)?, g)
     }
 
+    fn gemm_batch(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
+        let raw = Raw::new(mem)?;
+        matmul::gemm_batch(&raw, gs)
+    }
+
     fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
         fused::run(&Raw::new(mem)?, kernel, n, loads, stores)
     }
