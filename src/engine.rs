@@ -279,6 +279,7 @@ impl<B: Backend> Engine<B> {
         let regions: Vec<usize> = self.memory.push_grads.iter().map(|r| r.offset).collect();
         let push_zero = self.upload_ports("gradient of output", f.outputs(), push_grads, &regions)?;
         let b = f.backward();
+        let users = b.func.users();
         self.zero_bwd = (0..self.schedule.tasks.len())
             .map(|t| {
                 let mut z = b.func.known_zeros(|_, op| match *op {
@@ -287,7 +288,6 @@ impl<B: Backend> Engine<B> {
                     _ => false,
                 });
                 if self.skip_padding_grads {
-                    let users = b.func.users();
                     for (i, g) in b.pull_grads.iter().enumerate() {
                         if let Some(g) = g.filter(|g| users[g.index()].is_empty()) {
                             z[g.index()] |= self.task_all(t, &self.pull_zero_rows[i]);
@@ -455,6 +455,12 @@ impl<B: Backend> Engine<B> {
             .ok_or_else(|| internal(format!("value {v} of `{}` is read but never stored", self.f.name())))
     }
 
+    /// The rows of the tasks in `tasks` (`None` when there is no task).
+    fn task_rows(&self, tasks: &Range<usize>) -> Option<Range<usize>> {
+        let first = self.schedule.tasks.get(tasks.start)?;
+        Some(first.start..self.schedule.tasks[tasks.end - 1].end)
+    }
+
     /// Row ranges of the tasks in `tasks`, merged into runs of equal `zero(task)`.
     fn runs(&self, tasks: Range<usize>, zero: impl Fn(usize) -> bool) -> Vec<(Range<usize>, bool)> {
         let mut out: Vec<(Range<usize>, bool)> = Vec::new();
@@ -478,10 +484,7 @@ impl<B: Backend> Engine<B> {
     /// Runs the steps of `phase` over the rows of `tasks` (one task for the recurrent phase). A
     /// matrix product known to be zero on a run of tasks becomes a zero fill there.
     fn run_phase(&mut self, pass: Pass, plan: &Plan, phase: Phase, tasks: Range<usize>) -> Result<()> {
-        let Some(rows) = self.schedule.tasks.get(tasks.start).map(|r| r.start..self.schedule.tasks[tasks.end - 1].end)
-        else {
-            return Ok(());
-        };
+        let Some(rows) = self.task_rows(&tasks) else { return Ok(()) };
         let mut gemms = Vec::new();
         for step in &plan.phases[phase as usize] {
             match step {
@@ -585,10 +588,7 @@ impl<B: Backend> Engine<B> {
     /// Scatter-adds the children's gradients computed in `phase` for the rows of `tasks`,
     /// skipping those known to be zero there.
     fn send_child_grads(&mut self, plan: &Plan, phase: Phase, tasks: Range<usize>) -> Result<()> {
-        let Some(rows) = self.schedule.tasks.get(tasks.start).map(|r| r.start..self.schedule.tasks[tasks.end - 1].end)
-        else {
-            return Ok(());
-        };
+        let Some(rows) = self.task_rows(&tasks) else { return Ok(()) };
         let (r0, n) = (rows.start, rows.len());
         let ix = &self.index_layout;
         let mut calls = Vec::new();

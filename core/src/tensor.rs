@@ -110,14 +110,6 @@ pub enum Storage {
 }
 
 impl Storage {
-    fn len(&self) -> usize {
-        match self {
-            Storage::F32(v) => v.len(),
-            Storage::F16(v) => v.len(),
-            Storage::BF16(v) => v.len(),
-        }
-    }
-
     fn dtype(&self) -> DType {
         match self {
             Storage::F32(_) => DType::F32,
@@ -229,11 +221,6 @@ impl Tensor {
     /// Whether two tensors are views of the same storage.
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)
-    }
-
-    /// Number of elements in the underlying storage (all views of it).
-    pub fn storage_len(&self) -> usize {
-        self.storage.len()
     }
 }
 

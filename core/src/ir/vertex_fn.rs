@@ -149,16 +149,6 @@ impl VertexFn {
         self.params.iter().position(|p| p.name == name)
     }
 
-    /// Whether forward value `v` is read by a gather (directly or through other values).
-    pub fn depends_on_gather(&self) -> Vec<bool> {
-        let mut dep = vec![false; self.forward.nodes.len()];
-        for (i, n) in self.forward.nodes.iter().enumerate() {
-            dep[i] = matches!(n.op, Op::Gather { .. } | Op::GatherSum { .. })
-                || n.op.inputs().iter().any(|x| dep[x.index()]);
-        }
-        dep
-    }
-
     /// Floating-point operations per vertex: `(forward, backward)`. Matrix products count
     /// `2·m·k·n`, element-wise ops one per element; backward includes the parameter-gradient
     /// products.

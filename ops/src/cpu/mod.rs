@@ -65,9 +65,10 @@ impl Backend for CpuBackend {
     }
 
     fn write(&self, buf: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
+        let len = buf.len();
         let dst = buf
             .get_mut(offset..offset + src.len())
-            .ok_or_else(|| bad("write", format!("{} elements at {offset} past a buffer of {}", src.len(), offset)))?;
+            .ok_or_else(|| bad("write", format!("{} elements at {offset} past a buffer of {len}", src.len())))?;
         dst.copy_from_slice(src);
         Ok(())
     }
