@@ -1,15 +1,23 @@
-//! Checkpoints: named f32 tensors in a safetensors file plus a JSON metadata file that records
-//! the tensors' checksum. Both are written to temporary files, synced and renamed into place, so
-//! a crash leaves the previous checkpoint whole; loading verifies the checksum.
+//! Checkpoints: named f32 tensors in a safetensors file plus a JSON metadata file that names the
+//! tensor file and records its checksum. The tensor file is named by its checksum, and each file
+//! is written to a temporary file, synced and renamed into place; the metadata's rename commits
+//! the checkpoint, and older tensor files are removed only after it. A crash at any point leaves
+//! the previous checkpoint whole. Loading verifies the checksum.
+//!
+//! [`Persister`] writes checkpoints in the background (CheckFreq's two phases: the caller
+//! snapshots the state in memory between steps, a thread persists the snapshot).
 
 use arbor_core::error::{Error, Result};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
-const TENSORS: &str = "model.safetensors";
 const META: &str = "meta.json";
+const TENSORS_PREFIX: &str = "model-";
+const TENSORS_SUFFIX: &str = ".safetensors";
 
 /// A named tensor: name, shape, values.
 pub type Named = (String, Vec<usize>, Vec<f32>);
@@ -33,13 +41,29 @@ fn checksum(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
-/// Writes `bytes` to `dir/name` through a synced temporary file and a rename.
+/// Writes `bytes` to `dir/name` through a synced temporary file, a rename and a synced folder.
 fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
     let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
     f.write_all(bytes).map_err(|e| io(&tmp, e))?;
     f.sync_all().map_err(|e| io(&tmp, e))?;
-    std::fs::rename(&tmp, dir.join(name)).map_err(|e| io(&dir.join(name), e))
+    std::fs::rename(&tmp, dir.join(name)).map_err(|e| io(&dir.join(name), e))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io(dir, e))
+}
+
+/// The metadata of the checkpoint in `dir` and the path of the tensor file it names (a plain
+/// file name in `dir`, nothing else).
+fn read_meta(dir: &Path) -> Result<(Value, PathBuf)> {
+    let meta_path = dir.join(META);
+    let text = std::fs::read_to_string(&meta_path).map_err(|e| io(&meta_path, e))?;
+    let meta: Value = serde_json::from_str(&text).map_err(|e| io(&meta_path, format!("not valid JSON: {e}")))?;
+    match meta["tensors_file"].as_str() {
+        Some(f) if f.starts_with(TENSORS_PREFIX) && f.ends_with(TENSORS_SUFFIX) && !f.contains(['/', '\\']) => {
+            let path = dir.join(f);
+            Ok((meta, path))
+        }
+        _ => Err(io(&meta_path, "names no tensor file (`tensors_file`)")),
+    }
 }
 
 impl Checkpoint {
@@ -52,8 +76,14 @@ impl Checkpoint {
         })
     }
 
-    /// Saves to `dir` (created if needed): tensors first, then the metadata naming their checksum.
+    /// Saves to `dir` (created if needed): tensors first, then the metadata that commits them.
     pub fn save(&self, dir: &Path) -> Result<()> {
+        self.save_paced(dir, Duration::ZERO)
+    }
+
+    /// [`Checkpoint::save`], pausing `between` the tensor file and the metadata (crash tests
+    /// use it to kill a process in the middle of a save).
+    pub fn save_paced(&self, dir: &Path, between: Duration) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         let bytes: Vec<Vec<u8>> =
             self.tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
@@ -63,18 +93,33 @@ impl Checkpoint {
             views.push((name.clone(), view));
         }
         let data = safetensors::serialize(views, None).map_err(|e| io(dir, e))?;
+        let sum = checksum(&data);
+        let file = format!("{TENSORS_PREFIX}{sum}{TENSORS_SUFFIX}");
         let mut meta = self.meta.clone();
-        meta["tensors_checksum"] = Value::String(checksum(&data));
-        write_atomic(dir, TENSORS, &data)?;
-        write_atomic(dir, META, meta.to_string().as_bytes())
+        meta["tensors_checksum"] = Value::String(sum);
+        meta["tensors_file"] = Value::String(file.clone());
+        write_atomic(dir, &file, &data)?;
+        std::thread::sleep(between);
+        write_atomic(dir, META, meta.to_string().as_bytes())?;
+        // Committed: tensor files of earlier checkpoints are garbage now.
+        let entries = std::fs::read_dir(dir).map_err(|e| io(dir, e))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(TENSORS_PREFIX) && name.ends_with(TENSORS_SUFFIX) && name != file {
+                std::fs::remove_file(entry.path()).map_err(|e| io(&entry.path(), e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tensor file of the checkpoint in `dir`.
+    pub fn tensors_path(dir: &Path) -> Result<PathBuf> {
+        read_meta(dir).map(|(_, file)| file)
     }
 
     /// Loads from `dir`, refusing files whose checksum does not match.
     pub fn load(dir: &Path) -> Result<Checkpoint> {
-        let meta_path = dir.join(META);
-        let text = std::fs::read_to_string(&meta_path).map_err(|e| io(&meta_path, e))?;
-        let meta: Value = serde_json::from_str(&text).map_err(|e| io(&meta_path, format!("not valid JSON: {e}")))?;
-        let path = dir.join(TENSORS);
+        let (meta, path) = read_meta(dir)?;
         let data = std::fs::read(&path).map_err(|e| io(&path, e))?;
         let want = meta["tensors_checksum"].as_str().unwrap_or_default();
         if checksum(&data) != want {
@@ -94,5 +139,40 @@ impl Checkpoint {
         }
         tensors.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Checkpoint { tensors, meta })
+    }
+}
+
+/// Persists checkpoints on a background thread, one at a time: [`Persister::persist`] waits for
+/// the previous write, then hands the snapshot to a new thread and returns.
+#[derive(Debug, Default)]
+pub struct Persister {
+    pending: Option<JoinHandle<Result<()>>>,
+    pause: Duration,
+}
+
+impl Persister {
+    /// A persister that pauses `pause` inside each save (see [`Checkpoint::save_paced`]).
+    pub fn paced(pause: Duration) -> Persister {
+        Persister { pending: None, pause }
+    }
+
+    /// Starts writing `ck` to `dir` in the background, after the previous write has finished.
+    pub fn persist(&mut self, ck: Checkpoint, dir: PathBuf) -> Result<()> {
+        self.wait()?;
+        let pause = self.pause;
+        let handle = std::thread::Builder::new()
+            .name("checkpoint".into())
+            .spawn(move || ck.save_paced(&dir, pause))
+            .map_err(|e| Error::Io { path: "checkpoint thread".into(), msg: e.to_string() })?;
+        self.pending = Some(handle);
+        Ok(())
+    }
+
+    /// Waits for the write in flight, if any, and returns its result.
+    pub fn wait(&mut self) -> Result<()> {
+        match self.pending.take() {
+            None => Ok(()),
+            Some(h) => h.join().map_err(|_| Error::Io { path: "checkpoint thread".into(), msg: "panicked".into() })?,
+        }
     }
 }

@@ -97,6 +97,11 @@ impl Embedding {
         Ok(Embedding { dim, table, padding: None })
     }
 
+    /// The padding row, if any.
+    pub fn padding(&self) -> Option<u32> {
+        self.padding
+    }
+
     /// Rows in the table.
     pub fn vocab(&self) -> usize {
         self.table.len().checked_div(self.dim).unwrap_or(0)
@@ -221,7 +226,8 @@ pub struct ClassifierGrads {
 /// What one loss evaluation gives.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LossOutput {
-    /// Mean cross-entropy over the rows with a target.
+    /// Cross-entropy summed over the rows with a target, divided by the denominator (by default
+    /// their count: the mean).
     pub loss: f32,
     /// Rows whose most likely class is their target.
     pub correct: usize,
@@ -323,6 +329,12 @@ impl SoftmaxClassifier {
 
     /// Mean cross-entropy of the rows that have a target, with all gradients.
     pub fn loss(&self, rows: &[f32], targets: &[Option<u32>]) -> Result<LossOutput> {
+        self.loss_over(rows, targets, targets.iter().flatten().count())
+    }
+
+    /// Summed cross-entropy of the rows that have a target, divided by `denom` (the targets of a
+    /// whole minibatch when these rows are one worker's share of it), with all gradients.
+    pub fn loss_over(&self, rows: &[f32], targets: &[Option<u32>], denom: usize) -> Result<LossOutput> {
         self.check_rows(rows)?;
         let (c, d) = (self.classes, self.input);
         let mut probs = vec![0.0; c];
@@ -343,7 +355,7 @@ impl SoftmaxClassifier {
             });
         }
         let count = targets.iter().flatten().count();
-        let scale = 1.0 / count.max(1) as f32;
+        let scale = 1.0 / denom.max(1) as f32;
         let (mut loss, mut correct) = (0.0, 0);
         let mut grads = ClassifierGrads { weight: vec![0.0; d * c], bias: vec![0.0; c] };
         let mut grad_input = vec![0.0; rows.len()];

@@ -4,12 +4,14 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod dist;
 pub mod engine;
 pub mod layers;
 pub mod nn;
 pub mod optim;
 pub mod plot;
 pub mod train;
+pub mod trainer;
 
 pub use arbor_batching as batching;
 pub use arbor_core as core;

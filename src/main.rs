@@ -8,12 +8,13 @@ use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::train::{cross_validate, Classifier, GraphTraining};
+use arbor::trainer::{fit_threads, Event, Plan, Run, Splits, Summary};
 use arbor::{Error, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(name = "arbor", version, about = "Deep learning on trees, sequences and graphs")]
@@ -183,6 +184,31 @@ struct TrainArgs {
     /// Write the loss and dev-accuracy curves to this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Also write `last/` every this many steps (CheckFreq: snapshot in memory, persist in the
+    /// background).
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+    /// Stop after this many optimizer steps in all (writing `last/` there with --checkpoint).
+    #[arg(long)]
+    max_steps: Option<u64>,
+    /// Data-parallel workers (threads of this process), each with a share of every minibatch.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Run as one rank of an MPI job (`mpirun -np N arbor train ... --distributed mpi`).
+    #[arg(long, value_enum)]
+    distributed: Option<Distributed>,
+    /// Seconds a worker waits for a peer before the run ends with an error.
+    #[arg(long, default_value_t = 120.0)]
+    timeout: f64,
+    /// Pause inside each checkpoint write, in milliseconds (for crash tests).
+    #[arg(long, default_value_t = 0, hide = true)]
+    persist_pause_ms: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Distributed {
+    /// MPI processes (needs a build with `--features mpi`).
+    Mpi,
 }
 
 #[derive(Parser)]
@@ -323,95 +349,146 @@ fn train(args: &TrainArgs) -> Result<()> {
         model.embed.table_mut()[PAD as usize * embed..(PAD as usize + 1) * embed].fill(0.0);
         eprintln!("arbor: {found} of {} words have vectors in {}", data.vocab.len(), file.display());
     }
-    let mut opt = Optimizer::new(optimizer(args, lr));
+    let opt = Optimizer::new(optimizer(args, lr));
     let loss_on = match (args.loss, model_kind.chains()) {
         // A chain has one label: the sentence's.
         (Loss::Root, _) | (_, true) => LossOn::Root,
         (Loss::All, false) => LossOn::All,
     };
-    let clip = (args.clip > 0.0).then_some(args.clip);
-    let (mut first_epoch, mut best_dev, mut test_acc) = (1, 0.0f64, 0.0f64);
+    let mut run = Run::new(model, opt, &rng);
     if let Some(dir) = &args.resume {
         let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
-        let ck = Checkpoint::load(&dir)?;
-        model.restore(&ck)?;
-        opt.restore(&ck, ck.meta["steps"].as_u64().unwrap_or(0))?;
-        let state: Vec<u64> =
-            ck.meta["rng"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
-        if let [a, b, c, d] = state[..] {
-            rng = Rng::from_state([a, b, c, d]);
-        }
-        first_epoch = meta_usize(&ck.meta, "epoch")? + 1;
-        best_dev = ck.meta["best_dev_acc"].as_f64().unwrap_or(0.0);
-        test_acc = ck.meta["test_acc"].as_f64().unwrap_or(0.0);
-        eprintln!("arbor: resuming from {} after epoch {}", dir.display(), first_epoch - 1);
+        run.resume(&Checkpoint::load(&dir)?)?;
+        eprintln!("arbor: resuming from {} at epoch {}, step {}", dir.display(), run.pos.epoch, run.pos.steps);
     }
-    eprintln!(
-        "arbor: training {} on {} ({} train / {} dev / {} test trees, vocabulary {})",
-        model_kind.name(),
-        data.name,
-        data.train.len(),
-        data.dev.len(),
-        data.test.len(),
-        data.vocab.len()
-    );
-    let meta = |epoch: usize, dev: f64, test: f64, best: f64, opt: &Optimizer, rng: &Rng| {
-        json!({
+    let plan = Plan {
+        epochs,
+        batch: args.batch,
+        loss_on,
+        clip: (args.clip > 0.0).then_some(args.clip),
+        checkpoint: args.checkpoint.clone(),
+        checkpoint_every: args.checkpoint_every,
+        max_steps: args.max_steps,
+        persist_pause: Duration::from_millis(args.persist_pause_ms),
+        meta: json!({
             "model": model_kind.name(), "embed": embed, "hidden": hidden, "classes": data.classes,
             "data": data.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": data.vocab.words(),
-            "epoch": epoch, "steps": opt.steps, "rng": rng.state(), "dev_acc": dev, "test_acc": test, "best_dev_acc": best,
-        })
+        }),
     };
-    let (mut train_seconds, mut sentences) = (0.0f64, 0usize);
-    let (mut loss_curve, mut dev_curve) = (Vec::new(), Vec::new());
-    for epoch in first_epoch..=epochs {
-        let pb = bar(data.train.len(), format!("epoch {epoch}/{epochs}"));
-        let start = Instant::now();
-        let mean_loss =
-            model.epoch(&data.train, args.batch, loss_on, &mut opt, clip, &mut rng, &mut |n| pb.inc(n as u64))?;
-        train_seconds += start.elapsed().as_secs_f64();
-        sentences += data.train.len();
-        pb.finish_and_clear();
-        let dev = model.accuracy(&data.dev, 256)?;
-        let improved = dev > best_dev;
-        if improved {
-            best_dev = dev;
-            test_acc = model.accuracy(&data.test, 256)?;
+    let splits = Splits { train: &data.train, dev: &data.dev, test: &data.test };
+    let timeout = Duration::from_secs_f64(args.timeout.max(0.001));
+    let mut pb: Option<ProgressBar> = None;
+    let mut loss_curve = Vec::new();
+    let mut dev_curve = Vec::new();
+    let mut events = |e: Event| match e {
+        Event::EpochStart { epoch, done, total } => {
+            let bar = bar(total, format!("epoch {epoch}/{epochs}"));
+            bar.set_position(done as u64);
+            pb = Some(bar);
         }
-        if let Some(dir) = &args.checkpoint {
-            let mut tensors = model.tensors()?;
-            let m = meta(epoch, dev, test_acc, best_dev, &opt, &rng);
-            if improved {
-                Checkpoint { tensors: tensors.clone(), meta: m.clone() }.save(&dir.join("best"))?;
+        Event::Trees(n) => {
+            if let Some(b) = &pb {
+                b.inc(n as u64);
             }
-            tensors.extend(opt.tensors());
-            Checkpoint { tensors, meta: m }.save(&dir.join("last"))?;
         }
-        eprintln!("epoch {epoch}: loss {mean_loss:.4}, dev root accuracy {dev:.4}");
-        loss_curve.push(mean_loss);
-        dev_curve.push(dev);
-        if let Some(path) = &args.plot {
-            let series = [
-                Series { name: "training loss", values: &loss_curve },
-                Series { name: "dev root accuracy", values: &dev_curve },
-            ];
-            plot::write_svg(path, &series)?;
+        Event::EpochEnd { epoch, loss, dev } => {
+            if let Some(b) = pb.take() {
+                b.finish_and_clear();
+            }
+            eprintln!("epoch {epoch}: loss {loss:.4}, dev root accuracy {dev:.4}");
+            loss_curve.push(loss);
+            dev_curve.push(dev);
+            if let Some(path) = &args.plot {
+                let series = [
+                    Series { name: "training loss", values: &loss_curve },
+                    Series { name: "dev root accuracy", values: &dev_curve },
+                ];
+                if let Err(e) = plot::write_svg(path, &series) {
+                    eprintln!("arbor: {e}");
+                }
+            }
         }
+    };
+    let (summary, rank, workers) = match args.distributed {
+        None => {
+            eprintln!(
+                "arbor: training {} on {} ({} train / {} dev / {} test trees, vocabulary {}, {} worker{})",
+                model_kind.name(),
+                data.name,
+                data.train.len(),
+                data.dev.len(),
+                data.test.len(),
+                data.vocab.len(),
+                args.workers,
+                if args.workers == 1 { "" } else { "s" }
+            );
+            (fit_threads(&mut run, args.workers, timeout, splits, &plan, &mut events)?, 0, args.workers)
+        }
+        Some(Distributed::Mpi) => fit_mpi(&mut run, timeout, splits, &plan, &mut events)?,
+    };
+    if let Some(b) = pb.take() {
+        b.finish_and_clear();
     }
-    let summary = json!({
-        "model": model_kind.name(),
-        "data": data.name,
-        "epochs": epochs,
-        "batch": args.batch,
-        "hidden": hidden,
-        "embed": embed,
-        "train_seconds": (train_seconds * 1000.0).round() / 1000.0,
-        "sent_per_s": (sentences as f64 / train_seconds.max(1e-9)).round(),
-        "dev_acc": best_dev,
-        "test_acc": test_acc,
-    });
-    println!("{summary}");
+    if rank == 0 {
+        let summary = json!({
+            "model": model_kind.name(),
+            "data": data.name,
+            "epochs": epochs,
+            "steps": run.pos.steps,
+            "batch": args.batch,
+            "hidden": hidden,
+            "embed": embed,
+            "workers": workers,
+            "train_seconds": (summary.train_seconds * 1000.0).round() / 1000.0,
+            "sent_per_s": (summary.sentences as f64 / summary.train_seconds.max(1e-9)).round(),
+            "dev_acc": run.best_dev,
+            "test_acc": run.test_acc,
+        });
+        println!("{summary}");
+    }
     Ok(())
+}
+
+/// Trains as one rank of an MPI job; returns the summary, this rank and the number of ranks.
+#[cfg(feature = "mpi")]
+fn fit_mpi(
+    run: &mut Run,
+    timeout: Duration,
+    splits: Splits<'_>,
+    plan: &Plan,
+    events: &mut dyn FnMut(Event),
+) -> Result<(Summary, usize, usize)> {
+    use arbor::dist::Collective;
+    let mut coll = arbor::dist::mpi::MpiCollective::init(timeout)?;
+    let (rank, size) = (coll.rank(), coll.size());
+    if rank == 0 {
+        eprintln!("arbor: training on {size} MPI ranks");
+    }
+    let mut quiet = |_: Event| {};
+    let events: &mut dyn FnMut(Event) = if rank == 0 { events } else { &mut quiet };
+    // Ranks on one machine share its cores.
+    let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    // Fails only if the pool is already running, in which case it keeps its size.
+    let _ = rayon::ThreadPoolBuilder::new().num_threads((cores / local.max(1)).max(1)).build_global();
+    let summary = run.fit(splits, plan, &mut coll, events)?;
+    Ok((summary, rank, size))
+}
+
+/// Without MPI support compiled in, `--distributed mpi` is refused.
+#[cfg(not(feature = "mpi"))]
+fn fit_mpi(
+    _: &mut Run,
+    _: Duration,
+    _: Splits<'_>,
+    _: &Plan,
+    _: &mut dyn FnMut(Event),
+) -> Result<(Summary, usize, usize)> {
+    Err(Error::Input {
+        what: "--distributed mpi".into(),
+        expected: "an arbor built with MPI support (cargo build --release --features mpi)".into(),
+        got: "a build without it".into(),
+    })
 }
 
 /// The name of the TU data set in `dir` (the prefix of its `NAME_A.txt`).

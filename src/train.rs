@@ -4,7 +4,7 @@
 use crate::checkpoint::{Checkpoint, Named};
 use crate::data::TreeExample;
 use crate::engine::Engine;
-use crate::layers::{Embedding, LossOn, SoftmaxClassifier};
+use crate::layers::{ClassifierGrads, Embedding, LossOn, SoftmaxClassifier, SparseGrad};
 use crate::optim::{clip_grad_norm, Optimizer};
 use crate::{CpuBackend, InputGraph, VertexFn};
 use std::ops::Range;
@@ -61,13 +61,38 @@ pub struct StepStats {
     pub vertices: usize,
 }
 
-struct Batch<'a> {
-    graphs: Vec<&'a InputGraph>,
-    words: Vec<u32>,
-    labels: Vec<u32>,
+/// Forward results of one step whose output-layer gradients are final (see
+/// [`Classifier::output_pass`]).
+pub struct OutputPass {
+    /// Loss and accuracy counts.
+    pub stats: StepStats,
+    /// The output layer's gradients.
+    pub classifier: ClassifierGrads,
+    /// The gradient of every pushed row.
+    pub push_grad: Vec<f32>,
 }
 
-fn batch<'a>(examples: &[&'a TreeExample]) -> Batch<'a> {
+/// Every gradient of one step (or of one worker's share of it).
+#[derive(Clone, Debug)]
+pub struct StepGrads {
+    /// Loss and accuracy counts.
+    pub stats: StepStats,
+    /// The vertex function's parameter gradients.
+    pub cell: Vec<Vec<f32>>,
+    /// The output layer's gradients.
+    pub classifier: ClassifierGrads,
+    /// The embedding rows' gradients.
+    pub embedding: SparseGrad,
+}
+
+/// A minibatch of trees, merged: graphs, then every vertex's word and label in merged order.
+pub(crate) struct Batch<'a> {
+    pub(crate) graphs: Vec<&'a InputGraph>,
+    pub(crate) words: Vec<u32>,
+    pub(crate) labels: Vec<u32>,
+}
+
+pub(crate) fn batch<'a>(examples: &[&'a TreeExample]) -> Batch<'a> {
     Batch {
         graphs: examples.iter().map(|e| &e.graph).collect(),
         words: examples.iter().flat_map(|e| e.words.iter().copied()).collect(),
@@ -160,19 +185,37 @@ impl Classifier {
         opt: &mut Optimizer,
         clip: Option<f32>,
     ) -> Result<StepStats> {
+        let out = self.output_pass(graphs, ids, readout, None)?;
+        let (cell, embedding) = self.input_pass(&out.push_grad, ids)?;
+        let mut grads = StepGrads { stats: out.stats, cell, classifier: out.classifier, embedding };
+        self.apply(&mut grads, opt, clip)?;
+        Ok(grads.stats)
+    }
+
+    /// The first half of a step: forward through every layer, the loss, and the output layer's
+    /// gradients, which are final from here on. The loss is summed over the targets and divided
+    /// by `denom` (default: the targets here).
+    pub fn output_pass(
+        &mut self,
+        graphs: &[&InputGraph],
+        ids: &[u32],
+        readout: Readout<'_>,
+        denom: Option<usize>,
+    ) -> Result<OutputPass> {
         let x = self.embed.lookup(ids)?;
         let h = self.engine.forward(graphs, &[&x])?;
         let width = self.engine.function().outputs()[0].shape.numel();
-        let (mut step, push_grad) = match readout {
+        let (step, push_grad) = match readout {
             Readout::Vertices(targets) => {
-                let step = self.out.loss(&h[0], targets)?;
-                let g = step.grad_input.clone();
+                let denom = denom.unwrap_or_else(|| targets.iter().flatten().count());
+                let mut step = self.out.loss_over(&h[0], targets, denom)?;
+                let g = std::mem::take(&mut step.grad_input);
                 (step, g)
             }
             Readout::MeanPool { groups, targets } => {
                 let pooled = mean_pool(&h[0], width, groups);
                 let t: Vec<Option<u32>> = targets.iter().map(|&t| Some(t)).collect();
-                let step = self.out.loss(&pooled, &t)?;
+                let step = self.out.loss_over(&pooled, &t, denom.unwrap_or(t.len()))?;
                 let mut g = vec![0.0; h[0].len()];
                 for (gi, group) in groups.iter().enumerate() {
                     let share = 1.0 / group.len().max(1) as f32;
@@ -187,28 +230,51 @@ impl Classifier {
                 (step, g)
             }
         };
-        let mut grads = self.engine.backward(&[&push_grad])?;
-        let mut sparse = self.embed.sparse_grad(ids, &grads.pulls[0])?;
+        Ok(OutputPass {
+            stats: StepStats { loss: step.loss, correct: step.correct, count: step.count, vertices: ids.len() },
+            classifier: step.grads,
+            push_grad,
+        })
+    }
+
+    /// The second half of a step: backward through the vertex function and the embedding, from
+    /// the gradient of the pushed rows. Returns the cell's and the embedding's gradients.
+    pub fn input_pass(&mut self, push_grad: &[f32], ids: &[u32]) -> Result<(Vec<Vec<f32>>, SparseGrad)> {
+        let grads = self.engine.backward(&[push_grad])?;
+        let sparse = self.embed.sparse_grad(ids, &grads.pulls[0])?;
+        Ok((grads.params, sparse))
+    }
+
+    /// Clips the joint gradient norm to `clip` and applies one optimizer step.
+    pub fn apply(&mut self, grads: &mut StepGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<()> {
         if let Some(max) = clip {
-            let mut all: Vec<&mut [f32]> = grads.params.iter_mut().map(Vec::as_mut_slice).collect();
-            all.push(&mut step.grads.weight);
-            all.push(&mut step.grads.bias);
-            all.push(&mut sparse.values);
+            let mut all: Vec<&mut [f32]> = grads.cell.iter_mut().map(Vec::as_mut_slice).collect();
+            all.push(&mut grads.classifier.weight);
+            all.push(&mut grads.classifier.bias);
+            all.push(&mut grads.embedding.values);
             clip_grad_norm(&mut all, max);
         }
         opt.begin_step();
         let mut params = self.engine.params()?;
-        for (i, (p, g)) in params.iter_mut().zip(&grads.params).enumerate() {
+        for (i, (p, g)) in params.iter_mut().zip(&grads.cell).enumerate() {
             opt.dense(i, p, g);
         }
         self.engine.set_params(&params)?;
         let n = params.len();
         let (w, bias) = self.out.params_mut();
-        opt.dense(n, w, &step.grads.weight);
-        opt.dense(n + 1, bias, &step.grads.bias);
+        opt.dense(n, w, &grads.classifier.weight);
+        opt.dense(n + 1, bias, &grads.classifier.bias);
         let dim = self.embed.dim();
-        opt.sparse(n + 2, self.embed.table_mut(), dim, &sparse);
-        Ok(StepStats { loss: step.loss, correct: step.correct, count: step.count, vertices: ids.len() })
+        opt.sparse(n + 2, self.embed.table_mut(), dim, &grads.embedding);
+        Ok(())
+    }
+
+    /// A copy with the same function, sizes and learned values, on its own engine (a replica for
+    /// another worker).
+    pub fn replica(&self) -> Result<Classifier> {
+        let mut engine = Engine::new(CpuBackend::new(), self.engine.function().clone(), &self.engine.params()?)?;
+        engine.set_skip_padding_grads(self.embed.padding().is_some());
+        Ok(Classifier { embed: self.embed.clone(), engine, out: self.out.clone() })
     }
 
     /// Accuracy of mean-pooled predictions: `groups[i]` are the vertices whose mean predicts

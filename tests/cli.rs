@@ -77,7 +77,7 @@ fn eval_reproduces_the_checkpoint_accuracy_exactly() {
     assert!(acc < 1.0, "the tiny model should not be perfect ({acc}), or this test shows nothing");
     assert_eq!(trained["test_acc"], evaluated["test_acc"]);
     // A corrupted tensor file is refused with a checksum error.
-    let file = ck.join("best/model.safetensors");
+    let file = arbor::checkpoint::Checkpoint::tensors_path(&ck.join("best")).unwrap();
     let mut bytes = std::fs::read(&file).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0x40;
@@ -102,8 +102,8 @@ fn resume_continues_exactly() {
     run("2", &full, false);
     run("1", &half, false);
     run("2", &half, true);
-    let a = std::fs::read(full.join("last/model.safetensors")).unwrap();
-    let b = std::fs::read(half.join("last/model.safetensors")).unwrap();
+    let a = std::fs::read(arbor::checkpoint::Checkpoint::tensors_path(&full.join("last")).unwrap()).unwrap();
+    let b = std::fs::read(arbor::checkpoint::Checkpoint::tensors_path(&half.join("last")).unwrap()).unwrap();
     assert!(a == b, "parameters after 1 + 1 resumed epochs differ from 2 uninterrupted epochs");
     std::fs::remove_dir_all(&full).ok();
     std::fs::remove_dir_all(&half).ok();

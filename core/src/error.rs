@@ -153,6 +153,15 @@ pub enum Error {
         /// The system's message.
         msg: String,
     },
+    /// A distributed run failed at a worker (thread, MPI rank or pipeline stage), or a peer it
+    /// waits on died or stopped answering.
+    #[error("worker {rank}: {msg}")]
+    Worker {
+        /// The worker that reports the failure.
+        rank: usize,
+        /// What went wrong, naming the peer where one is involved.
+        msg: String,
+    },
 }
 
 /// arbor's result type.

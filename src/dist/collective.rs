@@ -1,0 +1,174 @@
+//! The communication seam of distributed training: point-to-point messages between workers, and
+//! the collectives built on them.
+//!
+//! An implementation only moves bytes (`send` never waits for the receiver; `recv` waits at most
+//! a timeout). All-gather and all-reduce are built here on top, so every implementation sums in
+//! the same fixed rank order and every worker ends with bitwise the same result.
+
+use arbor_core::error::{Error, Result};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::time::Duration;
+
+/// How long a worker waits for a peer by default before it gives up with an error.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Point-to-point messages between the `size()` workers of a group, and collectives over them.
+///
+/// Messages between two workers arrive in the order they were sent; every worker must issue the
+/// same sequence of collectives.
+pub trait Collective {
+    /// This worker's index in the group.
+    fn rank(&self) -> usize;
+
+    /// Workers in the group.
+    fn size(&self) -> usize;
+
+    /// Queues `data` for worker `to`; never waits for `to` to receive it.
+    fn send(&mut self, to: usize, data: Vec<u8>) -> Result<()>;
+
+    /// The next message from worker `from`; an error if `from` has stopped or sends nothing
+    /// within the group's timeout.
+    fn recv(&mut self, from: usize) -> Result<Vec<u8>>;
+
+    /// Every worker's `data`, in rank order.
+    fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.start_all_gather(data)?;
+        self.finish_all_gather(data.to_vec())
+    }
+
+    /// Starts an all-gather: sends `data` to every peer and returns at once.
+    fn start_all_gather(&mut self, data: &[u8]) -> Result<()> {
+        let me = self.rank();
+        for to in (0..self.size()).filter(|&r| r != me) {
+            self.send(to, data.to_vec())?;
+        }
+        Ok(())
+    }
+
+    /// Completes the oldest started collective as an all-gather: every worker's data in rank
+    /// order, with `mine` (what this worker started with) in its place.
+    fn finish_all_gather(&mut self, mine: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        let mut mine = Some(mine);
+        (0..self.size())
+            .map(|from| if from == self.rank() { Ok(mine.take().unwrap_or_default()) } else { self.recv(from) })
+            .collect()
+    }
+
+    /// Starts an all-reduce of `data`: sends it to every peer and returns at once, so the rest of
+    /// a backward pass overlaps the transfer. [`Collective::finish_all_reduce`] completes it;
+    /// several may be in flight and finish in the order they started.
+    fn start_all_reduce(&mut self, data: &[f32]) -> Result<()> {
+        self.start_all_gather(&to_bytes(data))
+    }
+
+    /// Completes the oldest started all-reduce: `data` (this worker's contribution, as started)
+    /// becomes the sum over all workers, added in rank order.
+    fn finish_all_reduce(&mut self, data: &mut [f32]) -> Result<()> {
+        if self.size() == 1 {
+            return Ok(());
+        }
+        let mine = data.to_vec();
+        for from in 0..self.size() {
+            let part = if from == self.rank() { mine.clone() } else { self.recv_f32(from, data.len())? };
+            if from == 0 {
+                data.copy_from_slice(&part);
+            } else {
+                data.iter_mut().zip(&part).for_each(|(d, p)| *d += p);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sums `data` over all workers (in rank order), in place.
+    fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<()> {
+        self.start_all_reduce(data)?;
+        self.finish_all_reduce(data)
+    }
+
+    /// Sends f32 values to `to`.
+    fn send_f32(&mut self, to: usize, data: &[f32]) -> Result<()> {
+        self.send(to, to_bytes(data))
+    }
+
+    /// Receives exactly `len` f32 values from `from`.
+    fn recv_f32(&mut self, from: usize, len: usize) -> Result<Vec<f32>> {
+        let bytes = self.recv(from)?;
+        if bytes.len() != 4 * len {
+            return Err(Error::Worker {
+                rank: self.rank(),
+                msg: format!("expected {len} values from worker {from}, got {} bytes", bytes.len()),
+            });
+        }
+        Ok(from_bytes(&bytes))
+    }
+}
+
+/// f32 values as little-endian bytes.
+pub fn to_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes as f32 values (a trailing partial value is dropped).
+pub fn from_bytes(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+/// One worker of a group of threads in one process, connected by channels.
+pub struct ThreadCollective {
+    rank: usize,
+    to: Vec<Option<Sender<Vec<u8>>>>,
+    from: Vec<Option<Receiver<Vec<u8>>>>,
+    timeout: Duration,
+}
+
+impl ThreadCollective {
+    /// A group of `n` connected workers (hand one to each thread); each waits at most `timeout`
+    /// for a message.
+    pub fn group(n: usize, timeout: Duration) -> Vec<ThreadCollective> {
+        let mut workers: Vec<ThreadCollective> = (0..n)
+            .map(|rank| ThreadCollective {
+                rank,
+                to: (0..n).map(|_| None).collect(),
+                from: (0..n).map(|_| None).collect(),
+                timeout,
+            })
+            .collect();
+        for a in 0..n {
+            for b in (0..n).filter(|&b| b != a) {
+                let (tx, rx) = channel();
+                workers[a].to[b] = Some(tx);
+                workers[b].from[a] = Some(rx);
+            }
+        }
+        workers
+    }
+
+    fn peer_error(&self, peer: usize, what: &str) -> Error {
+        Error::Worker { rank: self.rank, msg: format!("worker {peer} {what}") }
+    }
+}
+
+impl Collective for ThreadCollective {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.to.len()
+    }
+
+    fn send(&mut self, to: usize, data: Vec<u8>) -> Result<()> {
+        let tx = self.to.get(to).and_then(Option::as_ref).ok_or_else(|| self.peer_error(to, "is not a peer"))?;
+        tx.send(data).map_err(|_| self.peer_error(to, "has stopped"))
+    }
+
+    fn recv(&mut self, from: usize) -> Result<Vec<u8>> {
+        let rx = self.from.get(from).and_then(Option::as_ref).ok_or_else(|| self.peer_error(from, "is not a peer"))?;
+        rx.recv_timeout(self.timeout).map_err(|e| match e {
+            RecvTimeoutError::Timeout => {
+                self.peer_error(from, &format!("sent nothing for {:.1} s; giving up", self.timeout.as_secs_f64()))
+            }
+            RecvTimeoutError::Disconnected => self.peer_error(from, "has stopped"),
+        })
+    }
+}

@@ -1,0 +1,153 @@
+//! Data-parallel steps: every worker holds a replica of the model, takes a share of the minibatch
+//! balanced by vertex count, and the gradients are summed across workers and divided by the
+//! minibatch's target count, so a step equals one worker's step on the whole minibatch.
+//!
+//! Gradients travel in buckets as soon as they are final (wait-free backpropagation): the output
+//! layer's (with the loss counts) before the vertex function's backward pass runs, the vertex
+//! function's before the embedding's gradient is formed, the embedding's sparse rows last.
+
+use super::collective::{from_bytes, Collective};
+use crate::data::TreeExample;
+use crate::layers::{ClassifierGrads, LossOn, SparseGrad};
+use crate::optim::Optimizer;
+use crate::train::{batch, Classifier, StepGrads, StepStats};
+use arbor_core::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+/// Splits items of the given weights (e.g. vertices per tree) into `n` contiguous shards whose
+/// total weights are as even as a contiguous cut allows; some shards may be empty.
+pub fn shard(weights: &[usize], n: usize) -> Vec<Range<usize>> {
+    let n = n.max(1);
+    let total: usize = weights.iter().sum();
+    let mut cuts = vec![0; n + 1];
+    let (mut acc, mut i) = (0usize, 0usize);
+    for (k, cut) in cuts.iter_mut().enumerate().skip(1) {
+        // Cut where the running total is closest to k/n of the whole.
+        let goal = total * k / n;
+        while i < weights.len() && (acc + weights[i]).abs_diff(goal) <= acc.abs_diff(goal) {
+            acc += weights[i];
+            i += 1;
+        }
+        *cut = if k == n { weights.len() } else { i };
+    }
+    cuts.windows(2).map(|w| w[0]..w[1]).collect()
+}
+
+/// A sparse gradient as bytes: row count, rows, then values (little-endian).
+fn encode(g: &SparseGrad) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + 4 * (g.rows.len() + g.values.len()));
+    out.extend((g.rows.len() as u32).to_le_bytes());
+    out.extend(g.rows.iter().flat_map(|r| r.to_le_bytes()));
+    out.extend(g.values.iter().flat_map(|v| v.to_le_bytes()));
+    out
+}
+
+fn decode(bytes: &[u8], dim: usize, from: usize) -> Result<SparseGrad> {
+    let bad = || Error::Worker { rank: from, msg: format!("sent a malformed sparse gradient ({} bytes)", bytes.len()) };
+    let n = bytes.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize).ok_or_else(bad)?;
+    if bytes.len() != 4 + 4 * n * (1 + dim) {
+        return Err(bad());
+    }
+    let rows = bytes[4..4 + 4 * n].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    Ok(SparseGrad { rows, values: from_bytes(&bytes[4 + 4 * n..]) })
+}
+
+/// The sum of sparse gradients, added in the order given; rows ascending.
+pub fn merge(parts: &[SparseGrad], dim: usize) -> SparseGrad {
+    let mut rows: BTreeMap<u32, Vec<f32>> = BTreeMap::new();
+    for p in parts {
+        for (k, &r) in p.rows.iter().enumerate() {
+            let v = &p.values[k * dim..(k + 1) * dim];
+            match rows.get_mut(&r) {
+                Some(acc) => acc.iter_mut().zip(v).for_each(|(a, x)| *a += x),
+                None => {
+                    rows.insert(r, v.to_vec());
+                }
+            }
+        }
+    }
+    SparseGrad { rows: rows.keys().copied().collect(), values: rows.into_values().flatten().collect() }
+}
+
+/// The output bucket: the output layer's gradients, then loss, correct, count and vertices.
+fn head(g: &ClassifierGrads, s: &StepStats) -> Vec<f32> {
+    let mut out = Vec::with_capacity(g.weight.len() + g.bias.len() + 4);
+    out.extend(&g.weight);
+    out.extend(&g.bias);
+    out.extend([s.loss, s.correct as f32, s.count as f32, s.vertices as f32]);
+    out
+}
+
+/// One data-parallel optimizer step of `model` on the minibatch `examples` (the same on every
+/// worker): this worker's share forward and backward, gradients summed across `coll`, then the
+/// same update on every replica. Returns the whole minibatch's numbers.
+pub fn step(
+    model: &mut Classifier,
+    coll: &mut dyn Collective,
+    examples: &[&TreeExample],
+    loss_on: LossOn,
+    opt: &mut Optimizer,
+    clip: Option<f32>,
+) -> Result<StepStats> {
+    let all = batch(examples);
+    let denom = loss_on.select(&all.graphs, &all.labels)?.iter().flatten().count();
+    let weights: Vec<usize> = examples.iter().map(|e| e.graph.len()).collect();
+    let mine = &examples[shard(&weights, coll.size())[coll.rank()].clone()];
+    let local = batch(mine);
+
+    let dims: Vec<usize> = model.engine.function().params().iter().map(|p| p.shape.numel()).collect();
+    let (w, b) = model.out.params();
+    let mut grads = StepGrads {
+        stats: StepStats::default(),
+        cell: dims.iter().map(|&d| vec![0.0; d]).collect(),
+        classifier: ClassifierGrads { weight: vec![0.0; w.len()], bias: vec![0.0; b.len()] },
+        embedding: SparseGrad::default(),
+    };
+    let pass = if mine.is_empty() {
+        None
+    } else {
+        let targets = loss_on.select(&local.graphs, &local.labels)?;
+        let readout = crate::train::Readout::Vertices(&targets);
+        let out = model.output_pass(&local.graphs, &local.words, readout, Some(denom))?;
+        grads.stats = out.stats;
+        grads.classifier = out.classifier;
+        Some(out.push_grad)
+    };
+    let mut bucket0 = head(&grads.classifier, &grads.stats);
+    coll.start_all_reduce(&bucket0)?;
+    if let Some(push_grad) = pass {
+        (grads.cell, grads.embedding) = model.input_pass(&push_grad, &local.words)?;
+    }
+    let mut bucket1: Vec<f32> = grads.cell.concat();
+    coll.start_all_reduce(&bucket1)?;
+    let sparse = encode(&grads.embedding);
+    coll.start_all_gather(&sparse)?;
+
+    coll.finish_all_reduce(&mut bucket0)?;
+    coll.finish_all_reduce(&mut bucket1)?;
+    let dim = model.embed.dim();
+    let parts = coll
+        .finish_all_gather(sparse)?
+        .iter()
+        .enumerate()
+        .map(|(from, bytes)| decode(bytes, dim, from))
+        .collect::<Result<Vec<_>>>()?;
+
+    let (nw, nb) = (grads.classifier.weight.len(), grads.classifier.bias.len());
+    grads.classifier.weight.copy_from_slice(&bucket0[..nw]);
+    grads.classifier.bias.copy_from_slice(&bucket0[nw..nw + nb]);
+    let s = &bucket0[nw + nb..];
+    grads.stats = StepStats { loss: s[0], correct: s[1] as usize, count: s[2] as usize, vertices: s[3] as usize };
+    let mut at = 0;
+    for g in &mut grads.cell {
+        let len = g.len();
+        g.copy_from_slice(&bucket1[at..at + len]);
+        at += len;
+    }
+    if coll.size() > 1 {
+        grads.embedding = merge(&parts, dim);
+    }
+    model.apply(&mut grads, opt, clip)?;
+    Ok(grads.stats)
+}

@@ -1,0 +1,324 @@
+//! The training loop over a treebank: epochs of shuffled minibatches, data-parallel over any
+//! [`Collective`] (one worker, threads, or MPI ranks), with CheckFreq-style checkpoints.
+//!
+//! Every worker runs the same loop on the same data (SPMD); worker 0 alone evaluates, reports and
+//! writes checkpoints. A checkpoint holds the parameters, the optimizer state, the position of
+//! the data iterator (epoch, minibatch within it, and the RNG state the epoch's order was drawn
+//! from) and the best accuracies, so [`Run::resume`] continues exactly where the run stopped.
+
+use crate::checkpoint::{Checkpoint, Persister};
+use crate::data::TreeExample;
+use crate::dist::{data_parallel, Collective, ThreadCollective};
+use crate::layers::LossOn;
+use crate::optim::Optimizer;
+use crate::train::Classifier;
+use arbor_core::error::{Error, Result};
+use arbor_core::rng::Rng;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Where the data iterator stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    /// The current epoch, from 1.
+    pub epoch: usize,
+    /// Minibatches of this epoch already trained on.
+    pub step_in_epoch: usize,
+    /// The RNG state this epoch's order is drawn from.
+    pub epoch_rng: [u64; 4],
+    /// Optimizer steps taken since the start of training.
+    pub steps: u64,
+}
+
+/// Settings of a run.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Passes over the training set.
+    pub epochs: usize,
+    /// Trees per minibatch (the whole minibatch, over all workers).
+    pub batch: usize,
+    /// Where the loss is taken.
+    pub loss_on: LossOn,
+    /// Gradient-norm bound.
+    pub clip: Option<f32>,
+    /// Keep checkpoints here: `last/` (latest) and `best/` (best dev accuracy).
+    pub checkpoint: Option<PathBuf>,
+    /// Also snapshot to `last/` every this many steps (besides every epoch's end).
+    pub checkpoint_every: Option<u64>,
+    /// Stop after this many steps in all (a checkpoint is written there).
+    pub max_steps: Option<u64>,
+    /// A pause inside each checkpoint write (crash tests only).
+    pub persist_pause: Duration,
+    /// What every checkpoint records about the model and data (sizes, vocabulary, …).
+    pub meta: Value,
+}
+
+/// The splits of a treebank.
+#[derive(Clone, Copy, Debug)]
+pub struct Splits<'a> {
+    /// Trained on.
+    pub train: &'a [TreeExample],
+    /// Chooses the best epoch.
+    pub dev: &'a [TreeExample],
+    /// Reported at the best epoch.
+    pub test: &'a [TreeExample],
+}
+
+/// What a run reports as it goes (worker 0 only).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Event {
+    /// An epoch starts; `done` of its `total` trees were trained on before a resume.
+    EpochStart {
+        /// The epoch.
+        epoch: usize,
+        /// Trees already done.
+        done: usize,
+        /// Trees in the epoch.
+        total: usize,
+    },
+    /// A minibatch of `trees` was trained on.
+    Trees(usize),
+    /// An epoch ended.
+    EpochEnd {
+        /// The epoch.
+        epoch: usize,
+        /// Mean training loss over its minibatches.
+        loss: f64,
+        /// Dev root accuracy after it.
+        dev: f64,
+    },
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Summary {
+    /// Seconds spent in training steps.
+    pub train_seconds: f64,
+    /// Trees trained on.
+    pub sentences: usize,
+    /// Mean training loss per epoch.
+    pub loss_curve: Vec<f64>,
+    /// Dev accuracy per epoch.
+    pub dev_curve: Vec<f64>,
+}
+
+/// Everything a run carries from step to step, and so everything a checkpoint holds.
+pub struct Run {
+    /// The model.
+    pub model: Classifier,
+    /// The optimizer and its state.
+    pub opt: Optimizer,
+    /// Where the data iterator stands.
+    pub pos: Position,
+    /// Best dev accuracy so far.
+    pub best_dev: f64,
+    /// Test accuracy at the best dev accuracy.
+    pub test_acc: f64,
+}
+
+fn meta_error(key: &str, got: &Value) -> Error {
+    Error::Input { what: "checkpoint metadata".into(), expected: format!("`{key}`"), got: got.to_string() }
+}
+
+impl Run {
+    /// A fresh run whose first epoch's order is drawn from `rng`.
+    pub fn new(model: Classifier, opt: Optimizer, rng: &Rng) -> Run {
+        let pos = Position { epoch: 1, step_in_epoch: 0, epoch_rng: rng.state(), steps: 0 };
+        Run { model, opt, pos, best_dev: 0.0, test_acc: 0.0 }
+    }
+
+    /// A copy for another worker.
+    pub fn replica(&self) -> Result<Run> {
+        Ok(Run { model: self.model.replica()?, opt: self.opt.clone(), ..*self })
+    }
+
+    /// The run's state as a checkpoint (phase one of CheckFreq: an in-memory copy); `meta` says
+    /// what the model and data are.
+    pub fn snapshot(&self, meta: &Value, with_optimizer: bool) -> Result<Checkpoint> {
+        let mut tensors = self.model.tensors()?;
+        if with_optimizer {
+            tensors.extend(self.opt.tensors());
+        }
+        let mut meta = meta.clone();
+        let p = self.pos;
+        let state = json!({
+            "epoch": p.epoch - usize::from(p.step_in_epoch == 0),
+            "steps": p.steps,
+            "position": { "epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "epoch_rng": p.epoch_rng },
+            "best_dev_acc": self.best_dev,
+            "test_acc": self.test_acc,
+        });
+        if let (Some(m), Value::Object(s)) = (meta.as_object_mut(), state) {
+            m.extend(s);
+        }
+        Ok(Checkpoint { tensors, meta })
+    }
+
+    /// Restores parameters, optimizer state, position and accuracies from a checkpoint written
+    /// by a run (its `last/` folder).
+    pub fn resume(&mut self, ck: &Checkpoint) -> Result<()> {
+        let m = &ck.meta;
+        let p = &m["position"];
+        let num = |v: &Value, key: &str| v[key].as_u64().ok_or_else(|| meta_error(key, &v[key]));
+        let rng: Vec<u64> =
+            p["epoch_rng"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+        let [a, b, c, d] = rng[..] else { return Err(meta_error("position.epoch_rng", &p["epoch_rng"])) };
+        let pos = Position {
+            epoch: num(p, "epoch")? as usize,
+            step_in_epoch: num(p, "step_in_epoch")? as usize,
+            epoch_rng: [a, b, c, d],
+            steps: num(m, "steps")?,
+        };
+        self.model.restore(ck)?;
+        self.opt.restore(ck, pos.steps)?;
+        self.pos = pos;
+        self.best_dev = m["best_dev_acc"].as_f64().unwrap_or(0.0);
+        self.test_acc = m["test_acc"].as_f64().unwrap_or(0.0);
+        Ok(())
+    }
+
+    /// Trains until `plan.epochs` epochs (or `plan.max_steps` steps) are done, as worker
+    /// `coll.rank()` of `coll.size()`.
+    pub fn fit(
+        &mut self,
+        data: Splits<'_>,
+        plan: &Plan,
+        coll: &mut dyn Collective,
+        events: &mut dyn FnMut(Event),
+    ) -> Result<Summary> {
+        let lead = coll.rank() == 0;
+        let batch = plan.batch.max(1);
+        let mut persister = Persister::paced(plan.persist_pause);
+        let mut summary = Summary::default();
+        let mut stopped = false;
+        let done = |steps: u64| plan.max_steps.is_some_and(|m| steps >= m);
+        while self.pos.epoch <= plan.epochs && !stopped {
+            let mut rng = Rng::from_state(self.pos.epoch_rng);
+            let mut order: Vec<usize> = (0..data.train.len()).collect();
+            rng.shuffle(&mut order);
+            let total = data.train.len();
+            events(Event::EpochStart {
+                epoch: self.pos.epoch,
+                done: (self.pos.step_in_epoch * batch).min(total),
+                total,
+            });
+            let (mut loss, mut steps) = (0.0f64, 0usize);
+            for chunk in order.chunks(batch).skip(self.pos.step_in_epoch) {
+                if done(self.pos.steps) {
+                    stopped = true;
+                    break;
+                }
+                let examples: Vec<&TreeExample> = chunk.iter().map(|&i| &data.train[i]).collect();
+                let start = Instant::now();
+                let stats =
+                    data_parallel::step(&mut self.model, coll, &examples, plan.loss_on, &mut self.opt, plan.clip)?;
+                summary.train_seconds += start.elapsed().as_secs_f64();
+                summary.sentences += chunk.len();
+                loss += f64::from(stats.loss);
+                steps += 1;
+                self.pos.step_in_epoch += 1;
+                self.pos.steps += 1;
+                events(Event::Trees(chunk.len()));
+                let due = plan.checkpoint_every.is_some_and(|n| n > 0 && self.pos.steps % n == 0);
+                if let (true, true, Some(dir)) = (lead, due, &plan.checkpoint) {
+                    persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
+                }
+            }
+            if stopped {
+                break;
+            }
+            self.pos = Position { epoch: self.pos.epoch + 1, step_in_epoch: 0, epoch_rng: rng.state(), ..self.pos };
+            if lead {
+                let epoch = self.pos.epoch - 1;
+                let dev = self.model.accuracy(data.dev, 256)?;
+                let improved = dev > self.best_dev;
+                if improved {
+                    self.best_dev = dev;
+                    self.test_acc = self.model.accuracy(data.test, 256)?;
+                }
+                if let Some(dir) = &plan.checkpoint {
+                    if improved {
+                        persister.persist(self.snapshot(&plan.meta, false)?, dir.join("best"))?;
+                    }
+                    persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
+                }
+                let loss = loss / steps.max(1) as f64;
+                summary.loss_curve.push(loss);
+                summary.dev_curve.push(dev);
+                events(Event::EpochEnd { epoch, loss, dev });
+            }
+        }
+        if let (true, true, Some(dir)) = (lead, stopped, &plan.checkpoint) {
+            persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
+        }
+        persister.wait()?;
+        Ok(summary)
+    }
+}
+
+/// The error to report from a group of failed workers: the first that is not a consequence of
+/// another worker stopping.
+fn root_cause(errors: Vec<Error>) -> Error {
+    let consequence = |e: &Error| matches!(e, Error::Worker { msg, .. } if msg.ends_with("has stopped"));
+    let first = errors.iter().position(|e| !consequence(e)).unwrap_or(0);
+    errors.into_iter().nth(first).unwrap_or(Error::Worker { rank: 0, msg: "failed".into() })
+}
+
+/// Trains `run` data-parallel on `workers` threads of this process (each with an equal share of
+/// the cores for its matrix products); returns worker 0's summary, with `run` holding the result.
+/// A worker that fails or stops answering for `timeout` ends the run with an error.
+pub fn fit_threads(
+    run: &mut Run,
+    workers: usize,
+    timeout: Duration,
+    data: Splits<'_>,
+    plan: &Plan,
+    events: &mut dyn FnMut(Event),
+) -> Result<Summary> {
+    let workers = workers.max(1);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let pool = |rank: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads((cores / workers).max(1))
+            .build()
+            .map_err(|e| Error::Worker { rank, msg: format!("cannot start a thread pool: {e}") })
+    };
+    let mut replicas: Vec<Run> = (1..workers).map(|_| run.replica()).collect::<Result<_>>()?;
+    let runs = std::iter::once(run).chain(replicas.iter_mut());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let results: Vec<Result<Summary>> = std::thread::scope(|s| {
+        let handles: Vec<_> = runs
+            .zip(ThreadCollective::group(workers, timeout))
+            .enumerate()
+            .map(|(rank, (run, mut coll))| {
+                let tx = (rank == 0).then(|| tx.clone());
+                s.spawn(move || {
+                    let mut report = |e: Event| {
+                        if let Some(tx) = &tx {
+                            // The receiver lives until every worker has ended.
+                            let _ = tx.send(e);
+                        }
+                    };
+                    pool(rank)?.install(|| run.fit(data, plan, &mut coll, &mut report))
+                })
+            })
+            .collect();
+        // Worker 0's events, relayed on this thread until every worker is done.
+        drop(tx);
+        rx.iter().for_each(|e| events(e));
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| h.join().unwrap_or_else(|_| Err(Error::Worker { rank, msg: "panicked".into() })))
+            .collect()
+    });
+    let mut results = results.into_iter();
+    let first = results.next().unwrap_or_else(|| Err(Error::Worker { rank: 0, msg: "no workers".into() }));
+    let mut errors: Vec<Error> = first.as_ref().err().cloned().into_iter().collect();
+    errors.extend(results.filter_map(Result::err));
+    match (first, errors.is_empty()) {
+        (Ok(summary), true) => Ok(summary),
+        _ => Err(root_cause(errors)),
+    }
+}
