@@ -18,6 +18,8 @@ use std::time::Duration;
 const META: &str = "meta.json";
 const TENSORS_PREFIX: &str = "model-";
 const TENSORS_SUFFIX: &str = ".safetensors";
+/// The metadata key of the checksum of the metadata itself (computed without this key).
+const META_CHECKSUM: &str = "meta_checksum";
 
 /// A named tensor: name, shape, values.
 pub type Named = (String, Vec<usize>, Vec<f32>);
@@ -56,7 +58,18 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
 fn read_meta(dir: &Path) -> Result<(Value, PathBuf)> {
     let meta_path = dir.join(META);
     let text = std::fs::read_to_string(&meta_path).map_err(|e| io(&meta_path, e))?;
-    let meta: Value = serde_json::from_str(&text).map_err(|e| io(&meta_path, format!("not valid JSON: {e}")))?;
+    let mut meta: Value = serde_json::from_str(&text).map_err(|e| io(&meta_path, format!("not valid JSON: {e}")))?;
+    let want = meta.as_object_mut().and_then(|m| m.remove(META_CHECKSUM));
+    let found = checksum(meta.to_string().as_bytes());
+    if want.as_ref().and_then(Value::as_str) != Some(found.as_str()) {
+        return Err(io(
+            &meta_path,
+            format!(
+                "checksum mismatch (expected {}, found {found}): the file is corrupted",
+                want.as_ref().and_then(Value::as_str).unwrap_or("none")
+            ),
+        ));
+    }
     match meta["tensors_file"].as_str() {
         Some(f) if f.starts_with(TENSORS_PREFIX) && f.ends_with(TENSORS_SUFFIX) && !f.contains(['/', '\\']) => {
             let path = dir.join(f);
@@ -98,14 +111,17 @@ impl Checkpoint {
         let mut meta = self.meta.clone();
         meta["tensors_checksum"] = Value::String(sum);
         meta["tensors_file"] = Value::String(file.clone());
+        meta[META_CHECKSUM] = Value::String(checksum(meta.to_string().as_bytes()));
         write_atomic(dir, &file, &data)?;
         std::thread::sleep(between);
         write_atomic(dir, META, meta.to_string().as_bytes())?;
-        // Committed: tensor files of earlier checkpoints are garbage now.
+        // Committed: tensor files of earlier checkpoints, and temporary files of writes that a
+        // crash cut short, are garbage now.
         let entries = std::fs::read_dir(dir).map_err(|e| io(dir, e))?;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(TENSORS_PREFIX) && name.ends_with(TENSORS_SUFFIX) && name != file {
+            let tensors = name.starts_with(TENSORS_PREFIX) && name.ends_with(TENSORS_SUFFIX) && name != file;
+            if tensors || (name.starts_with(&format!(".{TENSORS_PREFIX}")) && name.ends_with(".tmp")) {
                 std::fs::remove_file(entry.path()).map_err(|e| io(&entry.path(), e))?;
             }
         }

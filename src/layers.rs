@@ -215,7 +215,7 @@ impl LossOn {
 }
 
 /// Gradients of a [`SoftmaxClassifier`]'s parameters.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClassifierGrads {
     /// Of the `input × classes` weight.
     pub weight: Vec<f32>,

@@ -3,12 +3,15 @@
 use arbor::checkpoint::Checkpoint;
 use arbor::core::rng::Rng;
 use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD};
+use arbor::dist::pipeline::{PipePlan, Stack, Stage};
+use arbor::dist::schedule::Kind;
+use arbor::dist::Collective;
 use arbor::layers::LossOn;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::train::{cross_validate, Classifier, GraphTraining};
-use arbor::trainer::{fit_threads, Event, Plan, Run, Splits, Summary};
+use arbor::trainer::{fit_threads, on_threads, Event, Plan, Run, Splits, Summary};
 use arbor::{Error, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -26,7 +29,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a model. With no --data, trains the binary Tree-LSTM on the built-in synthetic treebank.
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Evaluate a checkpoint on the test split of its data.
     Eval(EvalArgs),
     /// Measure training or inference throughput on SST (or synthetic trees).
@@ -117,6 +120,15 @@ enum Loss {
     All,
 }
 
+impl Loss {
+    fn name(self) -> &'static str {
+        match self {
+            Loss::Root => "root",
+            Loss::All => "all",
+        }
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum Opt {
     Adagrad,
@@ -197,12 +209,51 @@ struct TrainArgs {
     /// Run as one rank of an MPI job (`mpirun -np N arbor train ... --distributed mpi`).
     #[arg(long, value_enum)]
     distributed: Option<Distributed>,
+    /// Layers of the vertex function, stacked: layer k+1 pulls the row layer k pushed at the
+    /// same vertex.
+    #[arg(long, default_value_t = 1)]
+    layers: usize,
+    /// Pipeline stages (threads, or MPI ranks), each holding a contiguous share of the layers.
+    #[arg(long, default_value_t = 1)]
+    stages: usize,
+    /// The pipeline schedule.
+    #[arg(long, value_enum, default_value = "1f1b")]
+    schedule: ScheduleArg,
+    /// Micro-batches per minibatch in a pipeline (balanced by vertex count).
+    #[arg(long, default_value_t = 4)]
+    micro_batches: usize,
     /// Seconds a worker waits for a peer before the run ends with an error.
     #[arg(long, default_value_t = 120.0)]
     timeout: f64,
     /// Pause inside each checkpoint write, in milliseconds (for crash tests).
     #[arg(long, default_value_t = 0, hide = true)]
     persist_pause_ms: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ScheduleArg {
+    /// 1F1B with a flush after every minibatch (equals accumulating the micro-batches).
+    #[value(name = "1f1b")]
+    OneFOneB,
+    /// PipeDream-2BW: no flush, two weight versions, gradients one step stale.
+    #[value(name = "2bw")]
+    TwoBw,
+}
+
+impl ScheduleArg {
+    fn kind(self) -> Kind {
+        match self {
+            ScheduleArg::OneFOneB => Kind::OneFOneBFlush,
+            ScheduleArg::TwoBw => Kind::TwoBw,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ScheduleArg::OneFOneB => "1f1b",
+            ScheduleArg::TwoBw => "2bw",
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -260,7 +311,7 @@ fn load(dir: Option<&Path>, seed: u64, lowercase: bool, model: Model) -> Result<
             }
             let s = sst::read_splits(dir, lowercase)?;
             Data {
-                name: dir.display().to_string(),
+                name: dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf()).display().to_string(),
                 train: s.train,
                 dev: s.dev,
                 test: s.test,
@@ -326,164 +377,322 @@ fn optimizer(args: &TrainArgs, lr: f32) -> Config {
     Config { weight_decay: args.weight_decay, ..Config::new(rule, lr) }
 }
 
+/// A training run's progress on stderr: a bar per epoch and a line per finished epoch, whose
+/// curves are also drawn to `plot`.
+struct Progress<'a> {
+    epochs: usize,
+    plot: Option<&'a Path>,
+    bar: Option<ProgressBar>,
+    loss: Vec<f64>,
+    dev: Vec<f64>,
+}
+
+impl Progress<'_> {
+    fn on(&mut self, e: Event) {
+        match e {
+            Event::EpochStart { epoch, done, total } => {
+                let b = bar(total, format!("epoch {epoch}/{}", self.epochs));
+                b.set_position(done as u64);
+                self.bar = Some(b);
+            }
+            Event::Trees(n) => {
+                if let Some(b) = &self.bar {
+                    b.inc(n as u64);
+                }
+            }
+            Event::EpochEnd { epoch, loss, dev } => {
+                self.finish();
+                eprintln!("epoch {epoch}: loss {loss:.4}, dev root accuracy {dev:.4}");
+                self.loss.push(loss);
+                self.dev.push(dev);
+                if let Some(path) = self.plot {
+                    let series = [
+                        Series { name: "training loss", values: &self.loss },
+                        Series { name: "dev root accuracy", values: &self.dev },
+                    ];
+                    if let Err(e) = plot::write_svg(path, &series) {
+                        eprintln!("arbor: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// What every way of training a tree or sequence model starts from.
+struct Setup<'a> {
+    args: &'a TrainArgs,
+    sizes: Sizes,
+    kind: Model,
+    data: Data,
+    rng: Rng,
+    loss_on: LossOn,
+    timeout: Duration,
+}
+
+impl Setup<'_> {
+    fn splits(&self) -> Splits<'_> {
+        Splits { train: &self.data.train, dev: &self.data.dev, test: &self.data.test }
+    }
+
+    /// Fills an embedding table from --embeddings, if given (the padding row stays zero).
+    fn pretrained(&self, table: &mut [f32]) -> Result<()> {
+        let Some(file) = &self.args.embeddings else { return Ok(()) };
+        let embed = self.sizes.embed;
+        let found = glove::read_into(file, &self.data.vocab, embed, table)?;
+        table[PAD as usize * embed..(PAD as usize + 1) * embed].fill(0.0);
+        eprintln!("arbor: {found} of {} words have vectors in {}", self.data.vocab.len(), file.display());
+        Ok(())
+    }
+
+    fn announce(&self, how: &str) {
+        let d = &self.data;
+        eprintln!(
+            "arbor: training {} on {} ({} train / {} dev / {} test trees, vocabulary {}, {how})",
+            self.kind.name(),
+            d.name,
+            d.train.len(),
+            d.dev.len(),
+            d.test.len(),
+            d.vocab.len(),
+        );
+    }
+}
+
+fn plural(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
 fn train(args: &TrainArgs) -> Result<()> {
     let sizes = Sizes::of(args);
-    let Sizes { epochs, hidden, embed, lr } = sizes;
-    if args.batch == 0 || epochs == 0 || hidden == 0 || embed == 0 {
+    let Sizes { epochs, hidden, embed, .. } = sizes;
+    if args.batch == 0 || epochs == 0 || hidden == 0 || embed == 0 || args.layers == 0 || args.stages == 0 {
         return Err(Error::Input {
             what: "arguments".into(),
-            expected: "--batch, --epochs, --hidden and --embed above 0".into(),
-            got: format!("{} {epochs} {hidden} {embed}", args.batch),
+            expected: "--batch, --epochs, --hidden, --embed, --layers and --stages above 0".into(),
+            got: format!("{} {epochs} {hidden} {embed} {} {}", args.batch, args.layers, args.stages),
         });
     }
     if matches!(args.model, ModelArg::Ggnn) {
         return train_graphs(args, &sizes);
     }
-    let model_kind = args.model.model();
-    let data = load(args.data.as_deref(), args.seed, args.lowercase, model_kind)?;
-    let mut rng = Rng::new(args.seed);
-    let cell = model_kind.cell(embed, hidden)?;
-    let mut model = Classifier::new(cell, data.vocab.len(), Some(PAD), data.classes, &mut rng)?;
-    if let Some(file) = &args.embeddings {
-        let found = glove::read_into(file, &data.vocab, embed, model.embed.table_mut())?;
-        model.embed.table_mut()[PAD as usize * embed..(PAD as usize + 1) * embed].fill(0.0);
-        eprintln!("arbor: {found} of {} words have vectors in {}", data.vocab.len(), file.display());
-    }
-    let opt = Optimizer::new(optimizer(args, lr));
-    let loss_on = match (args.loss, model_kind.chains()) {
+    let kind = args.model.model();
+    let data = load(args.data.as_deref(), args.seed, args.lowercase, kind)?;
+    let loss_on = match (args.loss, kind.chains()) {
         // A chain has one label: the sentence's.
         (Loss::Root, _) | (_, true) => LossOn::Root,
         (Loss::All, false) => LossOn::All,
     };
-    let mut run = Run::new(model, opt, &rng);
-    if let Some(dir) = &args.resume {
-        let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
-        run.resume(&Checkpoint::load(&dir)?)?;
-        eprintln!("arbor: resuming from {} at epoch {}, step {}", dir.display(), run.pos.epoch, run.pos.steps);
+    let timeout = Duration::from_secs_f64(args.timeout.max(0.001));
+    let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
+    let mut progress = Progress { epochs, plot: args.plot.as_deref(), bar: None, loss: Vec::new(), dev: Vec::new() };
+    let mut events = |e: Event| progress.on(e);
+    let report = if args.layers > 1 || args.stages > 1 {
+        train_pipeline(setup, &mut events)?
+    } else {
+        train_data_parallel(setup, &mut events)?
+    };
+    progress.finish();
+    if let Some(Value::Object(fields)) = report {
+        let mut summary = json!({
+            "model": kind.name(),
+            "data": load_name(args),
+            "epochs": epochs,
+            "batch": args.batch,
+            "hidden": hidden,
+            "embed": embed,
+        });
+        if let Some(m) = summary.as_object_mut() {
+            m.extend(fields);
+        }
+        println!("{summary}");
     }
+    Ok(())
+}
+
+/// The data set's name as the summary spells it.
+fn load_name(args: &TrainArgs) -> String {
+    args.data.as_ref().map_or_else(|| "synthetic".into(), |d| d.display().to_string())
+}
+
+/// The summary's numbers of a finished run.
+fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f64) -> Value {
+    json!({
+        "steps": steps,
+        "train_seconds": (summary.train_seconds * 1000.0).round() / 1000.0,
+        "sent_per_s": (summary.sentences as f64 / summary.train_seconds.max(1e-9)).round(),
+        "dev_acc": best_dev,
+        "test_acc": test_acc,
+    })
+}
+
+/// Trains one model data-parallel (one worker, threads, or MPI ranks); returns the summary's
+/// fields on the worker that reports them.
+fn train_data_parallel(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
+    let args = setup.args;
+    let Sizes { epochs, hidden, embed, lr } = setup.sizes;
+    let cell = setup.kind.cell(embed, hidden)?;
+    let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
+    let mut model = Classifier::new(cell, vocab, Some(PAD), classes, &mut setup.rng)?;
+    setup.pretrained(model.embed.table_mut())?;
+    let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &setup.rng);
+    let data = &setup.data;
     let plan = Plan {
         epochs,
         batch: args.batch,
-        loss_on,
+        loss_on: setup.loss_on,
         clip: (args.clip > 0.0).then_some(args.clip),
         checkpoint: args.checkpoint.clone(),
         checkpoint_every: args.checkpoint_every,
         max_steps: args.max_steps,
         persist_pause: Duration::from_millis(args.persist_pause_ms),
         meta: json!({
-            "model": model_kind.name(), "embed": embed, "hidden": hidden, "classes": data.classes,
+            "model": setup.kind.name(), "embed": embed, "hidden": hidden, "classes": classes,
             "data": data.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": data.vocab.words(),
+            "batch": args.batch, "loss": args.loss.name(),
         }),
     };
-    let splits = Splits { train: &data.train, dev: &data.dev, test: &data.test };
-    let timeout = Duration::from_secs_f64(args.timeout.max(0.001));
-    let mut pb: Option<ProgressBar> = None;
-    let mut loss_curve = Vec::new();
-    let mut dev_curve = Vec::new();
-    let mut events = |e: Event| match e {
-        Event::EpochStart { epoch, done, total } => {
-            let bar = bar(total, format!("epoch {epoch}/{epochs}"));
-            bar.set_position(done as u64);
-            pb = Some(bar);
-        }
-        Event::Trees(n) => {
-            if let Some(b) = &pb {
-                b.inc(n as u64);
-            }
-        }
-        Event::EpochEnd { epoch, loss, dev } => {
-            if let Some(b) = pb.take() {
-                b.finish_and_clear();
-            }
-            eprintln!("epoch {epoch}: loss {loss:.4}, dev root accuracy {dev:.4}");
-            loss_curve.push(loss);
-            dev_curve.push(dev);
-            if let Some(path) = &args.plot {
-                let series = [
-                    Series { name: "training loss", values: &loss_curve },
-                    Series { name: "dev root accuracy", values: &dev_curve },
-                ];
-                if let Err(e) = plot::write_svg(path, &series) {
-                    eprintln!("arbor: {e}");
-                }
-            }
-        }
-    };
-    let (summary, rank, workers) = match args.distributed {
+    if let Some(dir) = &args.resume {
+        let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
+        run.resume(&Checkpoint::load(&dir)?, &plan.meta)?;
+        eprintln!("arbor: resuming from {} at epoch {}, step {}", dir.display(), run.pos.epoch, run.pos.steps);
+    }
+    let (summary, lead, workers) = match args.distributed {
         None => {
-            eprintln!(
-                "arbor: training {} on {} ({} train / {} dev / {} test trees, vocabulary {}, {} worker{})",
-                model_kind.name(),
-                data.name,
-                data.train.len(),
-                data.dev.len(),
-                data.test.len(),
-                data.vocab.len(),
-                args.workers,
-                if args.workers == 1 { "" } else { "s" }
-            );
-            (fit_threads(&mut run, args.workers, timeout, splits, &plan, &mut events)?, 0, args.workers)
+            setup.announce(&plural(args.workers, "worker"));
+            let summary = fit_threads(&mut run, args.workers, setup.timeout, setup.splits(), &plan, events)?;
+            (summary, true, args.workers)
         }
-        Some(Distributed::Mpi) => fit_mpi(&mut run, timeout, splits, &plan, &mut events)?,
+        Some(Distributed::Mpi) => on_mpi(setup.timeout, |coll| {
+            let (rank, size) = (coll.rank(), coll.size());
+            if rank == 0 {
+                setup.announce(&plural(size, "MPI rank"));
+            }
+            let mut quiet = |_: Event| {};
+            let events: &mut dyn FnMut(Event) = if rank == 0 { events } else { &mut quiet };
+            Ok((run.fit(setup.splits(), &plan, coll, events)?, rank == 0, size))
+        })?,
     };
-    if let Some(b) = pb.take() {
-        b.finish_and_clear();
-    }
-    if rank == 0 {
-        let summary = json!({
-            "model": model_kind.name(),
-            "data": data.name,
-            "epochs": epochs,
-            "steps": run.pos.steps,
-            "batch": args.batch,
-            "hidden": hidden,
-            "embed": embed,
-            "workers": workers,
-            "train_seconds": (summary.train_seconds * 1000.0).round() / 1000.0,
-            "sent_per_s": (summary.sentences as f64 / summary.train_seconds.max(1e-9)).round(),
-            "dev_acc": run.best_dev,
-            "test_acc": run.test_acc,
-        });
-        println!("{summary}");
-    }
-    Ok(())
+    let mut report = outcome(&summary, run.pos.steps, run.best_dev, run.test_acc);
+    report["workers"] = json!(workers);
+    Ok(lead.then_some(report))
 }
 
-/// Trains as one rank of an MPI job; returns the summary, this rank and the number of ranks.
-#[cfg(feature = "mpi")]
-fn fit_mpi(
-    run: &mut Run,
-    timeout: Duration,
-    splits: Splits<'_>,
-    plan: &Plan,
-    events: &mut dyn FnMut(Event),
-) -> Result<(Summary, usize, usize)> {
-    use arbor::dist::Collective;
-    let mut coll = arbor::dist::mpi::MpiCollective::init(timeout)?;
-    let (rank, size) = (coll.rank(), coll.size());
-    if rank == 0 {
-        eprintln!("arbor: training on {size} MPI ranks");
+/// Trains a stacked model of --layers layers, cut into --stages pipeline stages (threads, or the
+/// ranks of an MPI job); returns the summary's fields on the last stage.
+fn train_pipeline(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
+    let args = setup.args;
+    let unsupported = [
+        ("--checkpoint", args.checkpoint.is_some()),
+        ("--resume", args.resume.is_some()),
+        ("--checkpoint-every", args.checkpoint_every.is_some()),
+        ("--workers above 1", args.workers > 1),
+    ];
+    if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
+        return Err(Error::Input {
+            what: "a stacked (--layers above 1) or pipelined (--stages above 1) run".into(),
+            expected: "no checkpoints and no data-parallel workers (not supported with pipelines yet)".into(),
+            got: (*flag).into(),
+        });
     }
-    let mut quiet = |_: Event| {};
-    let events: &mut dyn FnMut(Event) = if rank == 0 { events } else { &mut quiet };
-    // Ranks on one machine share its cores.
+    let Sizes { epochs, hidden, embed, lr } = setup.sizes;
+    let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
+    let mut stack = Stack::new(setup.kind, args.layers, embed, hidden, vocab, Some(PAD), classes, &mut setup.rng)?;
+    if let Some(e) = &mut stack.embed {
+        setup.pretrained(e.table_mut())?;
+    }
+    let plan = PipePlan {
+        kind: args.schedule.kind(),
+        micro_batches: args.micro_batches,
+        epochs,
+        batch: args.batch,
+        loss_on: setup.loss_on,
+        clip: (args.clip > 0.0).then_some(args.clip),
+        max_steps: args.max_steps,
+    };
+    let stages: Vec<Stage> = stack
+        .split(args.stages)?
+        .into_iter()
+        .map(|part| Stage::new(part, Optimizer::new(optimizer(args, lr)), setup.rng.clone()))
+        .collect();
+    let how = |on: &str| {
+        format!(
+            "{} in {} on {on}, {} schedule, {}",
+            plural(args.layers, "layer"),
+            plural(args.stages, "stage"),
+            args.schedule.name(),
+            plural(args.micro_batches, "micro-batch")
+        )
+    };
+    let finish = |stage: &Stage, summary: &Summary| {
+        let mut report = outcome(summary, stage.version as u64, stage.best_dev, stage.test_acc);
+        report["layers"] = json!(args.layers);
+        report["stages"] = json!(args.stages);
+        report["schedule"] = json!(args.schedule.name());
+        report["micro_batches"] = json!(args.micro_batches);
+        report
+    };
+    match args.distributed {
+        None => {
+            setup.announce(&how("threads"));
+            let last = stages.len() - 1;
+            let results = on_threads(stages, setup.timeout, last, events, |mut stage, coll, report| {
+                let summary = stage.fit(setup.splits(), &plan, coll, report)?;
+                Ok(finish(&stage, &summary))
+            })?;
+            Ok(results.into_iter().last())
+        }
+        Some(Distributed::Mpi) => on_mpi(setup.timeout, |coll| {
+            let (rank, size) = (coll.rank(), coll.size());
+            if size != args.stages {
+                return Err(Error::Input {
+                    what: "--distributed mpi with --stages".into(),
+                    expected: format!("one MPI rank per stage ({})", args.stages),
+                    got: plural(size, "rank"),
+                });
+            }
+            let last = rank + 1 == size;
+            if last {
+                setup.announce(&how("MPI ranks"));
+            }
+            let mut stage =
+                stages.into_iter().nth(rank).ok_or_else(|| Error::Worker { rank, msg: "no stage".into() })?;
+            let mut quiet = |_: Event| {};
+            let events: &mut dyn FnMut(Event) = if last { events } else { &mut quiet };
+            let summary = stage.fit(setup.splits(), &plan, coll, events)?;
+            Ok(last.then(|| finish(&stage, &summary)))
+        }),
+    }
+}
+
+/// Runs `work` as this process's rank of an MPI job (`mpirun -np N arbor ...`), with the
+/// machine's cores shared among its ranks. On an error the message is printed and the whole job
+/// is aborted: finalizing MPI would wait for peers that may be dead or hung.
+#[cfg(feature = "mpi")]
+fn on_mpi<T>(timeout: Duration, work: impl FnOnce(&mut dyn Collective) -> Result<T>) -> Result<T> {
+    let mut coll = arbor::dist::mpi::MpiCollective::init(timeout)?;
     let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     // Fails only if the pool is already running, in which case it keeps its size.
     let _ = rayon::ThreadPoolBuilder::new().num_threads((cores / local.max(1)).max(1)).build_global();
-    let summary = run.fit(splits, plan, &mut coll, events)?;
-    Ok((summary, rank, size))
+    match work(&mut coll) {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            eprintln!("arbor: {e}");
+            coll.abort(1)
+        }
+    }
 }
 
 /// Without MPI support compiled in, `--distributed mpi` is refused.
 #[cfg(not(feature = "mpi"))]
-fn fit_mpi(
-    _: &mut Run,
-    _: Duration,
-    _: Splits<'_>,
-    _: &Plan,
-    _: &mut dyn FnMut(Event),
-) -> Result<(Summary, usize, usize)> {
+fn on_mpi<T>(_: Duration, _: impl FnOnce(&mut dyn Collective) -> Result<T>) -> Result<T> {
     Err(Error::Input {
         what: "--distributed mpi".into(),
         expected: "an arbor built with MPI support (cargo build --release --features mpi)".into(),

@@ -172,10 +172,20 @@ fn update(c: Config, t: u64, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f
 
 /// Scales every gradient so their joint L2 norm is at most `max`; returns the norm before.
 pub fn clip_grad_norm(grads: &mut [&mut [f32]], max: f32) -> f32 {
-    let norm = grads.iter().flat_map(|g| g.iter()).map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt() as f32;
+    let norm = sum_squares(grads).sqrt() as f32;
+    clip_to(grads, norm, max);
+    norm
+}
+
+/// The sum of the squares of every gradient value (in f64), for a norm over several workers.
+pub fn sum_squares(grads: &[&mut [f32]]) -> f64 {
+    grads.iter().flat_map(|g| g.iter()).map(|&x| f64::from(x) * f64::from(x)).sum()
+}
+
+/// Scales every gradient by `max / norm` if their joint norm `norm` exceeds `max`.
+pub fn clip_to(grads: &mut [&mut [f32]], norm: f32, max: f32) {
     if norm > max && norm > 0.0 {
         let s = max / norm;
         grads.iter_mut().for_each(|g| g.iter_mut().for_each(|x| *x *= s));
     }
-    norm
 }

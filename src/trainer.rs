@@ -156,9 +156,35 @@ impl Run {
     }
 
     /// Restores parameters, optimizer state, position and accuracies from a checkpoint written
-    /// by a run (its `last/` folder).
-    pub fn resume(&mut self, ck: &Checkpoint) -> Result<()> {
+    /// by a run (its `last/` folder). Every setting in `settings` (what [`Plan::meta`] records:
+    /// model, sizes, data, seed, batch, …) must be what the checkpoint recorded, or the position
+    /// would mean another place in another order.
+    pub fn resume(&mut self, ck: &Checkpoint, settings: &Value) -> Result<()> {
         let m = &ck.meta;
+        for (key, want) in settings.as_object().into_iter().flatten() {
+            if &m[key] != want {
+                let show = |v: &Value| {
+                    let s = v.to_string();
+                    if s.len() > 60 {
+                        "a different one".to_string()
+                    } else {
+                        s
+                    }
+                };
+                return Err(Error::Input {
+                    what: format!("resuming from a checkpoint with `{key}` = {}", show(&m[key])),
+                    expected: "the same setting in this run".into(),
+                    got: show(want),
+                });
+            }
+        }
+        if !ck.tensors.iter().any(|(name, _, _)| name.starts_with("opt.")) && m["steps"].as_u64() != Some(0) {
+            return Err(Error::Input {
+                what: "resuming from a checkpoint".into(),
+                expected: "one with optimizer state (a `last/` folder)".into(),
+                got: "parameters only (a `best/` folder is for `arbor eval`)".into(),
+            });
+        }
         let p = &m["position"];
         let num = |v: &Value, key: &str| v[key].as_u64().ok_or_else(|| meta_error(key, &v[key]));
         let rng: Vec<u64> =
@@ -195,8 +221,7 @@ impl Run {
         let done = |steps: u64| plan.max_steps.is_some_and(|m| steps >= m);
         while self.pos.epoch <= plan.epochs && !stopped {
             let mut rng = Rng::from_state(self.pos.epoch_rng);
-            let mut order: Vec<usize> = (0..data.train.len()).collect();
-            rng.shuffle(&mut order);
+            let order = epoch_order(data.train.len(), &mut rng);
             let total = data.train.len();
             events(Event::EpochStart {
                 epoch: self.pos.epoch,
@@ -257,6 +282,13 @@ impl Run {
     }
 }
 
+/// The order of an epoch over `len` examples, drawn from `rng`.
+pub fn epoch_order(len: usize, rng: &mut Rng) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..len).collect();
+    rng.shuffle(&mut order);
+    order
+}
+
 /// The error to report from a group of failed workers: the first that is not a consequence of
 /// another worker stopping.
 fn root_cause(errors: Vec<Error>) -> Error {
@@ -265,9 +297,65 @@ fn root_cause(errors: Vec<Error>) -> Error {
     errors.into_iter().nth(first).unwrap_or(Error::Worker { rank: 0, msg: "failed".into() })
 }
 
-/// Trains `run` data-parallel on `workers` threads of this process (each with an equal share of
-/// the cores for its matrix products); returns worker 0's summary, with `run` holding the result.
-/// A worker that fails or stops answering for `timeout` ends the run with an error.
+/// Runs `work` once per state, each on its own thread as one worker of a [`ThreadCollective`]
+/// group (worker `i` gets `states[i]`), with an equal share of the cores for its matrix
+/// products. Worker `reporter`'s events reach `events` on this thread. Returns every worker's
+/// result in rank order; if any failed, the error that caused the others'.
+pub fn on_threads<S: Send, T: Send>(
+    states: Vec<S>,
+    timeout: Duration,
+    reporter: usize,
+    events: &mut dyn FnMut(Event),
+    work: impl Fn(S, &mut ThreadCollective, &mut dyn FnMut(Event)) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let workers = states.len().max(1);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let pool = |rank: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads((cores / workers).max(1))
+            .build()
+            .map_err(|e| Error::Worker { rank, msg: format!("cannot start a thread pool: {e}") })
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let work = &work;
+    let results: Vec<Result<T>> = std::thread::scope(|s| {
+        let handles: Vec<_> = states
+            .into_iter()
+            .zip(ThreadCollective::group(workers, timeout))
+            .enumerate()
+            .map(|(rank, (state, mut coll))| {
+                let tx = (rank == reporter).then(|| tx.clone());
+                s.spawn(move || {
+                    let mut report = |e: Event| {
+                        if let Some(tx) = &tx {
+                            // The receiver lives until every worker has ended.
+                            let _ = tx.send(e);
+                        }
+                    };
+                    pool(rank)?.install(|| work(state, &mut coll, &mut report))
+                })
+            })
+            .collect();
+        // The reporter's events, relayed on this thread until every worker is done.
+        drop(tx);
+        rx.iter().for_each(events);
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| h.join().unwrap_or_else(|_| Err(Error::Worker { rank, msg: "panicked".into() })))
+            .collect()
+    });
+    let errors: Vec<Error> = results.iter().filter_map(|r| r.as_ref().err().cloned()).collect();
+    if errors.is_empty() {
+        results.into_iter().collect()
+    } else {
+        Err(root_cause(errors))
+    }
+}
+
+/// Trains `run` data-parallel on `workers` threads of this process; returns worker 0's summary,
+/// with `run` holding the result. A worker that fails or stops answering for `timeout` ends the
+/// run with an error.
 pub fn fit_threads(
     run: &mut Run,
     workers: usize,
@@ -276,49 +364,8 @@ pub fn fit_threads(
     plan: &Plan,
     events: &mut dyn FnMut(Event),
 ) -> Result<Summary> {
-    let workers = workers.max(1);
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let pool = |rank: usize| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads((cores / workers).max(1))
-            .build()
-            .map_err(|e| Error::Worker { rank, msg: format!("cannot start a thread pool: {e}") })
-    };
-    let mut replicas: Vec<Run> = (1..workers).map(|_| run.replica()).collect::<Result<_>>()?;
-    let runs = std::iter::once(run).chain(replicas.iter_mut());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let results: Vec<Result<Summary>> = std::thread::scope(|s| {
-        let handles: Vec<_> = runs
-            .zip(ThreadCollective::group(workers, timeout))
-            .enumerate()
-            .map(|(rank, (run, mut coll))| {
-                let tx = (rank == 0).then(|| tx.clone());
-                s.spawn(move || {
-                    let mut report = |e: Event| {
-                        if let Some(tx) = &tx {
-                            // The receiver lives until every worker has ended.
-                            let _ = tx.send(e);
-                        }
-                    };
-                    pool(rank)?.install(|| run.fit(data, plan, &mut coll, &mut report))
-                })
-            })
-            .collect();
-        // Worker 0's events, relayed on this thread until every worker is done.
-        drop(tx);
-        rx.iter().for_each(|e| events(e));
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, h)| h.join().unwrap_or_else(|_| Err(Error::Worker { rank, msg: "panicked".into() })))
-            .collect()
-    });
-    let mut results = results.into_iter();
-    let first = results.next().unwrap_or_else(|| Err(Error::Worker { rank: 0, msg: "no workers".into() }));
-    let mut errors: Vec<Error> = first.as_ref().err().cloned().into_iter().collect();
-    errors.extend(results.filter_map(Result::err));
-    match (first, errors.is_empty()) {
-        (Ok(summary), true) => Ok(summary),
-        _ => Err(root_cause(errors)),
-    }
+    let mut replicas: Vec<Run> = (1..workers.max(1)).map(|_| run.replica()).collect::<Result<_>>()?;
+    let runs: Vec<&mut Run> = std::iter::once(run).chain(replicas.iter_mut()).collect();
+    let summaries = on_threads(runs, timeout, 0, events, |run, coll, report| run.fit(data, plan, coll, report))?;
+    Ok(summaries.into_iter().next().unwrap_or_default())
 }

@@ -93,14 +93,19 @@ pub trait Collective {
     /// Receives exactly `len` f32 values from `from`.
     fn recv_f32(&mut self, from: usize, len: usize) -> Result<Vec<f32>> {
         let bytes = self.recv(from)?;
-        if bytes.len() != 4 * len {
-            return Err(Error::Worker {
-                rank: self.rank(),
-                msg: format!("expected {len} values from worker {from}, got {} bytes", bytes.len()),
-            });
-        }
-        Ok(from_bytes(&bytes))
+        values(self.rank(), from, len, &bytes)
     }
+}
+
+/// `len` f32 values received by worker `rank` from worker `from`, or an error naming both.
+fn values(rank: usize, from: usize, len: usize, bytes: &[u8]) -> Result<Vec<f32>> {
+    if bytes.len() != 4 * len {
+        return Err(Error::Worker {
+            rank,
+            msg: format!("expected {len} values from worker {from}, got {} bytes", bytes.len()),
+        });
+    }
+    Ok(from_bytes(bytes))
 }
 
 /// f32 values as little-endian bytes.
@@ -170,5 +175,64 @@ impl Collective for ThreadCollective {
             }
             RecvTimeoutError::Disconnected => self.peer_error(from, "has stopped"),
         })
+    }
+}
+
+/// Tagged messages over a [`Collective`]: a receive for one tag keeps the messages of other tags
+/// that arrive first from the same peer for later receives, so independent conversations (a
+/// pipeline's activations and its gradient norms) can share one channel.
+pub struct Mailbox<'a> {
+    coll: &'a mut dyn Collective,
+    stash: std::collections::HashMap<(usize, u8), std::collections::VecDeque<Vec<u8>>>,
+}
+
+impl<'a> Mailbox<'a> {
+    /// Tagged messages over `coll`.
+    pub fn new(coll: &'a mut dyn Collective) -> Mailbox<'a> {
+        Mailbox { coll, stash: Default::default() }
+    }
+
+    /// This worker's index in the group.
+    pub fn rank(&self) -> usize {
+        self.coll.rank()
+    }
+
+    /// Workers in the group.
+    pub fn size(&self) -> usize {
+        self.coll.size()
+    }
+
+    /// Sends `data` to worker `to` under `tag`.
+    pub fn send(&mut self, to: usize, tag: u8, mut data: Vec<u8>) -> Result<()> {
+        data.push(tag);
+        self.coll.send(to, data)
+    }
+
+    /// The next message under `tag` from worker `from`.
+    pub fn recv(&mut self, from: usize, tag: u8) -> Result<Vec<u8>> {
+        if let Some(m) = self.stash.get_mut(&(from, tag)).and_then(|q| q.pop_front()) {
+            return Ok(m);
+        }
+        loop {
+            let mut m = self.coll.recv(from)?;
+            let Some(got) = m.pop() else {
+                return Err(Error::Worker { rank: from, msg: "sent a message without a tag".into() });
+            };
+            if got == tag {
+                return Ok(m);
+            }
+            self.stash.entry((from, got)).or_default().push_back(m);
+        }
+    }
+
+    /// Sends f32 values to `to` under `tag`.
+    pub fn send_f32(&mut self, to: usize, tag: u8, data: &[f32]) -> Result<()> {
+        self.send(to, tag, to_bytes(data))
+    }
+
+    /// Receives exactly `len` f32 values from `from` under `tag`.
+    pub fn recv_f32(&mut self, from: usize, tag: u8, len: usize) -> Result<Vec<f32>> {
+        let bytes = self.recv(from, tag)?;
+        values(self.rank(), from, len, &bytes)
     }
 }

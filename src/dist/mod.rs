@@ -5,5 +5,7 @@ pub mod collective;
 pub mod data_parallel;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod pipeline;
+pub mod schedule;
 
-pub use collective::{Collective, ThreadCollective, DEFAULT_TIMEOUT};
+pub use collective::{Collective, Mailbox, ThreadCollective, DEFAULT_TIMEOUT};

@@ -58,6 +58,12 @@ impl MpiCollective {
         })
     }
 
+    /// Ends every process of the job (MPI_Abort) with exit code `code`: the way out after an
+    /// error, since finalizing MPI would wait for peers that may be dead or hung.
+    pub fn abort(&self, code: i32) -> ! {
+        self.world.abort(code)
+    }
+
     fn error(&self, msg: String) -> Error {
         Error::Worker { rank: self.rank, msg }
     }

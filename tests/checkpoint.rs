@@ -1,0 +1,321 @@
+//! Checkpoints of `arbor train` end to end: a run stopped mid-epoch and resumed equals an
+//! uninterrupted one bit for bit (parameters and optimizer state, one worker or two), a process
+//! killed while it persists a checkpoint leaves the previous one loadable and resumable, and a
+//! corrupted checkpoint is refused with a one-line error that changes no file.
+
+use arbor::checkpoint::Checkpoint;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Small sizes keep a debug build fast.
+const SMALL: [&str; 4] = ["--hidden", "8", "--embed", "8"];
+/// Optimizer steps in one epoch of the built-in synthetic treebank (4000 trees) at the default
+/// `--batch 25`.
+const EPOCH_STEPS: u64 = 160;
+
+fn arbor(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_arbor")).args(args).output().expect("the arbor binary runs")
+}
+
+/// Runs `arbor train` with `args` and the small sizes; returns the summary JSON (the last line on
+/// stdout), failing with the process's stderr if the run failed.
+fn train(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["train"];
+    all.extend(args);
+    all.extend(SMALL);
+    let out = arbor(&all);
+    assert!(out.status.success(), "arbor {all:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_else(|| panic!("arbor {all:?} printed no summary line"));
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("arbor {all:?}: summary `{last}` is not JSON: {e}"))
+}
+
+/// A fresh temporary folder, removed when dropped (also when the test fails).
+struct Temp(PathBuf);
+
+impl Temp {
+    fn new(name: &str) -> Temp {
+        let dir = std::env::temp_dir().join(format!("arbor-checkpoint-{name}-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        std::fs::create_dir_all(&dir).expect("the temporary folder can be created");
+        Temp(dir)
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("temporary paths are UTF-8")
+}
+
+fn load(dir: &Path) -> Checkpoint {
+    Checkpoint::load(dir).unwrap_or_else(|e| panic!("{} does not load: {e}", dir.display()))
+}
+
+fn steps_of(ck: &Checkpoint) -> u64 {
+    ck.meta["steps"].as_u64().unwrap_or_else(|| panic!("meta.json has no `steps`: {}", ck.meta))
+}
+
+/// A description of the first tensor whose name, shape or any value's bits differ between `a` and `b`.
+fn first_difference(a: &Checkpoint, b: &Checkpoint) -> Option<String> {
+    let names = |c: &Checkpoint| c.tensors.iter().map(|t| t.0.clone()).collect::<Vec<_>>();
+    if names(a) != names(b) {
+        return Some(format!("tensor names differ: {:?} vs {:?}", names(a), names(b)));
+    }
+    for ((name, sa, va), (_, sb, vb)) in a.tensors.iter().zip(&b.tensors) {
+        if sa != sb {
+            return Some(format!("`{name}`: shape {sa:?} vs {sb:?}"));
+        }
+        if let Some(i) = va.iter().zip(vb).position(|(x, y)| x.to_bits() != y.to_bits()) {
+            return Some(format!("`{name}`[{i}]: {} vs {}", va[i], vb[i]));
+        }
+    }
+    None
+}
+
+/// Runs A (straight to 200 steps) and B (100 steps, then resumed to 200) with `extra` flags and
+/// checks that their `last/` checkpoints are bitwise equal, parameters and optimizer state.
+fn resume_is_exact(name: &str, extra: &[&str]) {
+    let tmp = Temp::new(name);
+    let (a, b) = (tmp.join("a"), tmp.join("b"));
+    let run = |dir: &Path, max_steps: &str, resume: bool| {
+        let mut args = vec!["--epochs", "2", "--max-steps", max_steps, "--checkpoint", s(dir)];
+        if resume {
+            args.extend(["--resume", s(dir)]);
+        }
+        args.extend(extra);
+        train(&args)
+    };
+    // Step 100 is inside epoch 1; steps 101..200 cross the epoch boundary and stop inside epoch 2.
+    const { assert!(100 < EPOCH_STEPS && EPOCH_STEPS < 200) };
+    assert_eq!(run(&a, "200", false)["steps"], 200);
+    assert_eq!(run(&b, "100", false)["steps"], 100);
+    let halfway = load(&b.join("last"));
+    assert_eq!(steps_of(&halfway), 100);
+    assert_eq!(halfway.meta["position"]["epoch"], 1, "{}", halfway.meta);
+    assert_eq!(halfway.meta["position"]["step_in_epoch"], 100, "{}", halfway.meta);
+    assert_eq!(run(&b, "200", true)["steps"], 200);
+
+    let (ca, cb) = (load(&a.join("last")), load(&b.join("last")));
+    assert_eq!(steps_of(&ca), 200);
+    assert_eq!(steps_of(&cb), 200);
+    assert_eq!(ca.meta["position"], cb.meta["position"]);
+    assert_eq!(ca.meta["position"]["epoch"], 2, "{}", ca.meta);
+    assert_eq!(ca.meta["position"]["step_in_epoch"], 200 - EPOCH_STEPS, "{}", ca.meta);
+    assert_eq!(ca.meta["best_dev_acc"], cb.meta["best_dev_acc"]);
+    let optimizer = ca.tensors.iter().filter(|t| t.0.starts_with("opt.")).count();
+    assert!(
+        optimizer > 0,
+        "no optimizer state in the checkpoint: {:?}",
+        ca.tensors.iter().map(|t| &t.0).collect::<Vec<_>>()
+    );
+    assert!(ca.tensors.len() > optimizer, "no parameters in the checkpoint");
+    // The second half trained: the comparison below is not between two copies of step 100.
+    assert!(first_difference(&halfway, &ca).is_some(), "steps 101..200 changed nothing");
+    if let Some(diff) = first_difference(&ca, &cb) {
+        panic!("200 uninterrupted steps and 100 + 100 resumed steps differ ({extra:?}): {diff}");
+    }
+}
+
+/// Stopping at step 100 (mid-epoch) and resuming to step 200 (across an epoch boundary) gives
+/// bitwise the same parameters and optimizer state as running straight to step 200.
+#[test]
+fn resume_mid_epoch_is_bitwise_exact() {
+    resume_is_exact("exact-1", &[]);
+}
+
+/// As [`resume_mid_epoch_is_bitwise_exact`], with two data-parallel workers in every run.
+#[test]
+fn resume_mid_epoch_is_bitwise_exact_with_two_workers() {
+    resume_is_exact("exact-2", &["--workers", "2"]);
+}
+
+/// The tensor file `meta.json` in `dir` names now, if it can be read.
+fn committed_file(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("meta.json")).ok()?;
+    let meta: serde_json::Value = serde_json::from_str(&text).ok()?;
+    meta["tensors_file"].as_str().map(String::from)
+}
+
+/// Tensor files in `dir` (finished or temporary) other than the committed one: a write in flight
+/// or one cut short.
+fn uncommitted_files(dir: &Path, committed: &str) -> Vec<String> {
+    let entries = std::fs::read_dir(dir).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+    entries
+        .iter()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| (n.starts_with("model-") || n.starts_with(".model-")) && n != committed)
+        .collect()
+}
+
+/// Kills (SIGKILL on Unix) a run in the middle of writing checkpoints, at several moments: the
+/// previous checkpoint still loads, and a run resumes from it.
+#[test]
+fn kill_while_persisting_leaves_the_previous_checkpoint() {
+    let mut interrupted = 0;
+    // Each write pauses 200 ms between its tensor file and its meta.json; the kill comes this
+    // long after a new tensor file appears (the last one after that write has committed).
+    for (i, delay_ms) in [0u64, 100, 260].into_iter().enumerate() {
+        let tmp = Temp::new(&format!("kill-{i}"));
+        let ck = tmp.join("c");
+        let last = ck.join("last");
+        let log = std::fs::File::create(tmp.join("stderr.txt")).expect("a log file can be created");
+        let mut args = vec!["train", "--checkpoint", s(&ck), "--checkpoint-every", "1", "--persist-pause-ms", "200"];
+        args.extend(["--epochs", "1"]);
+        args.extend(SMALL);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_arbor"))
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the arbor binary starts");
+        let log_text = || std::fs::read_to_string(tmp.join("stderr.txt")).unwrap_or_default();
+        // Wait for a committed checkpoint, then for the next write to put down its tensor file.
+        let start = Instant::now();
+        loop {
+            if let Some(committed) = committed_file(&last) {
+                if !uncommitted_files(&last, &committed).is_empty() {
+                    break;
+                }
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("arbor ended ({status}) before a second checkpoint write began: {}", log_text());
+            }
+            if start.elapsed() > Duration::from_secs(120) {
+                child.kill().ok();
+                child.wait().ok();
+                panic!("no second checkpoint write began within 120 s: {}", log_text());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        child.kill().expect("the child can be killed");
+        let status = child.wait().expect("the killed child can be waited for");
+        assert!(!status.success(), "arbor finished before it was killed: {}", log_text());
+
+        let committed = committed_file(&last).expect("meta.json survives the kill");
+        if !uncommitted_files(&last, &committed).is_empty() {
+            interrupted += 1;
+        }
+        let ck_killed = load(&last);
+        let steps = steps_of(&ck_killed);
+        assert!(steps >= 1, "delay {delay_ms} ms: the surviving checkpoint is at step {steps}");
+        assert!(ck_killed.tensors.iter().any(|t| t.0.starts_with("opt.")), "no optimizer state at `last/`");
+
+        let target = (steps + 2).to_string();
+        let summary = train(&["--epochs", "1", "--checkpoint", s(&ck), "--resume", s(&ck), "--max-steps", &target]);
+        assert_eq!(summary["steps"], steps + 2, "delay {delay_ms} ms: {summary}");
+        let resumed = load(&last);
+        assert_eq!(steps_of(&resumed), steps + 2);
+        let committed = committed_file(&last).expect("the resumed run commits a checkpoint");
+        let stale: Vec<_> =
+            uncommitted_files(&last, &committed).into_iter().filter(|n| n.starts_with("model-")).collect();
+        assert!(stale.is_empty(), "delay {delay_ms} ms: the resumed run left stale tensor files {stale:?}");
+    }
+    assert!(interrupted > 0, "no kill landed in the middle of a checkpoint write, so this test showed nothing");
+}
+
+/// Every file under `dir`, by path relative to `dir`, with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("a readable folder entry").path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                out.insert(path.strip_prefix(root).expect("under the root").to_path_buf(), bytes);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// A checkpoint whose tensor file has one flipped byte is refused with a one-line checksum
+/// error, and the refused resume writes, adds and removes nothing in the checkpoint folder.
+#[test]
+fn corrupted_checkpoint_is_refused_and_nothing_is_overwritten() {
+    let tmp = Temp::new("corrupt");
+    let ck = tmp.join("d");
+    assert_eq!(train(&["--max-steps", "5", "--checkpoint", s(&ck)])["steps"], 5);
+    let file = Checkpoint::tensors_path(&ck.join("last")).expect("last/ names its tensor file");
+    let mut bytes = std::fs::read(&file).expect("the tensor file is readable");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
+    std::fs::write(&file, &bytes).expect("the tensor file is writable");
+    let before = snapshot(&ck);
+    assert!(before.keys().any(|p| p.ends_with("meta.json")), "{:?}", before.keys().collect::<Vec<_>>());
+
+    let mut args = vec!["train", "--resume", s(&ck), "--checkpoint", s(&ck), "--max-steps", "10"];
+    args.extend(SMALL);
+    let out = arbor(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a corrupted checkpoint was accepted: {err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let first = err.lines().next().unwrap_or_default();
+    assert!(first.starts_with("arbor:") && first.contains("checksum mismatch"), "first line of stderr: {err}");
+    assert!(first.contains(s(&file)), "the error names the corrupted file: {err}");
+
+    let after = snapshot(&ck);
+    assert_eq!(
+        before.keys().collect::<Vec<_>>(),
+        after.keys().collect::<Vec<_>>(),
+        "the refused resume added or removed files"
+    );
+    for (path, bytes) in &before {
+        assert!(after[path] == *bytes, "the refused resume changed {}", path.display());
+    }
+}
+
+/// The metadata is checksummed too: an edited `steps` in `meta.json` is refused.
+#[test]
+fn edited_metadata_is_refused() {
+    let tmp = Temp::new("meta");
+    let ck = tmp.join("m");
+    train(&["--max-steps", "5", "--checkpoint", s(&ck)]);
+    let meta = ck.join("last").join("meta.json");
+    let text = std::fs::read_to_string(&meta).expect("meta.json is readable");
+    assert!(text.contains("\"steps\":5"), "{text}");
+    std::fs::write(&meta, text.replace("\"steps\":5", "\"steps\":6")).expect("meta.json is writable");
+    let err = Checkpoint::load(&ck.join("last")).expect_err("the edited metadata loads").to_string();
+    assert!(err.contains("meta.json") && err.contains("checksum mismatch"), "{err}");
+}
+
+/// Resuming with settings that change what the saved position means (batch, seed), or from a
+/// checkpoint without optimizer state (`best/`), is refused with an error naming the reason.
+#[test]
+fn resume_refuses_other_settings_and_best_checkpoints() {
+    let tmp = Temp::new("settings");
+    let ck = tmp.join("r");
+    train(&["--epochs", "1", "--checkpoint", s(&ck)]);
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["train", "--resume"];
+        args.extend(extra);
+        args.extend(SMALL);
+        let out = arbor(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let last = s(&ck);
+    let err = refused(&[last, "--batch", "30"]);
+    assert!(err.starts_with("arbor: resuming from a checkpoint with `batch` = 25"), "{err}");
+    let err = refused(&[last, "--seed", "3"]);
+    assert!(err.starts_with("arbor: resuming from a checkpoint with `seed` = 1"), "{err}");
+    let best = ck.join("best");
+    let err = refused(&[s(&best), "--epochs", "2"]);
+    assert!(err.contains("a `best/` folder is for `arbor eval`"), "{err}");
+}

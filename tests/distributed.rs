@@ -1,0 +1,191 @@
+//! Data parallelism on threads: a step over any number of workers equals one worker's step on
+//! the whole minibatch; shards balance vertices; a worker that dies or hangs ends the others'
+//! run with an error in bounded time.
+
+use arbor::core::rng::Rng;
+use arbor::data::{synthetic, TreeExample, PAD};
+use arbor::dist::data_parallel::{self, shard};
+use arbor::dist::{Collective, ThreadCollective};
+use arbor::layers::LossOn;
+use arbor::nn;
+use arbor::optim::{Config, Optimizer, Rule};
+use arbor::train::Classifier;
+use arbor::trainer::{on_threads, Event, Plan, Run, Splits};
+use arbor::Error;
+use proptest::prelude::*;
+use std::time::{Duration, Instant};
+
+fn model(seed: u64) -> Classifier {
+    let cell = nn::tree_lstm(8, 12).expect("the cell builds");
+    Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut Rng::new(seed))
+        .expect("the classifier builds")
+}
+
+/// Every learned value of a model, by tensor.
+fn values(m: &Classifier) -> Vec<(String, Vec<f32>)> {
+    m.tensors().expect("tensors").into_iter().map(|(name, _, v)| (name, v)).collect()
+}
+
+/// The minibatches of `steps` steps of `batch` trees.
+fn minibatches(data: &[TreeExample], batch: usize, steps: usize) -> Vec<Vec<&TreeExample>> {
+    data.chunks(batch).take(steps).map(|c| c.iter().collect()).collect()
+}
+
+/// Trains a replica of `start` for the given minibatches on each of `workers` threads; returns
+/// every worker's model.
+fn data_parallel(start: &Classifier, workers: usize, batches: &[Vec<&TreeExample>], opt: Config) -> Vec<Classifier> {
+    let states: Vec<Classifier> = (0..workers).map(|_| start.replica().expect("replica")).collect();
+    on_threads(states, Duration::from_secs(30), 0, &mut |_| {}, |mut m, coll, _| {
+        let mut o = Optimizer::new(opt);
+        for b in batches {
+            data_parallel::step(&mut m, coll, b, LossOn::All, &mut o, Some(5.0))?;
+        }
+        Ok(m)
+    })
+    .expect("every worker trains")
+}
+
+/// Largest `‖a − b‖ / ‖b‖` over the tensors.
+fn relative(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|((_, x), (_, y))| {
+            let d: f64 = x.iter().zip(y).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+            let n: f64 = y.iter().map(|y| f64::from(*y).powi(2)).sum();
+            (d / n.max(1e-30)).sqrt()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// One worker through the data-parallel step is bitwise the plain training step.
+#[test]
+fn one_worker_is_bitwise_the_plain_step() {
+    let data = synthetic::generate(120, 10, 7);
+    let batches = minibatches(&data, 20, 6);
+    let opt = Config::new(Rule::Adam, 0.01);
+    let mut plain = model(1);
+    let mut o = Optimizer::new(opt);
+    for b in &batches {
+        plain.train_step(b, LossOn::All, &mut o, Some(5.0)).expect("step");
+    }
+    let dp = data_parallel(&model(1), 1, &batches, opt);
+    assert_eq!(values(&dp[0]), values(&plain));
+}
+
+/// Two and four workers end where one does (≤ 1e-6 relative: only the summation order of the
+/// gradients differs), and every replica holds bitwise the same values.
+#[test]
+fn two_and_four_workers_equal_one() {
+    let data = synthetic::generate(160, 10, 8);
+    let batches = minibatches(&data, 40, 4);
+    let opt = Config::new(Rule::Sgd { momentum: 0.9 }, 0.1);
+    let one = values(&data_parallel(&model(2), 1, &batches, opt)[0]);
+    for workers in [2, 4] {
+        let replicas = data_parallel(&model(2), workers, &batches, opt);
+        let first = values(&replicas[0]);
+        for r in &replicas[1..] {
+            assert_eq!(values(r), first, "replicas of {workers} workers differ");
+        }
+        let rel = relative(&first, &one);
+        assert!(rel <= 1e-6, "{workers} workers: relative difference {rel}");
+        assert_ne!(first, values(&model(2)), "training changed nothing");
+    }
+}
+
+proptest! {
+    /// Shards are contiguous, cover every item once, and none exceeds an even share by more
+    /// than one item.
+    #[test]
+    fn shards_balance_vertices(weights in prop::collection::vec(1usize..60, 0..40), n in 1usize..6) {
+        let parts = shard(&weights, n);
+        prop_assert_eq!(parts.len(), n);
+        prop_assert_eq!(parts[0].start, 0);
+        prop_assert_eq!(parts[n - 1].end, weights.len());
+        for w in parts.windows(2) {
+            prop_assert_eq!(w[0].end, w[1].start);
+        }
+        let total: usize = weights.iter().sum();
+        let largest = weights.iter().copied().max().unwrap_or(0);
+        for p in &parts {
+            let load: usize = weights[p.clone()].iter().sum();
+            prop_assert!(load <= total / n + largest, "{load} > {} + {largest}", total / n);
+        }
+    }
+}
+
+/// A peer that has stopped is reported at once; one that stays silent, after the timeout.
+#[test]
+fn dead_or_silent_peers_give_errors() {
+    let mut group = ThreadCollective::group(2, Duration::from_secs(30));
+    drop(group.pop());
+    let start = Instant::now();
+    let err = group[0].recv(1).expect_err("the peer is gone");
+    assert_eq!(err.to_string(), "worker 0: worker 1 has stopped");
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(group[0].send(1, vec![1]).is_err());
+
+    let mut group = ThreadCollective::group(2, Duration::from_millis(200));
+    let start = Instant::now();
+    let err = group[0].all_reduce_sum(&mut [1.0]).expect_err("the peer never answers");
+    let waited = start.elapsed();
+    assert_eq!(err.to_string(), "worker 0: worker 1 sent nothing for 0.2 s; giving up");
+    assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(2), "{waited:?}");
+}
+
+fn plan() -> Plan {
+    Plan {
+        epochs: 1,
+        batch: 20,
+        loss_on: LossOn::All,
+        clip: Some(5.0),
+        checkpoint: None,
+        checkpoint_every: None,
+        max_steps: None,
+        persist_pause: Duration::ZERO,
+        meta: serde_json::Value::Null,
+    }
+}
+
+/// Worker 0 of a two-worker run whose worker 1 fails at once or hangs: it must end with an
+/// error, promptly. Returns that error, the group's error and how long worker 0 ran.
+fn faulty_run(hang: bool) -> (Error, Error, Duration) {
+    let data = synthetic::generate(100, 8, 9);
+    let splits = Splits { train: &data, dev: &data[..10], test: &data[..10] };
+    let start = Run::new(model(3), Optimizer::new(Config::new(Rule::Adam, 0.01)), &Rng::new(4));
+    let runs = vec![start.replica().expect("replica"), start];
+    let seen = std::sync::Mutex::new(None);
+    let group = on_threads(runs, Duration::from_millis(300), 0, &mut |_: Event| {}, |mut run, coll, report| {
+        if coll.rank() == 1 {
+            if hang {
+                std::thread::sleep(Duration::from_secs(2));
+                return Ok(());
+            }
+            return Err(Error::Worker { rank: 1, msg: "injected failure".into() });
+        }
+        let began = Instant::now();
+        let result = run.fit(splits, &plan(), coll, report);
+        *seen.lock().expect("lock") = Some((result.as_ref().err().cloned(), began.elapsed()));
+        result.map(|_| ())
+    });
+    let (err, took) = seen.into_inner().expect("lock").expect("worker 0 ran");
+    (err.expect("worker 0 fails"), group.expect_err("the run fails"), took)
+}
+
+/// A worker that fails makes the others stop with an error naming it, and the run reports the
+/// failure itself rather than its consequence.
+#[test]
+fn a_dead_worker_stops_the_run() {
+    let (err, group, took) = faulty_run(false);
+    assert_eq!(err.to_string(), "worker 0: worker 1 has stopped");
+    assert_eq!(group.to_string(), "worker 1: injected failure");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+/// A worker that hangs makes the others give up after the timeout.
+#[test]
+fn a_hung_worker_times_the_run_out() {
+    let (err, group, took) = faulty_run(true);
+    assert_eq!(err.to_string(), "worker 0: worker 1 sent nothing for 0.3 s; giving up");
+    assert_eq!(group.to_string(), err.to_string());
+    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(2), "{took:?}");
+}

@@ -1,0 +1,177 @@
+//! Training over MPI ranks (`mpirun -np N arbor train ... --distributed mpi`; needs the `mpi`
+//! feature and Open MPI's `mpirun`): ranks end bitwise where the same number of threads does and
+//! within 1e-6 of one worker; a rank that hangs or dies ends the job with an error, promptly.
+#![cfg(feature = "mpi")]
+
+use arbor::checkpoint::Checkpoint;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const ARBOR: &str = env!("CARGO_BIN_EXE_arbor");
+
+/// Small, quick training settings shared by every run here.
+const SMALL: [&str; 12] =
+    ["train", "--hidden", "8", "--embed", "8", "--epochs", "1", "--optimizer", "sgd", "--lr", "0.1", "--loss=all"];
+
+/// `mpirun` for `ranks` ranks of arbor, as root or not, with more ranks than cores allowed.
+fn mpirun(ranks: usize, args: &[&str]) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "--oversubscribe", "-np", &ranks.to_string(), ARBOR]).args(args);
+    // Containers often forbid the cross-memory attach that shared-memory transfers try first.
+    c.env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    let out = c.output().expect("the command starts");
+    assert!(out.status.success(), "{c:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("arbor-mpi-{}-{name}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    dir
+}
+
+/// The tensors of the run's last checkpoint.
+fn tensors(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let ck = Checkpoint::load(&dir.join("last")).expect("the checkpoint loads");
+    ck.tensors.into_iter().map(|(name, _, v)| (name, v)).collect()
+}
+
+/// 30 steps of the small run with `extra` flags, checkpointed to `dir`.
+fn args<'a>(dir: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = SMALL.to_vec();
+    a.extend(["--max-steps", "30", "--checkpoint", dir.to_str().expect("a UTF-8 temp path")]);
+    a.extend(extra);
+    a
+}
+
+/// Two and three MPI ranks end bitwise equal to as many threads, and within 1e-6 relative of
+/// one worker (SGD: only the gradients' summation order differs).
+#[test]
+fn mpi_ranks_equal_threads_and_one_worker() {
+    let one = scratch("one");
+    run({
+        let mut c = Command::new(ARBOR);
+        c.args(args(&one, &[]));
+        c
+    });
+    let single = tensors(&one);
+    for n in [2usize, 3] {
+        let (ranks, threads) = (scratch(&format!("ranks{n}")), scratch(&format!("threads{n}")));
+        run(mpirun(n, &args(&ranks, &["--distributed", "mpi"])));
+        let workers = n.to_string();
+        run({
+            let mut c = Command::new(ARBOR);
+            c.args(args(&threads, &["--workers", &workers]));
+            c
+        });
+        let got = tensors(&ranks);
+        assert!(got == tensors(&threads), "{n} MPI ranks differ from {n} threads");
+        for ((name, a), (_, b)) in got.iter().zip(&single).filter(|(t, _)| !t.0.starts_with("opt.")) {
+            let d: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+            let s: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+            let rel = (d / s.max(1e-30)).sqrt();
+            assert!(rel <= 1e-6, "{n} ranks, {name}: relative difference {rel}");
+        }
+        std::fs::remove_dir_all(&ranks).ok();
+        std::fs::remove_dir_all(&threads).ok();
+    }
+    std::fs::remove_dir_all(&one).ok();
+}
+
+/// A two-stage pipeline over two MPI ranks reports what the same pipeline on threads does.
+#[test]
+fn mpi_pipeline_equals_threads() {
+    let pipe = ["--layers", "2", "--stages", "2", "--micro-batches", "2", "--max-steps", "30"];
+    let summary = |out: Output| -> serde_json::Value {
+        let text = String::from_utf8(out.stdout).expect("UTF-8 output");
+        serde_json::from_str(text.lines().last().expect("a summary line")).expect("JSON")
+    };
+    let ranks = summary(run({
+        let mut c = mpirun(2, &SMALL);
+        c.args(pipe).args(["--distributed", "mpi"]);
+        c
+    }));
+    let threads = summary(run({
+        let mut c = Command::new(ARBOR);
+        c.args(SMALL).args(pipe);
+        c
+    }));
+    for key in ["steps", "dev_acc", "test_acc", "stages"] {
+        assert_eq!(ranks[key], threads[key], "{key}: {ranks} vs {threads}");
+    }
+    assert_eq!(ranks["steps"], 30);
+}
+
+/// The process id of MPI rank `rank` among the children of `parent`, once it has started.
+fn rank_pid(parent: u32, rank: usize) -> Option<u32> {
+    let wanted = format!("OMPI_COMM_WORLD_RANK={rank}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // Field 4 of /proc/PID/stat is the parent (after the parenthesised command name).
+            let ppid = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1));
+            let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+            let env = String::from_utf8_lossy(&env);
+            if ppid == Some(&parent.to_string()) && env.split('\0').any(|v| v == wanted) {
+                return Some(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Starts a long two-rank run, sends `signal` to rank 1 after a second, and returns how long
+/// the job took to end after that, its exit status and its stderr.
+fn disturb(signal: &str) -> (Duration, bool, String) {
+    let mut c = mpirun(2, &["train", "--hidden", "8", "--embed", "8", "--epochs", "1000", "--timeout", "2"]);
+    c.args(["--distributed", "mpi"]).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("mpirun starts");
+    let pid = rank_pid(child.id(), 1).expect("rank 1 starts");
+    std::thread::sleep(Duration::from_secs(1));
+    let start = Instant::now();
+    Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().expect("kill runs");
+    let deadline = start + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            child.kill().ok();
+            Command::new("kill").args(["-KILL", &pid.to_string()]).status().ok();
+            panic!("the job still runs 60 s after rank 1 got SIG{signal}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = start.elapsed();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut err).ok();
+    }
+    (took, status.success(), err)
+}
+
+/// A rank that hangs (stopped) makes rank 0 give up after --timeout with a clear error and
+/// abort the job.
+#[test]
+fn a_hung_rank_aborts_the_job() {
+    let (took, ok, err) = disturb("STOP");
+    assert!(!ok, "the job succeeded: {err}");
+    assert!(err.contains("arbor: worker 0: rank 1 sent nothing for 2.0 s; giving up"), "{err}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
+
+/// A rank that dies ends the job at once.
+#[test]
+fn a_killed_rank_ends_the_job() {
+    let (took, ok, err) = disturb("KILL");
+    assert!(!ok, "the job succeeded: {err}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
