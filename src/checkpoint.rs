@@ -61,6 +61,9 @@ fn read_meta(dir: &Path) -> Result<(Value, PathBuf)> {
     let mut meta: Value = serde_json::from_str(&text).map_err(|e| io(&meta_path, format!("not valid JSON: {e}")))?;
     let want = meta.as_object_mut().and_then(|m| m.remove(META_CHECKSUM));
     let found = checksum(meta.to_string().as_bytes());
+    if want.is_none() {
+        return Err(io(&meta_path, "has no `meta_checksum` (written by an older arbor, or edited)"));
+    }
     if want.as_ref().and_then(Value::as_str) != Some(found.as_str()) {
         return Err(io(
             &meta_path,
@@ -189,6 +192,15 @@ impl Persister {
         match self.pending.take() {
             None => Ok(()),
             Some(h) => h.join().map_err(|_| Error::Io { path: "checkpoint thread".into(), msg: "panicked".into() })?,
+        }
+    }
+}
+
+impl Drop for Persister {
+    /// Finishes the write in flight (a run that fails still leaves its last snapshot on disk).
+    fn drop(&mut self) {
+        if let Err(e) = self.wait() {
+            eprintln!("arbor: {e}");
         }
     }
 }

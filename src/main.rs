@@ -489,7 +489,11 @@ fn train(args: &TrainArgs) -> Result<()> {
         (Loss::Root, _) | (_, true) => LossOn::Root,
         (Loss::All, false) => LossOn::All,
     };
-    let timeout = Duration::from_secs_f64(args.timeout.max(0.001));
+    let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| Error::Input {
+        what: "--timeout".into(),
+        expected: "a number of seconds from 0 to about 1.8e19".into(),
+        got: args.timeout.to_string(),
+    })?;
     let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
     let mut progress = Progress { epochs, plot: args.plot.as_deref(), bar: None, loss: Vec::new(), dev: Vec::new() };
     let mut events = |e: Event| progress.on(e);
@@ -555,7 +559,8 @@ fn train_data_parallel(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> R
         meta: json!({
             "model": setup.kind.name(), "embed": embed, "hidden": hidden, "classes": classes,
             "data": data.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": data.vocab.words(),
-            "batch": args.batch, "loss": args.loss.name(),
+            "batch": args.batch, "loss": args.loss.name(), "optimizer": format!("{:?}", optimizer(args, lr)),
+            "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
         }),
     };
     if let Some(dir) = &args.resume {
@@ -616,6 +621,7 @@ fn train_pipeline(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result
         clip: (args.clip > 0.0).then_some(args.clip),
         max_steps: args.max_steps,
     };
+    plan.check(args.stages)?;
     let stages: Vec<Stage> = stack
         .split(args.stages)?
         .into_iter()

@@ -254,19 +254,10 @@ impl Classifier {
             all.push(&mut grads.embedding.values);
             clip_grad_norm(&mut all, max);
         }
-        opt.begin_step();
         let mut params = self.engine.params()?;
-        for (i, (p, g)) in params.iter_mut().zip(&grads.cell).enumerate() {
-            opt.dense(i, p, g);
-        }
-        self.engine.set_params(&params)?;
-        let n = params.len();
-        let (w, bias) = self.out.params_mut();
-        opt.dense(n, w, &grads.classifier.weight);
-        opt.dense(n + 1, bias, &grads.classifier.bias);
-        let dim = self.embed.dim();
-        opt.sparse(n + 2, self.embed.table_mut(), dim, &grads.embedding);
-        Ok(())
+        let dense = params.iter_mut().zip(&grads.cell).map(|(p, g)| (p.as_mut_slice(), g.as_slice())).collect();
+        update(opt, dense, Some((&mut self.out, &grads.classifier)), Some((&mut self.embed, &grads.embedding)));
+        self.engine.set_params(&params)
     }
 
     /// A copy with the same function, sizes and learned values, on its own engine (a replica for
@@ -353,6 +344,31 @@ impl Classifier {
             }
         }
         Ok(if count == 0 { 0.0 } else { correct as f64 / count as f64 })
+    }
+}
+
+/// One optimizer step over a model's parameters, in a fixed order of optimizer state: the dense
+/// tensors (each with its gradient), then the output layer's weight and bias, then the rows of
+/// the embedding that its gradient touches.
+pub(crate) fn update(
+    opt: &mut Optimizer,
+    dense: Vec<(&mut [f32], &[f32])>,
+    out: Option<(&mut SoftmaxClassifier, &ClassifierGrads)>,
+    embed: Option<(&mut Embedding, &SparseGrad)>,
+) {
+    opt.begin_step();
+    let n = dense.len();
+    for (i, (p, g)) in dense.into_iter().enumerate() {
+        opt.dense(i, p, g);
+    }
+    if let Some((out, g)) = out {
+        let (w, b) = out.params_mut();
+        opt.dense(n, w, &g.weight);
+        opt.dense(n + 1, b, &g.bias);
+    }
+    if let Some((e, g)) = embed {
+        let dim = e.dim();
+        opt.sparse(n + 2, e.table_mut(), dim, g);
     }
 }
 

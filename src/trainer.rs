@@ -65,7 +65,8 @@ pub struct Splits<'a> {
     pub test: &'a [TreeExample],
 }
 
-/// What a run reports as it goes (worker 0 only).
+/// What a run reports as it goes (the reporting worker: worker 0 of a data-parallel run, the
+/// last stage of a pipeline).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Event {
     /// An epoch starts; `done` of its `total` trees were trained on before a resume.
@@ -190,8 +191,12 @@ impl Run {
         let rng: Vec<u64> =
             p["epoch_rng"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
         let [a, b, c, d] = rng[..] else { return Err(meta_error("position.epoch_rng", &p["epoch_rng"])) };
+        let epoch = num(p, "epoch")? as usize;
+        if epoch == 0 {
+            return Err(meta_error("position.epoch (from 1)", &p["epoch"]));
+        }
         let pos = Position {
-            epoch: num(p, "epoch")? as usize,
+            epoch,
             step_in_epoch: num(p, "step_in_epoch")? as usize,
             epoch_rng: [a, b, c, d],
             steps: num(m, "steps")?,
@@ -254,14 +259,16 @@ impl Run {
                 break;
             }
             self.pos = Position { epoch: self.pos.epoch + 1, step_in_epoch: 0, epoch_rng: rng.state(), ..self.pos };
+            // Every replica evaluates (they are identical), so none waits for another under the
+            // peer timeout.
+            let epoch = self.pos.epoch - 1;
+            let dev = self.model.accuracy(data.dev, 256)?;
+            let improved = dev > self.best_dev;
+            if improved {
+                self.best_dev = dev;
+                self.test_acc = self.model.accuracy(data.test, 256)?;
+            }
             if lead {
-                let epoch = self.pos.epoch - 1;
-                let dev = self.model.accuracy(data.dev, 256)?;
-                let improved = dev > self.best_dev;
-                if improved {
-                    self.best_dev = dev;
-                    self.test_acc = self.model.accuracy(data.test, 256)?;
-                }
                 if let Some(dir) = &plan.checkpoint {
                     if improved {
                         persister.persist(self.snapshot(&plan.meta, false)?, dir.join("best"))?;

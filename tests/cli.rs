@@ -124,3 +124,27 @@ fn plot_writes_both_curves() {
     assert!(text.contains("training loss") && text.contains("dev root accuracy"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Pipelined runs: a two-stage run prints its layout in the summary; bad pipeline settings get
+/// one-line errors that name them.
+#[test]
+fn pipeline_flags() {
+    let small = ["train", "--hidden", "8", "--embed", "8", "--max-steps", "8", "--layers", "2"];
+    let out = arbor(&[&small[..], &["--stages", "2", "--schedule", "2bw", "--micro-batches", "2"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!((v["stages"].as_u64(), v["layers"].as_u64(), v["steps"].as_u64()), (Some(2), Some(2), Some(8)));
+    assert_eq!(v["schedule"], "2bw");
+    for (extra, says) in [
+        (&["--stages", "3"][..], "between 1 and the number of layers (2)"),
+        (&["--stages", "2", "--schedule", "2bw", "--micro-batches", "1"], "at least the number of stages (2) for 2BW"),
+        (&["--stages", "2", "--checkpoint", "x"], "got --checkpoint"),
+        (&["--timeout", "inf"], "--timeout"),
+    ] {
+        let out = arbor(&[&small[..], extra].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.starts_with("arbor: ") && err.contains(says) && err.lines().count() == 1, "{extra:?}: {err}");
+    }
+}

@@ -30,12 +30,6 @@ pub trait Collective {
     /// within the group's timeout.
     fn recv(&mut self, from: usize) -> Result<Vec<u8>>;
 
-    /// Every worker's `data`, in rank order.
-    fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.start_all_gather(data)?;
-        self.finish_all_gather(data.to_vec())
-    }
-
     /// Starts an all-gather: sends `data` to every peer and returns at once.
     fn start_all_gather(&mut self, data: &[u8]) -> Result<()> {
         let me = self.rank();
@@ -69,7 +63,12 @@ pub trait Collective {
         }
         let mine = data.to_vec();
         for from in 0..self.size() {
-            let part = if from == self.rank() { mine.clone() } else { self.recv_f32(from, data.len())? };
+            let part = if from == self.rank() {
+                mine.clone()
+            } else {
+                let bytes = self.recv(from)?;
+                values(self.rank(), from, data.len(), &bytes)?
+            };
             if from == 0 {
                 data.copy_from_slice(&part);
             } else {
@@ -84,17 +83,16 @@ pub trait Collective {
         self.start_all_reduce(data)?;
         self.finish_all_reduce(data)
     }
+}
 
-    /// Sends f32 values to `to`.
-    fn send_f32(&mut self, to: usize, data: &[f32]) -> Result<()> {
-        self.send(to, to_bytes(data))
-    }
+/// f32 values as little-endian bytes.
+pub fn to_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
 
-    /// Receives exactly `len` f32 values from `from`.
-    fn recv_f32(&mut self, from: usize, len: usize) -> Result<Vec<f32>> {
-        let bytes = self.recv(from)?;
-        values(self.rank(), from, len, &bytes)
-    }
+/// Little-endian bytes as f32 values (a trailing partial value is dropped).
+pub fn from_bytes(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
 /// `len` f32 values received by worker `rank` from worker `from`, or an error naming both.
@@ -106,16 +104,6 @@ fn values(rank: usize, from: usize, len: usize, bytes: &[u8]) -> Result<Vec<f32>
         });
     }
     Ok(from_bytes(bytes))
-}
-
-/// f32 values as little-endian bytes.
-pub fn to_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// Little-endian bytes as f32 values (a trailing partial value is dropped).
-pub fn from_bytes(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
 /// One worker of a group of threads in one process, connected by channels.
@@ -216,7 +204,10 @@ impl<'a> Mailbox<'a> {
         loop {
             let mut m = self.coll.recv(from)?;
             let Some(got) = m.pop() else {
-                return Err(Error::Worker { rank: from, msg: "sent a message without a tag".into() });
+                return Err(Error::Worker {
+                    rank: self.rank(),
+                    msg: format!("worker {from} sent a message without a tag"),
+                });
             };
             if got == tag {
                 return Ok(m);

@@ -1,6 +1,7 @@
 //! Data-parallel steps: every worker holds a replica of the model, takes a share of the minibatch
-//! balanced by vertex count, and the gradients are summed across workers and divided by the
-//! minibatch's target count, so a step equals one worker's step on the whole minibatch.
+//! balanced by vertex count, and the gradients are summed across workers (in rank order, so the
+//! replicas stay bitwise identical) and divided by the minibatch's target count, so a step equals
+//! one worker's step on the whole minibatch up to the rounding of the sums.
 //!
 //! Gradients travel in buckets as soon as they are final (wait-free backpropagation): the output
 //! layer's (with the loss counts) before the vertex function's backward pass runs, the vertex
@@ -43,14 +44,33 @@ fn encode(g: &SparseGrad) -> Vec<u8> {
     out
 }
 
-fn decode(bytes: &[u8], dim: usize, from: usize) -> Result<SparseGrad> {
-    let bad = || Error::Worker { rank: from, msg: format!("sent a malformed sparse gradient ({} bytes)", bytes.len()) };
+/// A sparse gradient of a `vocab × dim` table that worker `me` received from worker `from`.
+fn decode(bytes: &[u8], vocab: usize, dim: usize, me: usize, from: usize) -> Result<SparseGrad> {
+    let bad = || Error::Worker {
+        rank: me,
+        msg: format!("worker {from} sent a malformed sparse gradient ({} bytes)", bytes.len()),
+    };
     let n = bytes.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize).ok_or_else(bad)?;
     if bytes.len() != 4 + 4 * n * (1 + dim) {
         return Err(bad());
     }
-    let rows = bytes[4..4 + 4 * n].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let rows: Vec<u32> =
+        bytes[4..4 + 4 * n].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    if rows.iter().any(|&r| r as usize >= vocab) {
+        return Err(bad());
+    }
     Ok(SparseGrad { rows, values: from_bytes(&bytes[4 + 4 * n..]) })
+}
+
+/// The targets of a minibatch (the denominator of its mean loss), and its cut into `n`
+/// contiguous shares of about equal vertex counts.
+pub(crate) fn split(examples: &[&TreeExample], n: usize, loss_on: LossOn) -> Result<(usize, Vec<Range<usize>>)> {
+    let mut targets = 0;
+    for e in examples {
+        targets += loss_on.select(&[&e.graph], &e.labels)?.iter().flatten().count();
+    }
+    let weights: Vec<usize> = examples.iter().map(|e| e.graph.len()).collect();
+    Ok((targets, shard(&weights, n)))
 }
 
 /// The sum of sparse gradients, added in the order given; rows ascending.
@@ -90,11 +110,10 @@ pub fn step(
     opt: &mut Optimizer,
     clip: Option<f32>,
 ) -> Result<StepStats> {
-    let all = batch(examples);
-    let denom = loss_on.select(&all.graphs, &all.labels)?.iter().flatten().count();
-    let weights: Vec<usize> = examples.iter().map(|e| e.graph.len()).collect();
-    let mine = &examples[shard(&weights, coll.size())[coll.rank()].clone()];
+    let (denom, shares) = split(examples, coll.size(), loss_on)?;
+    let mine = &examples[shares[coll.rank()].clone()];
     let local = batch(mine);
+    let many = coll.size() > 1;
 
     let dims: Vec<usize> = model.engine.function().params().iter().map(|p| p.shape.numel()).collect();
     let (w, b) = model.out.params();
@@ -121,18 +140,13 @@ pub fn step(
     }
     let mut bucket1: Vec<f32> = grads.cell.concat();
     coll.start_all_reduce(&bucket1)?;
-    let sparse = encode(&grads.embedding);
-    coll.start_all_gather(&sparse)?;
+    let sparse = if many { encode(&grads.embedding) } else { Vec::new() };
+    if many {
+        coll.start_all_gather(&sparse)?;
+    }
 
     coll.finish_all_reduce(&mut bucket0)?;
     coll.finish_all_reduce(&mut bucket1)?;
-    let dim = model.embed.dim();
-    let parts = coll
-        .finish_all_gather(sparse)?
-        .iter()
-        .enumerate()
-        .map(|(from, bytes)| decode(bytes, dim, from))
-        .collect::<Result<Vec<_>>>()?;
 
     let (nw, nb) = (grads.classifier.weight.len(), grads.classifier.bias.len());
     grads.classifier.weight.copy_from_slice(&bucket0[..nw]);
@@ -145,7 +159,14 @@ pub fn step(
         g.copy_from_slice(&bucket1[at..at + len]);
         at += len;
     }
-    if coll.size() > 1 {
+    if many {
+        let (vocab, dim, me) = (model.embed.vocab(), model.embed.dim(), coll.rank());
+        let parts = coll
+            .finish_all_gather(sparse)?
+            .iter()
+            .enumerate()
+            .map(|(from, bytes)| decode(bytes, vocab, dim, me, from))
+            .collect::<Result<Vec<_>>>()?;
         grads.embedding = merge(&parts, dim);
     }
     model.apply(&mut grads, opt, clip)?;

@@ -1,9 +1,10 @@
 //! [`Collective`] over MPI processes (Open MPI through the `mpi` crate), for runs launched with
 //! `mpirun -np N arbor train ... --distributed mpi`.
 //!
-//! Sends go through a background thread, so a send never waits for its receiver and two ranks
-//! sending to each other cannot deadlock; receives poll, so a rank that dies or hangs turns into
-//! an error after the timeout instead of a hang. This needs `MPI_THREAD_MULTIPLE`.
+//! `send` hands the message to a background thread and returns at once (the thread delivers
+//! messages one at a time, in order), so two ranks sending to each other cannot deadlock;
+//! receives poll, so a rank that dies or hangs turns into an error after the timeout instead of
+//! a hang, and the job is then aborted. This needs `MPI_THREAD_MULTIPLE`.
 
 use super::collective::Collective;
 use arbor_core::error::{Error, Result};
@@ -43,7 +44,17 @@ impl MpiCollective {
             .spawn(move || {
                 let world = SimpleCommunicator::world();
                 for (to, data) in inbox {
-                    world.process_at_rank(to as i32).send(&data[..]);
+                    // A blocking send would spin in MPI's progress loop until the receiver
+                    // matches it, taking a core from the computation; test with pauses instead.
+                    mpi::request::scope(|scope| {
+                        let mut request = world.process_at_rank(to as i32).immediate_send(scope, &data[..]);
+                        let mut pause = Duration::from_micros(1);
+                        while let Err(pending) = request.test() {
+                            request = pending;
+                            std::thread::sleep(pause);
+                            pause = (pause * 2).min(Duration::from_micros(200));
+                        }
+                    });
                 }
             })
             .map_err(|e| fail(format!("cannot start the MPI send thread: {e}")))?;

@@ -10,14 +10,14 @@
 //! its forward's values — and the weights its forward saw — untouched.
 
 use super::collective::{Collective, Mailbox};
-use super::data_parallel::{merge, shard};
+use super::data_parallel::{merge, split};
 use super::schedule::{self, Kind, Op};
 use crate::data::TreeExample;
 use crate::engine::Engine;
 use crate::layers::{ClassifierGrads, Embedding, LossOn, SoftmaxClassifier, SparseGrad};
 use crate::nn::Model;
 use crate::optim::{clip_to, sum_squares, Optimizer};
-use crate::train::{batch, StepStats};
+use crate::train::{batch, update, StepStats};
 use crate::trainer::{epoch_order, Event, Splits, Summary};
 use crate::{CpuBackend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
@@ -135,6 +135,22 @@ pub struct PipePlan {
     pub max_steps: Option<u64>,
 }
 
+impl PipePlan {
+    /// Checks the plan against the number of stages: at least one micro-batch, and for 2BW at
+    /// least one per stage.
+    pub fn check(&self, stages: usize) -> Result<()> {
+        let m = self.micro_batches;
+        if m == 0 || (self.kind == Kind::TwoBw && m < stages) {
+            return Err(Error::Input {
+                what: "--micro-batches".into(),
+                expected: format!("at least 1, and at least the number of stages ({stages}) for 2BW"),
+                got: m.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// One micro-batch, merged.
 struct Micro<'a> {
     graphs: Vec<&'a InputGraph>,
@@ -151,10 +167,7 @@ struct Micro<'a> {
 fn micro_batches<'a>(minibatches: &[Vec<&'a TreeExample>], m: usize, loss_on: LossOn) -> Result<Vec<Micro<'a>>> {
     let mut out = Vec::with_capacity(minibatches.len() * m);
     for examples in minibatches {
-        let all = batch(examples);
-        let denom = loss_on.select(&all.graphs, &all.labels)?.iter().flatten().count();
-        let weights: Vec<usize> = examples.iter().map(|e| e.graph.len()).collect();
-        let parts = shard(&weights, m);
+        let (denom, parts) = split(examples, m, loss_on)?;
         for (i, r) in parts.iter().enumerate() {
             let b = batch(&examples[r.clone()]);
             let targets = loss_on.select(&b.graphs, &b.labels)?;
@@ -274,6 +287,20 @@ impl Stage {
         Ok(())
     }
 
+    /// Checks that this stage's part fits its place: the embedding on the first stage only, the
+    /// classifier on the last only.
+    fn check_place(&self, mail: &Mailbox<'_>) -> Result<()> {
+        let (rank, stages) = (mail.rank(), mail.size());
+        if self.part.embed.is_some() != (rank == 0) || self.part.out.is_some() != (rank + 1 == stages) {
+            return Err(Error::Input {
+                what: format!("pipeline stage {rank} of {stages}"),
+                expected: "the parts of Stack::split in order (embedding first, classifier last)".into(),
+                got: "a part that belongs elsewhere".into(),
+            });
+        }
+        Ok(())
+    }
+
     fn width_in(&self) -> usize {
         self.part.layers.first().map_or(0, |l| l.width(true))
     }
@@ -315,8 +342,15 @@ impl Stage {
         Ok(())
     }
 
-    /// The backward pass of a micro-batch; returns the minibatch's numbers after its last one.
-    fn backward(&mut self, mail: &mut Mailbox<'_>, mb: &Micro<'_>, k: usize, clip: bool) -> Result<Option<StepStats>> {
+    /// The backward pass of a micro-batch; after a minibatch's last one, returns its trees and
+    /// numbers.
+    fn backward(
+        &mut self,
+        mail: &mut Mailbox<'_>,
+        mb: &Micro<'_>,
+        k: usize,
+        clip: bool,
+    ) -> Result<Option<(usize, StepStats)>> {
         let mut g = match self.part.out {
             Some(_) => std::mem::take(&mut self.push_grads[k]),
             None => mail.recv_f32(mail.rank() + 1, GRAD, mb.words.len() * self.width_out())?,
@@ -338,9 +372,7 @@ impl Stage {
             Some(_) => {}
             None => mail.send_f32(mail.rank() - 1, GRAD, &g)?,
         }
-        if mb.ends.is_none() {
-            return Ok(None);
-        }
+        let Some(trees) = mb.ends else { return Ok(None) };
         let mut acc = self.acc.take().unwrap_or_default();
         if let Some(e) = &self.part.embed {
             acc.embedding = merge(&acc.parts, e.dim());
@@ -350,7 +382,7 @@ impl Stage {
         }
         let stats = acc.stats;
         self.pending.push_back(acc);
-        Ok(Some(stats))
+        Ok(Some((trees, stats)))
     }
 
     /// Applies finished minibatch gradients, oldest first, until the weights are `version`.
@@ -369,32 +401,25 @@ impl Stage {
                         acc.squares
                     } else {
                         let b = mail.recv(from, NORM)?;
-                        let b: [u8; 8] = b
-                            .try_into()
-                            .map_err(|_| Error::Worker { rank: from, msg: "sent a malformed gradient norm".into() })?;
+                        let b: [u8; 8] = b.try_into().map_err(|_| Error::Worker {
+                            rank: mail.rank(),
+                            msg: format!("worker {from} sent a malformed gradient norm"),
+                        })?;
                         f64::from_le_bytes(b)
                     };
                 }
                 clip_to(&mut acc.all_mut(), total.sqrt() as f32, max);
             }
-            self.opt.begin_step();
-            let mut slot = 0;
-            for (layer, grads) in self.part.layers.iter_mut().zip(&acc.cell) {
-                for (p, g) in layer.params.iter_mut().zip(grads) {
-                    self.opt.dense(slot, p, g);
-                    slot += 1;
-                }
-            }
-            if let (Some(out), Some(g)) = (&mut self.part.out, &acc.classifier) {
-                let (w, b) = out.params_mut();
-                self.opt.dense(slot, w, &g.weight);
-                self.opt.dense(slot + 1, b, &g.bias);
-                slot += 2;
-            }
-            if let Some(e) = &mut self.part.embed {
-                let dim = e.dim();
-                self.opt.sparse(slot, e.table_mut(), dim, &acc.embedding);
-            }
+            let dense = self
+                .part
+                .layers
+                .iter_mut()
+                .zip(&acc.cell)
+                .flat_map(|(layer, grads)| layer.params.iter_mut().zip(grads))
+                .map(|(p, g)| (p.as_mut_slice(), g.as_slice()))
+                .collect();
+            let out = self.part.out.as_mut().zip(acc.classifier.as_ref());
+            update(&mut self.opt, dense, out, self.part.embed.as_mut().map(|e| (e, &acc.embedding)));
             self.version += 1;
         }
         Ok(())
@@ -466,7 +491,8 @@ impl Stage {
         done: &mut dyn FnMut(usize, StepStats),
     ) -> Result<()> {
         let (rank, stages, m) = (mail.rank(), mail.size(), plan.micro_batches);
-        check(plan, stages)?;
+        plan.check(stages)?;
+        self.check_place(mail)?;
         let slots = stages - rank;
         if self.engines.len() != slots {
             self.make_slots(slots)?;
@@ -481,9 +507,9 @@ impl Stage {
                     self.forward(mail, &micro[j], j % slots)?;
                 }
                 Op::Backward(j) => {
-                    if let Some(stats) = self.backward(mail, &micro[j], j % slots, plan.clip.is_some())? {
+                    if let Some((trees, stats)) = self.backward(mail, &micro[j], j % slots, plan.clip.is_some())? {
                         if self.part.out.is_some() {
-                            done(micro[j].ends.unwrap_or(0), stats);
+                            done(trees, stats);
                         }
                     }
                 }
@@ -495,6 +521,10 @@ impl Stage {
     /// Root accuracy over `data`, run through the pipeline in inference mode; every stage must
     /// call it, and the last stage's answer is the one that counts (the others return 0).
     fn accuracy(&mut self, mail: &mut Mailbox<'_>, data: &[TreeExample]) -> Result<f64> {
+        self.check_place(mail)?;
+        if self.engines.is_empty() {
+            self.make_slots(mail.size() - mail.rank())?;
+        }
         self.load(0)?;
         let (mut correct, mut count) = (0usize, 0usize);
         for chunk in data.chunks(256) {
@@ -582,19 +612,6 @@ fn share_norm(acc: &mut Accum, mail: &mut Mailbox<'_>) -> Result<()> {
     let me = mail.rank();
     for to in (0..mail.size()).filter(|&r| r != me) {
         mail.send(to, NORM, acc.squares.to_le_bytes().to_vec())?;
-    }
-    Ok(())
-}
-
-/// Checks a plan against the number of stages.
-fn check(plan: &PipePlan, stages: usize) -> Result<()> {
-    let m = plan.micro_batches;
-    if m == 0 || (plan.kind == Kind::TwoBw && m < stages) {
-        return Err(Error::Input {
-            what: "--micro-batches".into(),
-            expected: format!("at least 1, and at least the number of stages ({stages}) for 2BW"),
-            got: m.to_string(),
-        });
     }
     Ok(())
 }
