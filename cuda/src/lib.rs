@@ -1,8 +1,11 @@
 //! arbor-cuda: the CUDA backend on `cudarc`, loaded dynamically so that arbor builds and runs on
 //! machines without CUDA.
 //!
-//! This crate now holds device detection; the cuBLAS GEMMs, the NVRTC-compiled fused kernels and
-//! the device arena arrive with the CUDA backend issue.
+//! This crate holds device detection and the CUDA C generated for fused kernels ([`codegen`]);
+//! the cuBLAS GEMMs, the NVRTC compilation and launch of the kernels and the device arena are to
+//! come.
+
+pub mod codegen;
 
 use arbor_core::error::{Error, Result};
 

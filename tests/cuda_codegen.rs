@@ -1,0 +1,269 @@
+//! The CUDA C generated for fused kernels, checked without a GPU: one kernel per fused step of
+//! each plan with the parameters its loads and stores call for, a stable cache key, and — since
+//! the generated body is also C — every kernel of the model zoo compiled for the host and run
+//! against the CPU backend on the same bindings (gathers by index and sums over child sets
+//! included).
+
+use arbor::core::backend::{IndexLoc, Loc, Mem, Rows, NO_ROW};
+use arbor::core::fusion::{Kernel, Plan, Step};
+use arbor::core::ir::Op;
+use arbor::core::rng::Rng;
+use arbor::cuda::codegen::{cache_key, generate, Binding, Generated, Param};
+use arbor::{nn, Backend, CpuBackend, VertexFn};
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn fused(plan: &Plan) -> Vec<Kernel> {
+    plan.phases.iter().flatten().filter_map(|s| if let Step::Fused(k) = s { Some(k.clone()) } else { None }).collect()
+}
+
+/// Every fused kernel of a function's forward, inference and backward plans.
+fn kernels(f: &VertexFn) -> Vec<Kernel> {
+    [f.forward_plan(), f.inference_plan(), f.backward_plan()].into_iter().flat_map(fused).collect()
+}
+
+fn cells() -> Vec<VertexFn> {
+    vec![
+        nn::tree_lstm(5, 4).unwrap(),
+        nn::child_sum_tree_lstm(5, 4, 3).unwrap(),
+        nn::var_lstm(5, 4).unwrap(),
+        nn::tree_fc(5, 4).unwrap(),
+        nn::ggnn(3, 4).unwrap(),
+    ]
+}
+
+/// How the engine would bind each load: parameters broadcast, gathers by index, sums over child
+/// sets by index set, the rest contiguous (`plain`: gathers contiguous too).
+fn bindings(k: &Kernel, plain: bool) -> Vec<Binding> {
+    k.loads()
+        .map(|i| match (&k.nodes[i].op, k.nodes[i].is_param, plain) {
+            (_, true, _) => Binding::Broadcast,
+            (Op::Gather { .. }, _, false) => Binding::Indexed,
+            (Op::GatherSum { .. }, _, false) => Binding::IndexedSet,
+            (Op::Zeros, _, _) => Binding::Zeros,
+            _ => Binding::Contiguous,
+        })
+        .collect()
+}
+
+/// One kernel per fused step, with a data pointer per non-zero load, index pointers per indexed
+/// load and a pointer per store; the same text every time, and a cache key that changes with the
+/// text and the architecture.
+#[test]
+fn one_kernel_per_fused_step_with_its_parameters() {
+    let f = nn::tree_lstm(4, 3).unwrap();
+    assert_eq!(fused(f.forward_plan()).len(), f.forward_plan().counts().1);
+    for k in kernels(&f) {
+        let b = bindings(&k, false);
+        let g = generate(&k, &b).unwrap();
+        let count = |p: fn(&Param) -> bool| g.params.iter().filter(|x| p(x)).count();
+        assert_eq!(count(|p| matches!(p, Param::Data(_))), b.iter().filter(|b| **b != Binding::Zeros).count());
+        assert_eq!(
+            count(|p| matches!(p, Param::Index(_))),
+            b.iter().filter(|b| matches!(b, Binding::Indexed | Binding::IndexedSet)).count()
+        );
+        assert_eq!(count(|p| matches!(p, Param::Offsets(_))), b.iter().filter(|b| **b == Binding::IndexedSet).count());
+        assert_eq!(count(|p| matches!(p, Param::Store(_))), k.stores.len());
+        assert_eq!(g.width, k.stores.iter().map(|&s| k.nodes[s].shape.cols()).max().unwrap());
+        assert!(g.source.contains(&format!("extern \"C\" __global__ void {}(", g.name)));
+        assert_eq!(generate(&k, &b).unwrap(), g, "generation is deterministic");
+        assert_ne!(cache_key(&g.source, "sm_90"), cache_key(&g.source, "sm_80"));
+    }
+    // The recurrent forward kernel: gathers fused in, c and h stored, 3 columns per row.
+    let k = &fused(f.forward_plan())[0];
+    let g = generate(k, &bindings(k, false)).unwrap();
+    assert_eq!((g.rows, g.width, g.threads(10)), (1, 3, 30));
+    let other = generate(k, &bindings(k, true)).unwrap();
+    assert_ne!(g.name, other.name, "bindings are part of the kernel's identity");
+    // A fixed value: the key depends only on the text, never on the run or the machine.
+    assert_eq!(cache_key("__global__ void k() {}", "sm_90"), "5a198191bc140966");
+}
+
+/// Random data for one binding of a load of `block` elements per vertex.
+struct Bound {
+    data: Vec<f32>,
+    offsets: Vec<u32>,
+    index: Vec<u32>,
+}
+
+fn bind(b: Binding, n: usize, block: usize, rng: &mut Rng) -> Bound {
+    let source_rows = 6;
+    let mut values = |len: usize| (0..len).map(|_| rng.range(-1.5, 1.5)).collect::<Vec<f32>>();
+    match b {
+        Binding::Contiguous => Bound { data: values(n * block), offsets: vec![], index: vec![] },
+        Binding::Broadcast => Bound { data: values(block), offsets: vec![], index: vec![] },
+        Binding::Zeros => Bound { data: vec![], offsets: vec![], index: vec![] },
+        Binding::Indexed => Bound {
+            data: values(source_rows * block),
+            offsets: vec![],
+            index: (0..n).map(|v| if v % 3 == 1 { NO_ROW } else { ((v * 5) % source_rows) as u32 }).collect(),
+        },
+        Binding::IndexedSet => {
+            let mut offsets = vec![0u32];
+            let mut index = Vec::new();
+            for v in 0..n {
+                index.extend((0..v % 4).map(|c| ((v + 2 * c) % source_rows) as u32));
+                offsets.push(index.len() as u32);
+            }
+            Bound { data: values(source_rows * block), offsets, index }
+        }
+    }
+}
+
+/// The kernel's stores as the CPU backend computes them (every load and store in one data
+/// buffer, every index list in one index buffer).
+fn on_cpu(k: &Kernel, bindings: &[Binding], bound: &[Bound], n: usize) -> Vec<Vec<f32>> {
+    let cpu = CpuBackend::new();
+    let (mut data, mut index) = (Vec::new(), Vec::new());
+    let mut rows = Vec::new();
+    for (b, x) in bindings.iter().zip(bound) {
+        let at = Loc { buf: 0, offset: data.len() };
+        data.extend(&x.data);
+        let mut idx = |v: &[u32]| {
+            let at = IndexLoc { buf: 0, offset: index.len() };
+            index.extend(v);
+            at
+        };
+        rows.push(match b {
+            Binding::Contiguous => Rows::Contiguous(at),
+            Binding::Broadcast => Rows::Broadcast(at),
+            Binding::Zeros => Rows::Zeros,
+            Binding::Indexed => Rows::Indexed { data: at, index: idx(&x.index) },
+            Binding::IndexedSet => {
+                let offsets = idx(&x.offsets);
+                Rows::IndexedSet { data: at, offsets, index: idx(&x.index) }
+            }
+        });
+    }
+    let mut stores = Vec::new();
+    for &s in &k.stores {
+        stores.push(Loc { buf: 0, offset: data.len() });
+        data.extend(vec![0.0; n * k.nodes[s].shape.numel()]);
+    }
+    let mut buf = cpu.alloc(data.len()).unwrap();
+    cpu.write(&mut buf, 0, &data).unwrap();
+    let mut ibuf = cpu.alloc_index(index.len().max(1)).unwrap();
+    cpu.write_index(&mut ibuf, 0, &index).unwrap();
+    let mut bufs = [buf];
+    cpu.fused(&mut Mem { data: &mut bufs, index: &[ibuf] }, k, n, &rows, &stores).unwrap();
+    stores
+        .iter()
+        .zip(&k.stores)
+        .map(|(at, &s)| {
+            let mut out = vec![0.0; n * k.nodes[s].shape.numel()];
+            cpu.read(&bufs[0], at.offset, &mut out).unwrap();
+            out
+        })
+        .collect()
+}
+
+/// A C program that runs the generated body on every thread index, reading the vertex count and
+/// each parameter's values from stdin and writing the stores to stdout.
+fn host_program(g: &Generated) -> String {
+    let mut main = String::from(
+        "#include <stdio.h>\n#include <stdlib.h>\n\
+         static void* take(long long* len) {\n\
+         \x20   if (fread(len, 8, 1, stdin) != 1) exit(2);\n\
+         \x20   void* p = malloc(*len * 4 + 4);\n\
+         \x20   if (fread(p, 4, *len, stdin) != (size_t)*len) exit(3);\n\
+         \x20   return p;\n}\n\
+         int main(void) {\n    long long n, len;\n    if (fread(&n, 8, 1, stdin) != 1) return 1;\n",
+    );
+    let mut args = vec!["n".to_string()];
+    for p in &g.params {
+        let (ty, name) = match p {
+            Param::Data(k) => ("const float*", format!("L{k}")),
+            Param::Offsets(k) => ("const unsigned*", format!("O{k}")),
+            Param::Index(k) => ("const unsigned*", format!("I{k}")),
+            Param::Store(k) => ("float*", format!("S{k}")),
+        };
+        main.push_str(&format!("    {ty} {name} = take(&len);\n"));
+        if matches!(p, Param::Store(_)) {
+            main.push_str(&format!("    long long len_{name} = len;\n"));
+        }
+        args.push(name);
+    }
+    main.push_str(&format!(
+        "    for (long long t = 0; t < n * {} * {}; ++t) {}_body(t, {});\n",
+        g.rows,
+        g.width,
+        g.name,
+        args.join(", ")
+    ));
+    for p in &g.params {
+        if let Param::Store(k) = p {
+            main.push_str(&format!("    fwrite(S{k}, 4, len_S{k}, stdout);\n"));
+        }
+    }
+    main.push_str("    return 0;\n}\n");
+    format!("#define ARBOR_HOST 1\n{}\n{main}", g.source)
+}
+
+/// The kernel's stores as the generated code computes them, compiled for the host.
+fn on_host(k: &Kernel, g: &Generated, bound: &[Bound], n: usize, dir: &std::path::Path) -> Vec<Vec<f32>> {
+    let c = dir.join(format!("{}.c", g.name));
+    let exe = dir.join(&g.name);
+    std::fs::write(&c, host_program(g)).unwrap();
+    let cc = Command::new("cc").args(["-std=c99", "-O1", "-o"]).arg(&exe).arg(&c).arg("-lm").output().expect("cc runs");
+    assert!(cc.status.success(), "{}:\n{}", c.display(), String::from_utf8_lossy(&cc.stderr));
+    let mut input: Vec<u8> = (n as i64).to_le_bytes().to_vec();
+    let mut put = |words: Vec<[u8; 4]>| {
+        input.extend((words.len() as i64).to_le_bytes());
+        input.extend(words.into_iter().flatten());
+    };
+    for p in &g.params {
+        match *p {
+            Param::Data(j) => put(bound[j].data.iter().map(|x| x.to_le_bytes()).collect()),
+            Param::Offsets(j) => put(bound[j].offsets.iter().map(|x| x.to_le_bytes()).collect()),
+            Param::Index(j) => put(bound[j].index.iter().map(|x| x.to_le_bytes()).collect()),
+            Param::Store(s) => put(vec![[0; 4]; n * k.nodes[k.stores[s]].shape.numel()]),
+        }
+    }
+    let mut child = Command::new(&exe).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("the kernel runs");
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{} failed", exe.display());
+    let mut values = out.stdout.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    k.stores.iter().map(|&s| values.by_ref().take(n * k.nodes[s].shape.numel()).collect()).collect()
+}
+
+/// Every fused kernel of every cell, forward and backward, computes on the host what the CPU
+/// backend computes (1e-5, the difference between libm's `expf` and the CPU backend's own).
+#[test]
+fn generated_kernels_compute_what_the_cpu_backend_does() {
+    let dir = std::env::temp_dir().join(format!("arbor-codegen-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rng = Rng::new(5);
+    let n = 7;
+    let mut checked = 0;
+    for f in cells() {
+        for k in kernels(&f) {
+            for plain in [false, true] {
+                let b = bindings(&k, plain);
+                if plain && b == bindings(&k, false) {
+                    continue;
+                }
+                let g = generate(&k, &b).unwrap();
+                let bound: Vec<Bound> =
+                    k.loads().zip(&b).map(|(i, &b)| bind(b, n, k.nodes[i].shape.numel(), &mut rng)).collect();
+                let want = on_cpu(&k, &b, &bound, n);
+                let got = on_host(&k, &g, &bound, n, &dir);
+                for (s, (w, h)) in want.iter().zip(&got).enumerate() {
+                    assert_eq!(w.len(), h.len());
+                    for (i, (x, y)) in w.iter().zip(h).enumerate() {
+                        assert!(
+                            (x - y).abs() <= 1e-5 * (1.0 + x.abs()),
+                            "{} ({}), store {s}, element {i}: CPU {x}, generated {y}\n{}",
+                            f.name(),
+                            k.signature(),
+                            g.source
+                        );
+                    }
+                }
+                checked += 1;
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(checked >= 15, "only {checked} kernels checked");
+}
