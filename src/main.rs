@@ -12,7 +12,7 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::train::{cross_validate, Classifier, GraphTraining};
 use arbor::trainer::{fit_threads, on_threads, Event, Plan, Run, Splits, Summary};
-use arbor::{Error, Result};
+use arbor::{Backend, Error, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
@@ -827,15 +827,51 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-fn bench(args: &BenchArgs) -> Result<()> {
-    if args.device == Device::Cuda {
-        let why = match arbor_cuda::device_count() {
-            Ok(n) if n > 0 => "the CUDA backend is not built yet".to_string(),
-            Ok(_) => "no CUDA device".to_string(),
-            Err(e) => e.to_string(),
-        };
-        return Err(Error::Input { what: "--device cuda".into(), expected: "a usable CUDA backend".into(), got: why });
+/// Times `args.sentences` of `examples` through `model` (after a warm-up of three minibatches);
+/// returns the seconds and the floating-point operations the engine executed.
+fn measure<B: Backend>(
+    mut model: Classifier<B>,
+    args: &BenchArgs,
+    examples: &[&TreeExample],
+    loss_on: LossOn,
+) -> Result<(f64, f64)> {
+    let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
+    let mut run = |model: &mut Classifier<B>, batch: &[&TreeExample]| -> Result<()> {
+        match args.mode {
+            Mode::Train => model.train_step(batch, loss_on, &mut opt, None).map(|_| ()),
+            Mode::Infer => {
+                let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
+                let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
+                let h = model.infer(&graphs, &ids)?;
+                let mut root = 0;
+                for e in batch {
+                    root += e.graph.len();
+                    model.out.predict_row(&h, root - 1)?;
+                }
+                Ok(())
+            }
+        }
+    };
+    let warmup = args.sentences.min(args.batch * 3);
+    for chunk in examples[..warmup].chunks(args.batch) {
+        run(&mut model, chunk)?;
     }
+    let pb = bar(
+        examples.len(),
+        format!("bench {} {}", args.model.model().name(), if args.mode == Mode::Train { "train" } else { "infer" }),
+    );
+    let flops_before = model.engine.flops();
+    let start = Instant::now();
+    for chunk in examples.chunks(args.batch) {
+        run(&mut model, chunk)?;
+        pb.inc(chunk.len() as u64);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    Ok((seconds, (model.engine.flops() - flops_before) as f64))
+}
+
+fn bench(args: &BenchArgs) -> Result<()> {
     if let Some(t) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(t.max(1)).build_global().map_err(|e| Error::Input {
             what: "--threads".into(),
@@ -869,50 +905,26 @@ fn bench(args: &BenchArgs) -> Result<()> {
     let (fwd_flops, bwd_flops) = cell.flops_per_vertex();
     let nominal_per_vertex = fwd_flops + if args.mode == Mode::Train { bwd_flops } else { 0 };
     let mut rng = Rng::new(1);
-    let mut model = Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?;
-    let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
     let loss_on = if args.loss == Loss::All && !model_kind.chains() { LossOn::All } else { LossOn::Root };
-    let run = |model: &mut Classifier, opt: &mut Optimizer, batch: &[&TreeExample]| -> Result<()> {
-        match args.mode {
-            Mode::Train => model.train_step(batch, loss_on, opt, None).map(|_| ()),
-            Mode::Infer => {
-                let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
-                let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
-                let h = model.infer(&graphs, &ids)?;
-                let mut root = 0;
-                for e in batch {
-                    root += e.graph.len();
-                    model.out.predict_row(&h, root - 1)?;
-                }
-                Ok(())
-            }
+    let (seconds, flops) = match args.device {
+        Device::Cpu => measure(Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?, args, &examples, loss_on)?,
+        Device::Cuda => {
+            let gpu = arbor::cuda::CudaBackend::new(0).map_err(|e| Error::Input {
+                what: "--device cuda".into(),
+                expected: "a usable CUDA device".into(),
+                got: e.to_string(),
+            })?;
+            measure(Classifier::on(gpu, cell, vocab, Some(PAD), classes, &mut rng)?, args, &examples, loss_on)?
         }
     };
-    let warmup = args.sentences.min(args.batch * 3);
-    for chunk in examples[..warmup].chunks(args.batch) {
-        run(&mut model, &mut opt, chunk)?;
-    }
-    let pb = bar(
-        examples.len(),
-        format!("bench {} {}", model_kind.name(), if args.mode == Mode::Train { "train" } else { "infer" }),
-    );
-    let flops_before = model.engine.flops();
-    let start = Instant::now();
-    for chunk in examples.chunks(args.batch) {
-        run(&mut model, &mut opt, chunk)?;
-        pb.inc(chunk.len() as u64);
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    pb.finish_and_clear();
     let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
-    let flops = (model.engine.flops() - flops_before) as f64;
     let nominal = vertices as f64 * nominal_per_vertex as f64;
     println!(
         "{}",
         json!({
             "model": model_kind.name(),
             "mode": if args.mode == Mode::Train { "train" } else { "infer" },
-            "device": "cpu",
+            "device": if args.device == Device::Cuda { "cuda" } else { "cpu" },
             "threads": rayon::current_num_threads(),
             "batch": args.batch,
             "hidden": args.hidden,

@@ -6,7 +6,7 @@ use crate::data::TreeExample;
 use crate::engine::Engine;
 use crate::layers::{ClassifierGrads, Embedding, LossOn, SoftmaxClassifier, SparseGrad};
 use crate::optim::{clip_grad_norm, Optimizer};
-use crate::{CpuBackend, InputGraph, VertexFn};
+use crate::{Backend, CpuBackend, InputGraph, VertexFn};
 use std::ops::Range;
 
 /// How the pushed rows of a minibatch become predictions.
@@ -39,11 +39,11 @@ use arbor_core::rng::Rng;
 
 /// A classifier: vectors pulled by every vertex (words, node labels), a vertex function over each
 /// example's graph, and a softmax classifier over the pushed state.
-pub struct Classifier {
+pub struct Classifier<B: Backend = CpuBackend> {
     /// The input layer.
     pub embed: Embedding,
     /// The vertex function on its engine.
-    pub engine: Engine<CpuBackend>,
+    pub engine: Engine<B>,
     /// The output layer.
     pub out: SoftmaxClassifier,
 }
@@ -102,7 +102,7 @@ pub(crate) fn batch<'a>(examples: &[&'a TreeExample]) -> Batch<'a> {
 
 impl Classifier {
     /// A classifier around `cell` (which must pull one `embed`-wide input and push one row) over
-    /// `vocab` input rows, of which `padding` (if any) stays zero.
+    /// `vocab` input rows, of which `padding` (if any) stays zero, on the CPU.
     pub fn new(
         cell: VertexFn,
         vocab: usize,
@@ -110,6 +110,28 @@ impl Classifier {
         classes: usize,
         rng: &mut Rng,
     ) -> Result<Classifier> {
+        Classifier::on(CpuBackend::new(), cell, vocab, padding, classes, rng)
+    }
+
+    /// A copy with the same function, sizes and learned values, on its own engine (a replica for
+    /// another worker).
+    pub fn replica(&self) -> Result<Classifier> {
+        let mut engine = Engine::new(CpuBackend::new(), self.engine.function().clone(), &self.engine.params()?)?;
+        engine.set_skip_padding_grads(self.embed.padding().is_some());
+        Ok(Classifier { embed: self.embed.clone(), engine, out: self.out.clone() })
+    }
+}
+
+impl<B: Backend> Classifier<B> {
+    /// [`Classifier::new`] with the vertex function running on `backend`.
+    pub fn on(
+        backend: B,
+        cell: VertexFn,
+        vocab: usize,
+        padding: Option<u32>,
+        classes: usize,
+        rng: &mut Rng,
+    ) -> Result<Classifier<B>> {
         let (embed_dim, hidden) = match (cell.inputs(), cell.outputs()) {
             ([x], [h]) => (x.shape.numel(), h.shape.numel()),
             (inputs, outputs) => {
@@ -125,7 +147,7 @@ impl Classifier {
             embed = embed.with_padding(id);
         }
         let params = cell.init_params(rng);
-        let mut engine = Engine::new(CpuBackend::new(), cell, &params)?;
+        let mut engine = Engine::new(backend, cell, &params)?;
         // The padding row's gradient is dropped by the embedding, so the engine need not form it.
         engine.set_skip_padding_grads(padding.is_some());
         Ok(Classifier { embed, engine, out: SoftmaxClassifier::new(hidden, classes, rng) })
@@ -258,14 +280,6 @@ impl Classifier {
         let dense = params.iter_mut().zip(&grads.cell).map(|(p, g)| (p.as_mut_slice(), g.as_slice())).collect();
         update(opt, dense, Some((&mut self.out, &grads.classifier)), Some((&mut self.embed, &grads.embedding)));
         self.engine.set_params(&params)
-    }
-
-    /// A copy with the same function, sizes and learned values, on its own engine (a replica for
-    /// another worker).
-    pub fn replica(&self) -> Result<Classifier> {
-        let mut engine = Engine::new(CpuBackend::new(), self.engine.function().clone(), &self.engine.params()?)?;
-        engine.set_skip_padding_grads(self.embed.padding().is_some());
-        Ok(Classifier { embed: self.embed.clone(), engine, out: self.out.clone() })
     }
 
     /// Accuracy of mean-pooled predictions: `groups[i]` are the vertices whose mean predicts

@@ -28,46 +28,7 @@ import dynet_config  # noqa: E402
 # Autobatching cannot grow the memory pool, so it is sized for batch 256 at hidden 512.
 dynet_config.set(autobatch=1, mem=6144, random_seed=1)
 import dynet as dy  # noqa: E402
-
-
-def parse(line):
-    """PTB tree -> nested (label, word) / (label, [children]); tokens split on ' ' and parens only."""
-    tokens, cur = [], ""
-    for ch in line:
-        if ch in "() \n":
-            if cur:
-                tokens.append(cur)
-                cur = ""
-            if ch in "()":
-                tokens.append(ch)
-        else:
-            cur += ch
-    stack, root = [], None
-    for t in tokens:
-        if t == "(":
-            stack.append([None, None, []])
-        elif t == ")":
-            label, word, kids = stack.pop()
-            node = (int(label), word if word is not None else kids)
-            if stack:
-                stack[-1][2].append(node)
-            else:
-                root = node
-        elif stack[-1][0] is None:
-            stack[-1][0] = t
-        else:
-            stack[-1][1] = t
-    return root
-
-
-def leaves(node, out):
-    label, body = node
-    if isinstance(body, str):
-        out.append(body)
-    else:
-        for k in body:
-            leaves(k, out)
-    return out
+from sst import leaves, parse  # noqa: E402
 
 
 with open(f"{args.data}/train.txt", encoding="utf-8") as f:

@@ -53,6 +53,13 @@ impl Kernel {
         self.nodes.iter().enumerate().filter(|(_, n)| n.op.is_load()).map(|(i, _)| i)
     }
 
+    /// Why `loads` bindings and `stores` locations do not fit this kernel, if they do not.
+    pub fn binding_mismatch(&self, loads: usize, stores: usize) -> Option<String> {
+        let want = (self.loads().count(), self.stores.len());
+        (want != (loads, stores))
+            .then(|| format!("kernel has {} loads and {} stores, got {loads} and {stores}", want.0, want.1))
+    }
+
     /// A stable text naming the kernel's computation (ops, shapes and wiring), for caches.
     pub fn signature(&self) -> String {
         let mut s = String::new();

@@ -1,11 +1,15 @@
 //! arbor-cuda: the CUDA backend on `cudarc`, loaded dynamically so that arbor builds and runs on
 //! machines without CUDA.
 //!
-//! This crate holds device detection and the CUDA C generated for fused kernels ([`codegen`]);
-//! the cuBLAS GEMMs, the NVRTC compilation and launch of the kernels and the device arena are to
-//! come.
+//! [`CudaBackend`] implements the engine's `Backend` on one device: cuBLAS GEMMs, fused kernels
+//! generated as CUDA C ([`codegen`]) and compiled with NVRTC for the device's architecture
+//! ([`cache`]: in memory and on disk), all in the arena buffers the engine plans.
 
+pub mod backend;
+pub mod cache;
 pub mod codegen;
+
+pub use backend::CudaBackend;
 
 use arbor_core::error::{Error, Result};
 

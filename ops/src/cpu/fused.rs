@@ -34,19 +34,10 @@ thread_local! {
 }
 
 pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
-    let load_ops: Vec<usize> = k.loads().collect();
-    if load_ops.len() != loads.len() || k.stores.len() != stores.len() {
-        return Err(bad(
-            "fused",
-            format!(
-                "kernel has {} loads and {} stores, got {} and {}",
-                load_ops.len(),
-                k.stores.len(),
-                loads.len(),
-                stores.len()
-            ),
-        ));
+    if let Some(msg) = k.binding_mismatch(loads.len(), stores.len()) {
+        return Err(bad("fused", msg));
     }
+    let load_ops: Vec<usize> = k.loads().collect();
     let per_vertex: usize = k.nodes.iter().filter(|x| !x.is_param).map(|x| x.shape.numel()).sum();
     let chunk = (CHUNK_ELEMS / per_vertex.max(1)).clamp(1, n.max(1));
     SCRATCH.with(|s| {

@@ -1,0 +1,113 @@
+//! The CUDA backend against the CPU backend: the Tree-LSTM, child-sum and gated-graph cells,
+//! forward and backward on random forests and DAGs (f32: 1e-4 relative), and no device
+//! allocation after warm-up. These need a CUDA device (`cargo test --test gpu -- --ignored`);
+//! without one, only the check that opening a device fails cleanly runs.
+
+use arbor::core::rng::Rng;
+use arbor::cuda::CudaBackend;
+use arbor::{nn, Backend, CpuBackend, Engine, InputGraph, VertexFn};
+
+/// Opening a device on a machine without CUDA is an error, never a panic.
+#[test]
+fn opening_a_missing_device_is_an_error() {
+    if !arbor::cuda::is_available() {
+        let err = CudaBackend::new(0).err().expect("no device to open");
+        assert!(err.to_string().contains("cuda"), "{err}");
+    }
+    assert!(CudaBackend::new(usize::MAX).is_err());
+}
+
+fn cells() -> Vec<(VertexFn, bool)> {
+    vec![
+        (nn::tree_lstm(6, 5).unwrap(), false),
+        (nn::child_sum_tree_lstm(6, 5, 3).unwrap(), false),
+        (nn::ggnn(6, 5).unwrap(), true),
+    ]
+}
+
+fn close(what: &str, gpu: &[f32], cpu: &[f32]) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}");
+    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        assert!((g - c).abs() <= 1e-4 * (1.0 + c.abs()), "{what}[{i}]: GPU {g}, CPU {c}");
+    }
+}
+
+/// Forward and backward of every cell on the GPU equal the CPU backend's.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cells_on_the_gpu_equal_the_cpu() {
+    let mut rng = Rng::new(3);
+    for (f, dag) in cells() {
+        let params = f.init_params(&mut rng);
+        let mut gpu = Engine::new(CudaBackend::new(0).unwrap(), f.clone(), &params).unwrap();
+        let mut cpu = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+        let arity = f.arity();
+        let graphs: Vec<InputGraph> = (0..12).map(|k| InputGraph::random(&mut rng, 3 + 7 * k, arity, dag)).collect();
+        let refs: Vec<&InputGraph> = graphs.iter().collect();
+        let vertices: usize = graphs.iter().map(InputGraph::len).sum();
+        let width = f.inputs()[0].shape.numel();
+        let x: Vec<f32> = (0..vertices * width).map(|_| rng.range(-1.0, 1.0)).collect();
+        let hg = gpu.forward(&refs, &[&x]).unwrap();
+        let hc = cpu.forward(&refs, &[&x]).unwrap();
+        close(&format!("{} forward", f.name()), &hg[0], &hc[0]);
+        let dy: Vec<f32> = (0..hc[0].len()).map(|_| rng.range(-1.0, 1.0)).collect();
+        let gg = gpu.backward(&[&dy]).unwrap();
+        let gc = cpu.backward(&[&dy]).unwrap();
+        close(&format!("{} input gradient", f.name()), &gg.pulls[0], &gc.pulls[0]);
+        for (k, (a, b)) in gg.params.iter().zip(&gc.params).enumerate() {
+            close(&format!("{} gradient of parameter {k}", f.name()), a, b);
+        }
+        let inferred = gpu.infer(&refs, &[&x]).unwrap();
+        close(&format!("{} inference", f.name()), &inferred[0], &hc[0]);
+    }
+}
+
+/// After a warm-up step, training steps of the same size allocate nothing on the device, and
+/// the fused kernels come from the cache.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn no_device_allocation_after_warm_up() {
+    let mut rng = Rng::new(4);
+    let f = nn::tree_lstm(8, 8).unwrap();
+    let params = f.init_params(&mut rng);
+    let mut gpu = Engine::new(CudaBackend::new(0).unwrap(), f, &params).unwrap();
+    let graphs: Vec<InputGraph> = (0..16).map(|k| InputGraph::random(&mut rng, 5 + k, 2, false)).collect();
+    let refs: Vec<&InputGraph> = graphs.iter().collect();
+    let vertices: usize = graphs.iter().map(InputGraph::len).sum();
+    let x = vec![0.25f32; vertices * 8];
+    let step = |e: &mut Engine<CudaBackend>| {
+        let h = e.forward(&refs, &[&x]).unwrap();
+        e.backward(&[&vec![1.0; h[0].len()]]).unwrap();
+    };
+    step(&mut gpu);
+    let (allocations, compiled) = (gpu.backend().allocations(), gpu.backend().kernels_compiled());
+    for _ in 0..3 {
+        step(&mut gpu);
+    }
+    assert_eq!(gpu.backend().allocations(), allocations);
+    assert_eq!(gpu.backend().kernels_compiled(), compiled);
+}
+
+/// SST training with the vertex function on the GPU reaches the bar the CPU run is held to.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sst_training_on_the_gpu_reaches_the_cpu_bar() {
+    use arbor::data::{sst, TreeExample, PAD};
+    use arbor::layers::LossOn;
+    use arbor::optim::{Config, Optimizer, Rule};
+    use arbor::train::Classifier;
+    let splits = sst::read_splits(&arbor::data::data_dir().join("sst"), false).expect("SST data (ARBOR_DATA)");
+    let mut rng = Rng::new(1);
+    let cell = nn::tree_lstm(32, 32).unwrap();
+    let gpu = CudaBackend::new(0).unwrap();
+    let mut model = Classifier::on(gpu, cell, splits.vocab.len(), Some(PAD), sst::CLASSES, &mut rng).unwrap();
+    let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
+    let train: &[TreeExample] = &splits.train;
+    let losses: Vec<f64> = (0..2)
+        .map(|_| model.epoch(train, 25, LossOn::All, &mut opt, Some(5.0), &mut rng, &mut |_| {}).unwrap())
+        .collect();
+    let acc = model.accuracy(&splits.test, 256).unwrap();
+    assert!(losses[1] < losses[0], "loss did not fall: {losses:?}");
+    // The bar of tests/training.rs for the same run on the CPU.
+    assert!(acc >= 0.40, "fine-grained test root accuracy {acc}");
+}
