@@ -2,7 +2,7 @@
 //! each plan with the parameters its loads and stores call for, a stable cache key, and — since
 //! the generated body is also C — every kernel of the model zoo compiled for the host and run
 //! against the CPU backend on the same bindings (gathers by index and sums over child sets
-//! included).
+//! included), and so are the CUDA backend's own fill, scatter-add and row-sum kernels.
 
 use arbor::core::backend::{IndexLoc, Loc, Mem, Rows, NO_ROW};
 use arbor::core::fusion::{Kernel, Plan, Step};
@@ -266,4 +266,94 @@ fn generated_kernels_compute_what_the_cpu_backend_does() {
     }
     std::fs::remove_dir_all(&dir).ok();
     assert!(checked >= 15, "only {checked} kernels checked");
+}
+
+fn c_array(ty: &str, name: &str, v: &[impl std::fmt::Display]) -> String {
+    let items: Vec<String> = v.iter().map(|x| format!("{x}")).collect();
+    format!("{ty} {name}[] = {{{}}};\n", if items.is_empty() { "0".into() } else { items.join(", ") })
+}
+
+/// The backend's own kernels (scatter-adds by index and by index set, row sums with and without
+/// accumulation, fill), compiled for the host, compute what the CPU backend does.
+#[test]
+fn helper_kernels_compute_what_the_cpu_backend_does() {
+    use arbor::cuda::backend::HELPER_BODIES;
+    use arbor::cuda::codegen::PRELUDE;
+    let (block, n, rows) = (3usize, 5usize, 4usize);
+    let mut rng = Rng::new(9);
+    let mut values = |len: usize| (0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<f32>>();
+    let (src, data) = (values(n * block), values(rows * block));
+    let index: Vec<u32> = vec![2, NO_ROW, 0, 2, 3];
+    let (offsets, set): (Vec<u32>, Vec<u32>) = (vec![0, 2, 2, 3, 5, 6], vec![1, 3, 0, 2, 1, 3]);
+    let sums_in = values(rows * block);
+    let mut c = format!("#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}#include <stdio.h>\n");
+    c += &c_array("const float", "src", &src);
+    for name in ["a", "b"] {
+        c += &c_array("float", name, &data);
+    }
+    c += &c_array("const unsigned", "index", &index);
+    c += &c_array("const unsigned", "offsets", &offsets);
+    c += &c_array("const unsigned", "set", &set);
+    c += &c_array("float", "s", &sums_in);
+    c += &c_array("float", "d0", &[0.5f32; 3]);
+    c += &c_array("float", "d1", &[0.5f32; 3]);
+    c += &format!(
+        "int main(void) {{\n\
+         for (long long t = 0; t < {nb}; ++t) arbor_scatter_indexed_body(t, src, {block}, {n}, a, index);\n\
+         for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, b, offsets, set);\n\
+         for (long long t = 0; t < {block}; ++t) arbor_sum_rows_body(t, s, {rows}, {block}, d0, 0);\n\
+         for (long long t = 0; t < {block}; ++t) arbor_sum_rows_body(t, s, {rows}, {block}, d1, 1);\n\
+         for (long long t = 0; t < {rb}; ++t) arbor_fill_body(t, s, {rb}, 2.5f);\n\
+         float* out[] = {{a, b, d0, d1, s}}; int len[] = {{{rb}, {rb}, {block}, {block}, {rb}}};\n\
+         for (int k = 0; k < 5; ++k) for (int i = 0; i < len[k]; ++i) printf(\"%.9g\\n\", out[k][i]);\n\
+         return 0;\n}}\n",
+        nb = n * block,
+        rb = rows * block,
+    );
+    let dir = std::env::temp_dir().join(format!("arbor-helpers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (file, exe) = (dir.join("helpers.c"), dir.join("helpers"));
+    std::fs::write(&file, &c).unwrap();
+    let cc = Command::new("cc").args(["-std=c99", "-O1", "-o"]).arg(&exe).arg(&file).output().expect("cc runs");
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let out = Command::new(&exe).output().expect("the helpers run");
+    std::fs::remove_dir_all(&dir).ok();
+    let got: Vec<f32> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
+
+    // The same on the CPU backend: one data buffer [src | a | b | s | d0 | d1], one index buffer.
+    let cpu = CpuBackend::new();
+    let mut all = [src.clone(), data.clone(), data.clone(), sums_in, vec![0.5; 3], vec![0.5; 3]].concat();
+    let at: Vec<usize> = [0, n * block, n * block + rows * block, n * block + 2 * rows * block]
+        .into_iter()
+        .chain([n * block + 3 * rows * block, n * block + 3 * rows * block + block])
+        .collect();
+    let mut buf = cpu.alloc(all.len()).unwrap();
+    cpu.write(&mut buf, 0, &all).unwrap();
+    let idx = [index.clone(), offsets.clone(), set.clone()].concat();
+    let mut ibuf = cpu.alloc_index(idx.len()).unwrap();
+    cpu.write_index(&mut ibuf, 0, &idx).unwrap();
+    let mut bufs = [buf];
+    let ibufs = [ibuf];
+    let mut mem = Mem { data: &mut bufs, index: &ibufs };
+    let loc = |k: usize| Loc { buf: 0, offset: at[k] };
+    let il = |offset: usize| IndexLoc { buf: 0, offset };
+    cpu.scatter_add(&mut mem, loc(0), block, n, &Rows::Indexed { data: loc(1), index: il(0) }).unwrap();
+    let set_rows = Rows::IndexedSet { data: loc(2), offsets: il(n), index: il(2 * n + 1) };
+    cpu.scatter_add(&mut mem, loc(0), block, n, &set_rows).unwrap();
+    cpu.sum_rows(&mut mem, loc(3), rows, block, loc(4), false).unwrap();
+    cpu.sum_rows(&mut mem, loc(3), rows, block, loc(5), true).unwrap();
+    cpu.fill(&mut mem, loc(3), rows * block, 2.5).unwrap();
+    cpu.read(&bufs[0], 0, &mut all).unwrap();
+    let want: Vec<f32> = [
+        &all[at[1]..at[1] + rows * block],
+        &all[at[2]..at[2] + rows * block],
+        &all[at[4]..at[4] + block],
+        &all[at[5]..at[5] + block],
+        &all[at[3]..at[3] + rows * block],
+    ]
+    .concat();
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-6, "element {i}: helper {g}, CPU {w}");
+    }
 }

@@ -9,7 +9,7 @@
 //! stream orders everything).
 
 use crate::cache::KernelCache;
-use crate::codegen::{generate, Binding, Generated, Param};
+use crate::codegen::{generate, Binding, Generated, Param, PRELUDE};
 use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
@@ -24,37 +24,65 @@ use std::sync::Arc;
 /// Threads per block of every launch.
 const BLOCK: u32 = 256;
 
-/// The backend's own kernels.
-const HELPERS: &str = r#"
-#define ARBOR_NO_ROW 0xffffffffu
-extern "C" __global__ void arbor_fill(float* p, long long n, float value) {
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+/// The bodies of the backend's own kernels (fill, scatter-adds, row sums), one call per thread
+/// index `t`; [`helpers`] wraps them as kernels.
+pub const HELPER_BODIES: &str = r#"
+ARBOR_DEVICE void arbor_fill_body(long long t, float* p, long long n, float value) {
     if (t < n) p[t] = value;
 }
-extern "C" __global__ void arbor_scatter_indexed(const float* src, long long block, long long n,
-                                                 float* data, const unsigned* index) {
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+ARBOR_DEVICE void arbor_scatter_indexed_body(long long t, const float* src, long long block, long long n,
+                                             float* data, const unsigned* index) {
     if (t >= n * block) return;
     unsigned i = index[t / block];
     if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)i * block + t % block], src[t]);
 }
-extern "C" __global__ void arbor_scatter_set(const float* src, long long block, long long n, float* data,
-                                             const unsigned* offsets, const unsigned* index) {
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+ARBOR_DEVICE void arbor_scatter_set_body(long long t, const float* src, long long block, long long n, float* data,
+                                         const unsigned* offsets, const unsigned* index) {
     if (t >= n * block) return;
     long long v = t / block;
     for (unsigned q = offsets[v]; q < offsets[v + 1]; ++q)
         atomicAdd(&data[(long long)index[q] * block + t % block], src[t]);
 }
-extern "C" __global__ void arbor_sum_rows(const float* src, long long rows, long long cols, float* dst,
-                                          int accumulate) {
-    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+ARBOR_DEVICE void arbor_sum_rows_body(long long j, const float* src, long long rows, long long cols, float* dst,
+                                      int accumulate) {
     if (j >= cols) return;
     float s = 0.0f;
     for (long long r = 0; r < rows; ++r) s += src[r * cols + j];
     dst[j] = accumulate ? dst[j] + s : s;
 }
 "#;
+
+/// The helper kernels' parameters, as `(name, parameter list, argument list)`.
+const HELPERS: [(&str, &str, &str); 4] = [
+    ("arbor_fill", "float* p, long long n, float value", "p, n, value"),
+    (
+        "arbor_scatter_indexed",
+        "const float* src, long long block, long long n, float* data, const unsigned* index",
+        "src, block, n, data, index",
+    ),
+    (
+        "arbor_scatter_set",
+        "const float* src, long long block, long long n, float* data, const unsigned* offsets, const unsigned* index",
+        "src, block, n, data, offsets, index",
+    ),
+    (
+        "arbor_sum_rows",
+        "const float* src, long long rows, long long cols, float* dst, int accumulate",
+        "src, rows, cols, dst, accumulate",
+    ),
+];
+
+/// The CUDA source of the helper kernels: the prelude, their bodies, and a `__global__` wrapper
+/// for each.
+pub fn helpers() -> String {
+    let mut src = format!("{PRELUDE}{HELPER_BODIES}");
+    for (name, params, args) in HELPERS {
+        src.push_str(&format!(
+            "extern \"C\" __global__ void {name}({params}) {{ {name}_body(ARBOR_THREAD, {args}); }}\n"
+        ));
+    }
+    src
+}
 
 fn fail(op: &str, e: impl std::fmt::Display) -> Error {
     Error::Backend { backend: "cuda", op: op.into(), msg: e.to_string() }
@@ -98,10 +126,10 @@ impl CudaBackend {
         let (major, minor) = ctx.compute_capability().map_err(|e| fail("open", e))?;
         let arch = format!("sm_{major}{minor}");
         let mut cache = KernelCache::new(KernelCache::default_dir());
-        let ptx = cache.get_or_compile(HELPERS, &arch, nvrtc)?;
+        let ptx = cache.get_or_compile(&helpers(), &arch, nvrtc)?;
         let module = ctx.load_module(ptx_of(&ptx)?).map_err(|e| fail("load kernels", e))?;
         let mut helpers = HashMap::new();
-        for name in ["arbor_fill", "arbor_scatter_indexed", "arbor_scatter_set", "arbor_sum_rows"] {
+        for (name, _, _) in HELPERS {
             helpers.insert(name, module.load_function(name).map_err(|e| fail("load kernels", e))?);
         }
         Ok(CudaBackend {
@@ -216,6 +244,37 @@ fn ptx_of(bytes: &[u8]) -> Result<Ptx> {
     Ok(Ptx::from_src(src))
 }
 
+/// A row-major product as cuBLAS's column-major call computes it: row-major `C = op(A)·op(B)` is
+/// column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`, so the operands swap and `m` and `n` trade places.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ColMajor {
+    /// The call's first operand is the product's B (always, for row-major products).
+    swapped: bool,
+    /// Transpose flags of the call's first and second operands.
+    trans: (bool, bool),
+    m: usize,
+    n: usize,
+    k: usize,
+    /// Leading dimensions of the call's first and second operands.
+    ld: (usize, usize),
+    /// Batch strides of the call's first and second operands.
+    stride: (usize, usize),
+}
+
+impl ColMajor {
+    fn of(g: &Gemm) -> ColMajor {
+        ColMajor {
+            swapped: true,
+            trans: (g.tb, g.ta),
+            m: g.n,
+            n: g.m,
+            k: g.k,
+            ld: (g.ldb, g.lda),
+            stride: (g.stride_b, g.stride_a),
+        }
+    }
+}
+
 fn len_of(rows: usize, cols: usize, ld: usize, batch: usize, stride: usize) -> usize {
     if rows == 0 || batch == 0 {
         0
@@ -272,7 +331,9 @@ impl Backend for CudaBackend {
         if offset + dst.len() > buf.len() {
             return Err(fail("read", format!("{} elements at {offset} outside a buffer of {}", dst.len(), buf.len())));
         }
-        self.stream.memcpy_dtoh(&buf.slice(offset..offset + dst.len()), dst).map_err(|e| fail("read", e))
+        self.stream.memcpy_dtoh(&buf.slice(offset..offset + dst.len()), dst).map_err(|e| fail("read", e))?;
+        // The copy is asynchronous in cudarc's terms; the host reads `dst` next.
+        self.synchronize()
     }
 
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()> {
@@ -293,23 +354,24 @@ impl Backend for CudaBackend {
         let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
         let int = |x: usize| i32::try_from(x).map_err(|_| fail("gemm", format!("{x} exceeds cuBLAS's int")));
         let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
-        // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands.
+        let cm = ColMajor::of(g);
+        let (first, second) = if cm.swapped { (b, a) } else { (a, b) };
         // SAFETY: the three regions were checked against their buffers above.
         unsafe {
             cudarc::cublas::result::sgemm_strided_batched(
                 *self.blas.handle(),
-                op(g.tb),
-                op(g.ta),
-                int(g.n)?,
-                int(g.m)?,
-                int(g.k)?,
+                op(cm.trans.0),
+                op(cm.trans.1),
+                int(cm.m)?,
+                int(cm.n)?,
+                int(cm.k)?,
                 &alpha,
-                b as *const f32,
-                int(g.ldb)?,
-                g.stride_b as i64,
-                a as *const f32,
-                int(g.lda)?,
-                g.stride_a as i64,
+                first as *const f32,
+                int(cm.ld.0)?,
+                cm.stride.0 as i64,
+                second as *const f32,
+                int(cm.ld.1)?,
+                cm.stride.1 as i64,
                 &beta,
                 c as *mut f32,
                 int(g.ldc)?,
@@ -397,5 +459,97 @@ impl Backend for CudaBackend {
         let args =
             [Arg::Ptr(s), Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(d), Arg::I32(i32::from(accumulate))];
         self.launch("sum_rows", &self.helpers["arbor_sum_rows"], cols, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ColMajor;
+    use arbor_core::backend::{Backend, Gemm, Loc, Mem};
+    use arbor_core::rng::Rng;
+    use arbor_ops::CpuBackend;
+
+    /// BLAS's column-major `C = α·op(A)·op(B) + β·C` for one matrix, written out.
+    #[allow(clippy::too_many_arguments)]
+    fn sgemm_column_major(
+        (ta, tb): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        beta: f32,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        for j in 0..n {
+            for i in 0..m {
+                let mut s = 0.0;
+                for p in 0..k {
+                    let x = if ta { a[p + i * lda] } else { a[i + p * lda] };
+                    let y = if tb { b[j + p * ldb] } else { b[p + j * ldb] };
+                    s += x * y;
+                }
+                c[i + j * ldc] = s + beta * c[i + j * ldc];
+            }
+        }
+    }
+
+    /// The arguments handed to cuBLAS compute, in column-major terms, exactly the row-major
+    /// product the CPU backend computes, for every transpose, padding, batch and accumulation.
+    #[test]
+    fn the_column_major_call_computes_the_row_major_product() {
+        let mut rng = Rng::new(2);
+        let cpu = CpuBackend::new();
+        for case in 0..16 {
+            let (ta, tb, accumulate) = (case & 1 == 1, case & 2 == 2, case & 4 == 4);
+            let (m, n, k, batch) = (3 + case % 3, 4, 5, 1 + case / 8);
+            let (ar, ac) = if ta { (k, m) } else { (m, k) };
+            let (br, bc) = if tb { (n, k) } else { (k, n) };
+            let (lda, ldb, ldc) = (ac + 1, bc + 2, n + 1);
+            let (sa, sb, sc) = (ar * lda + 3, br * ldb, m * ldc + 1);
+            let g = Gemm {
+                m,
+                n,
+                k,
+                a: Loc { buf: 0, offset: 0 },
+                lda,
+                ta,
+                b: Loc { buf: 1, offset: 0 },
+                ldb,
+                tb,
+                c: Loc { buf: 2, offset: 0 },
+                ldc,
+                accumulate,
+                batch,
+                stride_a: sa,
+                stride_b: sb,
+                stride_c: sc,
+            };
+            let mut fill = |len: usize| (0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<f32>>();
+            let data = [fill(batch * sa), fill(batch * sb), fill(batch * sc)];
+            let mut bufs = data.to_vec();
+            cpu.gemm(&mut Mem { data: &mut bufs, index: &[] }, &g).unwrap();
+
+            let cm = ColMajor::of(&g);
+            assert!(cm.swapped);
+            let mut c = data[2].clone();
+            for t in 0..batch {
+                sgemm_column_major(
+                    cm.trans,
+                    (cm.m, cm.n, cm.k),
+                    &data[1][t * cm.stride.0..],
+                    cm.ld.0,
+                    &data[0][t * cm.stride.1..],
+                    cm.ld.1,
+                    if accumulate { 1.0 } else { 0.0 },
+                    &mut c[t * sc..],
+                    ldc,
+                );
+            }
+            for (i, (x, y)) in c.iter().zip(&bufs[2]).enumerate() {
+                assert!((x - y).abs() <= 1e-5, "case {case}, element {i}: cuBLAS call {x}, CPU {y}");
+            }
+        }
     }
 }

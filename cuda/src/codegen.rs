@@ -80,6 +80,25 @@ impl Generated {
     }
 }
 
+/// What every generated source starts with: the macros that let the same text compile as CUDA
+/// (NVRTC) and, with `ARBOR_HOST` defined, as host C, where a kernel's body runs once per thread
+/// index and atomic adds are plain adds.
+pub const PRELUDE: &str = r#"#ifndef ARBOR_PRELUDE
+#define ARBOR_PRELUDE
+#define ARBOR_NO_ROW 0xffffffffu
+#ifdef ARBOR_HOST
+#include <math.h>
+#define ARBOR_DEVICE static
+#define ARBOR_RESTRICT restrict
+#define atomicAdd(p, x) (*(p) += (x))
+#else
+#define ARBOR_DEVICE __device__ static
+#define ARBOR_RESTRICT __restrict__
+#define ARBOR_THREAD ((long long)blockIdx.x * blockDim.x + threadIdx.x)
+#endif
+#endif
+"#;
+
 /// FNV-1a of `bytes`, as 16 hex digits.
 fn fnv(bytes: &[u8]) -> String {
     let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
@@ -338,19 +357,7 @@ pub fn generate(kernel: &Kernel, bindings: &[Binding]) -> Result<Generated> {
     let _ = write!(
         src,
         r#"// arbor fused kernel {name}: {signature}
-#ifndef ARBOR_PRELUDE
-#define ARBOR_PRELUDE
-#define ARBOR_NO_ROW 0xffffffffu
-#ifdef ARBOR_HOST
-#include <math.h>
-#define ARBOR_DEVICE static
-#define ARBOR_RESTRICT restrict
-#else
-#define ARBOR_DEVICE __device__ static
-#define ARBOR_RESTRICT __restrict__
-#endif
-#endif
-
+{PRELUDE}
 ARBOR_DEVICE void {name}_body(long long t, {params}) {{
     if (t >= n * {rows} * {width}) return;
     const long long j = t % {width}, r = (t / {width}) % {rows}, v = t / ({width} * {rows});
@@ -359,7 +366,7 @@ ARBOR_DEVICE void {name}_body(long long t, {params}) {{
 
 #ifndef ARBOR_HOST
 extern "C" __global__ void {name}({params}) {{
-    {name}_body((long long)blockIdx.x * blockDim.x + threadIdx.x, {args});
+    {name}_body(ARBOR_THREAD, {args});
 }}
 #endif
 "#,
