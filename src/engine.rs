@@ -13,7 +13,7 @@ use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::graph::InputGraph;
 use arbor_core::ir::{Func, Op, ParamGrad, Port, ValueId, VertexFn};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 const ARENA: usize = 0;
 const PARAMS: usize = 1;
@@ -74,7 +74,7 @@ pub struct Engine<B: Backend> {
     bufs: Vec<B::Buffer>,
     index: Vec<B::Index>,
     param_at: Vec<usize>,
-    scheduler: Scheduler,
+    scheduler: Arc<Mutex<Scheduler>>,
     schedule: Schedule,
     memory: MemoryPlan,
     index_layout: IndexLayout,
@@ -100,6 +100,48 @@ fn internal(msg: String) -> Error {
     Error::Backend { backend: "engine", op: "plan".into(), msg }
 }
 
+/// An error unless every graph fits `f` (arity, labels), naming the graph's place.
+fn check_graphs(f: &VertexFn, graphs: &[&InputGraph]) -> Result<()> {
+    for (gi, g) in graphs.iter().enumerate() {
+        g.check_for(f).map_err(|e| match e {
+            Error::Graph { reason, .. } => Error::Graph { graph: format!("#{gi} of the minibatch"), reason },
+            e => e,
+        })?;
+    }
+    Ok(())
+}
+
+fn lock(scheduler: &Mutex<Scheduler>) -> Result<std::sync::MutexGuard<'_, Scheduler>> {
+    scheduler.lock().map_err(|_| internal("the scheduler was poisoned by a panic on another thread".into()))
+}
+
+/// Schedules minibatches for one engine, on any thread: a trainer plans minibatch k+1 while
+/// the device runs minibatch k, so a forward pass given the plan
+/// ([`Engine::forward_planned`]) spends no time scheduling.
+#[derive(Clone)]
+pub struct Planner {
+    f: Arc<VertexFn>,
+    scheduler: Arc<Mutex<Scheduler>>,
+}
+
+/// A checked and scheduled minibatch, borrowing its graphs (which therefore cannot change
+/// before it runs).
+pub struct Planned<'g> {
+    graphs: Vec<&'g InputGraph>,
+    schedule: Schedule,
+    scheduler: Arc<Mutex<Scheduler>>,
+}
+
+impl Planner {
+    /// Checks `graphs` against the vertex function and schedules them.
+    pub fn plan<'g>(&self, graphs: &[&'g InputGraph]) -> Result<Planned<'g>> {
+        check_graphs(&self.f, graphs)?;
+        let mut schedule = Schedule::default();
+        lock(&self.scheduler)?.schedule(graphs, &mut schedule);
+        Ok(Planned { graphs: graphs.to_vec(), schedule, scheduler: Arc::clone(&self.scheduler) })
+    }
+}
+
 impl<B: Backend> Engine<B> {
     /// An engine for `f` with initial parameter values (in the order of `f.params()`).
     pub fn new(backend: B, f: VertexFn, params: &[Vec<f32>]) -> Result<Engine<B>> {
@@ -117,7 +159,7 @@ impl<B: Backend> Engine<B> {
             bufs,
             index,
             param_at,
-            scheduler: Scheduler::default(),
+            scheduler: Arc::default(),
             schedule: Schedule::default(),
             memory: MemoryPlan::default(),
             index_layout: IndexLayout::default(),
@@ -168,7 +210,21 @@ impl<B: Backend> Engine<B> {
 
     /// Schedules later minibatches with `policy` (the default batches by height).
     pub fn set_policy(&mut self, policy: Box<dyn Policy>) {
-        self.scheduler = Scheduler::new(policy);
+        self.scheduler = Arc::new(Mutex::new(Scheduler::new(policy)));
+    }
+
+    /// A handle that schedules minibatches for this engine on any thread (see [`Planner`]).
+    pub fn planner(&self) -> Planner {
+        Planner { f: Arc::clone(&self.f), scheduler: Arc::clone(&self.scheduler) }
+    }
+
+    /// [`Engine::forward`] on a minibatch this engine's [`Planner`] has already scheduled.
+    pub fn forward_planned(&mut self, planned: Planned<'_>, pulls: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
+        if !Arc::ptr_eq(&planned.scheduler, &self.scheduler) {
+            return Err(internal("a minibatch planned for another engine (or before set_policy)".into()));
+        }
+        self.schedule = planned.schedule;
+        self.run_scheduled(&planned.graphs, pulls, true)
     }
 
     /// Replaces every parameter's values.
@@ -222,14 +278,15 @@ impl<B: Backend> Engine<B> {
     }
 
     fn run_forward(&mut self, graphs: &[&InputGraph], pulls: &[&[f32]], train: bool) -> Result<Vec<Vec<f32>>> {
+        check_graphs(&self.f, graphs)?;
+        lock(&self.scheduler)?.schedule(graphs, &mut self.schedule);
+        self.run_scheduled(graphs, pulls, train)
+    }
+
+    /// The forward pass over `graphs`, checked and scheduled into `self.schedule`.
+    fn run_scheduled(&mut self, graphs: &[&InputGraph], pulls: &[&[f32]], train: bool) -> Result<Vec<Vec<f32>>> {
         let f = self.f.clone();
-        for (gi, g) in graphs.iter().enumerate() {
-            g.check_for(&f).map_err(|e| match e {
-                Error::Graph { reason, .. } => Error::Graph { graph: format!("#{gi} of the minibatch"), reason },
-                e => e,
-            })?;
-        }
-        self.scheduler.schedule(graphs, &mut self.schedule);
+        debug_assert_eq!(self.schedule.graph_starts.len(), graphs.len() + 1);
         self.memory = MemoryPlan::new(&f, self.schedule.len(), self.schedule.max_task(), train);
         self.index_layout = IndexLayout::new(f.arity(), &self.schedule);
         self.trained = train;

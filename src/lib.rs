@@ -7,6 +7,7 @@ pub mod data;
 pub mod dist;
 pub mod engine;
 pub mod layers;
+pub mod loss_scale;
 pub mod nn;
 pub mod optim;
 pub mod plot;
@@ -21,7 +22,7 @@ pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
 pub use arbor_core::{DType, Error, Result, Shape, Tensor};
 pub use arbor_cuda as cuda;
 pub use arbor_ops::CpuBackend;
-pub use engine::{Engine, Gradients};
+pub use engine::{Engine, Gradients, Planned, Planner};
 
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

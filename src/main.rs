@@ -2,11 +2,13 @@
 
 use arbor::checkpoint::Checkpoint;
 use arbor::core::rng::Rng;
+use arbor::cuda::Precision;
 use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD};
 use arbor::dist::pipeline::{PipePlan, Stack, Stage};
 use arbor::dist::schedule::Kind;
 use arbor::dist::Collective;
 use arbor::layers::LossOn;
+use arbor::loss_scale::LossScaler;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
@@ -42,6 +44,14 @@ enum Mode {
     Train,
     /// Forward only (inference mode: nothing kept for backward).
     Infer,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
+enum PrecisionArg {
+    F32,
+    Tf32,
+    Bf16,
+    F16,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -82,6 +92,10 @@ struct BenchArgs {
     /// Worker threads for matrix products (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Matrix-product inputs on the GPU: f32, tf32, bf16 or f16 (f16 training scales the loss);
+    /// accumulation is always f32.
+    #[arg(long, value_enum, default_value = "f32")]
+    precision: PrecisionArg,
     /// Leaves of each synthetic tree for tree-fc without --data.
     #[arg(long, default_value_t = 32)]
     leaves: usize,
@@ -836,36 +850,42 @@ fn measure<B: Backend>(
     loss_on: LossOn,
 ) -> Result<(f64, f64)> {
     let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
-    let mut run = |model: &mut Classifier<B>, batch: &[&TreeExample]| -> Result<()> {
+    // Training schedules each minibatch while the one before it runs, as `arbor train` does.
+    let mut run = |model: &mut Classifier<B>, examples: &[&TreeExample], pb: Option<&ProgressBar>| -> Result<()> {
+        let batches: Vec<Vec<&TreeExample>> = examples.chunks(args.batch).map(<[_]>::to_vec).collect();
         match args.mode {
-            Mode::Train => model.train_step(batch, loss_on, &mut opt, None).map(|_| ()),
+            Mode::Train => model.train_batches(&batches, loss_on, &mut opt, None, &mut |_, trees| {
+                if let Some(pb) = pb {
+                    pb.inc(trees as u64);
+                }
+            }),
             Mode::Infer => {
-                let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
-                let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
-                let h = model.infer(&graphs, &ids)?;
-                let mut root = 0;
-                for e in batch {
-                    root += e.graph.len();
-                    model.out.predict_row(&h, root - 1)?;
+                for batch in &batches {
+                    let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
+                    let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
+                    let h = model.infer(&graphs, &ids)?;
+                    let mut root = 0;
+                    for e in batch {
+                        root += e.graph.len();
+                        model.out.predict_row(&h, root - 1)?;
+                    }
+                    if let Some(pb) = pb {
+                        pb.inc(batch.len() as u64);
+                    }
                 }
                 Ok(())
             }
         }
     };
     let warmup = args.sentences.min(args.batch * 3);
-    for chunk in examples[..warmup].chunks(args.batch) {
-        run(&mut model, chunk)?;
-    }
+    run(&mut model, &examples[..warmup], None)?;
     let pb = bar(
         examples.len(),
         format!("bench {} {}", args.model.model().name(), if args.mode == Mode::Train { "train" } else { "infer" }),
     );
     let flops_before = model.engine.flops();
     let start = Instant::now();
-    for chunk in examples.chunks(args.batch) {
-        run(&mut model, chunk)?;
-        pb.inc(chunk.len() as u64);
-    }
+    run(&mut model, examples, Some(&pb))?;
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
     Ok((seconds, (model.engine.flops() - flops_before) as f64))
@@ -878,6 +898,13 @@ fn bench(args: &BenchArgs) -> Result<()> {
             expected: "a thread pool".into(),
             got: e.to_string(),
         })?;
+    }
+    if args.device == Device::Cpu && args.precision != PrecisionArg::F32 {
+        return Err(Error::Input {
+            what: "--precision".into(),
+            expected: "f32 on the CPU (reduced precision is for --device cuda)".into(),
+            got: format!("{:?}", args.precision).to_lowercase(),
+        });
     }
     let model_kind = args.model.model();
     if matches!(args.model, ModelArg::Ggnn) || args.batch == 0 || args.sentences == 0 {
@@ -906,15 +933,31 @@ fn bench(args: &BenchArgs) -> Result<()> {
     let nominal_per_vertex = fwd_flops + if args.mode == Mode::Train { bwd_flops } else { 0 };
     let mut rng = Rng::new(1);
     let loss_on = if args.loss == Loss::All && !model_kind.chains() { LossOn::All } else { LossOn::Root };
-    let (seconds, flops) = match args.device {
-        Device::Cpu => measure(Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?, args, &examples, loss_on)?,
+    let (seconds, flops, gpu) = match args.device {
+        Device::Cpu => {
+            let (seconds, flops) =
+                measure(Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?, args, &examples, loss_on)?;
+            (seconds, flops, None)
+        }
         Device::Cuda => {
             let gpu = arbor::cuda::CudaBackend::new(0).map_err(|e| Error::Input {
                 what: "--device cuda".into(),
                 expected: "a usable CUDA device".into(),
                 got: e.to_string(),
             })?;
-            measure(Classifier::on(gpu, cell, vocab, Some(PAD), classes, &mut rng)?, args, &examples, loss_on)?
+            let name = gpu.description().to_string();
+            gpu.set_precision(match args.precision {
+                PrecisionArg::F32 => Precision::F32,
+                PrecisionArg::Tf32 => Precision::Tf32,
+                PrecisionArg::Bf16 => Precision::Bf16,
+                PrecisionArg::F16 => Precision::F16,
+            });
+            let mut model = Classifier::on(gpu, cell, vocab, Some(PAD), classes, &mut rng)?;
+            if args.precision == PrecisionArg::F16 {
+                model.loss_scale = Some(LossScaler::dynamic());
+            }
+            let (seconds, flops) = measure(model, args, &examples, loss_on)?;
+            (seconds, flops, Some(name))
         }
     };
     let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
@@ -925,6 +968,8 @@ fn bench(args: &BenchArgs) -> Result<()> {
             "model": model_kind.name(),
             "mode": if args.mode == Mode::Train { "train" } else { "infer" },
             "device": if args.device == Device::Cuda { "cuda" } else { "cpu" },
+            "gpu": gpu,
+            "precision": format!("{:?}", args.precision).to_lowercase(),
             "threads": rayon::current_num_threads(),
             "batch": args.batch,
             "hidden": args.hidden,

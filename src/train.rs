@@ -3,8 +3,9 @@
 
 use crate::checkpoint::{Checkpoint, Named};
 use crate::data::TreeExample;
-use crate::engine::Engine;
+use crate::engine::{Engine, Planned};
 use crate::layers::{ClassifierGrads, Embedding, LossOn, SoftmaxClassifier, SparseGrad};
+use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::{clip_grad_norm, Optimizer};
 use crate::{Backend, CpuBackend, InputGraph, VertexFn};
 use std::ops::Range;
@@ -46,6 +47,8 @@ pub struct Classifier<B: Backend = CpuBackend> {
     pub engine: Engine<B>,
     /// The output layer.
     pub out: SoftmaxClassifier,
+    /// A loss scale for half-precision products (none: gradients are not scaled).
+    pub loss_scale: Option<LossScaler>,
 }
 
 /// Numbers from one minibatch.
@@ -118,7 +121,7 @@ impl Classifier {
     pub fn replica(&self) -> Result<Classifier> {
         let mut engine = Engine::new(CpuBackend::new(), self.engine.function().clone(), &self.engine.params()?)?;
         engine.set_skip_padding_grads(self.embed.padding().is_some());
-        Ok(Classifier { embed: self.embed.clone(), engine, out: self.out.clone() })
+        Ok(Classifier { embed: self.embed.clone(), engine, out: self.out.clone(), loss_scale: self.loss_scale })
     }
 }
 
@@ -150,7 +153,7 @@ impl<B: Backend> Classifier<B> {
         let mut engine = Engine::new(backend, cell, &params)?;
         // The padding row's gradient is dropped by the embedding, so the engine need not form it.
         engine.set_skip_padding_grads(padding.is_some());
-        Ok(Classifier { embed, engine, out: SoftmaxClassifier::new(hidden, classes, rng) })
+        Ok(Classifier { embed, engine, out: SoftmaxClassifier::new(hidden, classes, rng), loss_scale: None })
     }
 
     /// One optimizer step on a minibatch of trees (or chains); `clip` bounds the joint gradient norm.
@@ -182,14 +185,48 @@ impl<B: Backend> Classifier<B> {
     ) -> Result<f64> {
         let mut order: Vec<usize> = (0..train.len()).collect();
         rng.shuffle(&mut order);
-        let (mut loss, mut steps) = (0.0, 0);
-        for chunk in order.chunks(batch.max(1)) {
-            let examples: Vec<&TreeExample> = chunk.iter().map(|&i| &train[i]).collect();
-            loss += f64::from(self.train_step(&examples, loss_on, opt, clip)?.loss);
-            steps += 1;
-            progress(chunk.len());
-        }
-        Ok(loss / steps.max(1) as f64)
+        let batches: Vec<Vec<&TreeExample>> =
+            order.chunks(batch.max(1)).map(|c| c.iter().map(|&i| &train[i]).collect()).collect();
+        let mut loss = 0.0;
+        self.train_batches(&batches, loss_on, opt, clip, &mut |stats, trees| {
+            loss += f64::from(stats.loss);
+            progress(trees);
+        })?;
+        Ok(loss / batches.len().max(1) as f64)
+    }
+
+    /// One optimizer step per minibatch of `batches`, in order, each scheduled on a helper
+    /// thread while the step before it runs (the same result as [`Classifier::train_step`] on
+    /// each); `done` is told each step's numbers and its tree count.
+    pub fn train_batches(
+        &mut self,
+        batches: &[Vec<&TreeExample>],
+        loss_on: LossOn,
+        opt: &mut Optimizer,
+        clip: Option<f32>,
+        done: &mut dyn FnMut(&StepStats, usize),
+    ) -> Result<()> {
+        let planner = self.engine.planner();
+        let plan = |k: usize| batches.get(k).map(|b| planner.plan(&batch(b).graphs)).transpose();
+        let mut next = plan(0)?;
+        let plan = &plan;
+        std::thread::scope(|scope| {
+            for (k, examples) in batches.iter().enumerate() {
+                let ahead = scope.spawn(move || plan(k + 1));
+                let b = batch(examples);
+                let targets = loss_on.select(&b.graphs, &b.labels)?;
+                let planned = next.take();
+                let out = self.output_pass_planned(&b.graphs, &b.words, Readout::Vertices(&targets), None, planned)?;
+                let stats = self.finish_step(out, &b.words, opt, clip)?;
+                done(&stats, examples.len());
+                next = ahead.join().map_err(|_| Error::Input {
+                    what: "the minibatch planner".into(),
+                    expected: "a finished plan".into(),
+                    got: "a panic".into(),
+                })??;
+            }
+            Ok(())
+        })
     }
 
     /// The pushed rows of every vertex of a minibatch, in inference mode.
@@ -208,6 +245,17 @@ impl<B: Backend> Classifier<B> {
         clip: Option<f32>,
     ) -> Result<StepStats> {
         let out = self.output_pass(graphs, ids, readout, None)?;
+        self.finish_step(out, ids, opt, clip)
+    }
+
+    /// A step after its [`Classifier::output_pass`]: backward and the optimizer update.
+    fn finish_step(
+        &mut self,
+        out: OutputPass,
+        ids: &[u32],
+        opt: &mut Optimizer,
+        clip: Option<f32>,
+    ) -> Result<StepStats> {
         let (cell, embedding) = self.input_pass(&out.push_grad, ids)?;
         let mut grads = StepGrads { stats: out.stats, cell, classifier: out.classifier, embedding };
         self.apply(&mut grads, opt, clip)?;
@@ -224,8 +272,24 @@ impl<B: Backend> Classifier<B> {
         readout: Readout<'_>,
         denom: Option<usize>,
     ) -> Result<OutputPass> {
+        self.output_pass_planned(graphs, ids, readout, denom, None)
+    }
+
+    /// [`Classifier::output_pass`], with the minibatch already scheduled when `planned` is given
+    /// (for the same `graphs`).
+    fn output_pass_planned(
+        &mut self,
+        graphs: &[&InputGraph],
+        ids: &[u32],
+        readout: Readout<'_>,
+        denom: Option<usize>,
+        planned: Option<Planned<'_>>,
+    ) -> Result<OutputPass> {
         let x = self.embed.lookup(ids)?;
-        let h = self.engine.forward(graphs, &[&x])?;
+        let h = match planned {
+            Some(p) => self.engine.forward_planned(p, &[&x])?,
+            None => self.engine.forward(graphs, &[&x])?,
+        };
         let width = self.engine.function().outputs()[0].shape.numel();
         let (step, push_grad) = match readout {
             Readout::Vertices(targets) => {
@@ -260,15 +324,33 @@ impl<B: Backend> Classifier<B> {
     }
 
     /// The second half of a step: backward through the vertex function and the embedding, from
-    /// the gradient of the pushed rows. Returns the cell's and the embedding's gradients.
+    /// the gradient of the pushed rows. Returns the cell's and the embedding's gradients. With a
+    /// [loss scale](Self::loss_scale) the backward pass runs on scaled gradients and its results
+    /// are unscaled.
     pub fn input_pass(&mut self, push_grad: &[f32], ids: &[u32]) -> Result<(Vec<Vec<f32>>, SparseGrad)> {
-        let grads = self.engine.backward(&[push_grad])?;
-        let sparse = self.embed.sparse_grad(ids, &grads.pulls[0])?;
+        let mut grads = match self.loss_scale {
+            Some(s) => {
+                let scaled: Vec<f32> = push_grad.iter().map(|g| g * s.scale()).collect();
+                let mut grads = self.engine.backward(&[&scaled])?;
+                scale_all(grads.params.iter_mut().chain(&mut grads.pulls), 1.0 / s.scale());
+                grads
+            }
+            None => self.engine.backward(&[push_grad])?,
+        };
+        let sparse = self.embed.sparse_grad(ids, &grads.pulls.swap_remove(0))?;
         Ok((grads.params, sparse))
     }
 
-    /// Clips the joint gradient norm to `clip` and applies one optimizer step.
-    pub fn apply(&mut self, grads: &mut StepGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<()> {
+    /// Clips the joint gradient norm to `clip` and applies one optimizer step. With a
+    /// [loss scale](Self::loss_scale), a step whose gradients overflowed is skipped (and the
+    /// scale lowered); returns whether the step was applied.
+    pub fn apply(&mut self, grads: &mut StepGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
+        if let Some(scaler) = &mut self.loss_scale {
+            let finite = grads.cell.iter().flatten().chain(&grads.embedding.values).all(|x| x.is_finite());
+            if !scaler.update(finite) {
+                return Ok(false);
+            }
+        }
         if let Some(max) = clip {
             let mut all: Vec<&mut [f32]> = grads.cell.iter_mut().map(Vec::as_mut_slice).collect();
             all.push(&mut grads.classifier.weight);
@@ -279,7 +361,8 @@ impl<B: Backend> Classifier<B> {
         let mut params = self.engine.params()?;
         let dense = params.iter_mut().zip(&grads.cell).map(|(p, g)| (p.as_mut_slice(), g.as_slice())).collect();
         update(opt, dense, Some((&mut self.out, &grads.classifier)), Some((&mut self.embed, &grads.embedding)));
-        self.engine.set_params(&params)
+        self.engine.set_params(&params)?;
+        Ok(true)
     }
 
     /// Accuracy of mean-pooled predictions: `groups[i]` are the vertices whose mean predicts

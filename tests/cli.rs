@@ -23,7 +23,14 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    for args in [&["train", "--data", "/no/such/dir"][..], &["train", "--batch", "0"], &["train", "--hidden", "x"]] {
+    let bad: [&[&str]; 5] = [
+        &["train", "--data", "/no/such/dir"],
+        &["train", "--batch", "0"],
+        &["train", "--hidden", "x"],
+        &["bench", "--precision", "bf16"],
+        &["bench", "--precision", "f8"],
+    ];
+    for args in bad {
         let out = arbor(args);
         assert!(!out.status.success(), "{args:?} succeeded");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -36,6 +43,12 @@ fn bad_input_gives_one_line_and_a_failure() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--data DIR with a TU data set"));
     let out = arbor(&["train", "--model", "ggnn", "--data", ".", "--plot", "x.svg"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--plot, which applies to tree and sequence models only"));
+    if !arbor::cuda::is_available() {
+        let out = arbor(&["bench", "--device", "cuda", "--sentences", "4"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.trim().starts_with("arbor: --device cuda: expected a usable CUDA device"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
 }
 
 #[test]

@@ -199,13 +199,19 @@ fn host_program(g: &Generated) -> String {
     format!("#define ARBOR_HOST 1\n{}\n{main}", g.source)
 }
 
-/// The kernel's stores as the generated code computes them, compiled for the host.
-fn on_host(k: &Kernel, g: &Generated, bound: &[Bound], n: usize, dir: &std::path::Path) -> Vec<Vec<f32>> {
-    let c = dir.join(format!("{}.c", g.name));
-    let exe = dir.join(&g.name);
-    std::fs::write(&c, host_program(g)).unwrap();
+/// Compiles the C program `source` for the host as `dir/name`, which it returns.
+fn compile_on_host(dir: &std::path::Path, name: &str, source: &str) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let (c, exe) = (dir.join(format!("{name}.c")), dir.join(name));
+    std::fs::write(&c, source).unwrap();
     let cc = Command::new("cc").args(["-std=c99", "-O1", "-o"]).arg(&exe).arg(&c).arg("-lm").output().expect("cc runs");
     assert!(cc.status.success(), "{}:\n{}", c.display(), String::from_utf8_lossy(&cc.stderr));
+    exe
+}
+
+/// The kernel's stores as the generated code computes them, compiled for the host.
+fn on_host(k: &Kernel, g: &Generated, bound: &[Bound], n: usize, dir: &std::path::Path) -> Vec<Vec<f32>> {
+    let exe = compile_on_host(dir, &g.name, &host_program(g));
     let mut input: Vec<u8> = (n as i64).to_le_bytes().to_vec();
     let mut put = |words: Vec<[u8; 4]>| {
         input.extend((words.len() as i64).to_le_bytes());
@@ -311,11 +317,7 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
         rb = rows * block,
     );
     let dir = std::env::temp_dir().join(format!("arbor-helpers-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (file, exe) = (dir.join("helpers.c"), dir.join("helpers"));
-    std::fs::write(&file, &c).unwrap();
-    let cc = Command::new("cc").args(["-std=c99", "-O1", "-o"]).arg(&exe).arg(&file).output().expect("cc runs");
-    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let exe = compile_on_host(&dir, "helpers", &c);
     let out = Command::new(&exe).output().expect("the helpers run");
     std::fs::remove_dir_all(&dir).ok();
     let got: Vec<f32> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
@@ -355,5 +357,69 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!((g - w).abs() <= 1e-6, "element {i}: helper {g}, CPU {w}");
+    }
+}
+
+/// The kernels that round GEMM inputs to bfloat16 and IEEE half, compiled for the host, give the
+/// bits the `half` crate gives (round to nearest even) for edge cases and random bit patterns.
+#[test]
+fn sixteen_bit_conversions_round_like_the_half_crate() {
+    use arbor::cuda::backend::HELPER_BODIES;
+    use arbor::cuda::codegen::PRELUDE;
+    let mut bits: Vec<u32> = [
+        0.0f32,
+        -0.0,
+        1.0,
+        -1.5,
+        65504.0,
+        65519.99,
+        65520.0,
+        -70000.0,
+        1e-8,
+        2f32.powi(-24),
+        2f32.powi(-25),
+        3.0 * 2f32.powi(-26),
+        6.1e-5,
+        2f32.powi(-14),
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        1.0 + 2f32.powi(-8),
+        f32::MAX,
+        f32::MIN_POSITIVE / 4.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ]
+    .iter()
+    .map(|x| x.to_bits())
+    .collect();
+    let mut rng = Rng::new(16);
+    bits.extend((0..4000).map(|_| rng.next_u64() as u32));
+    // Bit patterns near the f16 range, where subnormals and rounding carries live.
+    bits.extend((0..4000).map(|_| 0x3000_0000 + (rng.next_u64() % 0x1800_0000) as u32));
+    let mut c = format!("#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}#include <stdio.h>\n");
+    c += &c_array("const unsigned", "bits", &bits);
+    c += &format!(
+        "int main(void) {{\n\
+         for (int i = 0; i < {n}; ++i) {{ float x; memcpy(&x, &bits[i], 4);\n\
+         printf(\"%u %u\\n\", arbor_bf16(x), arbor_f16(x)); }}\n\
+         return 0;\n}}\n",
+        n = bits.len()
+    );
+    let dir = std::env::temp_dir().join(format!("arbor-convert-{}", std::process::id()));
+    let exe = compile_on_host(&dir, "convert", &c);
+    let out = Command::new(&exe).output().expect("the conversions run");
+    std::fs::remove_dir_all(&dir).ok();
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
+    assert_eq!(lines.len(), bits.len());
+    for (&b, line) in bits.iter().zip(&lines) {
+        let x = f32::from_bits(b);
+        let got: Vec<u16> = line.split(' ').map(|v| v.parse().unwrap()).collect();
+        let want = [half::bf16::from_f32(x).to_bits(), half::f16::from_f32(x).to_bits()];
+        if x.is_nan() {
+            assert!(half::bf16::from_bits(got[0]).is_nan() && half::f16::from_bits(got[1]).is_nan(), "{x}");
+        } else {
+            assert_eq!(got, want, "{x:e} ({b:#010x}): kernels give bf16 {:#06x}, f16 {:#06x}", got[0], got[1]);
+        }
     }
 }

@@ -120,3 +120,27 @@ fn unreachable_vertices_are_refused() {
     assert_eq!(g.roots(), vec![2]);
     assert!(InputGraph::from_parents(&[Some(0)]).is_err());
 }
+
+/// A minibatch planned ahead (on another thread) runs exactly as one scheduled in `forward`;
+/// its graphs are checked when planned, and a plan is refused by any other engine.
+#[test]
+fn planned_ahead_equals_scheduled_in_forward() {
+    let mut rng = Rng::new(12);
+    let graphs: Vec<InputGraph> = (0..6).map(|k| InputGraph::random(&mut rng, 4 + 3 * k, 2, false)).collect();
+    let refs: Vec<&InputGraph> = graphs.iter().collect();
+    let vertices: usize = graphs.iter().map(InputGraph::len).sum();
+    let x: Vec<f32> = (0..vertices * 3).map(|_| rng.range(-1.0, 1.0)).collect();
+    let (mut direct, mut ahead) = (engine(3, 2), engine(3, 2));
+    let want = direct.forward(&refs, &[&x]).unwrap();
+    let planner = ahead.planner();
+    let planned = std::thread::scope(|s| s.spawn(|| planner.plan(&refs)).join().unwrap()).unwrap();
+    assert_eq!(ahead.forward_planned(planned, &[&x]).unwrap(), want);
+    let dy = vec![0.5; want[0].len()];
+    assert_eq!(ahead.backward(&[&dy]).unwrap(), direct.backward(&[&dy]).unwrap());
+
+    let wide = InputGraph::from_children(vec![vec![], vec![], vec![], vec![Some(0), Some(1), Some(2)]]).unwrap();
+    let err = planner.plan(&[&graphs[0], &wide]).err().expect("a graph too wide for the cell");
+    assert!(err.to_string().contains("#1"), "{err}");
+    let other = planner.plan(&refs).unwrap();
+    assert!(direct.forward_planned(other, &[&x]).is_err(), "another engine's plan was accepted");
+}

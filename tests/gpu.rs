@@ -1,10 +1,10 @@
 //! The CUDA backend against the CPU backend: the Tree-LSTM, child-sum and gated-graph cells,
-//! forward and backward on random forests and DAGs (f32: 1e-4 relative), and no device
-//! allocation after warm-up. These need a CUDA device (`cargo test --test gpu -- --ignored`);
+//! forward and backward on random forests and DAGs (f32: 1e-4 relative; TF32, bf16 and f16
+//! products: 2e-2), and no device allocation after warm-up. These need a CUDA device (`cargo test --test gpu -- --ignored`);
 //! without one, only the check that opening a device fails cleanly runs.
 
 use arbor::core::rng::Rng;
-use arbor::cuda::CudaBackend;
+use arbor::cuda::{CudaBackend, Precision};
 use arbor::{nn, Backend, CpuBackend, Engine, InputGraph, VertexFn};
 
 /// Opening a device on a machine without CUDA is an error, never a panic.
@@ -25,21 +25,23 @@ fn cells() -> Vec<(VertexFn, bool)> {
     ]
 }
 
-fn close(what: &str, gpu: &[f32], cpu: &[f32]) {
+fn close(what: &str, gpu: &[f32], cpu: &[f32], tolerance: f32) {
     assert_eq!(gpu.len(), cpu.len(), "{what}");
     for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
-        assert!((g - c).abs() <= 1e-4 * (1.0 + c.abs()), "{what}[{i}]: GPU {g}, CPU {c}");
+        assert!((g - c).abs() <= tolerance * (1.0 + c.abs()), "{what}[{i}]: GPU {g}, CPU {c}");
     }
 }
 
-/// Forward and backward of every cell on the GPU equal the CPU backend's.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn cells_on_the_gpu_equal_the_cpu() {
+/// Forward and backward of every cell on the GPU, with products in `precision`, equal the CPU
+/// backend's within `tolerance` (relative).
+fn cells_match(precision: Precision, tolerance: f32) {
     let mut rng = Rng::new(3);
+    let close = |what: &str, gpu: &[f32], cpu: &[f32]| close(&format!("{precision:?} {what}"), gpu, cpu, tolerance);
     for (f, dag) in cells() {
         let params = f.init_params(&mut rng);
-        let mut gpu = Engine::new(CudaBackend::new(0).unwrap(), f.clone(), &params).unwrap();
+        let backend = CudaBackend::new(0).unwrap();
+        backend.set_precision(precision);
+        let mut gpu = Engine::new(backend, f.clone(), &params).unwrap();
         let mut cpu = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
         let arity = f.arity();
         let graphs: Vec<InputGraph> = (0..12).map(|k| InputGraph::random(&mut rng, 3 + 7 * k, arity, dag)).collect();
@@ -59,6 +61,23 @@ fn cells_on_the_gpu_equal_the_cpu() {
         }
         let inferred = gpu.infer(&refs, &[&x]).unwrap();
         close(&format!("{} inference", f.name()), &inferred[0], &hc[0]);
+    }
+}
+
+/// Forward and backward of every cell on the GPU equal the CPU backend's (f32 products).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cells_on_the_gpu_equal_the_cpu() {
+    cells_match(Precision::F32, 1e-4);
+}
+
+/// With TF32, bf16 or f16 product inputs (f32 accumulation), every cell stays within 2e-2 of
+/// the CPU backend's f32 results.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn reduced_precision_products_stay_close_to_the_cpu() {
+    for precision in [Precision::Tf32, Precision::Bf16, Precision::F16] {
+        cells_match(precision, 2e-2);
     }
 }
 

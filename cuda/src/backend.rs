@@ -13,12 +13,15 @@ use crate::codegen::{generate, Binding, Generated, Param, PRELUDE};
 use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
-use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
 /// Threads per block of every launch.
@@ -41,19 +44,47 @@ ARBOR_DEVICE void arbor_scatter_set_body(long long t, const float* src, long lon
     if (t >= n * block) return;
     long long v = t / block;
     for (unsigned q = offsets[v]; q < offsets[v + 1]; ++q)
-        atomicAdd(&data[(long long)index[q] * block + t % block], src[t]);
+        if (index[q] != ARBOR_NO_ROW) atomicAdd(&data[(long long)index[q] * block + t % block], src[t]);
+}
+/* f32 to bfloat16 bits, rounded to nearest even (NaN stays NaN). */
+ARBOR_DEVICE unsigned short arbor_bf16(float x) {
+    unsigned u = arbor_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+/* f32 to IEEE half bits, rounded to nearest even: overflow to infinity, small values to
+   subnormals. */
+ARBOR_DEVICE unsigned short arbor_f16(float x) {
+    unsigned u = arbor_bits(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+    if (a < 0x38800000u) {
+        if (a < 0x33000000u) return (unsigned short)sign;
+        unsigned shift = 126u - (a >> 23), m = (a & 0x7fffffu) | 0x800000u;
+        unsigned r = m >> shift, rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rest > half || (rest == half && (r & 1u))) ++r;
+        return (unsigned short)(sign | r);
+    }
+    a -= 0x38000000u;
+    return (unsigned short)(sign | ((a + 0xfffu + ((a >> 13) & 1u)) >> 13));
+}
+ARBOR_DEVICE void arbor_to_bf16_body(long long t, const float* src, long long n, unsigned short* dst) {
+    if (t < n) dst[t] = arbor_bf16(src[t]);
+}
+ARBOR_DEVICE void arbor_to_f16_body(long long t, const float* src, long long n, unsigned short* dst) {
+    if (t < n) dst[t] = arbor_f16(src[t]);
 }
 ARBOR_DEVICE void arbor_sum_rows_body(long long j, const float* src, long long rows, long long cols, float* dst,
                                       int accumulate) {
     if (j >= cols) return;
-    float s = 0.0f;
+    double s = 0.0;
     for (long long r = 0; r < rows; ++r) s += src[r * cols + j];
-    dst[j] = accumulate ? dst[j] + s : s;
+    dst[j] = accumulate ? dst[j] + (float)s : (float)s;
 }
 "#;
 
 /// The helper kernels' parameters, as `(name, parameter list, argument list)`.
-const HELPERS: [(&str, &str, &str); 4] = [
+const HELPERS: [(&str, &str, &str); 6] = [
     ("arbor_fill", "float* p, long long n, float value", "p, n, value"),
     (
         "arbor_scatter_indexed",
@@ -65,6 +96,8 @@ const HELPERS: [(&str, &str, &str); 4] = [
         "const float* src, long long block, long long n, float* data, const unsigned* offsets, const unsigned* index",
         "src, block, n, data, offsets, index",
     ),
+    ("arbor_to_bf16", "const float* src, long long n, unsigned short* dst", "src, n, dst"),
+    ("arbor_to_f16", "const float* src, long long n, unsigned short* dst", "src, n, dst"),
     (
         "arbor_sum_rows",
         "const float* src, long long rows, long long cols, float* dst, int accumulate",
@@ -88,6 +121,25 @@ fn fail(op: &str, e: impl std::fmt::Display) -> Error {
     Error::Backend { backend: "cuda", op: op.into(), msg: e.to_string() }
 }
 
+/// A device allocation of `len` values. CUDA refuses empty allocations, so an empty buffer holds
+/// one unused value.
+pub struct DeviceBuffer<T> {
+    slice: CudaSlice<T>,
+    len: usize,
+}
+
+impl<T> DeviceBuffer<T> {
+    /// The number of values the buffer was asked to hold.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// A compiled fused kernel and what its parameters are.
 struct Compiled {
     generated: Generated,
@@ -103,10 +155,30 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     arch: String,
+    /// What compiled kernels depend on besides their source: architecture and NVRTC version.
+    target: String,
+    description: String,
     cache: RefCell<KernelCache>,
     fused: RefCell<HashMap<KernelId, Arc<Compiled>>>,
     helpers: HashMap<&'static str, CudaFunction>,
     allocations: Cell<usize>,
+    precision: Cell<Precision>,
+    /// 16-bit copies of product inputs (see [`Precision`]).
+    scratch: RefCell<Option<DeviceBuffer<u16>>>,
+}
+
+/// How matrix products treat their f32 inputs; accumulation is f32 in every case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Full f32 products.
+    #[default]
+    F32,
+    /// f32 inputs on TF32 tensor cores (10-bit mantissa).
+    Tf32,
+    /// Inputs rounded to bfloat16 (8-bit mantissa, f32's range).
+    Bf16,
+    /// Inputs rounded to IEEE half (10-bit mantissa, largest 65504): train with a loss scale.
+    F16,
 }
 
 impl CudaBackend {
@@ -125,9 +197,17 @@ impl CudaBackend {
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| fail("cuBLAS", e))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| fail("open", e))?;
         let arch = format!("sm_{major}{minor}");
-        let mut cache = KernelCache::new(KernelCache::default_dir());
-        let ptx = cache.get_or_compile(&helpers(), &arch, nvrtc)?;
-        let module = ctx.load_module(ptx_of(&ptx)?).map_err(|e| fail("load kernels", e))?;
+        let (nv_major, nv_minor) = nvrtc_version()?;
+        let target = format!("{arch} nvrtc {nv_major}.{nv_minor}");
+        let name = ctx.name().map_err(|e| fail("open", e))?;
+        let driver = driver_version()?;
+        let description = format!(
+            "{name} ({arch}), driver API {}.{}, NVRTC {nv_major}.{nv_minor}",
+            driver / 1000,
+            driver % 1000 / 10
+        );
+        let cache = RefCell::new(KernelCache::new(KernelCache::default_dir()));
+        let module = load(&ctx, &cache, &helpers(), &arch, &target)?;
         let mut helpers = HashMap::new();
         for (name, _, _) in HELPERS {
             helpers.insert(name, module.load_function(name).map_err(|e| fail("load kernels", e))?);
@@ -137,10 +217,14 @@ impl CudaBackend {
             stream,
             blas,
             arch,
-            cache: RefCell::new(cache),
+            target,
+            description,
+            cache,
             fused: RefCell::new(HashMap::new()),
             helpers,
             allocations: Cell::new(0),
+            precision: Cell::new(Precision::F32),
+            scratch: RefCell::new(None),
         })
     }
 
@@ -149,18 +233,33 @@ impl CudaBackend {
         &self.arch
     }
 
-    /// Fused kernels compiled by this backend so far (not found in the cache).
+    /// The device, its architecture and the driver and NVRTC versions, for reports.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// Kernel modules NVRTC compiled for this backend so far (the helper module and fused
+    /// kernels not found in the cache).
     pub fn kernels_compiled(&self) -> usize {
         self.cache.borrow().compiled()
     }
 
-    /// Lets cuBLAS run f32 products on TF32 tensor cores (faster, 10-bit mantissa inputs).
-    pub fn set_tf32(&self, on: bool) -> Result<()> {
-        let mode = if on { cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH } else { cublasMath_t::CUBLAS_DEFAULT_MATH };
-        // SAFETY: the handle is this backend's own and valid while it lives.
-        unsafe { cudarc::cublas::sys::cublasSetMathMode(*self.blas.handle(), mode) }
-            .result()
-            .map_err(|e| fail("cuBLAS math mode", e))
+    /// Sets how matrix products treat their f32 inputs (default [`Precision::F32`]). Results,
+    /// accumulation and everything outside the products stay f32.
+    pub fn set_precision(&self, precision: Precision) {
+        self.precision.set(precision);
+    }
+
+    /// The device address of a scratch buffer of at least `len` 16-bit values, grown (never
+    /// shrunk) as products need.
+    fn scratch(&self, len: usize) -> Result<u64> {
+        let mut scratch = self.scratch.borrow_mut();
+        if scratch.as_ref().is_none_or(|s| s.len() < len) {
+            *scratch = Some(self.zeros(len.next_power_of_two())?);
+        }
+        let s = scratch.as_ref().ok_or_else(|| fail("gemm", "no scratch buffer"))?;
+        let address = s.slice.device_ptr(&self.stream).0;
+        Ok(address)
     }
 
     /// Waits until the device has finished everything queued.
@@ -169,12 +268,30 @@ impl CudaBackend {
     }
 
     /// The device address of `len` 4-byte values at `offset` in `bufs[buf]`, checked.
-    fn region<T>(&self, bufs: &[CudaSlice<T>], op: &str, (buf, offset): (usize, usize), len: usize) -> Result<u64> {
+    fn region<T>(&self, bufs: &[DeviceBuffer<T>], op: &str, (buf, offset): (usize, usize), len: usize) -> Result<u64> {
         let b = bufs.get(buf).ok_or_else(|| fail(op, format!("no buffer {buf}")))?;
-        if offset + len > b.len() {
-            return Err(fail(op, format!("{len} values at {buf}:{offset} outside a buffer of {}", b.len())));
+        check(op, "values", offset, len, b.len)?;
+        Ok(b.slice.device_ptr(&self.stream).0 + 4 * offset as u64)
+    }
+
+    /// A zero-filled buffer of `len` values (at least one is allocated).
+    fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<DeviceBuffer<T>> {
+        self.allocations.set(self.allocations.get() + 1);
+        let slice = self.stream.alloc_zeros(len.max(1)).map_err(|e| fail("alloc", e))?;
+        Ok(DeviceBuffer { slice, len })
+    }
+
+    /// Copies `src` to `offset` in `buf`, checked.
+    fn upload<T: cudarc::driver::DeviceRepr>(&self, buf: &mut DeviceBuffer<T>, offset: usize, src: &[T]) -> Result<()> {
+        check("write", "values", offset, src.len(), buf.len)?;
+        if src.is_empty() {
+            return Ok(());
         }
-        Ok(b.device_ptr(&self.stream).0 + 4 * offset as u64)
+        let mut view = buf.slice.slice_mut(offset..offset + src.len());
+        self.stream.memcpy_htod(src, &mut view).map_err(|e| fail("write", e))
     }
 
     /// The device address of `len` elements at `at`.
@@ -214,8 +331,7 @@ impl CudaBackend {
             return Ok(Arc::clone(c));
         }
         let generated = generate(kernel, &key.1)?;
-        let ptx = self.cache.borrow_mut().get_or_compile(&generated.source, &self.arch, nvrtc)?;
-        let module = self.ctx.load_module(ptx_of(&ptx)?).map_err(|e| fail("load kernel", e))?;
+        let module = load(&self.ctx, &self.cache, &generated.source, &self.arch, &self.target)?;
         let function = module.load_function(&generated.name).map_err(|e| fail("load kernel", e))?;
         let c = Arc::new(Compiled { generated, function });
         self.fused.borrow_mut().insert(key, Arc::clone(&c));
@@ -232,16 +348,70 @@ enum Arg {
     I32(i32),
 }
 
-/// Compiles CUDA C to PTX for `arch` with NVRTC.
-fn nvrtc(source: &str, arch: &str) -> Result<Vec<u8>> {
-    let opts = CompileOptions { options: vec![format!("--gpu-architecture={arch}")], ..CompileOptions::default() };
-    let ptx = compile_ptx_with_opts(source, opts).map_err(|e| fail("NVRTC", e))?;
-    Ok(ptx.to_src().into_bytes())
+/// The module compiled from `source`: from the cache, or compiled with NVRTC for `arch`. A
+/// cached image the driver refuses is dropped and compiled afresh once.
+fn load(
+    ctx: &Arc<CudaContext>,
+    cache: &RefCell<KernelCache>,
+    source: &str,
+    arch: &str,
+    target: &str,
+) -> Result<Arc<CudaModule>> {
+    let compile = |src: &str, _: &str| nvrtc(src, arch);
+    let image = cache.borrow_mut().get_or_compile(source, target, compile)?;
+    match ctx.load_module(Ptx::from_binary(image.to_vec())) {
+        Ok(module) => Ok(module),
+        Err(_) => {
+            cache.borrow_mut().evict(source, target);
+            let image = cache.borrow_mut().get_or_compile(source, target, compile)?;
+            ctx.load_module(Ptx::from_binary(image.to_vec())).map_err(|e| fail("load kernel", e))
+        }
+    }
 }
 
-fn ptx_of(bytes: &[u8]) -> Result<Ptx> {
-    let src = std::str::from_utf8(bytes).map_err(|_| fail("load kernel", "cached PTX is not text"))?;
-    Ok(Ptx::from_src(src))
+/// Compiles CUDA C to a CUBIN for `arch` (`sm_90`) with NVRTC, so the driver has nothing to
+/// translate; a compile error carries NVRTC's log.
+fn nvrtc(source: &str, arch: &str) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    /// Destroys the program however compilation ends.
+    struct Program(sys::nvrtcProgram);
+    impl Drop for Program {
+        fn drop(&mut self) {
+            // SAFETY: created below and destroyed only here.
+            let _ = unsafe { result::destroy_program(self.0) };
+        }
+    }
+    let src = CString::new(source).map_err(|_| fail("NVRTC", "the kernel source holds a NUL byte"))?;
+    let program = Program(result::create_program(&src, None).map_err(|e| fail("NVRTC", e))?);
+    let options = [format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
+    // SAFETY (all calls below): `program` is a live program created above.
+    if let Err(e) = unsafe { result::compile_program(program.0, &options) } {
+        let log = unsafe { result::get_program_log(program.0) }
+            .map(|log| log.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect::<String>())
+            .unwrap_or_default();
+        return Err(fail("NVRTC", format!("{e:?} compiling for {arch}:\n{}", log.trim_end())));
+    }
+    let mut size = 0usize;
+    unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }.result().map_err(|e| fail("NVRTC", e))?;
+    let mut image = vec![0u8; size];
+    unsafe { sys::nvrtcGetCUBIN(program.0, image.as_mut_ptr().cast()) }.result().map_err(|e| fail("NVRTC", e))?;
+    Ok(image)
+}
+
+/// NVRTC's version, `(major, minor)`.
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two plain out-parameters.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }.result().map_err(|e| fail("NVRTC", e))?;
+    Ok((major, minor))
+}
+
+/// The CUDA version the driver supports, as `1000·major + 10·minor`.
+fn driver_version() -> Result<i32> {
+    let mut version = 0;
+    // SAFETY: a plain out-parameter.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }.result().map_err(|e| fail("open", e))?;
+    Ok(version)
 }
 
 /// A row-major product as cuBLAS's column-major call computes it: row-major `C = op(A)·op(B)` is
@@ -275,6 +445,14 @@ impl ColMajor {
     }
 }
 
+/// An error unless `len` values at `offset` lie inside a buffer of `size`.
+fn check(op: &str, what: &str, offset: usize, len: usize, size: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(fail(op, format!("{len} {what} at {offset} outside a buffer of {size}"))),
+    }
+}
+
 fn len_of(rows: usize, cols: usize, ld: usize, batch: usize, stride: usize) -> usize {
     if rows == 0 || batch == 0 {
         0
@@ -284,54 +462,48 @@ fn len_of(rows: usize, cols: usize, ld: usize, batch: usize, stride: usize) -> u
 }
 
 impl Backend for CudaBackend {
-    type Buffer = CudaSlice<f32>;
-    type Index = CudaSlice<u32>;
+    type Buffer = DeviceBuffer<f32>;
+    type Index = DeviceBuffer<u32>;
 
     fn name(&self) -> &'static str {
         "cuda"
     }
 
-    fn alloc(&self, len: usize) -> Result<CudaSlice<f32>> {
-        self.allocations.set(self.allocations.get() + 1);
-        self.stream.alloc_zeros(len).map_err(|e| fail("alloc", e))
+    fn alloc(&self, len: usize) -> Result<DeviceBuffer<f32>> {
+        self.zeros(len)
     }
 
-    fn alloc_index(&self, len: usize) -> Result<CudaSlice<u32>> {
-        self.allocations.set(self.allocations.get() + 1);
-        self.stream.alloc_zeros(len).map_err(|e| fail("alloc", e))
+    fn alloc_index(&self, len: usize) -> Result<DeviceBuffer<u32>> {
+        self.zeros(len)
     }
 
     fn allocations(&self) -> usize {
         self.allocations.get()
     }
 
-    fn len(&self, buf: &CudaSlice<f32>) -> usize {
-        buf.len()
+    fn len(&self, buf: &DeviceBuffer<f32>) -> usize {
+        buf.len
     }
 
-    fn index_len(&self, buf: &CudaSlice<u32>) -> usize {
-        buf.len()
+    fn index_len(&self, buf: &DeviceBuffer<u32>) -> usize {
+        buf.len
     }
 
-    fn write(&self, buf: &mut CudaSlice<f32>, offset: usize, src: &[f32]) -> Result<()> {
-        if offset + src.len() > buf.len() {
-            return Err(fail("write", format!("{} elements at {offset} outside a buffer of {}", src.len(), buf.len())));
+    fn write(&self, buf: &mut DeviceBuffer<f32>, offset: usize, src: &[f32]) -> Result<()> {
+        self.upload(buf, offset, src)
+    }
+
+    fn write_index(&self, buf: &mut DeviceBuffer<u32>, offset: usize, src: &[u32]) -> Result<()> {
+        self.upload(buf, offset, src)
+    }
+
+    fn read(&self, buf: &DeviceBuffer<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
+        check("read", "values", offset, dst.len(), buf.len)?;
+        if dst.is_empty() {
+            return Ok(());
         }
-        self.stream.memcpy_htod(src, &mut buf.slice_mut(offset..offset + src.len())).map_err(|e| fail("write", e))
-    }
-
-    fn write_index(&self, buf: &mut CudaSlice<u32>, offset: usize, src: &[u32]) -> Result<()> {
-        if offset + src.len() > buf.len() {
-            return Err(fail("write", format!("{} indices at {offset} outside a buffer of {}", src.len(), buf.len())));
-        }
-        self.stream.memcpy_htod(src, &mut buf.slice_mut(offset..offset + src.len())).map_err(|e| fail("write", e))
-    }
-
-    fn read(&self, buf: &CudaSlice<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
-        if offset + dst.len() > buf.len() {
-            return Err(fail("read", format!("{} elements at {offset} outside a buffer of {}", dst.len(), buf.len())));
-        }
-        self.stream.memcpy_dtoh(&buf.slice(offset..offset + dst.len()), dst).map_err(|e| fail("read", e))?;
+        let view = buf.slice.slice(offset..offset + dst.len());
+        self.stream.memcpy_dtoh(&view, dst).map_err(|e| fail("read", e))?;
         // The copy is asynchronous in cudarc's terms; the host reads `dst` next.
         self.synchronize()
     }
@@ -348,35 +520,67 @@ impl Backend for CudaBackend {
         }
         let (ar, ac) = if g.ta { (g.k, g.m) } else { (g.m, g.k) };
         let (br, bc) = if g.tb { (g.n, g.k) } else { (g.k, g.n) };
-        let a = self.data(mem, "gemm A", g.a, len_of(ar, ac, g.lda, g.batch, g.stride_a))?;
-        let b = self.data(mem, "gemm B", g.b, len_of(br, bc, g.ldb, g.batch, g.stride_b))?;
+        let a_len = len_of(ar, ac, g.lda, g.batch, g.stride_a);
+        let b_len = len_of(br, bc, g.ldb, g.batch, g.stride_b);
+        let a = (self.data(mem, "gemm A", g.a, a_len)?, a_len);
+        let b = (self.data(mem, "gemm B", g.b, b_len)?, b_len);
         let c = self.data(mem, "gemm C", g.c, len_of(g.m, g.n, g.ldc, g.batch, g.stride_c))?;
         let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
         let int = |x: usize| i32::try_from(x).map_err(|_| fail("gemm", format!("{x} exceeds cuBLAS's int")));
         let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
         let cm = ColMajor::of(g);
-        let (first, second) = if cm.swapped { (b, a) } else { (a, b) };
-        // SAFETY: the three regions were checked against their buffers above.
+        let ((first, first_len), (second, second_len)) = if cm.swapped { (b, a) } else { (a, b) };
+        let precision = self.precision.get();
+        let (first, second, input) = match precision {
+            Precision::F32 | Precision::Tf32 => (first, second, cudaDataType::CUDA_R_32F),
+            Precision::Bf16 | Precision::F16 => {
+                let (kernel, input) = if precision == Precision::Bf16 {
+                    ("arbor_to_bf16", cudaDataType::CUDA_R_16BF)
+                } else {
+                    ("arbor_to_f16", cudaDataType::CUDA_R_16F)
+                };
+                let scratch = self.scratch(first_len + second_len)?;
+                let converted = scratch + 2 * first_len as u64;
+                for (src, len, dst) in [(first, first_len, scratch), (second, second_len, converted)] {
+                    let args = [Arg::Ptr(src), Arg::I64(len as i64), Arg::Ptr(dst)];
+                    self.launch("gemm inputs", &self.helpers[kernel], len, &args)?;
+                }
+                (scratch, converted, input)
+            }
+        };
+        let compute = if precision == Precision::Tf32 {
+            cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        self.ctx.bind_to_thread().map_err(|e| fail("gemm", e))?;
+        // SAFETY: the three regions were checked against their buffers above, and converted
+        // inputs lie in the scratch buffer, which holds both.
         unsafe {
-            cudarc::cublas::result::sgemm_strided_batched(
+            cudarc::cublas::result::gemm_strided_batched_ex(
                 *self.blas.handle(),
                 op(cm.trans.0),
                 op(cm.trans.1),
                 int(cm.m)?,
                 int(cm.n)?,
                 int(cm.k)?,
-                &alpha,
-                first as *const f32,
+                (&alpha as *const f32).cast(),
+                first as *const c_void,
+                input,
                 int(cm.ld.0)?,
                 cm.stride.0 as i64,
-                second as *const f32,
+                second as *const c_void,
+                input,
                 int(cm.ld.1)?,
                 cm.stride.1 as i64,
-                &beta,
-                c as *mut f32,
+                (&beta as *const f32).cast(),
+                c as *mut c_void,
+                cudaDataType::CUDA_R_32F,
                 int(g.ldc)?,
                 g.stride_c as i64,
                 int(g.batch)?,
+                compute,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
         .map_err(|e| fail("gemm", e))

@@ -88,11 +88,14 @@ pub const PRELUDE: &str = r#"#ifndef ARBOR_PRELUDE
 #define ARBOR_NO_ROW 0xffffffffu
 #ifdef ARBOR_HOST
 #include <math.h>
+#include <string.h>
+static unsigned arbor_bits(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
 #define ARBOR_DEVICE static
 #define ARBOR_RESTRICT restrict
 #define atomicAdd(p, x) (*(p) += (x))
 #else
 #define ARBOR_DEVICE __device__ static
+#define arbor_bits(x) __float_as_uint(x)
 #define ARBOR_RESTRICT __restrict__
 #define ARBOR_THREAD ((long long)blockIdx.x * blockDim.x + threadIdx.x)
 #endif
@@ -100,15 +103,16 @@ pub const PRELUDE: &str = r#"#ifndef ARBOR_PRELUDE
 "#;
 
 /// FNV-1a of `bytes`, as 16 hex digits.
-fn fnv(bytes: &[u8]) -> String {
+pub(crate) fn fnv(bytes: &[u8]) -> String {
     let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
     format!("{h:016x}")
 }
 
-/// The compiled-kernel cache key of `source` for the GPU architecture `arch` (e.g. `sm_90`):
-/// the same text on every run and every machine, so a second run finds what the first compiled.
-pub fn cache_key(source: &str, arch: &str) -> String {
-    fnv(format!("{source}\0{arch}").as_bytes())
+/// The compiled-kernel cache key of `source` for `target` (the GPU architecture and compiler
+/// version, e.g. `sm_90 nvrtc 13.0`): the same text on every run and every machine, so a second
+/// run finds what the first compiled.
+pub fn cache_key(source: &str, target: &str) -> String {
+    fnv(format!("{source}\0{target}").as_bytes())
 }
 
 fn unsupported(what: String) -> Error {
@@ -164,8 +168,9 @@ struct Emitter<'a> {
     temps: usize,
 }
 
-/// Deepest chain of ops a kernel may have (its ops are visited recursively).
-const MAX_DEPTH: usize = 4096;
+/// Deepest chain of ops a kernel may have: its ops are visited recursively, and this bound keeps
+/// the recursion well inside a thread's stack (fused groups of real cells are a few dozen deep).
+const MAX_DEPTH: usize = 512;
 
 impl Emitter<'_> {
     fn line(&mut self, text: &str) {

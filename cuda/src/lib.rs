@@ -9,7 +9,7 @@ pub mod backend;
 pub mod cache;
 pub mod codegen;
 
-pub use backend::CudaBackend;
+pub use backend::{CudaBackend, Precision};
 
 use arbor_core::error::{Error, Result};
 
