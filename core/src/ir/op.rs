@@ -32,7 +32,10 @@ pub fn exp_f32(x: f32) -> f32 {
     let p =
         ((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r + 0.5;
     let e = p * r * r + r + 1.0;
-    e * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    // 2^n from n's bits: adding 1.5·2^23 puts the integer n (|n| ≤ 127) in the low mantissa bits.
+    // (A float-to-int cast would saturate, which compilers do not vectorise.)
+    let biased = (n + 12_582_912.0).to_bits().wrapping_sub(0x4B40_0000).wrapping_add(127);
+    e * f32::from_bits(biased << 23)
 }
 
 /// Element-wise ops of one input.

@@ -1,18 +1,30 @@
-//! Element-wise loops, one monomorphised loop per op so each vectorises; on x86-64 with AVX2 and
-//! FMA (checked at run time) they run as AVX2 code.
+//! Element-wise loops, one monomorphised loop per op so each vectorises; on x86-64 they run as
+//! AVX-512 or AVX2 + FMA code when the CPU has it (checked at run time).
 
 use arbor_core::ir::{BinaryOp, UnaryOp};
 
-/// Defines `$name` dispatching to a copy of `$generic` compiled for AVX2 + FMA when the CPU has
-/// them, and to the baseline copy otherwise.
+/// Defines `$name` dispatching to a copy of `$generic` compiled for AVX-512 or for AVX2 + FMA when
+/// the CPU has them, and to the baseline copy otherwise.
 macro_rules! dispatch {
-    ($name:ident, $fast:ident, $generic:ident, ($($arg:ident: $ty:ty),*)) => {
+    ($name:ident, $wide:ident, $fast:ident, $generic:ident, ($($arg:ident: $ty:ty),*)) => {
         pub(crate) fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                // SAFETY: the CPU supports the features the fast copy is compiled for.
-                return unsafe { $fast($($arg),*) };
+            {
+                if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU supports the features the wide copy is compiled for.
+                    return unsafe { $wide($($arg),*) };
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU supports the features the fast copy is compiled for.
+                    return unsafe { $fast($($arg),*) };
+                }
             }
+            $generic($($arg),*)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn $wide($($arg: $ty),*) {
             $generic($($arg),*)
         }
 
@@ -24,8 +36,8 @@ macro_rules! dispatch {
     };
 }
 
-dispatch!(unary, unary_avx2, unary_generic, (op: UnaryOp, x: &[f32], out: &mut [f32]));
-dispatch!(binary, binary_avx2, binary_generic, (op: BinaryOp, a: &[f32], b: &[f32], out: &mut [f32]));
+dispatch!(unary, unary_avx512, unary_avx2, unary_generic, (op: UnaryOp, x: &[f32], out: &mut [f32]));
+dispatch!(binary, binary_avx512, binary_avx2, binary_generic, (op: BinaryOp, a: &[f32], b: &[f32], out: &mut [f32]));
 
 /// `out[e] = op(x[e])`.
 #[inline(always)]

@@ -1,7 +1,8 @@
-//! Matrix products through the `gemm` crate.
+//! Matrix products through the `gemm` crate, and products with a few rows through
+//! [`few_rows`](super::few_rows).
 
-use super::bad;
 use super::memory::Raw;
+use super::{bad, few_rows};
 use arbor_core::backend::Gemm;
 use arbor_core::error::Result;
 use gemm::Parallelism;
@@ -54,6 +55,9 @@ pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
         }
         let a = unsafe { raw.get("gemm", g.a.offset_by(i * g.stride_a), extent(a_rows, a_cols, g.lda))? };
         let b = unsafe { raw.get("gemm", g.b.offset_by(i * g.stride_b), extent(b_rows, b_cols, g.ldb))? };
+        if !g.ta && !g.tb && few_rows::product((g.m, g.n, g.k), (a, g.lda), (b, g.ldb), (c, g.ldc), g.accumulate) {
+            continue;
+        }
         let (a_rs, a_cs) = if g.ta { (1, g.lda as isize) } else { (g.lda as isize, 1) };
         let (b_rs, b_cs) = if g.tb { (1, g.ldb as isize) } else { (g.ldb as isize, 1) };
         // SAFETY: every element the product touches lies in the checked slices above.

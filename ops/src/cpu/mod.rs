@@ -1,6 +1,7 @@
 //! The CPU backend: host buffers, the `gemm` crate, and fused kernels run as tight loops.
 
 mod elementwise;
+mod few_rows;
 mod fused;
 mod matmul;
 mod memory;
