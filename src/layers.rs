@@ -87,7 +87,7 @@ impl Embedding {
 
     /// A table from given rows (e.g. pre-trained vectors); errors if `table` is not whole rows.
     pub fn from_table(table: Vec<f32>, dim: usize) -> Result<Embedding> {
-        if dim == 0 || table.len() % dim != 0 {
+        if dim == 0 || !table.len().is_multiple_of(dim) {
             return Err(Error::Input {
                 what: "embedding table".into(),
                 expected: format!("a whole number of {dim}-wide rows"),
@@ -272,7 +272,7 @@ impl SoftmaxClassifier {
     }
 
     fn check_rows(&self, rows: &[f32]) -> Result<usize> {
-        if rows.len() % self.input.max(1) != 0 {
+        if !rows.len().is_multiple_of(self.input.max(1)) {
             return Err(Error::Input {
                 what: "classifier input".into(),
                 expected: format!("whole {}-wide rows", self.input),

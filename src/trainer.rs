@@ -250,7 +250,7 @@ impl Run {
                 self.pos.step_in_epoch += 1;
                 self.pos.steps += 1;
                 events(Event::Trees(chunk.len()));
-                let due = plan.checkpoint_every.is_some_and(|n| n > 0 && self.pos.steps % n == 0);
+                let due = plan.checkpoint_every.is_some_and(|n| n > 0 && self.pos.steps.is_multiple_of(n));
                 if let (true, true, Some(dir)) = (lead, due, &plan.checkpoint) {
                     persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
                 }
