@@ -132,7 +132,11 @@ impl Embedding {
     pub fn lookup(&self, ids: &[u32]) -> Result<Vec<f32>> {
         self.check(ids)?;
         let d = self.dim;
-        Ok(ids.iter().flat_map(|&i| &self.table[i as usize * d..(i as usize + 1) * d]).copied().collect())
+        let mut rows = Vec::with_capacity(ids.len() * d);
+        for &i in ids {
+            rows.extend_from_slice(&self.table[i as usize * d..(i as usize + 1) * d]);
+        }
+        Ok(rows)
     }
 
     /// The table's gradient from the gradient of looked-up rows: rows summed per id.

@@ -119,6 +119,12 @@ fn tree_lstm_on_a_fixed_forest() {
     check(nn::tree_lstm(5, 4).unwrap(), 1, 6, 30, false);
 }
 
+/// Tasks wide enough that the CPU backend splits fused kernels between two threads.
+#[test]
+fn wide_tasks_split_between_threads() {
+    check(nn::tree_lstm(32, 32).unwrap(), 3, 64, 40, false);
+}
+
 #[test]
 fn child_sum_on_a_fixed_dag() {
     check(nn::child_sum_tree_lstm(5, 4, 3).unwrap(), 2, 5, 25, true);

@@ -1,7 +1,7 @@
 //! Runs a fused kernel: the vertices are cut into chunks small enough that every intermediate
 //! of a chunk stays in cache, and each op runs as one loop over the chunk. Contiguous inputs are
 //! read where they lie and stored results are computed where they go; only intermediates and
-//! gathered rows use scratch.
+//! gathered rows use scratch. Large calls split their vertices between two threads.
 
 use super::memory::{load, Raw};
 use super::{bad, elementwise};
@@ -33,13 +33,39 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+/// Calls over at least this many elements (all ops, all vertices) and vertices run on two
+/// threads, each over half of the vertices. Smaller calls (most calls at batch size 1) lose more
+/// to waking the other thread than they gain (`arbor bench --batch 1|64`).
+const PARALLEL_ELEMS: usize = 1 << 16;
+const PARALLEL_VERTICES: usize = 64;
+
 pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
     if let Some(msg) = k.binding_mismatch(loads.len(), stores.len()) {
         return Err(bad("fused", msg));
     }
-    let load_ops: Vec<usize> = k.loads().collect();
     let per_vertex: usize = k.nodes.iter().filter(|x| !x.is_param).map(|x| x.shape.numel()).sum();
-    let chunk = (CHUNK_ELEMS / per_vertex.max(1)).clamp(1, n.max(1));
+    if n >= PARALLEL_VERTICES && n * per_vertex >= PARALLEL_ELEMS && rayon::current_num_threads() > 1 {
+        let half = n / 2;
+        let (first, second) = rayon::join(
+            || run_vertices(raw, k, 0..half, per_vertex, loads, stores),
+            || run_vertices(raw, k, half..n, per_vertex, loads, stores),
+        );
+        return first.and(second);
+    }
+    run_vertices(raw, k, 0..n, per_vertex, loads, stores)
+}
+
+/// Runs the kernel over the vertices `vertices`, in chunks, with this thread's scratch.
+fn run_vertices(
+    raw: &Raw<'_>,
+    k: &Kernel,
+    vertices: std::ops::Range<usize>,
+    per_vertex: usize,
+    loads: &[Rows],
+    stores: &[Loc],
+) -> Result<()> {
+    let load_ops: Vec<usize> = k.loads().collect();
+    let chunk = (CHUNK_ELEMS / per_vertex.max(1)).clamp(1, vertices.len().max(1));
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         s.offs.clear();
@@ -63,9 +89,9 @@ pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &
         for (&l, &rows) in load_ops.iter().zip(loads) {
             s.load_of[l] = Some(rows);
         }
-        let mut start = 0;
-        while start < n {
-            let m = chunk.min(n - start);
+        let mut start = vertices.start;
+        while start < vertices.end {
+            let m = chunk.min(vertices.end - start);
             run_chunk(raw, k, start, m, s)?;
             start += m;
         }
