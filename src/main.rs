@@ -935,8 +935,10 @@ fn bench(args: &BenchArgs) -> Result<()> {
     let loss_on = if args.loss == Loss::All && !model_kind.chains() { LossOn::All } else { LossOn::Root };
     let (seconds, flops, gpu) = match args.device {
         Device::Cpu => {
-            let (seconds, flops) =
-                measure(Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?, args, &examples, loss_on)?;
+            let model = Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?;
+            // On a pool thread, as `arbor train` runs: the backend's parallel calls then start
+            // on a thread of the pool instead of handing off from outside it.
+            let (seconds, flops) = rayon::scope(|_| measure(model, args, &examples, loss_on))?;
             (seconds, flops, None)
         }
         Device::Cuda => {
