@@ -15,6 +15,11 @@ fn main() {
 }
 
 fn gemm(b: Bencher<'_, '_>, m: usize, k: usize, n: usize) {
+    gemm_with(b, (m, k, n), false);
+}
+
+/// `C = A·B` (`A·Bᵀ` when `tb`, B stored as `n × k`) with `m × k` A.
+fn gemm_with(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize), tb: bool) {
     let cpu = CpuBackend::new();
     let mut data = vec![cpu.alloc(m * k).unwrap(), cpu.alloc(k * n).unwrap(), cpu.alloc(m * n).unwrap()];
     let g = Gemm {
@@ -25,8 +30,8 @@ fn gemm(b: Bencher<'_, '_>, m: usize, k: usize, n: usize) {
         lda: k,
         ta: false,
         b: Loc { buf: 1, offset: 0 },
-        ldb: n,
-        tb: false,
+        ldb: if tb { k } else { n },
+        tb,
         c: Loc { buf: 2, offset: 0 },
         ldc: n,
         accumulate: false,
@@ -51,6 +56,13 @@ fn gemm_peak(b: Bencher<'_, '_>, size: usize) {
 #[divan::bench(args = [(1, 150, 750), (4, 150, 750), (8, 150, 750), (16, 150, 750), (32, 150, 750), (20, 300, 750), (60, 150, 750), (1300, 300, 750), (150, 1200, 750)])]
 fn gemm_tree_lstm(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize)) {
     gemm(b, m, k, n);
+}
+
+/// The backward per-task products of the Tree-LSTM, `dG·Uᵀ` (m × 750 times the transposed
+/// 150 × 750 weights), from batch 1 (a few rows) to batch 64 (about 60).
+#[divan::bench(args = [(1, 750, 150), (4, 750, 150), (16, 750, 150), (32, 750, 150), (60, 750, 150)])]
+fn gemm_tree_lstm_backward(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize)) {
+    gemm_with(b, (m, k, n), true);
 }
 
 /// The Tree-LSTM's fused kernels over one task of 64 vertices (items = vertices).

@@ -3,6 +3,9 @@
 //! parameter gradients are divided by it afterwards. A step whose gradients overflowed is
 //! skipped and the scale halved; after a run of good steps the scale doubles.
 
+/// The largest scale is `2^MAX_EXPONENT`.
+const MAX_EXPONENT: i32 = 100;
+
 /// A dynamic loss scale (powers of two, so scaling and unscaling are exact in f32).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossScaler {
@@ -18,10 +21,14 @@ impl LossScaler {
         LossScaler::new(65536.0, 2000)
     }
 
-    /// A scale starting at `initial` (rounded to a power of two, at least 1) that doubles after
-    /// `growth_interval` good steps in a row (0: never).
+    /// A scale starting at `initial` (rounded to a power of two between 1 and 2^100) that
+    /// doubles after `growth_interval` good steps in a row (0: never), up to 2^100.
     pub fn new(initial: f32, growth_interval: u32) -> LossScaler {
-        let scale = if initial.is_finite() && initial > 1.0 { 2f32.powi(initial.log2().round() as i32) } else { 1.0 };
+        let scale = if initial.is_finite() && initial > 1.0 {
+            2f32.powi((initial.log2().round() as i32).min(MAX_EXPONENT))
+        } else {
+            1.0
+        };
         LossScaler { scale, growth_interval, good_steps: 0, skipped: 0 }
     }
 
@@ -40,7 +47,10 @@ impl LossScaler {
     pub fn update(&mut self, finite: bool) -> bool {
         if finite {
             self.good_steps += 1;
-            if self.growth_interval > 0 && self.good_steps >= self.growth_interval && self.scale < 2f32.powi(100) {
+            if self.growth_interval > 0
+                && self.good_steps >= self.growth_interval
+                && self.scale < 2f32.powi(MAX_EXPONENT)
+            {
                 self.scale *= 2.0;
                 self.good_steps = 0;
             }
@@ -76,6 +86,7 @@ mod tests {
         assert_eq!(s.scale(), 512.0);
         assert!(s.update(true));
         assert_eq!(s.scale(), 1024.0);
+        assert_eq!(LossScaler::new(f32::MAX, 0).scale(), 2f32.powi(100), "capped, never infinite");
         let mut low = LossScaler::new(1.0, 0);
         low.update(false);
         assert_eq!(low.scale(), 1.0, "never below 1");

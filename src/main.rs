@@ -850,7 +850,7 @@ fn measure<B: Backend>(
     loss_on: LossOn,
 ) -> Result<(f64, f64)> {
     let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
-    // Training schedules each minibatch while the one before it runs, as `arbor train` does.
+    // Training schedules each minibatch while the one before it runs (`Classifier::train_batches`).
     let mut run = |model: &mut Classifier<B>, examples: &[&TreeExample], pb: Option<&ProgressBar>| -> Result<()> {
         let batches: Vec<Vec<&TreeExample>> = examples.chunks(args.batch).map(<[_]>::to_vec).collect();
         match args.mode {

@@ -20,7 +20,7 @@ pub struct Loc {
 impl Loc {
     /// The location `n` elements further on.
     pub fn offset_by(self, n: usize) -> Loc {
-        Loc { buf: self.buf, offset: self.offset + n }
+        Loc { buf: self.buf, offset: self.offset.saturating_add(n) }
     }
 }
 

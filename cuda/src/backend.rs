@@ -27,8 +27,8 @@ use std::sync::Arc;
 /// Threads per block of every launch.
 const BLOCK: u32 = 256;
 
-/// The bodies of the backend's own kernels (fill, scatter-adds, row sums), one call per thread
-/// index `t`; [`helpers`] wraps them as kernels.
+/// The bodies of the backend's own kernels (fill, scatter-adds, row sums, f32 to bf16 and f16
+/// conversion), one call per thread index `t`; [`helpers`] wraps them as kernels.
 pub const HELPER_BODIES: &str = r#"
 ARBOR_DEVICE void arbor_fill_body(long long t, float* p, long long n, float value) {
     if (t < n) p[t] = value;
@@ -251,7 +251,7 @@ impl CudaBackend {
     }
 
     /// The device address of a scratch buffer of at least `len` 16-bit values, grown (never
-    /// shrunk) as products need.
+    /// shrunk, to powers of two) as products need; growing counts as an allocation.
     fn scratch(&self, len: usize) -> Result<u64> {
         let mut scratch = self.scratch.borrow_mut();
         if scratch.as_ref().is_none_or(|s| s.len() < len) {
@@ -361,10 +361,11 @@ fn load(
     let image = cache.borrow_mut().get_or_compile(source, target, compile)?;
     match ctx.load_module(Ptx::from_binary(image.to_vec())) {
         Ok(module) => Ok(module),
-        Err(_) => {
+        Err(first) => {
             cache.borrow_mut().evict(source, target);
             let image = cache.borrow_mut().get_or_compile(source, target, compile)?;
-            ctx.load_module(Ptx::from_binary(image.to_vec())).map_err(|e| fail("load kernel", e))
+            ctx.load_module(Ptx::from_binary(image.to_vec()))
+                .map_err(|e| fail("load kernel", format!("{e} (and before recompiling: {first})")))
         }
     }
 }
@@ -453,11 +454,13 @@ fn check(op: &str, what: &str, offset: usize, len: usize, size: usize) -> Result
     }
 }
 
+/// Elements spanned by `batch` stored `rows × cols` matrices (saturating: a span that overflows
+/// is larger than any buffer, so the region check refuses it).
 fn len_of(rows: usize, cols: usize, ld: usize, batch: usize, stride: usize) -> usize {
     if rows == 0 || batch == 0 {
         0
     } else {
-        (batch - 1) * stride + (rows - 1) * ld + cols
+        (batch - 1).saturating_mul(stride).saturating_add((rows - 1).saturating_mul(ld)).saturating_add(cols)
     }
 }
 

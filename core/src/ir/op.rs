@@ -23,7 +23,7 @@ impl fmt::Display for ValueId {
 }
 
 /// `e^x` in f32 by range reduction and a degree-6 polynomial (Cephes `expf`, about 1 ulp),
-/// branch-free so loops over it vectorise. Inputs are clamped to ±88.
+/// branch-free so loops over it vectorise. Inputs are clamped to [-87, 88].
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);

@@ -10,12 +10,13 @@ use gemm::Parallelism;
 /// Products with fewer multiply-adds than this run on one thread.
 const PARALLEL_FLOPS: usize = 1 << 24;
 
-/// Elements spanned by a stored `rows × cols` matrix with row stride `ld`.
+/// Elements spanned by a stored `rows × cols` matrix with row stride `ld` (saturating: a span
+/// that overflows is larger than any buffer, so the range check refuses it).
 fn extent(rows: usize, cols: usize, ld: usize) -> usize {
     if rows == 0 || cols == 0 {
         0
     } else {
-        (rows - 1) * ld + cols
+        (rows - 1).saturating_mul(ld).saturating_add(cols)
     }
 }
 
@@ -44,7 +45,7 @@ pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
     let par = if g.m * g.n * g.k * g.batch >= PARALLEL_FLOPS { Parallelism::Rayon(0) } else { Parallelism::None };
     for i in 0..g.batch {
         // SAFETY: ranges checked by `get`; C never overlaps A or B in the engine's plans.
-        let c = unsafe { raw.get_mut("gemm", g.c.offset_by(i * g.stride_c), extent(g.m, g.n, g.ldc))? };
+        let c = unsafe { raw.get_mut("gemm", g.c.offset_by(i.saturating_mul(g.stride_c)), extent(g.m, g.n, g.ldc))? };
         if g.k == 0 {
             if !g.accumulate {
                 for r in 0..g.m {
@@ -53,9 +54,11 @@ pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
             }
             continue;
         }
-        let a = unsafe { raw.get("gemm", g.a.offset_by(i * g.stride_a), extent(a_rows, a_cols, g.lda))? };
-        let b = unsafe { raw.get("gemm", g.b.offset_by(i * g.stride_b), extent(b_rows, b_cols, g.ldb))? };
-        if !g.ta && !g.tb && few_rows::product((g.m, g.n, g.k), (a, g.lda), (b, g.ldb), (c, g.ldc), g.accumulate) {
+        let a = unsafe { raw.get("gemm", g.a.offset_by(i.saturating_mul(g.stride_a)), extent(a_rows, a_cols, g.lda))? };
+        let b = unsafe { raw.get("gemm", g.b.offset_by(i.saturating_mul(g.stride_b)), extent(b_rows, b_cols, g.ldb))? };
+        let small = matches!(par, Parallelism::None);
+        if small && !g.ta && few_rows::product((g.m, g.n, g.k), (a, g.lda), (b, g.ldb, g.tb), (c, g.ldc), g.accumulate)
+        {
             continue;
         }
         let (a_rs, a_cs) = if g.ta { (1, g.lda as isize) } else { (g.lda as isize, 1) };

@@ -18,7 +18,8 @@ pub(crate) struct Raw<'a> {
 }
 
 // SAFETY: `Raw` is a table of base pointers. Sharing it across threads is sound as long as no two
-// threads write overlapping ranges, which is what `Backend::gemm_batch` promises.
+// threads write overlapping ranges: `Backend::gemm_batch` promises it for its products, and a
+// fused call split between threads writes each half's own vertex rows.
 unsafe impl Sync for Raw<'_> {}
 
 impl<'a> Raw<'a> {
@@ -39,7 +40,7 @@ impl<'a> Raw<'a> {
 
     fn check(&self, op: &str, at: Loc, len: usize) -> Result<*mut f32> {
         let (ptr, cap) = self.data.get(at.buf).copied().unwrap_or((std::ptr::null_mut(), 0));
-        if ptr.is_null() || at.offset + len > cap {
+        if ptr.is_null() || at.offset.checked_add(len).is_none_or(|end| end > cap) {
             return Err(bad(op, format!("{len} elements at {}:{} outside a buffer of {cap}", at.buf, at.offset)));
         }
         // SAFETY: in bounds of the buffer, checked above.
@@ -68,7 +69,7 @@ impl<'a> Raw<'a> {
     /// `len` indices at `at`.
     pub(crate) fn index(&self, op: &str, at: IndexLoc, len: usize) -> Result<&'a [u32]> {
         let (ptr, cap) = self.index.get(at.buf).copied().unwrap_or((std::ptr::null(), 0));
-        if ptr.is_null() || at.offset + len > cap {
+        if ptr.is_null() || at.offset.checked_add(len).is_none_or(|end| end > cap) {
             return Err(bad(op, format!("{len} indices at {}:{} outside an index buffer of {cap}", at.buf, at.offset)));
         }
         // SAFETY: in bounds, checked above; index buffers are never written during a call.
