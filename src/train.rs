@@ -212,18 +212,22 @@ impl<B: Backend> Classifier<B> {
         let plan = &plan;
         std::thread::scope(|scope| {
             for (k, examples) in batches.iter().enumerate() {
-                let ahead = scope.spawn(move || plan(k + 1));
+                let planner_error = |got: String| Error::Input {
+                    what: "the minibatch planner thread".into(),
+                    expected: "a finished plan".into(),
+                    got,
+                };
+                let ahead = std::thread::Builder::new()
+                    .name("arbor-planner".into())
+                    .spawn_scoped(scope, move || plan(k + 1))
+                    .map_err(|e| planner_error(format!("no thread: {e}")))?;
                 let b = batch(examples);
                 let targets = loss_on.select(&b.graphs, &b.labels)?;
                 let planned = next.take();
                 let out = self.output_pass_planned(&b.graphs, &b.words, Readout::Vertices(&targets), None, planned)?;
                 let stats = self.finish_step(out, &b.words, opt, clip)?;
                 done(&stats, examples.len());
-                next = ahead.join().map_err(|_| Error::Input {
-                    what: "the minibatch planner".into(),
-                    expected: "a finished plan".into(),
-                    got: "a panic".into(),
-                })??;
+                next = ahead.join().map_err(|_| planner_error("a panic".into()))??;
             }
             Ok(())
         })
