@@ -111,8 +111,10 @@ fn check_graphs(f: &VertexFn, graphs: &[&InputGraph]) -> Result<()> {
     Ok(())
 }
 
-fn lock(scheduler: &Mutex<Scheduler>) -> Result<std::sync::MutexGuard<'_, Scheduler>> {
-    scheduler.lock().map_err(|_| internal("the scheduler was poisoned by a panic on another thread".into()))
+/// The scheduler, also after a panic on another thread while it was held: it keeps no state
+/// between minibatches (its scratch is reset by every schedule), so it is still good.
+fn lock(scheduler: &Mutex<Scheduler>) -> std::sync::MutexGuard<'_, Scheduler> {
+    scheduler.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Schedules minibatches for one engine, on any thread: a trainer plans minibatch k+1 while
@@ -137,7 +139,7 @@ impl Planner {
     pub fn plan<'g>(&self, graphs: &[&'g InputGraph]) -> Result<Planned<'g>> {
         check_graphs(&self.f, graphs)?;
         let mut schedule = Schedule::default();
-        lock(&self.scheduler)?.schedule(graphs, &mut schedule);
+        lock(&self.scheduler).schedule(graphs, &mut schedule);
         Ok(Planned { graphs: graphs.to_vec(), schedule, scheduler: Arc::clone(&self.scheduler) })
     }
 }
@@ -279,7 +281,7 @@ impl<B: Backend> Engine<B> {
 
     fn run_forward(&mut self, graphs: &[&InputGraph], pulls: &[&[f32]], train: bool) -> Result<Vec<Vec<f32>>> {
         check_graphs(&self.f, graphs)?;
-        lock(&self.scheduler)?.schedule(graphs, &mut self.schedule);
+        lock(&self.scheduler).schedule(graphs, &mut self.schedule);
         self.run_scheduled(graphs, pulls, train)
     }
 
