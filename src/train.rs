@@ -207,7 +207,10 @@ impl<B: Backend> Classifier<B> {
         done: &mut dyn FnMut(&StepStats, usize),
     ) -> Result<()> {
         let planner = self.engine.planner();
-        let plan = |k: usize| batches.get(k).map(|b| planner.plan(&batch(b).graphs)).transpose();
+        let plan = |k: usize| {
+            let graphs: Option<Vec<&InputGraph>> = batches.get(k).map(|b| b.iter().map(|e| &e.graph).collect());
+            graphs.map(|g| planner.plan(&g)).transpose()
+        };
         let mut next = plan(0)?;
         let plan = &plan;
         std::thread::scope(|scope| {

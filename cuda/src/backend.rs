@@ -254,11 +254,12 @@ impl CudaBackend {
     /// shrunk, to powers of two) as products need; growing counts as an allocation.
     fn scratch(&self, len: usize) -> Result<u64> {
         let mut scratch = self.scratch.borrow_mut();
-        if scratch.as_ref().is_none_or(|s| s.len() < len) {
-            *scratch = Some(self.zeros(len.next_power_of_two())?);
-        }
-        let s = scratch.as_ref().ok_or_else(|| fail("gemm", "no scratch buffer"))?;
-        let address = s.slice.device_ptr(&self.stream).0;
+        let buffer = match scratch.take() {
+            Some(s) if s.len() >= len => s,
+            _ => self.zeros(len.next_power_of_two())?,
+        };
+        let address = buffer.slice.device_ptr(&self.stream).0;
+        *scratch = Some(buffer);
         Ok(address)
     }
 

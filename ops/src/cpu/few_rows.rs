@@ -29,13 +29,13 @@ pub(crate) fn product(
     accumulate: bool,
 ) -> bool {
     let spans = |rows: usize, cols: usize, ld: usize, len: usize| {
-        rows == 0 || (rows - 1).checked_mul(ld).and_then(|x| x.checked_add(cols)).is_some_and(|end| end <= len)
+        (rows - 1).checked_mul(ld).and_then(|x| x.checked_add(cols)).is_some_and(|end| end <= len)
     };
     let (b_rows, b_cols) = if tb { (n, k) } else { (k, n) };
-    if m == 0 || n == 0 || k == 0 {
-        return false;
-    }
-    if m > FEW_ROWS
+    if m == 0
+        || n == 0
+        || k == 0
+        || m > FEW_ROWS
         || tb && !FEW_ROWS_TRANSPOSED.contains(&m)
         || !spans(m, k, lda, a.len())
         || !spans(b_rows, b_cols, ldb, b.len())

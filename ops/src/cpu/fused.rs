@@ -64,7 +64,6 @@ fn run_vertices(
     loads: &[Rows],
     stores: &[Loc],
 ) -> Result<()> {
-    let load_ops: Vec<usize> = k.loads().collect();
     let chunk = (CHUNK_ELEMS / per_vertex.max(1)).clamp(1, vertices.len().max(1));
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
@@ -86,7 +85,7 @@ fn run_vertices(
         }
         s.load_of.clear();
         s.load_of.resize(k.nodes.len(), None);
-        for (&l, &rows) in load_ops.iter().zip(loads) {
+        for (l, &rows) in k.loads().zip(loads) {
             s.load_of[l] = Some(rows);
         }
         let mut start = vertices.start;

@@ -43,6 +43,8 @@ pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
         return Err(bad("gemm", format!("a leading dimension is smaller than its row: {g:?}")));
     }
     let par = if g.m * g.n * g.k * g.batch >= PARALLEL_FLOPS { Parallelism::Rayon(0) } else { Parallelism::None };
+    // Products small enough for one thread, with A not transposed, may take the unpacked path.
+    let few_rows = matches!(par, Parallelism::None) && !g.ta;
     for i in 0..g.batch {
         // SAFETY: ranges checked by `get`; C never overlaps A or B in the engine's plans.
         let c = unsafe { raw.get_mut("gemm", g.c.offset_by(i.saturating_mul(g.stride_c)), extent(g.m, g.n, g.ldc))? };
@@ -56,9 +58,7 @@ pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
         }
         let a = unsafe { raw.get("gemm", g.a.offset_by(i.saturating_mul(g.stride_a)), extent(a_rows, a_cols, g.lda))? };
         let b = unsafe { raw.get("gemm", g.b.offset_by(i.saturating_mul(g.stride_b)), extent(b_rows, b_cols, g.ldb))? };
-        let small = matches!(par, Parallelism::None);
-        if small && !g.ta && few_rows::product((g.m, g.n, g.k), (a, g.lda), (b, g.ldb, g.tb), (c, g.ldc), g.accumulate)
-        {
+        if few_rows && few_rows::product((g.m, g.n, g.k), (a, g.lda), (b, g.ldb, g.tb), (c, g.ldc), g.accumulate) {
             continue;
         }
         let (a_rs, a_cs) = if g.ta { (1, g.lda as isize) } else { (g.lda as isize, 1) };
