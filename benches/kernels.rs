@@ -32,6 +32,7 @@ fn gemm_with(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize), tb: bool) {
         b: Loc { buf: 1, offset: 0 },
         ldb: if tb { k } else { n },
         tb,
+        b_fixed: true,
         c: Loc { buf: 2, offset: 0 },
         ldc: n,
         accumulate: false,

@@ -88,6 +88,9 @@ pub struct Gemm {
     pub ldb: usize,
     /// Transpose B.
     pub tb: bool,
+    /// B changes only through [`Backend::write`] (it is a parameter), so a backend may keep a
+    /// derived copy of it (e.g. its transpose) until the next write.
+    pub b_fixed: bool,
     /// C (`m × n`).
     pub c: Loc,
     /// Row stride of C.

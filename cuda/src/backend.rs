@@ -726,6 +726,7 @@ mod tests {
                 b: Loc { buf: 1, offset: 0 },
                 ldb,
                 tb,
+                b_fixed: false,
                 c: Loc { buf: 2, offset: 0 },
                 ldc,
                 accumulate,

@@ -200,31 +200,3 @@ pub(crate) fn infer(op: &Op, nodes: &[Node]) -> Result<(Shape, bool), String> {
         }
     }
 }
-
-impl Func {
-    /// Which values are known to be all zeros, given which loads are (`load` is asked for every
-    /// load op). Exact reasoning only: a product with a zero factor, a sum of zeros, `tanh(0)`,
-    /// and so on; `sigmoid(0)` and `exp(0)` are not zero.
-    pub fn known_zeros(&self, mut load: impl FnMut(ValueId, &Op) -> bool) -> Vec<bool> {
-        use super::op::{BinaryOp as B, UnaryOp as U};
-        let mut z = vec![false; self.nodes.len()];
-        for (i, n) in self.nodes.iter().enumerate() {
-            let at = |v: &ValueId| z[v.index()];
-            z[i] = match &n.op {
-                op if op.is_load() => load(ValueId(i as u32), op),
-                Op::MatMul { a, b, .. } => at(a) || at(b),
-                Op::Unary { op, x } => at(x) && matches!(op, U::Neg | U::Scale(_) | U::Relu | U::Tanh),
-                Op::Binary { op, a, b } => match op {
-                    B::Add | B::Sub => at(a) && at(b),
-                    B::Mul => at(a) || at(b),
-                    B::Div => at(a),
-                    B::SigmoidGrad | B::TanhGrad | B::ReluGrad => at(b),
-                },
-                Op::Slice { x, .. } | Op::SumCols { x } | Op::BroadcastCols { x, .. } => at(x),
-                Op::Concat { parts } => parts.iter().all(at),
-                _ => false,
-            };
-        }
-        z
-    }
-}

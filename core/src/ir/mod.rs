@@ -2,6 +2,7 @@
 
 mod autodiff;
 mod builder;
+mod columns;
 mod func;
 pub mod interp;
 mod op;
@@ -9,6 +10,7 @@ mod vertex_fn;
 
 pub use autodiff::{Backward, ChildGrad, ParamGrad};
 pub use builder::{Builder, Var};
+pub use columns::Cols;
 pub use func::{Func, Init, Node, ParamDecl, Port, StateDecl};
 pub use op::{BinaryOp, Op, UnaryOp, ValueId};
 pub use vertex_fn::VertexFn;

@@ -4,7 +4,7 @@
 //! gathered rows use scratch. Large calls split their vertices between two threads.
 
 use super::memory::{load, Raw};
-use super::{bad, elementwise};
+use super::{bad, elementwise, team};
 use arbor_core::backend::{Loc, Rows};
 use arbor_core::error::Result;
 use arbor_core::fusion::Kernel;
@@ -44,15 +44,8 @@ pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &
         return Err(bad("fused", msg));
     }
     let per_vertex: usize = k.nodes.iter().filter(|x| !x.is_param).map(|x| x.shape.numel()).sum();
-    if n >= PARALLEL_VERTICES && n * per_vertex >= PARALLEL_ELEMS && rayon::current_num_threads() > 1 {
-        let half = n / 2;
-        let (first, second) = rayon::join(
-            || run_vertices(raw, k, 0..half, per_vertex, loads, stores),
-            || run_vertices(raw, k, half..n, per_vertex, loads, stores),
-        );
-        return first.and(second);
-    }
-    run_vertices(raw, k, 0..n, per_vertex, loads, stores)
+    let max = if n >= PARALLEL_VERTICES && n * per_vertex >= PARALLEL_ELEMS { usize::MAX } else { 1 };
+    team::split(max, |part, parts| run_vertices(raw, k, team::share(n, part, parts), per_vertex, loads, stores))
 }
 
 /// Runs the kernel over the vertices `vertices`, in chunks, with this thread's scratch.

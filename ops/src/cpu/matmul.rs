@@ -1,14 +1,24 @@
-//! Matrix products through the `gemm` crate, and products with a few rows through
-//! [`few_rows`](super::few_rows).
+//! Matrix products. Every call is split by output columns between the threads of the
+//! [team](super::team) (or by batch entries, for batched products), so each core reads only its
+//! share of B and keeps it in its own cache from one task to the next. Products run on the
+//! [direct](super::direct) kernel, reading B in place or, when B is a transposed parameter, a
+//! row-major copy of its transpose made once between parameter writes; transposed products of
+//! other values, and every product on a CPU without AVX-512, run on the `gemm` crate.
 
 use super::memory::Raw;
-use super::{bad, few_rows};
+use super::{bad, direct, team};
 use arbor_core::backend::Gemm;
 use arbor_core::error::Result;
 use gemm::Parallelism;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
-/// Products with fewer multiply-adds than this run on one thread.
-const PARALLEL_FLOPS: usize = 1 << 24;
+/// Calls with fewer multiply-adds than this (over all their products) run on one thread: handing
+/// a part to another core costs about as much as the work.
+const PARALLEL_MACS: usize = 1 << 16;
+
+/// Output columns per unit of work split between threads (one vector).
+const UNIT: usize = 16;
 
 /// Elements spanned by a stored `rows × cols` matrix with row stride `ld` (saturating: a span
 /// that overflows is larger than any buffer, so the range check refuses it).
@@ -20,73 +30,175 @@ fn extent(rows: usize, cols: usize, ld: usize) -> usize {
     }
 }
 
-/// Products with fewer multiply-adds than this are not worth handing to another thread.
-const CONCURRENT_FLOPS: usize = 1 << 20;
+/// Row-major copies of transposed parameters, made on first use and dropped whenever the
+/// backend writes to any buffer (parameters change only through writes).
+#[derive(Debug, Default)]
+pub(crate) struct Transposes(Mutex<Vec<Transposed>>);
 
-/// Runs independent products, concurrently when there are several mid-sized ones (each too small
-/// to split across threads by itself, but large enough to pay for a thread hand-off).
-pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm]) -> Result<()> {
-    let size = |g: &Gemm| g.m * g.n * g.k * g.batch;
-    let mid_sized = gs.iter().all(|g| (CONCURRENT_FLOPS..PARALLEL_FLOPS).contains(&size(g)));
-    if gs.len() < 2 || !mid_sized || rayon::current_num_threads() < 2 {
-        return gs.iter().try_for_each(|g| gemm(raw, g));
-    }
-    use rayon::prelude::*;
-    gs.par_iter().try_for_each(|g| gemm(raw, g))
+#[derive(Debug)]
+struct Transposed {
+    /// Address, rows (`n`), columns (`k`) and row stride of the source.
+    key: (usize, usize, usize, usize),
+    /// The `k × n` transpose, row stride `n`.
+    data: Arc<Vec<f32>>,
 }
 
-/// Runs a (batched) product, checking every operand's range first.
-pub(crate) fn gemm(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
+impl Transposes {
+    /// Forgets every copy.
+    pub(crate) fn clear(&self) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
+
+    /// The transpose of the `n × k` matrix `b` (row stride `ldb`), as `k × n` row-major.
+    fn of(&self, b: &[f32], (n, k, ldb): (usize, usize, usize)) -> Arc<Vec<f32>> {
+        let key = (b.as_ptr() as usize, n, k, ldb);
+        let mut copies = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(t) = copies.iter().find(|t| t.key == key) {
+            return Arc::clone(&t.data);
+        }
+        let mut data = vec![0.0; k * n];
+        // Blocks of 16 × 16 keep both sides' lines in cache.
+        for j0 in (0..n).step_by(16) {
+            for p0 in (0..k).step_by(16) {
+                for j in j0..(j0 + 16).min(n) {
+                    for p in p0..(p0 + 16).min(k) {
+                        data[p * n + j] = b[j * ldb + p];
+                    }
+                }
+            }
+        }
+        let data = Arc::new(data);
+        copies.push(Transposed { key, data: Arc::clone(&data) });
+        data
+    }
+}
+
+/// How one product runs.
+enum Path {
+    /// The direct kernel on B as stored (`None`) or on a transposed copy.
+    Direct(Option<Arc<Vec<f32>>>),
+    /// The `gemm` crate.
+    Crate,
+}
+
+/// Whether this machine has the direct kernel.
+fn has_direct() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Runs independent products (none writes what another reads or writes), each split between
+/// the team's threads.
+pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) -> Result<()> {
+    let mut paths = Vec::with_capacity(gs.len());
+    for g in gs {
+        check(raw, g)?;
+        paths.push(if !has_direct() || (g.tb && !g.b_fixed) {
+            Path::Crate
+        } else if g.tb {
+            // SAFETY: range checked above; parameters are not written by compute calls.
+            let b = unsafe { raw.get("gemm", g.b, extent(g.n, g.k, g.ldb))? };
+            Path::Direct(Some(transposes.of(b, (g.n, g.k, g.ldb))))
+        } else {
+            Path::Direct(None)
+        });
+    }
+    let macs: usize = gs.iter().map(|g| g.m * g.n * g.k * g.batch).sum();
+    let max = if macs < PARALLEL_MACS { 1 } else { usize::MAX };
+    team::split(max, |part, parts| {
+        for (g, path) in gs.iter().zip(&paths) {
+            if g.batch == 1 {
+                let units = team::share(g.n.div_ceil(UNIT), part, parts);
+                run(raw, g, path, 0, units.start * UNIT..(units.end * UNIT).min(g.n))?;
+            } else {
+                for i in team::share(g.batch, part, parts) {
+                    run(raw, g, path, i, 0..g.n)?;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// An error unless every operand of every batch entry lies in its buffer and the leading
+/// dimensions fit.
+fn check(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
     let (a_rows, a_cols) = if g.ta { (g.k, g.m) } else { (g.m, g.k) };
     let (b_rows, b_cols) = if g.tb { (g.n, g.k) } else { (g.k, g.n) };
     if a_cols > g.lda.max(1) && a_rows > 1 || b_cols > g.ldb.max(1) && b_rows > 1 || g.n > g.ldc.max(1) && g.m > 1 {
         return Err(bad("gemm", format!("a leading dimension is smaller than its row: {g:?}")));
     }
-    let par = if g.m * g.n * g.k * g.batch >= PARALLEL_FLOPS { Parallelism::Rayon(0) } else { Parallelism::None };
-    // Products small enough for one thread, with A not transposed, may take the unpacked path.
-    let few_rows = matches!(par, Parallelism::None) && !g.ta;
-    for i in 0..g.batch {
-        // SAFETY: ranges checked by `get`; C never overlaps A or B in the engine's plans.
-        let c = unsafe { raw.get_mut("gemm", g.c.offset_by(i.saturating_mul(g.stride_c)), extent(g.m, g.n, g.ldc))? };
-        if g.k == 0 {
-            if !g.accumulate {
-                for r in 0..g.m {
-                    c[r * g.ldc..r * g.ldc + g.n].fill(0.0);
-                }
+    if let Some(last) = g.batch.checked_sub(1) {
+        for i in [0, last] {
+            // SAFETY: only the ranges are checked here; nothing is read or written.
+            unsafe {
+                raw.get("gemm", g.a.offset_by(i.saturating_mul(g.stride_a)), extent(a_rows, a_cols, g.lda))?;
+                raw.get("gemm", g.b.offset_by(i.saturating_mul(g.stride_b)), extent(b_rows, b_cols, g.ldb))?;
+                raw.get("gemm", g.c.offset_by(i.saturating_mul(g.stride_c)), extent(g.m, g.n, g.ldc))?;
             }
-            continue;
         }
-        let a = unsafe { raw.get("gemm", g.a.offset_by(i.saturating_mul(g.stride_a)), extent(a_rows, a_cols, g.lda))? };
-        let b = unsafe { raw.get("gemm", g.b.offset_by(i.saturating_mul(g.stride_b)), extent(b_rows, b_cols, g.ldb))? };
-        if few_rows && few_rows::product((g.m, g.n, g.k), (a, g.lda), (b, g.ldb, g.tb), (c, g.ldc), g.accumulate) {
-            continue;
+    }
+    Ok(())
+}
+
+/// Columns `cols` of batch entry `i` of a product.
+fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Result<()> {
+    if cols.is_empty() || g.m == 0 {
+        return Ok(());
+    }
+    let (a_rows, a_cols) = if g.ta { (g.k, g.m) } else { (g.m, g.k) };
+    let (b_rows, b_cols) = if g.tb { (g.n, g.k) } else { (g.k, g.n) };
+    // SAFETY: ranges checked by `get`; the parts of a call write disjoint columns of C, and C
+    // never overlaps A or B in the engine's plans.
+    let c = unsafe { raw.get_mut("gemm", g.c.offset_by(i.saturating_mul(g.stride_c)), extent(g.m, g.n, g.ldc))? };
+    if g.k == 0 {
+        if !g.accumulate {
+            for r in 0..g.m {
+                c[r * g.ldc + cols.start..r * g.ldc + cols.end].fill(0.0);
+            }
         }
-        let (a_rs, a_cs) = if g.ta { (1, g.lda as isize) } else { (g.lda as isize, 1) };
-        let (b_rs, b_cs) = if g.tb { (1, g.ldb as isize) } else { (g.ldb as isize, 1) };
-        // SAFETY: every element the product touches lies in the checked slices above.
-        unsafe {
-            gemm::gemm(
-                g.m,
-                g.n,
-                g.k,
-                c.as_mut_ptr(),
-                1,
-                g.ldc as isize,
-                g.accumulate,
-                a.as_ptr(),
-                a_cs,
-                a_rs,
-                b.as_ptr(),
-                b_cs,
-                b_rs,
-                1.0f32,
-                1.0f32,
-                false,
-                false,
-                false,
-                par,
-            );
+        return Ok(());
+    }
+    let a = unsafe { raw.get("gemm", g.a.offset_by(i.saturating_mul(g.stride_a)), extent(a_rows, a_cols, g.lda))? };
+    let b = unsafe { raw.get("gemm", g.b.offset_by(i.saturating_mul(g.stride_b)), extent(b_rows, b_cols, g.ldb))? };
+    if let Path::Direct(t) = path {
+        let (b, ldb) = t.as_ref().map_or((b, g.ldb), |t| (t.as_slice(), g.n));
+        if direct::product((g.m, g.k), cols.clone(), (a, g.lda, g.ta), (b, ldb), (c, g.ldc), g.accumulate) {
+            return Ok(());
         }
+    }
+    let (a_rs, a_cs) = if g.ta { (1, g.lda as isize) } else { (g.lda as isize, 1) };
+    let (b_rs, b_cs) = if g.tb { (1, g.ldb as isize) } else { (g.ldb as isize, 1) };
+    let b_at = if g.tb { cols.start * g.ldb } else { cols.start };
+    // SAFETY: every element the product touches lies in the checked slices above.
+    unsafe {
+        gemm::gemm(
+            g.m,
+            cols.len(),
+            g.k,
+            c.as_mut_ptr().add(cols.start),
+            1,
+            g.ldc as isize,
+            g.accumulate,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr().add(b_at),
+            b_cs,
+            b_rs,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
     }
     Ok(())
 }

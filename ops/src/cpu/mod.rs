@@ -1,10 +1,11 @@
 //! The CPU backend: host buffers, the `gemm` crate, and fused kernels run as tight loops.
 
+mod direct;
 mod elementwise;
-mod few_rows;
 mod fused;
 mod matmul;
 mod memory;
+mod team;
 
 use arbor_core::backend::{Backend, Gemm, Loc, Mem, Rows};
 use arbor_core::error::{Error, Result};
@@ -17,11 +18,12 @@ thread_local! {
     static SUMS: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The CPU backend. Matrix products use all cores (through rayon) above a size threshold and one
-/// core below it, where threading costs more than it saves.
+/// The CPU backend. Calls large enough to gain from it are split between the cores the calling
+/// context allows (`rayon::current_num_threads()`), on a team of spinning threads.
 #[derive(Debug, Default)]
 pub struct CpuBackend {
     allocations: AtomicUsize,
+    transposes: matmul::Transposes,
 }
 
 impl CpuBackend {
@@ -45,6 +47,7 @@ impl Backend for CpuBackend {
 
     fn alloc(&self, len: usize) -> Result<Vec<f32>> {
         self.allocations.fetch_add(1, Ordering::Relaxed);
+        self.transposes.clear();
         Ok(vec![0.0; len])
     }
 
@@ -66,6 +69,7 @@ impl Backend for CpuBackend {
     }
 
     fn write(&self, buf: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
+        self.transposes.clear();
         let len = buf.len();
         let dst = buf
             .get_mut(offset..offset + src.len())
@@ -99,12 +103,11 @@ impl Backend for CpuBackend {
     }
 
     fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> Result<()> {
-        matmul::gemm(&Raw::new(mem)?, g)
+        matmul::gemm_batch(&Raw::new(mem)?, std::slice::from_ref(g), &self.transposes)
     }
 
     fn gemm_batch(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
-        let raw = Raw::new(mem)?;
-        matmul::gemm_batch(&raw, gs)
+        matmul::gemm_batch(&Raw::new(mem)?, gs, &self.transposes)
     }
 
     fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {

@@ -6,12 +6,15 @@
 //! arena and the index buffer grow when a larger minibatch arrives and are reused otherwise, so a
 //! steady-state step allocates no device memory.
 
+mod facts;
+
 use arbor_batching::{MemoryPlan, Policy, Region, Schedule, Scheduler};
 use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows, NO_ROW};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::graph::InputGraph;
 use arbor_core::ir::{Func, Op, ParamGrad, Port, ValueId, VertexFn};
+use facts::{Cut, FactCache, Facts, Loads};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -79,10 +82,15 @@ pub struct Engine<B: Backend> {
     memory: MemoryPlan,
     index_layout: IndexLayout,
     trained: bool,
-    /// Per task, which forward values are known to be all zeros.
-    zero_fwd: Vec<Vec<bool>>,
-    /// Per task, which backward values are known to be all zeros.
-    zero_bwd: Vec<Vec<bool>>,
+    /// Per task, which loads of F are all zeros.
+    loads: Vec<Loads>,
+    /// Per task, what is known of F's values.
+    fwd_facts: Vec<Arc<Facts>>,
+    /// Per task, what is known of F′'s values.
+    bwd_facts: Vec<Arc<Facts>>,
+    facts: FactCache,
+    /// Per value of F and of F′: written as zeros where known to be zero (see [`facts::must_fill`]).
+    must_fill: (Vec<bool>, Vec<bool>),
     /// Per input, which rows (in row order) are all zeros.
     pull_zero_rows: Vec<Vec<bool>>,
     skip_padding_grads: bool,
@@ -155,6 +163,7 @@ impl<B: Backend> Engine<B> {
         }
         let bufs = vec![backend.alloc(0)?, backend.alloc(total)?, backend.alloc(total)?];
         let index = vec![backend.alloc_index(0)?];
+        let must_fill = facts::must_fill(&f);
         let mut e = Engine {
             backend,
             f: Arc::new(f),
@@ -166,8 +175,11 @@ impl<B: Backend> Engine<B> {
             memory: MemoryPlan::default(),
             index_layout: IndexLayout::default(),
             trained: false,
-            zero_fwd: Vec::new(),
-            zero_bwd: Vec::new(),
+            loads: Vec::new(),
+            fwd_facts: Vec::new(),
+            bwd_facts: Vec::new(),
+            facts: FactCache::default(),
+            must_fill,
             pull_zero_rows: Vec::new(),
             skip_padding_grads: false,
             flops: 0,
@@ -202,6 +214,7 @@ impl<B: Backend> Engine<B> {
     /// computed (e.g. the internal vertices of a constituency tree, which have no word).
     pub fn set_skip_padding_grads(&mut self, skip: bool) {
         self.skip_padding_grads = skip;
+        self.facts.clear();
     }
 
     /// Floating-point operations this engine has executed: `2·m·n·k` per matrix product, one
@@ -296,21 +309,26 @@ impl<B: Backend> Engine<B> {
         let regions: Vec<usize> = self.memory.pulls.iter().map(|r| r.offset).collect();
         self.pull_zero_rows = self.upload_ports("input", f.inputs(), pulls, &regions)?;
         self.upload_index()?;
-        self.zero_fwd = (0..self.schedule.tasks.len())
+        self.loads = (0..self.schedule.tasks.len())
             .map(|t| {
                 let rows = self.schedule.tasks[t].clone();
-                f.forward().known_zeros(|_, op| match *op {
-                    Op::Gather { slot, .. } => {
-                        self.schedule.child_rows.get(slot).is_none_or(|c| c[rows.clone()].iter().all(|&r| r == NO_ROW))
-                    }
-                    Op::GatherSum { .. } => {
-                        self.schedule.child_offsets[rows.start] == self.schedule.child_offsets[rows.end]
-                    }
-                    Op::Pull { input } => self.task_all(t, &self.pull_zero_rows[input]),
-                    _ => false,
-                })
+                let s = &self.schedule;
+                f.forward()
+                    .nodes
+                    .iter()
+                    .map(|n| match n.op {
+                        Op::Gather { slot, .. } => {
+                            s.child_rows.get(slot).is_none_or(|c| c[rows.clone()].iter().all(|&r| r == NO_ROW))
+                        }
+                        Op::GatherSum { .. } => s.child_offsets[rows.start] == s.child_offsets[rows.end],
+                        Op::Pull { input } => self.task_all(t, &self.pull_zero_rows[input]),
+                        _ => false,
+                    })
+                    .collect()
             })
             .collect();
+        let skip = self.skip_padding_grads;
+        self.fwd_facts = self.loads.iter().map(|l| self.facts.forward(&f, l, train, skip)).collect();
         let plan = if train { f.forward_plan() } else { f.inference_plan() };
         let tasks = self.schedule.tasks.len();
         self.run_phase(Pass::Forward, plan, Phase::Prologue, 0..tasks)?;
@@ -338,22 +356,16 @@ impl<B: Backend> Engine<B> {
         let regions: Vec<usize> = self.memory.push_grads.iter().map(|r| r.offset).collect();
         let push_zero = self.upload_ports("gradient of output", f.outputs(), push_grads, &regions)?;
         let b = f.backward();
-        let users = b.func.users();
-        self.zero_bwd = (0..self.schedule.tasks.len())
+        let skip = self.skip_padding_grads;
+        self.bwd_facts = (0..self.schedule.tasks.len())
             .map(|t| {
-                let mut z = b.func.known_zeros(|_, op| match *op {
-                    Op::Primal { value } => self.zero_fwd[t][value.index()],
-                    Op::PushGrad { output } => self.task_all(t, &push_zero[output]),
-                    _ => false,
-                });
-                if self.skip_padding_grads {
-                    for (i, g) in b.pull_grads.iter().enumerate() {
-                        if let Some(g) = g.filter(|g| users[g.index()].is_empty()) {
-                            z[g.index()] |= self.task_all(t, &self.pull_zero_rows[i]);
-                        }
-                    }
-                }
-                z
+                let grad_loads: Loads = b
+                    .func
+                    .nodes
+                    .iter()
+                    .map(|n| matches!(n.op, Op::PushGrad { output } if self.task_all(t, &push_zero[output])))
+                    .collect();
+                self.facts.backward(&f, &self.loads[t], &grad_loads, skip)
             })
             .collect();
         for (s, st) in f.states().iter().enumerate() {
@@ -520,55 +532,98 @@ impl<B: Backend> Engine<B> {
         Some(first.start..self.schedule.tasks[tasks.end - 1].end)
     }
 
-    /// Row ranges of the tasks in `tasks`, merged into runs of equal `zero(task)`.
-    fn runs(&self, tasks: Range<usize>, zero: impl Fn(usize) -> bool) -> Vec<(Range<usize>, bool)> {
-        let mut out: Vec<(Range<usize>, bool)> = Vec::new();
+    /// Row ranges of the tasks in `tasks`, merged into runs of equal `key(task)`.
+    fn runs<K: PartialEq>(&self, tasks: Range<usize>, key: impl Fn(usize) -> K) -> Vec<(Range<usize>, K)> {
+        let mut out: Vec<(Range<usize>, K)> = Vec::new();
         for t in tasks {
-            let (rows, z) = (self.schedule.tasks[t].clone(), zero(t));
+            let (rows, k) = (self.schedule.tasks[t].clone(), key(t));
             match out.last_mut() {
-                Some((r, lz)) if *lz == z && r.end == rows.start => r.end = rows.end,
-                _ => out.push((rows, z)),
+                Some((r, lk)) if *lk == k && r.end == rows.start => r.end = rows.end,
+                _ => out.push((rows, k)),
             }
         }
         out
     }
 
-    fn zero(&self, pass: Pass, t: usize, v: ValueId) -> bool {
+    fn fills(&self, pass: Pass) -> &[bool] {
         match pass {
-            Pass::Forward => self.zero_fwd[t][v.index()],
-            Pass::Backward => self.zero_bwd[t][v.index()],
+            Pass::Forward => &self.must_fill.0,
+            Pass::Backward => &self.must_fill.1,
+        }
+    }
+
+    fn facts(&self, pass: Pass, t: usize) -> &Facts {
+        match pass {
+            Pass::Forward => &self.fwd_facts[t],
+            Pass::Backward => &self.bwd_facts[t],
         }
     }
 
     /// Runs the steps of `phase` over the rows of `tasks` (one task for the recurrent phase). A
     /// matrix product known to be zero on a run of tasks becomes a zero fill there.
     fn run_phase(&mut self, pass: Pass, plan: &Plan, phase: Phase, tasks: Range<usize>) -> Result<()> {
-        let Some(rows) = self.task_rows(&tasks) else { return Ok(()) };
-        let mut gemms = Vec::new();
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        // Products run in waves: the first part of every product (and its zero columns), then
+        // the parts that add further inner ranges to it.
+        let mut waves: Vec<Vec<Gemm>> = Vec::new();
         for step in &plan.phases[phase as usize] {
             match step {
                 Step::Gemms(vs) => {
                     for &v in vs {
-                        for (run, zero) in self.runs(tasks.clone(), |t| self.zero(pass, t, v)) {
-                            if zero {
-                                let at = self.loc(pass, v, run.start, run.start)?;
-                                let len = run.len() * self.func(pass).node(v).shape.numel();
-                                self.backend.fill(
-                                    &mut Mem { data: &mut self.bufs, index: &self.index },
-                                    at,
-                                    len,
-                                    0.0,
-                                )?;
-                            } else {
-                                let g = self.gemm_call(pass, v, run)?;
-                                self.flops += gemm_flops(&g);
-                                gemms.push(g);
-                            }
+                        let func = self.func(pass);
+                        for (run, cut) in self.runs(tasks.clone(), |t| self.facts(pass, t).cut(func, v)) {
+                            self.plan_gemm(pass, v, run, &cut, &mut waves)?;
                         }
                     }
-                    self.flush_gemms(&mut gemms)?;
+                    for wave in &mut waves {
+                        self.flush_gemms(wave)?;
+                    }
                 }
-                Step::Fused(k) => self.run_kernel(pass, k, rows.clone())?,
+                Step::Fused(k) => self.run_kernel(pass, k, tasks.clone())?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the calls of product `v` over the rows `run` (tasks sharing `cut`) to `waves`; an
+    /// all-zero product is filled at once.
+    fn plan_gemm(
+        &mut self,
+        pass: Pass,
+        v: ValueId,
+        run: Range<usize>,
+        cut: &Cut,
+        waves: &mut Vec<Vec<Gemm>>,
+    ) -> Result<()> {
+        let mut push = |wave: usize, g: Gemm, flops: &mut u64| {
+            if waves.len() <= wave {
+                waves.resize_with(wave + 1, Vec::new);
+            }
+            *flops += gemm_flops(&g);
+            waves[wave].push(g);
+        };
+        match cut {
+            Cut::Skip => {}
+            Cut::Zero if !self.fills(pass)[v.index()] => {}
+            Cut::Zero => {
+                let at = self.loc(pass, v, run.start, run.start)?;
+                let len = run.len() * self.func(pass).node(v).shape.numel();
+                self.backend.fill(&mut Mem { data: &mut self.bufs, index: &self.index }, at, len, 0.0)?;
+            }
+            Cut::Full => push(0, self.gemm_call(pass, v, run)?, &mut self.flops),
+            Cut::Cols { cols, zero, inner } => {
+                let g = self.gemm_call(pass, v, run)?;
+                for z in zero {
+                    // A product over an empty inner dimension is zero.
+                    push(0, facts::narrow(&g, z.clone(), 0..0, false), &mut self.flops);
+                }
+                for c in cols {
+                    for (i, k) in inner.iter().enumerate() {
+                        push(i, facts::narrow(&g, c.clone(), k.clone(), i > 0), &mut self.flops);
+                    }
+                }
             }
         }
         Ok(())
@@ -602,6 +657,7 @@ impl<B: Backend> Engine<B> {
             b: b_loc,
             ldb: nb.shape.cols(),
             tb,
+            b_fixed: nb.is_param,
             c: at(v)?,
             ldc: nv.shape.cols(),
             accumulate: false,
@@ -618,14 +674,20 @@ impl<B: Backend> Engine<B> {
         Ok(g)
     }
 
-    fn run_kernel(&mut self, pass: Pass, k: &Kernel, rows: Range<usize>) -> Result<()> {
+    /// Runs a fused kernel over the rows of `tasks`. On a single task, a load known to be zero
+    /// there reads zeros, not memory.
+    fn run_kernel(&mut self, pass: Pass, k: &Kernel, tasks: Range<usize>) -> Result<()> {
+        let Some(rows) = self.task_rows(&tasks) else { return Ok(()) };
         let (r0, n) = (rows.start, rows.len());
+        let task = (tasks.len() == 1).then_some(tasks.start);
         self.flops += (n * k.nodes.iter().filter(|x| !x.op.is_load()).map(|x| x.shape.numel()).sum::<usize>()) as u64;
         let ix = &self.index_layout;
         let mut loads = Vec::new();
         for i in k.loads() {
             let v = k.values[i];
+            let zero = task.is_some_and(|t| !k.nodes[i].is_param && self.facts(pass, t).is_zero(v));
             loads.push(match k.nodes[i].op {
+                _ if zero => Rows::Zeros,
                 Op::Gather { slot, state } => Rows::Indexed {
                     data: self.loc(Pass::Forward, self.f.states()[state].value, 0, 0)?,
                     index: ix.slot(slot, r0),
@@ -654,7 +716,7 @@ impl<B: Backend> Engine<B> {
         for cg in &self.f.backward().child_grads {
             if plan.phase[cg.value.index()] != phase
                 || n == 0
-                || tasks.clone().all(|t| self.zero_bwd[t][cg.value.index()])
+                || tasks.clone().all(|t| self.bwd_facts[t].is_zero(cg.value) || self.bwd_facts[t].unused(cg.value))
             {
                 continue;
             }
@@ -674,7 +736,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Forms every parameter gradient with one operation per term over all vertices (per run of
-    /// tasks where the term can be non-zero).
+    /// tasks where the term can be non-zero, over the rows and columns where it can be).
     fn param_grads(&mut self) -> Result<()> {
         let tasks = 0..self.schedule.tasks.len();
         let b = self.f.backward();
@@ -686,35 +748,48 @@ impl<B: Backend> Engine<B> {
             match *pg {
                 ParamGrad::MatMul { x, dy, .. } => {
                     let (nx, ny) = (func.node(x), func.node(dy));
-                    let zero = |t: usize| self.zero_bwd[t][x.index()] || self.zero_bwd[t][dy.index()];
-                    for (run, _) in self.runs(tasks.clone(), zero).into_iter().filter(|(_, z)| !z) {
-                        let g = Gemm {
-                            m: nx.shape.cols(),
-                            n: ny.shape.cols(),
-                            k: run.len() * nx.shape.rows(),
-                            a: self.loc(Pass::Backward, x, run.start, 0)?,
-                            lda: nx.shape.cols(),
-                            ta: true,
-                            b: self.loc(Pass::Backward, dy, run.start, 0)?,
-                            ldb: ny.shape.cols(),
-                            tb: false,
-                            c: dst,
-                            ldc: decl.shape.cols(),
-                            accumulate: true,
-                            batch: 1,
-                            stride_a: 0,
-                            stride_b: 0,
-                            stride_c: 0,
-                        };
-                        self.flops += gemm_flops(&g);
-                        self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                    // Per task, the non-zero columns of x (rows of the gradient) and of dy.
+                    let blocks = |t: usize| {
+                        let f = &self.bwd_facts[t];
+                        let (rows, cols) = (f.zero[x.index()].complement(), f.zero[dy.index()].complement());
+                        (!rows.is_empty() && !cols.is_empty()).then(|| (rows.ranges(), cols.ranges()))
+                    };
+                    for (run, blocks) in self.runs(tasks.clone(), blocks) {
+                        let Some((rows, cols)) = blocks else { continue };
+                        let (x_at, dy_at) =
+                            (self.loc(Pass::Backward, x, run.start, 0)?, self.loc(Pass::Backward, dy, run.start, 0)?);
+                        for r in &rows {
+                            for c in &cols {
+                                let g = Gemm {
+                                    m: r.len(),
+                                    n: c.len(),
+                                    k: run.len() * nx.shape.rows(),
+                                    a: x_at.offset_by(r.start),
+                                    lda: nx.shape.cols(),
+                                    ta: true,
+                                    b: dy_at.offset_by(c.start),
+                                    ldb: ny.shape.cols(),
+                                    tb: false,
+                                    b_fixed: false,
+                                    c: dst.offset_by(r.start * decl.shape.cols() + c.start),
+                                    ldc: decl.shape.cols(),
+                                    accumulate: true,
+                                    batch: 1,
+                                    stride_a: 0,
+                                    stride_b: 0,
+                                    stride_c: 0,
+                                };
+                                self.flops += gemm_flops(&g);
+                                self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                            }
+                        }
                     }
                 }
                 ParamGrad::SumRows { dy, .. } => {
                     let period = decl.shape.numel();
                     let block = func.node(dy).shape.numel();
                     for (run, _) in
-                        self.runs(tasks.clone(), |t| self.zero_bwd[t][dy.index()]).into_iter().filter(|(_, z)| !z)
+                        self.runs(tasks.clone(), |t| self.bwd_facts[t].is_zero(dy)).into_iter().filter(|(_, z)| !z)
                     {
                         let src = self.loc(Pass::Backward, dy, run.start, 0)?;
                         let mem = &mut Mem { data: &mut self.bufs, index: &self.index };

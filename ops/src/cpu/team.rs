@@ -1,0 +1,240 @@
+//! A team of threads for the CPU backend: the calling thread plus helper threads that wait for
+//! work by spinning, then yielding, then sleeping. Handing a part of a call to a spinning helper
+//! takes well under a microsecond, where waking a sleeping thread (as a thread pool's join does
+//! after any pause) takes tens of microseconds — longer than many of a minibatch's calls.
+//!
+//! One team serves the process. A call uses as many threads as the calling context allows
+//! (`rayon::current_num_threads()`, which the trainers set per worker); a call made while another
+//! thread holds the team, or from inside one of its parts, runs on the caller alone.
+
+use arbor_core::error::Error;
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// How long an idle helper spins, then yields, before it sleeps.
+const SPIN: Duration = Duration::from_micros(100);
+const YIELD: Duration = Duration::from_millis(2);
+
+/// A part of a call: `f(part, parts)`.
+type Job = dyn Fn(usize, usize) + Sync;
+
+struct Shared {
+    /// `(sequence << 16) | parts` of the latest job: helpers run it when the sequence moves.
+    state: AtomicU64,
+    /// The latest job. Written only while no helper runs one; read by helpers after they see
+    /// its `state` (which is published after it).
+    job: UnsafeCell<Option<*const Job>>,
+    /// Helpers done with the latest job.
+    done: AtomicUsize,
+    /// A helper's part panicked.
+    panicked: AtomicBool,
+    /// Per helper: it is asleep (or about to be) and needs an unpark.
+    sleeping: Vec<AtomicBool>,
+}
+
+// SAFETY: `job` is written by the thread holding the team only while no helper reads it (before
+// publishing `state`, after every participant reported done); all other fields are atomics.
+unsafe impl Sync for Shared {}
+
+struct Team {
+    shared: &'static Shared,
+    helpers: Vec<Thread>,
+    busy: AtomicBool,
+}
+
+static TEAM: OnceLock<Team> = OnceLock::new();
+
+fn team() -> &'static Team {
+    TEAM.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let shared: &'static Shared = Box::leak(Box::new(Shared {
+            state: AtomicU64::new(0),
+            job: UnsafeCell::new(None),
+            done: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            sleeping: (1..cores).map(|_| AtomicBool::new(false)).collect(),
+        }));
+        // A helper that cannot start leaves the team smaller.
+        let helpers = (1..cores)
+            .map_while(|me| {
+                std::thread::Builder::new()
+                    .name(format!("arbor-cpu-{me}"))
+                    .spawn(move || helper(shared, me))
+                    .ok()
+                    .map(|h| h.thread().clone())
+            })
+            .collect();
+        Team { shared, helpers, busy: AtomicBool::new(false) }
+    })
+}
+
+/// The loop of helper `me` (1-based: part 0 is the caller's).
+fn helper(shared: &'static Shared, me: usize) {
+    let mut seen = 0u64;
+    loop {
+        let mut idle_since = Instant::now();
+        let mut spins = 0u32;
+        let state = loop {
+            let s = shared.state.load(Ordering::Acquire);
+            if s >> 16 != seen >> 16 {
+                break s;
+            }
+            spins = spins.wrapping_add(1);
+            if !spins.is_multiple_of(256) {
+                std::hint::spin_loop();
+                continue;
+            }
+            let idle = idle_since.elapsed();
+            if idle < SPIN {
+                std::hint::spin_loop();
+            } else if idle < SPIN + YIELD {
+                std::thread::yield_now();
+            } else {
+                shared.sleeping[me - 1].store(true, Ordering::SeqCst);
+                if shared.state.load(Ordering::SeqCst) >> 16 == seen >> 16 {
+                    std::thread::park();
+                }
+                shared.sleeping[me - 1].store(false, Ordering::SeqCst);
+                idle_since = Instant::now();
+            }
+        };
+        seen = state;
+        let parts = (state & 0xffff) as usize;
+        if me < parts {
+            // SAFETY: the job was written before `state` was published, and the caller keeps it
+            // alive until every participant has reported done.
+            let job = unsafe { &*(*shared.job.get()).expect("a published job") };
+            if catch_unwind(AssertUnwindSafe(|| job(me, parts))).is_err() {
+                shared.panicked.store(true, Ordering::Relaxed);
+            }
+            shared.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// Threads a call made now could use: the calling context's share of the cores, at most the
+/// team's size, and 1 while another call holds the team.
+pub(crate) fn threads() -> usize {
+    let t = team();
+    if t.busy.load(Ordering::Relaxed) {
+        return 1;
+    }
+    rayon::current_num_threads().clamp(1, t.helpers.len() + 1)
+}
+
+/// Runs `f(part, parts)` for every part of `0..parts`, each on its own thread (part 0 on the
+/// caller), with `parts` at most `max` and at most [`threads`]; returns when all are done, with
+/// the first error any part returned.
+pub(crate) fn split(max: usize, f: impl Fn(usize, usize) -> Result<(), Error> + Sync) -> Result<(), Error> {
+    let t = team();
+    let parts = max.min(threads());
+    if parts <= 1 || t.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        return f(0, 1);
+    }
+    let first_error: Mutex<Option<Error>> = Mutex::new(None);
+    let job = |part: usize, parts: usize| {
+        if let Err(e) = f(part, parts) {
+            let mut slot = first_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            slot.get_or_insert(e);
+        }
+    };
+    let job_ref: &(dyn Fn(usize, usize) + Sync + '_) = &job;
+    let s = t.shared;
+    // SAFETY: no helper reads `job` now (the previous call waited for all its participants), and
+    // this call waits for all of its own before `job` goes out of scope, even if part 0 panics.
+    // The lifetime is erased only for the duration of this call.
+    unsafe {
+        *s.job.get() = Some(std::mem::transmute::<&(dyn Fn(usize, usize) + Sync + '_), &'static Job>(job_ref));
+    }
+    s.done.store(0, Ordering::Relaxed);
+    let seq = (s.state.load(Ordering::Relaxed) >> 16).wrapping_add(1) & 0xffff_ffff_ffff;
+    s.state.store((seq << 16) | parts as u64, Ordering::SeqCst);
+    for (h, asleep) in t.helpers.iter().zip(&s.sleeping).take(parts - 1) {
+        if asleep.load(Ordering::SeqCst) {
+            h.unpark();
+        }
+    }
+    let mine = catch_unwind(AssertUnwindSafe(|| job(0, parts)));
+    let mut spins = 0u32;
+    while s.done.load(Ordering::Acquire) < parts - 1 {
+        spins = spins.wrapping_add(1);
+        if spins < 1 << 16 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    let helper_panicked = s.panicked.swap(false, Ordering::Relaxed);
+    t.busy.store(false, Ordering::Release);
+    if let Err(p) = mine {
+        resume_unwind(p);
+    }
+    if helper_panicked {
+        panic!("a part of a CPU backend call panicked on a helper thread");
+    }
+    first_error.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner).map_or(Ok(()), Err)
+}
+
+/// The part `part` of `parts` equal shares of `0..units`, as a range.
+pub(crate) fn share(units: usize, part: usize, parts: usize) -> std::ops::Range<usize> {
+    units * part / parts..units * (part + 1) / parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn every_part_runs_once_and_errors_come_back() {
+        for _ in 0..1000 {
+            let hits: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+            split(64, |part, parts| {
+                for i in share(64, part, parts) {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+            .unwrap();
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+        let e = split(4, |part, _| if part == 0 { Err(crate::cpu::bad("test", "part 0 fails")) } else { Ok(()) });
+        assert!(e.unwrap_err().to_string().contains("part 0 fails"));
+    }
+
+    #[test]
+    fn nested_and_concurrent_calls_run_alone() {
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..200 {
+                        let count = AtomicUsize::new(0);
+                        split(8, |_, _| {
+                            split(8, |_, inner| {
+                                assert_eq!(inner, 1, "a nested call runs on its caller alone");
+                                count.fetch_add(1, Ordering::Relaxed);
+                                Ok(())
+                            })
+                        })
+                        .unwrap();
+                        assert!(count.load(Ordering::Relaxed) >= 1);
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn shares_cover_the_range() {
+        for units in [0, 1, 7, 750] {
+            for parts in 1..5 {
+                let all: Vec<usize> = (0..parts).flat_map(|p| share(units, p, parts)).collect();
+                assert_eq!(all, (0..units).collect::<Vec<_>>());
+            }
+        }
+    }
+}
