@@ -24,6 +24,20 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
 
 /// Runs `f` on a random minibatch through the engine and through the reference, and compares.
 fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) {
+    check_pulling(f, seed, graphs, max_vertices, dag, None);
+}
+
+/// Rows `len` wide for `n` vertices: random, or (with `table`) each a random one of `table`
+/// random rows, the first of them zeros, as vertices pulling words of a small vocabulary do.
+fn pulled_rows(rng: &mut Rng, n: usize, len: usize, table: Option<usize>) -> Vec<f32> {
+    let Some(k) = table else { return random_rows(rng, n * len) };
+    let mut rows = vec![0.0; len];
+    rows.extend(random_rows(rng, (k.max(1) - 1) * len));
+    (0..n).flat_map(|_| rows[rng.below(k.max(1)) * len..][..len].to_vec()).collect()
+}
+
+/// [`check`], with the pulled rows drawn from a table of `table` rows when given.
+fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool, table: Option<usize>) {
     let mut rng = Rng::new(seed);
     let params = f.init_params(&mut rng);
     // Non-zero biases so every parameter gradient path is exercised.
@@ -37,7 +51,8 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
         })
         .collect();
     let total: usize = gs.iter().map(InputGraph::len).sum();
-    let pulls: Vec<Vec<f32>> = f.inputs().iter().map(|p| random_rows(&mut rng, total * p.shape.numel())).collect();
+    let pulls: Vec<Vec<f32>> =
+        f.inputs().iter().map(|p| pulled_rows(&mut rng, total, p.shape.numel(), table)).collect();
     let push_grads: Vec<Vec<f32>> =
         f.outputs().iter().map(|o| random_rows(&mut rng, total * o.shape.numel())).collect();
 
@@ -165,6 +180,48 @@ fn zero_blocks_are_skipped_exactly() {
     }
 }
 
+/// Vertices pulling the same rows share the products over them (and the parameter gradients sum
+/// per distinct row), with results equal to the reference.
+#[test]
+fn shared_pulled_rows_equal_reference() {
+    for (seed, table) in [(1, 1), (2, 2), (3, 5), (4, 40)] {
+        check_pulling(nn::tree_lstm(6, 5).unwrap(), seed, 12, 40, false, Some(table));
+        check_pulling(nn::child_sum_tree_lstm(4, 3, 3).unwrap(), seed, 12, 40, true, Some(table));
+        check_pulling(nn::var_lstm(4, 3).unwrap(), seed, 6, 40, false, Some(table));
+        check_pulling(random_fn(seed), seed, 8, 30, true, Some(table));
+    }
+}
+
+/// Executed work falls where it should: a minibatch whose vertices all pull one row runs the
+/// input product over that row only, and leaves (whose children's states are zeros) run no
+/// recurrent products and need only the gates their inputs can open.
+#[test]
+fn shared_rows_and_zero_columns_cut_executed_flops() {
+    let (embed, hidden) = (8, 6);
+    let f = nn::tree_lstm(embed, hidden).unwrap();
+    let params = f.init_params(&mut Rng::new(1));
+    let leaves: Vec<InputGraph> = (0..50).map(|_| InputGraph::from_children(vec![vec![]]).unwrap()).collect();
+    let refs: Vec<&InputGraph> = leaves.iter().collect();
+    let mut rng = Rng::new(2);
+    let distinct = random_rows(&mut rng, 50 * embed);
+    let same: Vec<f32> = distinct[..embed].repeat(50);
+    let flops = |x: &[f32]| {
+        let mut e = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+        let out = e.infer(&refs, &[x]).unwrap();
+        (e.flops(), out)
+    };
+    let (all, _) = flops(&distinct);
+    let (shared, out) = flops(&same);
+    // Leaves: x·W over the input, output, cell and candidate gates only (3 of 5 gate blocks).
+    let product = 2 * embed * 3 * hidden;
+    let fused = all - 50 * product as u64;
+    assert_eq!(shared, fused + product as u64, "one shared row: one row of the product");
+    let one = run_graph(&f, &params, &leaves[0], &[&same[..embed]], &[&[0.0; 6]]);
+    for row in out[0].chunks(hidden) {
+        assert_close("shared leaf", row, &one.outputs[0]);
+    }
+}
+
 #[test]
 fn padding_rows_get_zero_gradients_when_asked() {
     let f = nn::tree_lstm(3, 2).unwrap();
@@ -203,8 +260,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     #[test]
-    fn tree_lstm_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=32, max_v in 1usize..=200, dag in any::<bool>()) {
-        check(nn::tree_lstm(6, 5).unwrap(), seed, graphs, max_v, dag);
+    fn tree_lstm_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=32, max_v in 1usize..=200, dag in any::<bool>(), table in proptest::option::of(1usize..20)) {
+        check_pulling(nn::tree_lstm(6, 5).unwrap(), seed, graphs, max_v, dag, table);
     }
 
     #[test]
@@ -290,7 +347,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
-    fn random_functions_batched_equal_reference(fn_seed in any::<u64>(), seed in any::<u64>(), graphs in 1usize..=12, max_v in 1usize..=30, dag in any::<bool>()) {
-        check(random_fn(fn_seed), seed, graphs, max_v, dag);
+    fn random_functions_batched_equal_reference(fn_seed in any::<u64>(), seed in any::<u64>(), graphs in 1usize..=12, max_v in 1usize..=30, dag in any::<bool>(), table in proptest::option::of(1usize..8)) {
+        check_pulling(random_fn(fn_seed), seed, graphs, max_v, dag, table);
     }
 }

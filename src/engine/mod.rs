@@ -6,6 +6,7 @@
 //! arena and the index buffer grow when a larger minibatch arrives and are reused otherwise, so a
 //! steady-state step allocates no device memory.
 
+mod dedup;
 mod facts;
 
 use arbor_batching::{MemoryPlan, Policy, Region, Schedule, Scheduler};
@@ -14,6 +15,7 @@ use arbor_core::error::{Error, Result};
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::graph::InputGraph;
 use arbor_core::ir::{Func, Op, ParamGrad, Port, ValueId, VertexFn};
+use dedup::Shared;
 use facts::{Cut, FactCache, Facts, Loads};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,8 @@ use std::sync::{Arc, Mutex};
 const ARENA: usize = 0;
 const PARAMS: usize = 1;
 const GRADS: usize = 2;
+/// Distinct pulled rows and the products over them (see [`dedup`]).
+const SHARED: usize = 3;
 
 /// Which function a value belongs to.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -61,6 +65,15 @@ impl IndexLayout {
     }
 }
 
+/// A copy of product rows over distinct pulled rows to the rows of the vertices that pulled them.
+struct SharedCopy {
+    from: Loc,
+    to: Loc,
+    map: IndexLoc,
+    rows: usize,
+    block: usize,
+}
+
 /// Gradients from one backward pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gradients {
@@ -94,6 +107,18 @@ pub struct Engine<B: Backend> {
     /// Per input, which rows (in row order) are all zeros.
     pull_zero_rows: Vec<Vec<bool>>,
     skip_padding_grads: bool,
+    /// Per input: whether a forward product reads it as its left factor.
+    pulled_factor: Vec<bool>,
+    /// Per input, its distinct rows in this minibatch where sharing them pays.
+    shared: Vec<Option<Shared>>,
+    /// Per input with shared rows: where they are in the `SHARED` buffer and where its row map is
+    /// in the index buffer.
+    shared_at: Vec<(usize, usize)>,
+    /// The part of the `SHARED` buffer after the distinct rows: products over them.
+    shared_scratch: Range<usize>,
+    /// Scratch columns per distinct row: the widest set of products over one input that run
+    /// together, or the widest output gradient a parameter gradient sums per distinct row.
+    shared_width: usize,
     /// Floating-point operations executed so far (GEMMs and fused kernels).
     flops: u64,
     host: Vec<f32>,
@@ -161,7 +186,20 @@ impl<B: Backend> Engine<B> {
             param_at.push(total);
             total += p.shape.numel();
         }
-        let bufs = vec![backend.alloc(0)?, backend.alloc(total)?, backend.alloc(total)?];
+        let bufs = vec![backend.alloc(0)?, backend.alloc(total)?, backend.alloc(total)?, backend.alloc(0)?];
+        let mut pulled_factor = vec![false; f.inputs().len()];
+        let mut shared_width = 0;
+        for v in (0..f.forward().nodes.len()).map(|v| ValueId(v as u32)) {
+            if let Some(i) = dedup::pulled_factor(f.forward(), v) {
+                pulled_factor[i] = true;
+                shared_width += f.forward().node(v).shape.numel();
+            }
+        }
+        for pg in &f.backward().param_grads {
+            if let ParamGrad::MatMul { dy, .. } = *pg {
+                shared_width = shared_width.max(f.backward().func.node(dy).shape.numel());
+            }
+        }
         let index = vec![backend.alloc_index(0)?];
         let must_fill = facts::must_fill(&f);
         let mut e = Engine {
@@ -182,6 +220,11 @@ impl<B: Backend> Engine<B> {
             must_fill,
             pull_zero_rows: Vec::new(),
             skip_padding_grads: false,
+            pulled_factor,
+            shared: Vec::new(),
+            shared_at: Vec::new(),
+            shared_scratch: 0..0,
+            shared_width,
             flops: 0,
             host: Vec::new(),
             host_index: Vec::new(),
@@ -308,6 +351,7 @@ impl<B: Backend> Engine<B> {
         self.reserve()?;
         let regions: Vec<usize> = self.memory.pulls.iter().map(|r| r.offset).collect();
         self.pull_zero_rows = self.upload_ports("input", f.inputs(), pulls, &regions)?;
+        self.share_pulls(pulls)?;
         self.upload_index()?;
         self.loads = (0..self.schedule.tasks.len())
             .map(|t| {
@@ -497,7 +541,80 @@ impl<B: Backend> Engine<B> {
         }
         self.host_index.extend_from_slice(&s.child_offsets);
         self.host_index.extend_from_slice(&s.child_list);
+        for shared in self.shared.iter().flatten() {
+            self.host_index.extend_from_slice(&shared.map);
+        }
+        if self.backend.index_len(&self.index[0]) < self.host_index.len() {
+            self.index[0] = self.backend.alloc_index(self.host_index.len())?;
+        }
         self.backend.write_index(&mut self.index[0], 0, &self.host_index)
+    }
+
+    /// Finds the distinct rows of every input a product reads (see [`dedup`]) and uploads them
+    /// into the `SHARED` buffer, with room after them for the products over them.
+    fn share_pulls(&mut self, pulls: &[&[f32]]) -> Result<()> {
+        let (n, f) = (self.schedule.len(), self.f.clone());
+        let order = &self.schedule.vertex_of_row;
+        self.shared = (0..f.inputs().len())
+            .map(|i| {
+                let block = f.inputs()[i].shape.numel();
+                let row = |r: usize| &pulls[i][order[r] as usize * block..(order[r] as usize + 1) * block];
+                if self.pulled_factor[i] {
+                    dedup::find(n, block, &self.pull_zero_rows[i], row)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        self.shared_at.clear();
+        let (mut at, mut map_at, mut most) = (0, self.index_layout.len, 0);
+        for s in &self.shared {
+            self.shared_at.push((at, map_at));
+            if let Some(s) = s {
+                (at, map_at, most) = (at + s.rows.len(), map_at + n, most.max(s.unique));
+            }
+        }
+        self.shared_scratch = at..at + most * self.shared_width;
+        if self.backend.len(&self.bufs[SHARED]) < self.shared_scratch.end {
+            self.bufs[SHARED] = self.backend.alloc(self.shared_scratch.end)?;
+        }
+        for (s, &(at, _)) in self.shared.iter().zip(&self.shared_at) {
+            if let Some(s) = s {
+                self.backend.write(&mut self.bufs[SHARED], at, &s.rows)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// For a parameter gradient `xᵀ·dy` over the rows `run` whose `x` is a pulled input with
+    /// shared rows: sums `dy` per distinct row into scratch and returns the factors over the
+    /// distinct rows instead (where x's rows are, where the summed dy is, how many rows).
+    fn shared_grad(&mut self, x: ValueId, dy: ValueId, run: &Range<usize>) -> Result<Option<(Loc, Loc, usize)>> {
+        let Some(i) = self.shared_input(x) else { return Ok(None) };
+        let (unique, (rows_at, map_at)) = (self.shared[i].as_ref().map_or(0, |s| s.unique), self.shared_at[i]);
+        let block = self.f.backward().func.node(dy).shape.numel();
+        let sums = Loc { buf: SHARED, offset: self.shared_scratch.start };
+        if self.shared_scratch.start + unique * block > self.shared_scratch.end {
+            return Ok(None);
+        }
+        let src = self.loc(Pass::Backward, dy, run.start, 0)?;
+        let mem = &mut Mem { data: &mut self.bufs, index: &self.index };
+        self.backend.fill(mem, sums, unique * block, 0.0)?;
+        let dst = Rows::Indexed { data: sums, index: IndexLoc { buf: 0, offset: map_at + run.start } };
+        self.backend.scatter_add(mem, src, block, run.len(), &dst)?;
+        Ok(Some((Loc { buf: SHARED, offset: rows_at }, sums, unique)))
+    }
+
+    /// The input with shared rows that parameter-gradient factor `x` (a value of F′) reads.
+    fn shared_input(&self, x: ValueId) -> Option<usize> {
+        let op = match self.f.backward().func.node(x).op {
+            Op::Primal { value } => &self.f.forward().node(value).op,
+            ref op => op,
+        };
+        match *op {
+            Op::Pull { input } if self.shared[input].is_some() => Some(input),
+            _ => None,
+        }
     }
 
     fn func(&self, pass: Pass) -> &Func {
@@ -571,14 +688,18 @@ impl<B: Backend> Engine<B> {
         for step in &plan.phases[phase as usize] {
             match step {
                 Step::Gemms(vs) => {
+                    let (mut copies, mut scratch) = (Vec::new(), self.shared_scratch.start);
                     for &v in vs {
                         let func = self.func(pass);
                         for (run, cut) in self.runs(tasks.clone(), |t| self.facts(pass, t).cut(func, v)) {
-                            self.plan_gemm(pass, v, run, &cut, &mut waves)?;
+                            copies.extend(self.plan_gemm(pass, v, run, &cut, &mut waves, &mut scratch)?);
                         }
                     }
                     for wave in &mut waves {
                         self.flush_gemms(wave)?;
+                    }
+                    for c in copies {
+                        self.copy_shared(c)?;
                     }
                 }
                 Step::Fused(k) => self.run_kernel(pass, k, tasks.clone())?,
@@ -588,7 +709,9 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Adds the calls of product `v` over the rows `run` (tasks sharing `cut`) to `waves`; an
-    /// all-zero product is filled at once.
+    /// all-zero product is filled at once. A product of a pulled input with shared rows runs over
+    /// the distinct rows into scratch from `scratch` on; the copy to the vertices' rows that must
+    /// follow the waves is returned.
     fn plan_gemm(
         &mut self,
         pass: Pass,
@@ -596,7 +719,8 @@ impl<B: Backend> Engine<B> {
         run: Range<usize>,
         cut: &Cut,
         waves: &mut Vec<Vec<Gemm>>,
-    ) -> Result<()> {
+        scratch: &mut usize,
+    ) -> Result<Option<SharedCopy>> {
         let mut push = |wave: usize, g: Gemm, flops: &mut u64| {
             if waves.len() <= wave {
                 waves.resize_with(wave + 1, Vec::new);
@@ -612,9 +736,13 @@ impl<B: Backend> Engine<B> {
                 let len = run.len() * self.func(pass).node(v).shape.numel();
                 self.backend.fill(&mut Mem { data: &mut self.bufs, index: &self.index }, at, len, 0.0)?;
             }
-            Cut::Full => push(0, self.gemm_call(pass, v, run)?, &mut self.flops),
+            Cut::Full => {
+                let (g, copy) = self.shared_gemm(pass, v, run, scratch)?;
+                push(0, g, &mut self.flops);
+                return Ok(copy);
+            }
             Cut::Cols { cols, zero, inner } => {
-                let g = self.gemm_call(pass, v, run)?;
+                let (g, copy) = self.shared_gemm(pass, v, run, scratch)?;
                 for z in zero {
                     // A product over an empty inner dimension is zero.
                     push(0, facts::narrow(&g, z.clone(), 0..0, false), &mut self.flops);
@@ -624,9 +752,46 @@ impl<B: Backend> Engine<B> {
                         push(i, facts::narrow(&g, c.clone(), k.clone(), i > 0), &mut self.flops);
                     }
                 }
+                return Ok(copy);
             }
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// The call of product `v` over the rows `run`: over the distinct rows of its pulled factor
+    /// into scratch when that input has shared rows (and scratch has room), with the copy that
+    /// must follow it.
+    fn shared_gemm(
+        &self,
+        pass: Pass,
+        v: ValueId,
+        run: Range<usize>,
+        scratch: &mut usize,
+    ) -> Result<(Gemm, Option<SharedCopy>)> {
+        let mut g = self.gemm_call(pass, v, run.clone())?;
+        let input = (pass == Pass::Forward).then(|| dedup::pulled_factor(self.func(pass), v)).flatten();
+        let Some((i, shared)) = input.and_then(|i| Some((i, self.shared[i].as_ref()?))) else { return Ok((g, None)) };
+        let (rows_at, map_at) = self.shared_at[i];
+        if *scratch + shared.unique * g.ldc > self.shared_scratch.end {
+            return Ok((g, None));
+        }
+        let copy = SharedCopy {
+            from: Loc { buf: SHARED, offset: *scratch },
+            to: g.c,
+            map: IndexLoc { buf: 0, offset: map_at + run.start },
+            rows: run.len(),
+            block: g.ldc,
+        };
+        *scratch += shared.unique * g.ldc;
+        (g.m, g.a, g.c) = (shared.unique, Loc { buf: SHARED, offset: rows_at }, copy.from);
+        Ok((g, Some(copy)))
+    }
+
+    /// Copies the product rows of distinct pulled rows to every vertex that pulled them.
+    fn copy_shared(&mut self, c: SharedCopy) -> Result<()> {
+        let kernel = dedup::copy_kernel(c.block);
+        let loads = [Rows::Indexed { data: c.from, index: c.map }];
+        self.backend.fused(&mut Mem { data: &mut self.bufs, index: &self.index }, &kernel, c.rows, &loads, &[c.to])
     }
 
     fn flush_gemms(&mut self, gemms: &mut Vec<Gemm>) -> Result<()> {
@@ -739,11 +904,12 @@ impl<B: Backend> Engine<B> {
     /// tasks where the term can be non-zero, over the rows and columns where it can be).
     fn param_grads(&mut self) -> Result<()> {
         let tasks = 0..self.schedule.tasks.len();
-        let b = self.f.backward();
+        let f = self.f.clone();
+        let b = f.backward();
         let func = &b.func;
         for pg in &b.param_grads {
             let p = pg.param();
-            let decl = &self.f.params()[p];
+            let decl = &f.params()[p];
             let dst = Loc { buf: GRADS, offset: self.param_at[p] };
             match *pg {
                 ParamGrad::MatMul { x, dy, .. } => {
@@ -756,14 +922,18 @@ impl<B: Backend> Engine<B> {
                     };
                     for (run, blocks) in self.runs(tasks.clone(), blocks) {
                         let Some((rows, cols)) = blocks else { continue };
-                        let (x_at, dy_at) =
+                        let (mut x_at, mut dy_at) =
                             (self.loc(Pass::Backward, x, run.start, 0)?, self.loc(Pass::Backward, dy, run.start, 0)?);
+                        let mut k = run.len() * nx.shape.rows();
+                        if let Some(shared) = self.shared_grad(x, dy, &run)? {
+                            (x_at, dy_at, k) = shared;
+                        }
                         for r in &rows {
                             for c in &cols {
                                 let g = Gemm {
                                     m: r.len(),
                                     n: c.len(),
-                                    k: run.len() * nx.shape.rows(),
+                                    k,
                                     a: x_at.offset_by(r.start),
                                     lda: nx.shape.cols(),
                                     ta: true,

@@ -8,7 +8,7 @@ use super::{bad, elementwise, team};
 use arbor_core::backend::{Loc, Rows};
 use arbor_core::error::Result;
 use arbor_core::fusion::Kernel;
-use arbor_core::ir::Op;
+use arbor_core::ir::{BinaryOp, Op, ValueId};
 use std::cell::RefCell;
 
 /// Scratch elements a chunk may use across all of its intermediates.
@@ -19,10 +19,12 @@ const CHUNK_ELEMS: usize = 1 << 15;
 struct Scratch {
     /// Intermediates.
     regs: Vec<f32>,
+    /// Zeros, as wide as the widest op: what a value known to be zero reads.
+    zeros: Vec<f32>,
     /// Offset of each op's scratch in `regs`.
     offs: Vec<usize>,
     /// Where each op's values for the current chunk are.
-    at: Vec<*const f32>,
+    at: Vec<View>,
     /// The store (if any) of each op.
     store_of: Vec<Option<Loc>>,
     /// The binding of each load op.
@@ -69,8 +71,12 @@ fn run_vertices(
         if s.regs.len() < total {
             s.regs.resize(total, 0.0);
         }
+        let widest = k.nodes.iter().map(|x| x.shape.numel()).max().unwrap_or(0);
+        if s.zeros.len() < widest {
+            s.zeros.resize(widest, 0.0);
+        }
         s.at.clear();
-        s.at.resize(k.nodes.len(), std::ptr::null());
+        s.at.resize(k.nodes.len(), View::NONE);
         s.store_of.clear();
         s.store_of.resize(k.nodes.len(), None);
         for (&l, &at) in k.stores.iter().zip(stores) {
@@ -94,73 +100,166 @@ fn run_vertices(
 fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch) -> Result<()> {
     for (l, node) in k.nodes.iter().enumerate() {
         let block = node.shape.numel();
-        let len = if node.is_param { block } else { m * block };
-        // An input in place: read it where it lies.
-        match s.load_of[l] {
-            Some(Rows::Contiguous(at)) if s.store_of[l].is_none() => {
+        let stored = s.store_of[l].is_some();
+        // Values read where they lie: inputs in place and column slices of one-row values.
+        let zero = View { ptr: s.zeros.as_ptr(), stride: 0, width: block, zero: true };
+        let view = match (&node.op, s.load_of[l]) {
+            _ if !stored && is_zero(&node.op, block, &s.at, s.load_of[l]) => Some(zero),
+            (op, _) if !stored && zero_plus(op, &s.at).is_some_and(|x| s.at[x.index()].width == block) => {
+                zero_plus(op, &s.at).map(|x| s.at[x.index()])
+            }
+            (_, Some(Rows::Contiguous(at))) if !stored => {
                 // SAFETY: loads are never written by the call that reads them.
-                s.at[l] = unsafe { raw.get("fused load", at.offset_by(start * block), len)? }.as_ptr();
-                continue;
+                let p = unsafe { raw.get("fused load", at.offset_by(start * block), m * block)? }.as_ptr();
+                Some(View { ptr: p, stride: block, width: block, zero: false })
             }
-            Some(Rows::Broadcast(at)) => {
-                s.at[l] = unsafe { raw.get("fused load", at, len)? }.as_ptr();
-                continue;
+            (_, Some(Rows::Broadcast(at))) if !stored => {
+                let p = unsafe { raw.get("fused load", at, block)? }.as_ptr();
+                Some(View { ptr: p, stride: 0, width: block, zero: false })
             }
-            _ => {}
+            (Op::Slice { x, start: c0, len }, _) if !stored && k.nodes[x.index()].shape.rows() == 1 => {
+                let x = s.at[x.index()];
+                // SAFETY: columns `c0..c0 + len` of each row of a one-row value.
+                Some(View { ptr: unsafe { x.ptr.add(*c0) }, stride: x.stride, width: *len, zero: false })
+            }
+            _ => None,
+        };
+        if let Some(v) = view {
+            s.at[l] = v;
+            continue;
         }
         // Everything else is computed into its store or into scratch.
         // SAFETY: a store's region is not read by this kernel (the memory plan keeps the regions
         // a kernel writes apart from those it reads), and each scratch register is this op's own.
         let out: &mut [f32] = match s.store_of[l] {
-            Some(at) => unsafe { raw.get_mut("fused store", at.offset_by(start * block), len)? },
-            None => unsafe { std::slice::from_raw_parts_mut(s.regs.as_mut_ptr().add(s.offs[l]), len) },
+            Some(at) => unsafe { raw.get_mut("fused store", at.offset_by(start * block), m * block)? },
+            None => unsafe { std::slice::from_raw_parts_mut(s.regs.as_mut_ptr().add(s.offs[l]), m * block) },
         };
-        s.at[l] = out.as_ptr();
+        s.at[l] = View { ptr: out.as_ptr(), stride: block, width: block, zero: false };
+        let at = &s.at;
         // Inputs are earlier ops; their values stay put for the whole chunk.
-        let reg = |v: arbor_core::ir::ValueId| -> &[f32] {
-            let x = &k.nodes[v.index()];
-            let len = if x.is_param { x.shape.numel() } else { m * x.shape.numel() };
-            // SAFETY: `at` of an earlier op points at `len` values written (or loaded) above.
-            unsafe { std::slice::from_raw_parts(s.at[v.index()], len) }
-        };
-        let rows = m * node.shape.rows();
+        let reg = |v: ValueId| at[v.index()];
         match &node.op {
             op if op.is_load() => {
                 let binding = s.load_of[l].ok_or_else(|| bad("fused", format!("load {l} has no binding")))?;
                 load(raw, &binding, start, m, block, out)?;
             }
-            Op::Unary { op, x } => elementwise::unary(*op, reg(*x), out),
-            Op::Binary { op, a, b } => elementwise::binary(*op, reg(*a), reg(*b), out),
+            Op::Unary { op, x } => {
+                let x = reg(*x);
+                match x.dense(m) {
+                    Some(x) if x.len() == out.len() => elementwise::unary(*op, x, out),
+                    _ => (0..m).for_each(|r| elementwise::unary(*op, x.row(r), &mut out[r * block..][..block])),
+                }
+            }
+            Op::Binary { op, a, b } => {
+                let (a, b) = (reg(*a), reg(*b));
+                match (a.dense(m), b.dense(m)) {
+                    (Some(a), Some(b)) if a.len().max(b.len()) == out.len() => elementwise::binary(*op, a, b, out),
+                    _ => (0..m)
+                        .for_each(|r| elementwise::binary(*op, a.row(r), b.row(r), &mut out[r * block..][..block])),
+                }
+            }
             Op::Slice { x, start: c0, len } => {
-                let w = k.nodes[x.index()].shape.cols();
-                for (o, i) in out.chunks_exact_mut(*len).zip(reg(*x).chunks_exact(w)) {
-                    o.copy_from_slice(&i[*c0..c0 + len]);
+                let (w, x) = (k.nodes[x.index()].shape.cols(), reg(*x));
+                let mut rows = out.chunks_exact_mut(*len);
+                for r in 0..m {
+                    for (i, o) in x.row(r).chunks_exact(w).zip(rows.by_ref()) {
+                        o.copy_from_slice(&i[*c0..c0 + len]);
+                    }
                 }
             }
             Op::Concat { parts } => {
-                let mut col = 0;
                 let c = node.shape.cols();
-                for p in parts {
-                    let w = k.nodes[p.index()].shape.cols();
-                    for (r, i) in reg(*p).chunks_exact(w).enumerate().take(rows) {
-                        out[r * c + col..r * c + col + w].copy_from_slice(i);
+                for (r, out) in out.chunks_exact_mut(block).enumerate() {
+                    let mut col = 0;
+                    for p in parts {
+                        let w = k.nodes[p.index()].shape.cols();
+                        for (o, i) in out.chunks_exact_mut(c).zip(reg(*p).row(r).chunks_exact(w)) {
+                            o[col..col + w].copy_from_slice(i);
+                        }
+                        col += w;
                     }
-                    col += w;
                 }
             }
             Op::SumCols { x } => {
-                let w = k.nodes[x.index()].shape.cols();
-                for (o, i) in out.iter_mut().zip(reg(*x).chunks_exact(w)) {
-                    *o = i.iter().sum();
+                let (w, x) = (k.nodes[x.index()].shape.cols(), reg(*x));
+                for (r, out) in out.chunks_exact_mut(block).enumerate() {
+                    for (o, i) in out.iter_mut().zip(x.row(r).chunks_exact(w)) {
+                        *o = i.iter().sum();
+                    }
                 }
             }
             Op::BroadcastCols { x, cols } => {
-                for (o, &i) in out.chunks_exact_mut(*cols).zip(reg(*x)) {
-                    o.fill(i);
+                let x = reg(*x);
+                for (r, out) in out.chunks_exact_mut(block).enumerate() {
+                    for (o, &i) in out.chunks_exact_mut(*cols).zip(x.row(r)) {
+                        o.fill(i);
+                    }
                 }
             }
             op => return Err(bad("fused", format!("op {} cannot run in a fused kernel", op.name()))),
         }
     }
     Ok(())
+}
+
+/// Where an op's values for the current chunk are: `width` values per vertex, vertex `r`'s at
+/// `ptr + r·stride` (a stride of 0: the same values for every vertex).
+#[derive(Clone, Copy)]
+struct View {
+    ptr: *const f32,
+    stride: usize,
+    width: usize,
+    /// Known to be all zeros (it reads a zero buffer).
+    zero: bool,
+}
+
+impl View {
+    const NONE: View = View { ptr: std::ptr::null(), stride: 0, width: 0, zero: false };
+
+    /// Vertex `r`'s values.
+    fn row<'a>(self, r: usize) -> &'a [f32] {
+        // SAFETY: a view is only made over memory that holds the chunk's rows and stays put (and
+        // unwritten) for the rest of the chunk.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(r * self.stride), self.width) }
+    }
+
+    /// All `m` vertices' values as one slice, when they lie back to back (or are shared).
+    fn dense<'a>(self, m: usize) -> Option<&'a [f32]> {
+        let len = match self.stride {
+            0 => self.width,
+            s if s == self.width => m * s,
+            _ => return None,
+        };
+        // SAFETY: as in `row`.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr, len) })
+    }
+}
+
+/// Whether op's result is all zeros given which earlier values are (`at`): a load bound to
+/// zeros, or an op that maps zeros to zeros applied to them (a product with a zero factor).
+fn is_zero(op: &Op, block: usize, at: &[View], load: Option<Rows>) -> bool {
+    use arbor_core::ir::UnaryOp as U;
+    use BinaryOp as B;
+    let z = |v: &ValueId| at[v.index()].zero;
+    match op {
+        _ if load.is_some() => matches!(load, Some(Rows::Zeros)),
+        Op::Unary { op: U::Neg | U::Scale(_) | U::Relu | U::Tanh, x } => z(x),
+        Op::Binary { op: B::Add | B::Sub, a, b } => z(a) && z(b),
+        Op::Binary { op: B::Mul | B::SigmoidGrad | B::ReluGrad, a, b } => z(a) || z(b),
+        Op::Binary { op: B::Div, a, .. } => z(a),
+        Op::Binary { op: B::TanhGrad, b, .. } => z(b),
+        Op::Slice { x, .. } | Op::SumCols { x } | Op::BroadcastCols { x, .. } => z(x),
+        Op::Concat { parts } => parts.iter().all(z),
+        _ => block == 0,
+    }
+}
+
+/// For `x + 0`, `0 + x` and `x − 0`: `x`, which the result is.
+fn zero_plus(op: &Op, at: &[View]) -> Option<ValueId> {
+    match *op {
+        Op::Binary { op: BinaryOp::Add, a, b } if at[a.index()].zero => Some(b),
+        Op::Binary { op: BinaryOp::Add | BinaryOp::Sub, a, b } if at[b.index()].zero => Some(a),
+        _ => None,
+    }
 }

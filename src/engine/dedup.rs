@@ -1,0 +1,118 @@
+//! Shared pulled rows: when many vertices of a minibatch pull the same row (the same word of an
+//! embedding), a product of the pulled input with a parameter runs once per distinct row and its
+//! result is copied to every vertex that pulled it; the parameter's gradient sums the output
+//! gradients per distinct row first. Rows are compared by content, so nothing is assumed of
+//! where they came from.
+
+use arbor_core::backend::NO_ROW;
+use arbor_core::fusion::Kernel;
+use arbor_core::ir::{Func, Node, Op, ValueId};
+use arbor_core::Shape;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Distinct rows are worth sharing only when they are at most this fraction of the non-zero rows.
+const WORTHWHILE: f64 = 0.9;
+
+/// The distinct non-zero rows of one pulled input of a minibatch.
+pub(super) struct Shared {
+    /// How many distinct rows.
+    pub unique: usize,
+    /// Per row (in row order), the index of its distinct row, or `NO_ROW` for a zero row.
+    pub map: Vec<u32>,
+    /// The distinct rows, back to back.
+    pub rows: Vec<f32>,
+}
+
+/// The distinct rows among `n` rows of `block` values (`row(r)`), if sharing them saves enough.
+pub(super) fn find<'a>(n: usize, block: usize, zero: &[bool], row: impl Fn(usize) -> &'a [f32]) -> Option<Shared> {
+    let nonzero = zero.iter().filter(|&&z| !z).count();
+    if nonzero < 2 || block == 0 {
+        return None;
+    }
+    // Per hash, the first distinct row with it; further ones with the same hash chain on.
+    let mut first: HashMap<u64, u32, BuildHasherDefault<Prehashed>> = HashMap::default();
+    first.reserve(nonzero);
+    let mut next: Vec<u32> = Vec::new();
+    let mut map = vec![NO_ROW; n];
+    let mut reps: Vec<usize> = Vec::new();
+    for r in (0..n).filter(|&r| !zero[r]) {
+        let x = row(r);
+        let fresh = reps.len() as u32;
+        let mut at = *first.entry(key(x)).or_insert(fresh);
+        while at != fresh && bits(row(reps[at as usize])) != bits(x) {
+            if next[at as usize] == NO_ROW {
+                next[at as usize] = fresh;
+            }
+            at = next[at as usize];
+        }
+        if at == fresh {
+            reps.push(r);
+            next.push(NO_ROW);
+        }
+        map[r] = at;
+    }
+    if reps.len() as f64 > WORTHWHILE * nonzero as f64 {
+        return None;
+    }
+    let mut rows = Vec::with_capacity(reps.len() * block);
+    for &r in &reps {
+        rows.extend_from_slice(row(r));
+    }
+    Some(Shared { unique: reps.len(), map, rows })
+}
+
+/// The bit patterns of `x` (rows are equal when these are).
+fn bits(x: &[f32]) -> &[u32] {
+    // SAFETY: f32 and u32 have the same size and alignment, and every bit pattern is a u32.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) }
+}
+
+/// A hash of 16 values spread over the row (equal rows hash equally; others are told apart by
+/// comparing them whole).
+fn key(x: &[f32]) -> u64 {
+    let step = (x.len() / 16).max(1);
+    bits(x)
+        .iter()
+        .step_by(step)
+        .fold(0xcbf2_9ce4_8422_2325, |h: u64, &v| (h ^ u64::from(v)).wrapping_mul(0x1000_0000_01b3))
+}
+
+/// A hasher for keys that are hashes already.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x1000_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// The pulled input read (untransposed, one row per vertex) as the left factor of a product with
+/// a parameter, if `v` is such a product.
+pub(super) fn pulled_factor(func: &Func, v: ValueId) -> Option<usize> {
+    let Op::MatMul { a, b, ta: false, .. } = func.node(v).op else { return None };
+    match func.node(a).op {
+        Op::Pull { input } if func.node(b).is_param && func.node(a).shape.rows() == 1 => Some(input),
+        _ => None,
+    }
+}
+
+/// The kernel that copies rows `block` wide (a gather when its load is bound to indexed rows).
+pub(super) fn copy_kernel(block: usize) -> Kernel {
+    Kernel {
+        values: vec![ValueId(0)],
+        nodes: vec![Node { op: Op::Pull { input: 0 }, shape: Shape::mat(1, block), is_param: false }],
+        stores: vec![0],
+    }
+}
