@@ -1,7 +1,9 @@
 //! Runs a fused kernel: the vertices are cut into chunks small enough that every intermediate
 //! of a chunk stays in cache, and each op runs as one loop over the chunk. Contiguous inputs are
-//! read where they lie and stored results are computed where they go; only intermediates and
-//! gathered rows use scratch. Large calls split their vertices between two threads.
+//! read where they lie, column slices of them are read in place (with the row stride of what they
+//! slice), and stored results are computed where they go; only intermediates and gathered rows
+//! use scratch. Values known to be zero (a load bound to zeros, a product with one) are not
+//! computed, and `x + 0` is `x`. Large calls split their vertices between two threads.
 
 use super::memory::{load, Raw};
 use super::{bad, elementwise, team};

@@ -1,4 +1,5 @@
-//! The CPU backend: host buffers, the `gemm` crate, and fused kernels run as tight loops.
+//! The CPU backend: host buffers, an AVX-512 product kernel (the `gemm` crate where it does not
+//! apply), and fused kernels run as tight loops.
 
 mod direct;
 mod elementwise;
