@@ -22,6 +22,10 @@ pub(super) struct Shared {
     pub map: Vec<u32>,
     /// The distinct rows, back to back.
     pub rows: Vec<f32>,
+    /// Where the engine put the distinct rows (in its `SHARED` buffer) and the map (in its
+    /// index buffer).
+    pub rows_at: usize,
+    pub map_at: usize,
 }
 
 /// The distinct rows among `n` rows of `block` values (`row(r)`), if sharing them saves enough.
@@ -59,7 +63,7 @@ pub(super) fn find<'a>(n: usize, block: usize, zero: &[bool], row: impl Fn(usize
     for &r in &reps {
         rows.extend_from_slice(row(r));
     }
-    Some(Shared { unique: reps.len(), map, rows })
+    Some(Shared { unique: reps.len(), map, rows, rows_at: 0, map_at: 0 })
 }
 
 /// The bit patterns of `x` (rows are equal when these are).

@@ -111,9 +111,6 @@ pub struct Engine<B: Backend> {
     pulled_factor: Vec<bool>,
     /// Per input, its distinct rows in this minibatch where sharing them pays.
     shared: Vec<Option<Shared>>,
-    /// Per input with shared rows: where they are in the `SHARED` buffer and where its row map is
-    /// in the index buffer.
-    shared_at: Vec<(usize, usize)>,
     /// The part of the `SHARED` buffer after the distinct rows: products over them.
     shared_scratch: Range<usize>,
     /// Scratch columns per distinct row: the widest set of products over one input that run
@@ -222,7 +219,6 @@ impl<B: Backend> Engine<B> {
             skip_padding_grads: false,
             pulled_factor,
             shared: Vec::new(),
-            shared_at: Vec::new(),
             shared_scratch: 0..0,
             shared_width,
             flops: 0,
@@ -566,22 +562,17 @@ impl<B: Backend> Engine<B> {
                 }
             })
             .collect();
-        self.shared_at.clear();
         let (mut at, mut map_at, mut most) = (0, self.index_layout.len, 0);
-        for s in &self.shared {
-            self.shared_at.push((at, map_at));
-            if let Some(s) = s {
-                (at, map_at, most) = (at + s.rows.len(), map_at + n, most.max(s.unique));
-            }
+        for s in self.shared.iter_mut().flatten() {
+            (s.rows_at, s.map_at) = (at, map_at);
+            (at, map_at, most) = (at + s.rows.len(), map_at + n, most.max(s.unique));
         }
         self.shared_scratch = at..at + most * self.shared_width;
         if self.backend.len(&self.bufs[SHARED]) < self.shared_scratch.end {
             self.bufs[SHARED] = self.backend.alloc(self.shared_scratch.end)?;
         }
-        for (s, &(at, _)) in self.shared.iter().zip(&self.shared_at) {
-            if let Some(s) = s {
-                self.backend.write(&mut self.bufs[SHARED], at, &s.rows)?;
-            }
+        for s in self.shared.iter().flatten() {
+            self.backend.write(&mut self.bufs[SHARED], s.rows_at, &s.rows)?;
         }
         Ok(())
     }
@@ -590,8 +581,7 @@ impl<B: Backend> Engine<B> {
     /// shared rows: sums `dy` per distinct row into scratch and returns the factors over the
     /// distinct rows instead (where x's rows are, where the summed dy is, how many rows).
     fn shared_grad(&mut self, x: ValueId, dy: ValueId, run: &Range<usize>) -> Result<Option<(Loc, Loc, usize)>> {
-        let Some(i) = self.shared_input(x) else { return Ok(None) };
-        let (unique, (rows_at, map_at)) = (self.shared[i].as_ref().map_or(0, |s| s.unique), self.shared_at[i]);
+        let Some(&Shared { unique, rows_at, map_at, .. }) = self.shared_input(x) else { return Ok(None) };
         let block = self.f.backward().func.node(dy).shape.numel();
         let sums = Loc { buf: SHARED, offset: self.shared_scratch.start };
         if self.shared_scratch.start + unique * block > self.shared_scratch.end {
@@ -605,14 +595,14 @@ impl<B: Backend> Engine<B> {
         Ok(Some((Loc { buf: SHARED, offset: rows_at }, sums, unique)))
     }
 
-    /// The input with shared rows that parameter-gradient factor `x` (a value of F′) reads.
-    fn shared_input(&self, x: ValueId) -> Option<usize> {
+    /// The shared rows of the input that parameter-gradient factor `x` (a value of F′) reads.
+    fn shared_input(&self, x: ValueId) -> Option<&Shared> {
         let op = match self.f.backward().func.node(x).op {
             Op::Primal { value } => &self.f.forward().node(value).op,
             ref op => op,
         };
         match *op {
-            Op::Pull { input } if self.shared[input].is_some() => Some(input),
+            Op::Pull { input } => self.shared[input].as_ref(),
             _ => None,
         }
     }
@@ -770,9 +760,10 @@ impl<B: Backend> Engine<B> {
     ) -> Result<(Gemm, Option<SharedCopy>)> {
         let mut g = self.gemm_call(pass, v, run.clone())?;
         let input = (pass == Pass::Forward).then(|| dedup::pulled_factor(self.func(pass), v)).flatten();
-        let Some((i, shared)) = input.and_then(|i| Some((i, self.shared[i].as_ref()?))) else { return Ok((g, None)) };
-        let (rows_at, map_at) = self.shared_at[i];
-        if *scratch + shared.unique * g.ldc > self.shared_scratch.end {
+        let Some(&Shared { unique, rows_at, map_at, .. }) = input.and_then(|i| self.shared[i].as_ref()) else {
+            return Ok((g, None));
+        };
+        if *scratch + unique * g.ldc > self.shared_scratch.end {
             return Ok((g, None));
         }
         let copy = SharedCopy {
@@ -782,8 +773,8 @@ impl<B: Backend> Engine<B> {
             rows: run.len(),
             block: g.ldc,
         };
-        *scratch += shared.unique * g.ldc;
-        (g.m, g.a, g.c) = (shared.unique, Loc { buf: SHARED, offset: rows_at }, copy.from);
+        *scratch += unique * g.ldc;
+        (g.m, g.a, g.c) = (unique, Loc { buf: SHARED, offset: rows_at }, copy.from);
         Ok((g, Some(copy)))
     }
 

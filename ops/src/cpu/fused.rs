@@ -105,26 +105,30 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
         let stored = s.store_of[l].is_some();
         // Values read where they lie: inputs in place and column slices of one-row values.
         let zero = View { ptr: s.zeros.as_ptr(), stride: 0, width: block, zero: true };
-        let view = match (&node.op, s.load_of[l]) {
-            _ if !stored && is_zero(&node.op, block, &s.at, s.load_of[l]) => Some(zero),
-            (op, _) if !stored && zero_plus(op, &s.at).is_some_and(|x| s.at[x.index()].width == block) => {
-                zero_plus(op, &s.at).map(|x| s.at[x.index()])
+        let view = if stored {
+            None
+        } else if is_zero(&node.op, block, &s.at, s.load_of[l]) {
+            Some(zero)
+        } else if let Some(x) = zero_plus(&node.op, &s.at, block) {
+            Some(x)
+        } else {
+            match (&node.op, s.load_of[l]) {
+                (_, Some(Rows::Contiguous(at))) => {
+                    // SAFETY: loads are never written by the call that reads them.
+                    let p = unsafe { raw.get("fused load", at.offset_by(start * block), m * block)? }.as_ptr();
+                    Some(View { ptr: p, stride: block, width: block, zero: false })
+                }
+                (_, Some(Rows::Broadcast(at))) => {
+                    let p = unsafe { raw.get("fused load", at, block)? }.as_ptr();
+                    Some(View { ptr: p, stride: 0, width: block, zero: false })
+                }
+                (Op::Slice { x, start: c0, len }, _) if k.nodes[x.index()].shape.rows() == 1 => {
+                    let x = s.at[x.index()];
+                    // SAFETY: columns `c0..c0 + len` of each row of a one-row value.
+                    Some(View { ptr: unsafe { x.ptr.add(*c0) }, stride: x.stride, width: *len, zero: false })
+                }
+                _ => None,
             }
-            (_, Some(Rows::Contiguous(at))) if !stored => {
-                // SAFETY: loads are never written by the call that reads them.
-                let p = unsafe { raw.get("fused load", at.offset_by(start * block), m * block)? }.as_ptr();
-                Some(View { ptr: p, stride: block, width: block, zero: false })
-            }
-            (_, Some(Rows::Broadcast(at))) if !stored => {
-                let p = unsafe { raw.get("fused load", at, block)? }.as_ptr();
-                Some(View { ptr: p, stride: 0, width: block, zero: false })
-            }
-            (Op::Slice { x, start: c0, len }, _) if !stored && k.nodes[x.index()].shape.rows() == 1 => {
-                let x = s.at[x.index()];
-                // SAFETY: columns `c0..c0 + len` of each row of a one-row value.
-                Some(View { ptr: unsafe { x.ptr.add(*c0) }, stride: x.stride, width: *len, zero: false })
-            }
-            _ => None,
         };
         if let Some(v) = view {
             s.at[l] = v;
@@ -257,11 +261,13 @@ fn is_zero(op: &Op, block: usize, at: &[View], load: Option<Rows>) -> bool {
     }
 }
 
-/// For `x + 0`, `0 + x` and `x − 0`: `x`, which the result is.
-fn zero_plus(op: &Op, at: &[View]) -> Option<ValueId> {
-    match *op {
-        Op::Binary { op: BinaryOp::Add, a, b } if at[a.index()].zero => Some(b),
-        Op::Binary { op: BinaryOp::Add | BinaryOp::Sub, a, b } if at[b.index()].zero => Some(a),
-        _ => None,
-    }
+/// For `x + 0`, `0 + x` and `x − 0` with `x` as wide as the result (`block`): `x`, which the
+/// result is.
+fn zero_plus(op: &Op, at: &[View], block: usize) -> Option<View> {
+    let x = match *op {
+        Op::Binary { op: BinaryOp::Add, a, b } if at[a.index()].zero => b,
+        Op::Binary { op: BinaryOp::Add | BinaryOp::Sub, a, b } if at[b.index()].zero => a,
+        _ => return None,
+    };
+    Some(at[x.index()]).filter(|v| v.width == block)
 }
