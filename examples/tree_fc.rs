@@ -2,7 +2,7 @@
 //! `cargo run --release --example tree_fc [LEAVES] [HIDDEN]`.
 
 use arbor::core::rng::Rng;
-use arbor::{nn, CpuBackend, Engine, InputGraph};
+use arbor::{nn, CpuBackend, Engine, InputGraph, Pull};
 use std::time::Instant;
 
 fn main() -> arbor::Result<()> {
@@ -18,12 +18,12 @@ fn main() -> arbor::Result<()> {
     let n: usize = trees.iter().map(InputGraph::len).sum();
     let x: Vec<f32> = (0..n * hidden).map(|_| rng.range(-1.0, 1.0)).collect();
     let dh = vec![1e-3; n * hidden];
-    engine.forward(&refs, &[&x])?;
+    engine.forward(&refs, &[Pull::Rows(&x)])?;
     engine.backward(&[&dh])?;
     let start = Instant::now();
     let reps = 5;
     for _ in 0..reps {
-        engine.forward(&refs, &[&x])?;
+        engine.forward(&refs, &[Pull::Rows(&x)])?;
         engine.backward(&[&dh])?;
     }
     let secs = start.elapsed().as_secs_f64() / reps as f64;

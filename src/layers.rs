@@ -26,8 +26,7 @@
 //! let mut out = SoftmaxClassifier::new(hidden, 5, &mut rng);
 //! let mut losses = Vec::new();
 //! for _ in 0..60 {
-//!     let x = embed.lookup(&ids)?;
-//!     let h = engine.forward(&graphs, &[&x])?;
+//!     let h = engine.forward(&graphs, &[embed.pull(&ids)])?;
 //!     let step = out.loss(&h[0], &targets)?;
 //!     let grads = engine.backward(&[&step.grad_input])?;
 //!     let mut params = engine.params()?;
@@ -35,7 +34,7 @@
 //!         p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
 //!     }
 //!     engine.set_params(&params)?;
-//!     embed.apply(&embed.sparse_grad(&ids, &grads.pulls[0])?, -lr);
+//!     embed.apply(grads.tables[0].as_ref().expect("a looked-up input"), -lr);
 //!     out.apply(&step.grads, -lr);
 //!     losses.push(step.loss);
 //! }
@@ -55,14 +54,8 @@ pub struct Embedding {
     padding: Option<u32>,
 }
 
-/// A gradient that touches only some rows of a table.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SparseGrad {
-    /// The rows touched, ascending, each once.
-    pub rows: Vec<u32>,
-    /// Their gradients, `rows.len() × dim`.
-    pub values: Vec<f32>,
-}
+use crate::engine::Pull;
+pub use crate::engine::SparseGrad;
 
 impl Embedding {
     /// A `vocab × dim` table drawn uniformly from `[-scale, scale]`.
@@ -115,6 +108,12 @@ impl Embedding {
     /// The table, row-major.
     pub fn table(&self) -> &[f32] {
         &self.table
+    }
+
+    /// The engine input through which vertex `i` of a minibatch pulls row `ids[i]` (the padding
+    /// row pulls zeros and gets no gradient).
+    pub fn pull<'a>(&'a self, ids: &'a [u32]) -> Pull<'a> {
+        Pull::Lookup { table: &self.table, ids, padding: self.padding }
     }
 
     fn check(&self, ids: &[u32]) -> Result<()> {

@@ -22,7 +22,7 @@ pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
 pub use arbor_core::{DType, Error, Result, Shape, Tensor};
 pub use arbor_cuda as cuda;
 pub use arbor_ops::CpuBackend;
-pub use engine::{Engine, Gradients, Planned, Planner};
+pub use engine::{Engine, Gradients, Planned, Planner, Pull, SparseGrad};
 
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

@@ -228,7 +228,7 @@ impl<B: Backend> Classifier<B> {
                 let targets = loss_on.select(&b.graphs, &b.labels)?;
                 let planned = next.take();
                 let out = self.output_pass_planned(&b.graphs, &b.words, Readout::Vertices(&targets), None, planned)?;
-                let stats = self.finish_step(out, &b.words, opt, clip)?;
+                let stats = self.finish_step(out, opt, clip)?;
                 done(&stats, examples.len());
                 next = ahead.join().map_err(|_| planner_error("a panic".into()))??;
             }
@@ -238,8 +238,7 @@ impl<B: Backend> Classifier<B> {
 
     /// The pushed rows of every vertex of a minibatch, in inference mode.
     pub fn infer(&mut self, graphs: &[&InputGraph], ids: &[u32]) -> Result<Vec<f32>> {
-        let x = self.embed.lookup(ids)?;
-        Ok(self.engine.infer(graphs, &[&x])?.swap_remove(0))
+        Ok(self.engine.infer(graphs, &[self.embed.pull(ids)])?.swap_remove(0))
     }
 
     /// One optimizer step: vertex `i` of the merged minibatch pulls row `ids[i]` of the embedding.
@@ -252,18 +251,12 @@ impl<B: Backend> Classifier<B> {
         clip: Option<f32>,
     ) -> Result<StepStats> {
         let out = self.output_pass(graphs, ids, readout, None)?;
-        self.finish_step(out, ids, opt, clip)
+        self.finish_step(out, opt, clip)
     }
 
     /// A step after its [`Classifier::output_pass`]: backward and the optimizer update.
-    fn finish_step(
-        &mut self,
-        out: OutputPass,
-        ids: &[u32],
-        opt: &mut Optimizer,
-        clip: Option<f32>,
-    ) -> Result<StepStats> {
-        let (cell, embedding) = self.input_pass(&out.push_grad, ids)?;
+    fn finish_step(&mut self, out: OutputPass, opt: &mut Optimizer, clip: Option<f32>) -> Result<StepStats> {
+        let (cell, embedding) = self.input_pass(&out.push_grad)?;
         let mut grads = StepGrads { stats: out.stats, cell, classifier: out.classifier, embedding };
         self.apply(&mut grads, opt, clip)?;
         Ok(grads.stats)
@@ -292,10 +285,10 @@ impl<B: Backend> Classifier<B> {
         denom: Option<usize>,
         planned: Option<Planned<'_>>,
     ) -> Result<OutputPass> {
-        let x = self.embed.lookup(ids)?;
+        let pull = self.embed.pull(ids);
         let h = match planned {
-            Some(p) => self.engine.forward_planned(p, &[&x])?,
-            None => self.engine.forward(graphs, &[&x])?,
+            Some(p) => self.engine.forward_planned(p, &[pull])?,
+            None => self.engine.forward(graphs, &[pull])?,
         };
         let width = self.engine.function().outputs()[0].shape.numel();
         let (step, push_grad) = match readout {
@@ -334,17 +327,18 @@ impl<B: Backend> Classifier<B> {
     /// the gradient of the pushed rows. Returns the cell's and the embedding's gradients. With a
     /// [loss scale](Self::loss_scale) the backward pass runs on scaled gradients and its results
     /// are unscaled.
-    pub fn input_pass(&mut self, push_grad: &[f32], ids: &[u32]) -> Result<(Vec<Vec<f32>>, SparseGrad)> {
+    pub fn input_pass(&mut self, push_grad: &[f32]) -> Result<(Vec<Vec<f32>>, SparseGrad)> {
         let mut grads = match self.loss_scale {
             Some(s) => {
                 let scaled: Vec<f32> = push_grad.iter().map(|g| g * s.scale()).collect();
                 let mut grads = self.engine.backward(&[&scaled])?;
-                scale_all(grads.params.iter_mut().chain(&mut grads.pulls), 1.0 / s.scale());
+                let tables = grads.tables.iter_mut().flatten().map(|t| &mut t.values);
+                scale_all(grads.params.iter_mut().chain(tables), 1.0 / s.scale());
                 grads
             }
             None => self.engine.backward(&[push_grad])?,
         };
-        let sparse = self.embed.sparse_grad(ids, &grads.pulls.swap_remove(0))?;
+        let sparse = grads.tables.swap_remove(0).unwrap_or_default();
         Ok((grads.params, sparse))
     }
 

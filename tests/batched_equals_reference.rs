@@ -4,7 +4,7 @@
 use arbor::batching::{Agenda, ByDepth, ByHeight, Policy};
 use arbor::core::ir::interp::run_graph;
 use arbor::core::rng::Rng;
-use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, VertexFn};
+use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, Pull, SparseGrad, VertexFn};
 use proptest::prelude::*;
 
 fn random_rows(rng: &mut Rng, len: usize) -> Vec<f32> {
@@ -27,16 +27,41 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
     check_pulling(f, seed, graphs, max_vertices, dag, None);
 }
 
-/// Rows `len` wide for `n` vertices: random, or (with `table`) each a random one of `table`
-/// random rows, the first of them zeros, as vertices pulling words of a small vocabulary do.
-fn pulled_rows(rng: &mut Rng, n: usize, len: usize, table: Option<usize>) -> Vec<f32> {
-    let Some(k) = table else { return random_rows(rng, n * len) };
-    let mut rows = vec![0.0; len];
-    rows.extend(random_rows(rng, (k.max(1) - 1) * len));
-    (0..n).flat_map(|_| rows[rng.below(k.max(1)) * len..][..len].to_vec()).collect()
+/// One pulled input of a test minibatch.
+struct Pulled {
+    /// One row per vertex.
+    rows: Vec<f32>,
+    /// The table the rows were looked up in and each vertex's id, if they were.
+    lookup: Option<(Vec<f32>, Vec<u32>)>,
 }
 
-/// [`check`], with the pulled rows drawn from a table of `table` rows when given.
+/// Rows `len` wide for `n` vertices: random, or (with `table`) each a random one of `table`
+/// random rows, the first of them zeros, as vertices pulling words of a small vocabulary do.
+fn pulled_rows(rng: &mut Rng, n: usize, len: usize, table: Option<usize>) -> Pulled {
+    let Some(k) = table.map(|k| k.max(1)) else { return Pulled { rows: random_rows(rng, n * len), lookup: None } };
+    let mut t = vec![0.0; len];
+    t.extend(random_rows(rng, (k - 1) * len));
+    let ids: Vec<u32> = (0..n).map(|_| rng.below(k) as u32).collect();
+    let rows = ids.iter().flat_map(|&i| t[i as usize * len..][..len].to_vec()).collect();
+    Pulled { rows, lookup: Some((t, ids)) }
+}
+
+/// The gradient of a table from the gradient rows of the vertices that looked it up (`ids`),
+/// summed per id in f64, every id but `padding`.
+fn table_grad(ids: &[u32], rows: &[f32], len: usize, padding: Option<u32>) -> SparseGrad {
+    let mut sums = std::collections::BTreeMap::<u32, Vec<f64>>::new();
+    for (v, &id) in ids.iter().enumerate().filter(|&(_, &id)| Some(id) != padding) {
+        let s = sums.entry(id).or_insert_with(|| vec![0.0; len]);
+        for (a, &x) in s.iter_mut().zip(&rows[v * len..(v + 1) * len]) {
+            *a += f64::from(x);
+        }
+    }
+    SparseGrad { rows: sums.keys().copied().collect(), values: sums.values().flatten().map(|&x| x as f32).collect() }
+}
+
+/// [`check`], with the pulled rows drawn from a table of `table` rows when given; then they are
+/// also given to the engine as lookups in that table (with row 0 as padding for even seeds),
+/// whose table gradients must equal the reference's input gradients summed per id.
 fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool, table: Option<usize>) {
     let mut rng = Rng::new(seed);
     let params = f.init_params(&mut rng);
@@ -51,13 +76,13 @@ fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag
         })
         .collect();
     let total: usize = gs.iter().map(InputGraph::len).sum();
-    let pulls: Vec<Vec<f32>> =
-        f.inputs().iter().map(|p| pulled_rows(&mut rng, total, p.shape.numel(), table)).collect();
+    let pulled: Vec<Pulled> = f.inputs().iter().map(|p| pulled_rows(&mut rng, total, p.shape.numel(), table)).collect();
+    let pulls: Vec<Vec<f32>> = pulled.iter().map(|p| p.rows.clone()).collect();
     let push_grads: Vec<Vec<f32>> =
         f.outputs().iter().map(|o| random_rows(&mut rng, total * o.shape.numel())).collect();
 
     let refs: Vec<&InputGraph> = gs.iter().collect();
-    let pull_refs: Vec<&[f32]> = pulls.iter().map(Vec::as_slice).collect();
+    let pull_refs: Vec<Pull> = pulls.iter().map(|p| Pull::Rows(p)).collect();
     let grad_refs: Vec<&[f32]> = push_grads.iter().map(Vec::as_slice).collect();
     let mut want_out: Vec<Vec<f32>> = vec![Vec::new(); f.outputs().len()];
     let mut want_pull: Vec<Vec<f32>> = vec![Vec::new(); f.inputs().len()];
@@ -105,6 +130,31 @@ fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag
         for (p, (got, want)) in grads.params.iter().zip(&want_param).enumerate() {
             assert_close(&format!("{name}: parameter {} gradient", f.params()[p].name), got, want);
         }
+    }
+    if table.is_none() {
+        return;
+    }
+    let padding = seed.is_multiple_of(2).then_some(0);
+    let lookups: Vec<Pull> = pulled
+        .iter()
+        .filter_map(|p| p.lookup.as_ref())
+        .map(|(table, ids)| Pull::Lookup { table, ids, padding })
+        .collect();
+    let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+    let outputs = engine.forward(&refs, &lookups).unwrap();
+    let grads = engine.backward(&grad_refs).unwrap();
+    for (o, (got, want)) in outputs.iter().zip(&want_out).enumerate() {
+        assert_close(&format!("lookup: output {o}"), got, want);
+    }
+    for (i, ((got, want), port)) in grads.tables.iter().zip(&want_pull).zip(f.inputs()).enumerate() {
+        let (Some(got), Some((_, ids))) = (got, &pulled[i].lookup) else { panic!("no table gradient for input {i}") };
+        let want = table_grad(ids, want, port.shape.numel(), padding);
+        assert_eq!(got.rows, want.rows, "lookup: rows of the table gradient of input {i}");
+        assert_close(&format!("lookup: table gradient of input {i}"), &got.values, &want.values);
+        assert!(grads.pulls[i].is_empty(), "lookup: rows given for input {i}");
+    }
+    for (p, (got, want)) in grads.params.iter().zip(&want_param).enumerate() {
+        assert_close(&format!("lookup: parameter {} gradient", f.params()[p].name), got, want);
     }
 }
 
@@ -207,7 +257,7 @@ fn shared_rows_and_zero_columns_cut_executed_flops() {
     let same: Vec<f32> = distinct[..embed].repeat(50);
     let flops = |x: &[f32]| {
         let mut e = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
-        let out = e.infer(&refs, &[x]).unwrap();
+        let out = e.infer(&refs, &[Pull::Rows(x)]).unwrap();
         (e.flops(), out)
     };
     let (all, _) = flops(&distinct);
@@ -222,6 +272,40 @@ fn shared_rows_and_zero_columns_cut_executed_flops() {
     }
 }
 
+/// A looked-up input's table gradient is formed per distinct id: over leaves that all pull one
+/// row, the backward pass runs `dy·Wᵀ` over that row only, where rows given per vertex run it
+/// once per vertex.
+#[test]
+fn lookup_gradients_run_per_distinct_id() {
+    let (embed, hidden) = (8, 6);
+    let f = nn::tree_lstm(embed, hidden).unwrap();
+    let params = f.init_params(&mut Rng::new(1));
+    let leaves: Vec<InputGraph> = (0..50).map(|_| InputGraph::from_children(vec![vec![]]).unwrap()).collect();
+    let refs: Vec<&InputGraph> = leaves.iter().collect();
+    let mut rng = Rng::new(3);
+    let table = random_rows(&mut rng, 3 * embed);
+    let ids = [1u32; 50];
+    let rows = table[embed..2 * embed].repeat(50);
+    let dh = random_rows(&mut rng, 50 * hidden);
+    let backward = |pull: Pull| {
+        let mut e = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+        e.forward(&refs, &[pull]).unwrap();
+        let before = e.flops();
+        let grads = e.backward(&[&dh]).unwrap();
+        (e.flops() - before, grads)
+    };
+    let (per_row, by_rows) = backward(Pull::Rows(&rows));
+    let (per_id, by_id) = backward(Pull::Lookup { table: &table, ids: &ids, padding: None });
+    // Leaves: dy·Wᵀ over the input, output, cell and candidate gates only (3 of 5 gate blocks).
+    let product = 2 * embed * 3 * hidden;
+    assert_eq!(per_id, per_row - 49 * product as u64, "one distinct id: one row of dy·Wᵀ");
+    let got = by_id.tables[0].as_ref().expect("a table gradient");
+    assert_eq!(got.rows, [1]);
+    let want: Vec<f32> = (0..embed).map(|c| by_rows.pulls[0].chunks(embed).map(|r| r[c]).sum()).collect();
+    assert_close("table gradient", &got.values, &want);
+    assert_close("parameter gradients", &by_id.params.concat(), &by_rows.params.concat());
+}
+
 #[test]
 fn padding_rows_get_zero_gradients_when_asked() {
     let f = nn::tree_lstm(3, 2).unwrap();
@@ -230,11 +314,11 @@ fn padding_rows_get_zero_gradients_when_asked() {
     let x = [0.5, -0.2, 0.1, 0.3, 0.3, -0.7, 0.0, 0.0, 0.0];
     let dh = [0.0, 0.0, 0.0, 0.0, 1.0, -1.0];
     let mut plain = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
-    plain.forward(&[&g], &[&x]).unwrap();
+    plain.forward(&[&g], &[Pull::Rows(&x)]).unwrap();
     let want = plain.backward(&[&dh]).unwrap();
     let mut skipping = Engine::new(CpuBackend::new(), f, &params).unwrap();
     skipping.set_skip_padding_grads(true);
-    skipping.forward(&[&g], &[&x]).unwrap();
+    skipping.forward(&[&g], &[Pull::Rows(&x)]).unwrap();
     let got = skipping.backward(&[&dh]).unwrap();
     assert_eq!(got.pulls[0][..6], want.pulls[0][..6]);
     assert!(want.pulls[0][6..].iter().any(|&v| v != 0.0), "the root's input gradient is not zero without skipping");
@@ -251,7 +335,7 @@ fn empty_slots_and_single_vertices() {
     let right_only = InputGraph::from_children(vec![vec![], vec![None, Some(0)]]).unwrap();
     let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
     let x: Vec<f32> = random_rows(&mut rng, 3 * 3);
-    let out = engine.forward(&[&lone, &right_only], &[&x]).unwrap();
+    let out = engine.forward(&[&lone, &right_only], &[Pull::Rows(&x)]).unwrap();
     let run = run_graph(&f, &params, &right_only, &[&x[3..]], &[&[0.0; 4]]);
     assert_close("right-only child", &out[0][2..], &run.outputs[0]);
 }

@@ -2,7 +2,7 @@
 //! in steady state (no allocation after the first minibatch of a size).
 
 use arbor::core::rng::Rng;
-use arbor::{nn, Backend, CpuBackend, Engine, Error, InputGraph};
+use arbor::{nn, Backend, CpuBackend, Engine, Error, InputGraph, Pull};
 
 fn engine(embed: usize, hidden: usize) -> Engine<CpuBackend> {
     let f = nn::tree_lstm(embed, hidden).unwrap();
@@ -14,7 +14,7 @@ fn engine(embed: usize, hidden: usize) -> Engine<CpuBackend> {
 fn wrong_input_length_names_the_input() {
     let mut e = engine(3, 2);
     let g = InputGraph::from_children(vec![vec![], vec![Some(0)]]).unwrap();
-    let err = e.forward(&[&g], &[&[0.0; 5]]).unwrap_err();
+    let err = e.forward(&[&g], &[Pull::Rows(&[0.0; 5])]).unwrap_err();
     assert!(matches!(err, Error::Input { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("input `x`") && msg.contains("6 values") && msg.contains("got 5"), "{msg}");
@@ -23,11 +23,29 @@ fn wrong_input_length_names_the_input() {
 }
 
 #[test]
+fn bad_lookups_name_the_input_and_vertex() {
+    let mut e = engine(3, 2);
+    let g = InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)]]).unwrap();
+    let table = [0.5; 12];
+    let mut run = |table: &[f32], ids: &[u32], padding| {
+        e.forward(&[&g], &[Pull::Lookup { table, ids, padding }]).unwrap_err().to_string()
+    };
+    let msg = run(&table, &[0, 1], None);
+    assert!(msg.contains("ids of input `x`") && msg.contains("3 (one per vertex)") && msg.contains("got 2"), "{msg}");
+    let msg = run(&table[..11], &[0, 1, 2], None);
+    assert!(msg.contains("table of input `x`") && msg.contains("rows of 3 values"), "{msg}");
+    let msg = run(&table, &[0, 4, 1], None);
+    assert!(msg.contains("id of vertex 1") && msg.contains("below 4") && msg.contains("got 4"), "{msg}");
+    // The padding id pulls zeros wherever it lies.
+    e.forward(&[&g], &[Pull::Lookup { table: &table, ids: &[0, 1, 99], padding: Some(99) }]).unwrap();
+}
+
+#[test]
 fn too_many_children_names_graph_and_vertex() {
     let mut e = engine(3, 2);
     let ok = InputGraph::from_children(vec![vec![]]).unwrap();
     let wide = InputGraph::from_children(vec![vec![], vec![], vec![], vec![Some(0), Some(1), Some(2)]]).unwrap();
-    let err = e.forward(&[&ok, &wide], &[&[0.0; 15]]).unwrap_err();
+    let err = e.forward(&[&ok, &wide], &[Pull::Rows(&[0.0; 15])]).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::Graph { .. }));
     assert!(
@@ -52,7 +70,7 @@ fn cycles_and_bad_child_indices_are_refused() {
 fn backward_checks_gradient_lengths() {
     let mut e = engine(3, 2);
     let g = InputGraph::chain(3);
-    e.forward(&[&g], &[&[0.5; 9]]).unwrap();
+    e.forward(&[&g], &[Pull::Rows(&[0.5; 9])]).unwrap();
     let err = e.backward(&[&[1.0; 5]]).unwrap_err();
     assert!(err.to_string().contains("gradient of output `h`"), "{err}");
 }
@@ -65,16 +83,16 @@ fn steady_state_allocates_nothing() {
     let refs: Vec<&InputGraph> = graphs.iter().collect();
     let x: Vec<f32> = (0..20 * 4).map(|_| rng.uniform()).collect();
     let dh = vec![1.0; 20 * 3];
-    e.forward(&refs, &[&x]).unwrap();
+    e.forward(&refs, &[Pull::Rows(&x)]).unwrap();
     e.backward(&[&dh]).unwrap();
     let after_first = e.backend().allocations();
     for _ in 0..3 {
-        e.forward(&refs, &[&x]).unwrap();
+        e.forward(&refs, &[Pull::Rows(&x)]).unwrap();
         e.backward(&[&dh]).unwrap();
     }
     assert_eq!(e.backend().allocations(), after_first, "a steady-state step allocated device memory");
     // A smaller minibatch reuses the same arena too.
-    e.forward(&refs[..2], &[&x[..5 * 4]]).unwrap();
+    e.forward(&refs[..2], &[Pull::Rows(&x[..5 * 4])]).unwrap();
     assert_eq!(e.backend().allocations(), after_first);
 }
 
@@ -84,7 +102,7 @@ fn chain_of_100k_vertices_runs_forward_and_backward() {
     let n = 100_000;
     let g = InputGraph::chain(n);
     let x = vec![0.1; n * 2];
-    let h = e.forward(&[&g], &[&x]).unwrap();
+    let h = e.forward(&[&g], &[Pull::Rows(&x)]).unwrap();
     assert_eq!(h[0].len(), n * 2);
     assert!(h[0].iter().all(|v| v.is_finite()));
     let mut dh = vec![0.0; n * 2];
@@ -101,7 +119,7 @@ fn tree_of_100k_leaves_runs_forward_and_backward() {
     let g = InputGraph::balanced_binary(100_000);
     let n = g.len();
     let x = vec![0.1; n * 2];
-    e.forward(&[&g], &[&x]).unwrap();
+    e.forward(&[&g], &[Pull::Rows(&x)]).unwrap();
     assert_eq!(e.schedule().tasks.len(), 18); // ⌈log2 100000⌉ + 1 heights
     let grads = e.backward(&[&vec![1e-3; n * 2]]).unwrap();
     assert!(grads.params.iter().flatten().all(|g| g.is_finite()));
@@ -131,10 +149,10 @@ fn planned_ahead_equals_scheduled_in_forward() {
     let vertices: usize = graphs.iter().map(InputGraph::len).sum();
     let x: Vec<f32> = (0..vertices * 3).map(|_| rng.range(-1.0, 1.0)).collect();
     let (mut direct, mut ahead) = (engine(3, 2), engine(3, 2));
-    let want = direct.forward(&refs, &[&x]).unwrap();
+    let want = direct.forward(&refs, &[Pull::Rows(&x)]).unwrap();
     let planner = ahead.planner();
     let planned = std::thread::scope(|s| s.spawn(|| planner.plan(&refs)).join().unwrap()).unwrap();
-    assert_eq!(ahead.forward_planned(planned, &[&x]).unwrap(), want);
+    assert_eq!(ahead.forward_planned(planned, &[Pull::Rows(&x)]).unwrap(), want);
     let dy = vec![0.5; want[0].len()];
     assert_eq!(ahead.backward(&[&dy]).unwrap(), direct.backward(&[&dy]).unwrap());
 
@@ -142,5 +160,5 @@ fn planned_ahead_equals_scheduled_in_forward() {
     let err = planner.plan(&[&graphs[0], &wide]).err().expect("a graph too wide for the cell");
     assert!(err.to_string().contains("#1"), "{err}");
     let other = planner.plan(&refs).unwrap();
-    assert!(direct.forward_planned(other, &[&x]).is_err(), "another engine's plan was accepted");
+    assert!(direct.forward_planned(other, &[Pull::Rows(&x)]).is_err(), "another engine's plan was accepted");
 }

@@ -5,7 +5,7 @@
 
 use arbor::core::rng::Rng;
 use arbor::cuda::{CudaBackend, Precision};
-use arbor::{nn, Backend, CpuBackend, Engine, InputGraph, VertexFn};
+use arbor::{nn, Backend, CpuBackend, Engine, InputGraph, Pull, VertexFn};
 
 /// Opening a device on a machine without CUDA is an error, never a panic.
 #[test]
@@ -49,8 +49,8 @@ fn cells_match(precision: Precision, tolerance: f32) {
         let vertices: usize = graphs.iter().map(InputGraph::len).sum();
         let width = f.inputs()[0].shape.numel();
         let x: Vec<f32> = (0..vertices * width).map(|_| rng.range(-1.0, 1.0)).collect();
-        let hg = gpu.forward(&refs, &[&x]).unwrap();
-        let hc = cpu.forward(&refs, &[&x]).unwrap();
+        let hg = gpu.forward(&refs, &[Pull::Rows(&x)]).unwrap();
+        let hc = cpu.forward(&refs, &[Pull::Rows(&x)]).unwrap();
         close(&format!("{} forward", f.name()), &hg[0], &hc[0]);
         let dy: Vec<f32> = (0..hc[0].len()).map(|_| rng.range(-1.0, 1.0)).collect();
         let gg = gpu.backward(&[&dy]).unwrap();
@@ -59,7 +59,7 @@ fn cells_match(precision: Precision, tolerance: f32) {
         for (k, (a, b)) in gg.params.iter().zip(&gc.params).enumerate() {
             close(&format!("{} gradient of parameter {k}", f.name()), a, b);
         }
-        let inferred = gpu.infer(&refs, &[&x]).unwrap();
+        let inferred = gpu.infer(&refs, &[Pull::Rows(&x)]).unwrap();
         close(&format!("{} inference", f.name()), &inferred[0], &hc[0]);
     }
 }
@@ -95,7 +95,7 @@ fn no_device_allocation_after_warm_up() {
     let vertices: usize = graphs.iter().map(InputGraph::len).sum();
     let x = vec![0.25f32; vertices * 8];
     let step = |e: &mut Engine<CudaBackend>| {
-        let h = e.forward(&refs, &[&x]).unwrap();
+        let h = e.forward(&refs, &[Pull::Rows(&x)]).unwrap();
         e.backward(&[&vec![1.0; h[0].len()]]).unwrap();
     };
     step(&mut gpu);

@@ -136,7 +136,7 @@ pub fn step(
     let mut bucket0 = head(&grads.classifier, &grads.stats);
     coll.start_all_reduce(&bucket0)?;
     if let Some(push_grad) = pass {
-        (grads.cell, grads.embedding) = model.input_pass(&push_grad, &local.words)?;
+        (grads.cell, grads.embedding) = model.input_pass(&push_grad)?;
     }
     let mut bucket1: Vec<f32> = grads.cell.concat();
     coll.start_all_reduce(&bucket1)?;

@@ -13,7 +13,7 @@ use super::collective::{Collective, Mailbox};
 use super::data_parallel::{merge, split};
 use super::schedule::{self, Kind, Op};
 use crate::data::TreeExample;
-use crate::engine::Engine;
+use crate::engine::{Engine, Pull};
 use crate::layers::{ClassifierGrads, Embedding, LossOn, SoftmaxClassifier, SparseGrad};
 use crate::nn::Model;
 use crate::optim::{clip_to, sum_squares, Optimizer};
@@ -322,7 +322,7 @@ impl Stage {
         let mut x = self.input(mail, &mb.words, ACT)?;
         if !mb.words.is_empty() {
             for e in &mut self.engines[k] {
-                x = e.forward(&mb.graphs, &[&x])?.swap_remove(0);
+                x = e.forward(&mb.graphs, &[Pull::Rows(&x)])?.swap_remove(0);
             }
         }
         let Some(out) = &self.part.out else { return mail.send_f32(mail.rank() + 1, ACT, &x) };
@@ -532,7 +532,7 @@ impl Stage {
             let b = batch(&refs);
             let mut x = self.input(mail, &b.words, ACT)?;
             for e in &mut self.engines[0] {
-                x = e.infer(&b.graphs, &[&x])?.swap_remove(0);
+                x = e.infer(&b.graphs, &[Pull::Rows(&x)])?.swap_remove(0);
             }
             let Some(out) = &self.part.out else {
                 mail.send_f32(mail.rank() + 1, ACT, &x)?;

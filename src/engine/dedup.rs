@@ -1,8 +1,8 @@
 //! Shared pulled rows: when many vertices of a minibatch pull the same row (the same word of an
 //! embedding), a product of the pulled input with a parameter runs once per distinct row and its
 //! result is copied to every vertex that pulled it; the parameter's gradient sums the output
-//! gradients per distinct row first. Rows are compared by content, so nothing is assumed of
-//! where they came from.
+//! gradients per distinct row first. Rows given one per vertex are compared by content, so
+//! nothing is assumed of where they came from; rows looked up in a table are told apart by id.
 
 use arbor_core::backend::NO_ROW;
 use arbor_core::fusion::Kernel;
@@ -18,6 +18,8 @@ const WORTHWHILE: f64 = 0.9;
 pub(super) struct Shared {
     /// How many distinct rows.
     pub unique: usize,
+    /// For rows looked up in a table: the ids of the distinct rows, ascending.
+    pub ids: Option<Vec<u32>>,
     /// Per row (in row order), the index of its distinct row, or `NO_ROW` for a zero row.
     pub map: Vec<u32>,
     /// The distinct rows, back to back.
@@ -63,7 +65,31 @@ pub(super) fn find<'a>(n: usize, block: usize, zero: &[bool], row: impl Fn(usize
     for &r in &reps {
         rows.extend_from_slice(row(r));
     }
-    Some(Shared { unique: reps.len(), map, rows, rows_at: 0, map_at: 0 })
+    Some(Shared { unique: reps.len(), ids: None, map, rows, rows_at: 0, map_at: 0 })
+}
+
+/// The distinct rows that row `r` (vertex `order[r]`) pulls as row `ids[order[r]]` of `table`
+/// (`block` values per row), every id but `padding`, which pulls zeros. Ids are checked already.
+pub(super) fn lookup(order: &[u32], ids: &[u32], table: &[f32], block: usize, padding: Option<u32>) -> Shared {
+    let mut distinct: Vec<u32> = ids.iter().copied().filter(|&i| Some(i) != padding).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let map = order
+        .iter()
+        .map(|&v| {
+            let id = ids[v as usize];
+            if Some(id) == padding {
+                NO_ROW
+            } else {
+                distinct.binary_search(&id).map_or(NO_ROW, |k| k as u32)
+            }
+        })
+        .collect();
+    let mut rows = Vec::with_capacity(distinct.len() * block);
+    for &id in &distinct {
+        rows.extend_from_slice(&table[id as usize * block..(id as usize + 1) * block]);
+    }
+    Shared { unique: distinct.len(), ids: Some(distinct), map, rows, rows_at: 0, map_at: 0 }
 }
 
 /// The bit patterns of `x` (rows are equal when these are).

@@ -74,11 +74,43 @@ struct SharedCopy {
     block: usize,
 }
 
+/// One pulled input of a minibatch.
+#[derive(Clone, Copy, Debug)]
+pub enum Pull<'a> {
+    /// One row per vertex, in merged-vertex order.
+    Rows(&'a [f32]),
+    /// Vertex `i` pulls row `ids[i]` of `table` (rows as wide as the input, back to back); the
+    /// `padding` id pulls zeros and gets no gradient. Each distinct row is copied in once, and
+    /// the backward pass returns the table's gradient per id ([`Gradients::tables`]) without
+    /// forming per-vertex rows where it can.
+    Lookup {
+        /// The table, `rows × width`.
+        table: &'a [f32],
+        /// One id per vertex, in merged-vertex order.
+        ids: &'a [u32],
+        /// The id that stands for no row.
+        padding: Option<u32>,
+    },
+}
+
+/// A gradient that touches only some rows of a table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SparseGrad {
+    /// The rows touched, ascending, each once.
+    pub rows: Vec<u32>,
+    /// Their gradients, `rows.len() × dim`.
+    pub values: Vec<f32>,
+}
+
 /// Gradients from one backward pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gradients {
-    /// Per pulled input, the gradient rows in merged-vertex order.
+    /// Per pulled input given as [`Pull::Rows`], the gradient rows in merged-vertex order (empty
+    /// for an input given as a lookup).
     pub pulls: Vec<Vec<f32>>,
+    /// Per pulled input given as [`Pull::Lookup`], its table's gradient summed per id (`None` for
+    /// an input given as rows).
+    pub tables: Vec<Option<SparseGrad>>,
     /// Per parameter, its gradient (summed over all vertices).
     pub params: Vec<Vec<f32>>,
 }
@@ -109,6 +141,13 @@ pub struct Engine<B: Backend> {
     skip_padding_grads: bool,
     /// Per input: whether a forward product reads it as its left factor.
     pulled_factor: Vec<bool>,
+    /// Per input whose gradient is `dy·Wᵀ` for a parameter gradient `xᵀ·dy` over it: that
+    /// parameter gradient (index into F′'s), through which a looked-up input's table gradient
+    /// is formed per distinct row.
+    table_grad_via: Vec<Option<usize>>,
+    /// Per looked-up input whose table gradient is formed that way in this minibatch: where it
+    /// is in the `SHARED` buffer.
+    table_grad_at: Vec<Option<usize>>,
     /// Per input, its distinct rows in this minibatch where sharing them pays.
     shared: Vec<Option<Shared>>,
     /// The part of the `SHARED` buffer after the distinct rows: products over them.
@@ -143,6 +182,51 @@ fn check_graphs(f: &VertexFn, graphs: &[&InputGraph]) -> Result<()> {
 
 /// The scheduler, also after a panic on another thread while it was held: it keeps no state
 /// between minibatches (its scratch is reset by every schedule), so it is still good.
+/// The parameter gradient `xᵀ·dy` (index into F′'s) whose `dy` gives the gradient of input
+/// `input` as `dy·Wᵀ`, if it is formed that way.
+fn table_grad_via(f: &VertexFn, input: usize) -> Option<usize> {
+    let b = f.backward();
+    let Op::MatMul { a: dy, b: w, ta: false, tb: true } = b.func.node(b.pull_grads[input]?).op else { return None };
+    let Op::Param { param } = b.func.node(w).op else { return None };
+    b.param_grads.iter().position(|pg| match *pg {
+        ParamGrad::MatMul { param: p, x, dy: d } => {
+            p == param
+                && d == dy
+                && matches!(b.func.node(x).op, Op::Primal { value } if f.forward().node(value).op == Op::Pull { input })
+        }
+        ParamGrad::SumRows { .. } => false,
+    })
+}
+
+/// An error unless `ids` names, for each of `n` vertices, a row of `table` (rows as wide as
+/// `port`) or the padding id.
+fn check_lookup(port: &Port, table: &[f32], ids: &[u32], padding: Option<u32>, n: usize) -> Result<()> {
+    let block = port.shape.numel();
+    if ids.len() != n {
+        return Err(Error::Input {
+            what: format!("ids of input `{}`", port.name),
+            expected: format!("{n} (one per vertex)"),
+            got: format!("{}", ids.len()),
+        });
+    }
+    if block > 0 && !table.len().is_multiple_of(block) {
+        return Err(Error::Input {
+            what: format!("table of input `{}`", port.name),
+            expected: format!("rows of {block} values"),
+            got: format!("{} values", table.len()),
+        });
+    }
+    let rows = table.len().checked_div(block).unwrap_or(usize::MAX);
+    match ids.iter().enumerate().find(|&(_, &id)| Some(id) != padding && id as usize >= rows) {
+        Some((v, id)) => Err(Error::Input {
+            what: format!("id of vertex {v} (merged-vertex order) for input `{}`", port.name),
+            expected: format!("a row of the table (below {rows}) or the padding id"),
+            got: format!("{id}"),
+        }),
+        None => Ok(()),
+    }
+}
+
 fn lock(scheduler: &Mutex<Scheduler>) -> std::sync::MutexGuard<'_, Scheduler> {
     scheduler.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -197,6 +281,7 @@ impl<B: Backend> Engine<B> {
                 shared_width = shared_width.max(f.backward().func.node(dy).shape.numel());
             }
         }
+        let table_grad_via = (0..f.inputs().len()).map(|i| table_grad_via(&f, i)).collect();
         let index = vec![backend.alloc_index(0)?];
         let must_fill = facts::must_fill(&f);
         let mut e = Engine {
@@ -218,6 +303,8 @@ impl<B: Backend> Engine<B> {
             pull_zero_rows: Vec::new(),
             skip_padding_grads: false,
             pulled_factor,
+            table_grad_via,
+            table_grad_at: Vec::new(),
             shared: Vec::new(),
             shared_scratch: 0..0,
             shared_width,
@@ -273,7 +360,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// [`Engine::forward`] on a minibatch this engine's [`Planner`] has already scheduled.
-    pub fn forward_planned(&mut self, planned: Planned<'_>, pulls: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
+    pub fn forward_planned(&mut self, planned: Planned<'_>, pulls: &[Pull<'_>]) -> Result<Vec<Vec<f32>>> {
         if !Arc::ptr_eq(&planned.scheduler, &self.scheduler) {
             return Err(internal("a minibatch planned for another engine (or before set_policy)".into()));
         }
@@ -319,36 +406,36 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Runs F over every vertex of `graphs` (one minibatch), keeping what [`Engine::backward`]
-    /// needs. `pulls[i]` holds input `i` for every vertex, graph by graph, vertex by vertex.
+    /// needs. `pulls[i]` gives input `i` for every vertex, graph by graph, vertex by vertex.
     /// Returns each pushed output the same way.
-    pub fn forward(&mut self, graphs: &[&InputGraph], pulls: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
+    pub fn forward(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>]) -> Result<Vec<Vec<f32>>> {
         self.run_forward(graphs, pulls, true)
     }
 
     /// Like [`Engine::forward`], for inference: keeps nothing for a backward pass, so it needs
     /// less memory.
-    pub fn infer(&mut self, graphs: &[&InputGraph], pulls: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
+    pub fn infer(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>]) -> Result<Vec<Vec<f32>>> {
         self.run_forward(graphs, pulls, false)
     }
 
-    fn run_forward(&mut self, graphs: &[&InputGraph], pulls: &[&[f32]], train: bool) -> Result<Vec<Vec<f32>>> {
+    fn run_forward(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>], train: bool) -> Result<Vec<Vec<f32>>> {
         check_graphs(&self.f, graphs)?;
         lock(&self.scheduler).schedule(graphs, &mut self.schedule);
         self.run_scheduled(graphs, pulls, train)
     }
 
     /// The forward pass over `graphs`, checked and scheduled into `self.schedule`.
-    fn run_scheduled(&mut self, graphs: &[&InputGraph], pulls: &[&[f32]], train: bool) -> Result<Vec<Vec<f32>>> {
+    fn run_scheduled(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>], train: bool) -> Result<Vec<Vec<f32>>> {
         let f = self.f.clone();
         debug_assert_eq!(self.schedule.graph_starts.len(), graphs.len() + 1);
         self.memory = MemoryPlan::new(&f, self.schedule.len(), self.schedule.max_task(), train);
         self.index_layout = IndexLayout::new(f.arity(), &self.schedule);
         self.trained = train;
         self.reserve()?;
-        let regions: Vec<usize> = self.memory.pulls.iter().map(|r| r.offset).collect();
-        self.pull_zero_rows = self.upload_ports("input", f.inputs(), pulls, &regions)?;
+        self.pull_zero_rows = self.place_pulls(pulls)?;
         self.share_pulls(pulls)?;
         self.upload_index()?;
+        self.gather_lookups()?;
         self.loads = (0..self.schedule.tasks.len())
             .map(|t| {
                 let rows = self.schedule.tasks[t].clone();
@@ -421,6 +508,14 @@ impl<B: Backend> Engine<B> {
             0.0,
         )?;
 
+        for (i, at) in self.table_grad_at.iter().enumerate() {
+            if let (Some(at), Some(s)) = (at, &self.shared[i]) {
+                let len = s.unique * f.inputs()[i].shape.numel();
+                let at = Loc { buf: SHARED, offset: *at };
+                self.backend.fill(&mut Mem { data: &mut self.bufs, index: &self.index }, at, len, 0.0)?;
+            }
+        }
+
         let plan = f.backward_plan();
         let tasks = self.schedule.tasks.len();
         self.run_phase(Pass::Backward, plan, Phase::Prologue, 0..tasks)?;
@@ -433,8 +528,15 @@ impl<B: Backend> Engine<B> {
         self.param_grads()?;
 
         let mut pulls = Vec::with_capacity(f.inputs().len());
+        let mut tables = Vec::with_capacity(f.inputs().len());
         for (i, port) in f.inputs().iter().enumerate() {
             let block = port.shape.numel();
+            if let Some(ids) = self.shared[i].as_ref().and_then(|s| s.ids.clone()) {
+                tables.push(Some(self.table_grad(i, ids, block)?));
+                pulls.push(Vec::new());
+                continue;
+            }
+            tables.push(None);
             let mut rows = match f.backward().pull_grads[i] {
                 Some(g) => self.download_rows(self.loc(Pass::Backward, g, 0, 0)?, block)?,
                 None => vec![0.0; n * block],
@@ -447,7 +549,30 @@ impl<B: Backend> Engine<B> {
             }
             pulls.push(rows);
         }
-        Ok(Gradients { pulls, params: self.read_params(GRADS)? })
+        Ok(Gradients { pulls, tables, params: self.read_params(GRADS)? })
+    }
+
+    /// The table gradient of looked-up input `i` (distinct ids `ids`): read where
+    /// [`Engine::param_grads`] formed it per distinct row, or else summed per id from the
+    /// gradient rows of the vertices.
+    fn table_grad(&mut self, i: usize, ids: Vec<u32>, block: usize) -> Result<SparseGrad> {
+        let mut values = vec![0.0; ids.len() * block];
+        if let Some(at) = self.table_grad_at[i] {
+            self.backend.read(&self.bufs[SHARED], at, &mut values)?;
+        } else if let Some(g) = self.f.backward().pull_grads[i] {
+            self.host.resize(self.schedule.len() * block, 0.0);
+            let at = self.loc(Pass::Backward, g, 0, 0)?;
+            self.backend.read(&self.bufs[at.buf], at.offset, &mut self.host)?;
+            let map = self.shared[i].as_ref().map_or(&[][..], |s| &s.map);
+            for (row, &k) in self.host.chunks_exact(block.max(1)).zip(map).filter(|(_, &k)| k != NO_ROW) {
+                for (d, x) in values[k as usize * block..(k as usize + 1) * block].iter_mut().zip(row) {
+                    *d += x;
+                }
+            }
+        } else {
+            return Ok(SparseGrad::default());
+        }
+        Ok(SparseGrad { rows: ids, values })
     }
 
     /// Grows the arena and the index buffer to the current layout (never shrinks them).
@@ -470,27 +595,59 @@ impl<B: Backend> Engine<B> {
         data: &[&[f32]],
         regions: &[usize],
     ) -> Result<Vec<Vec<bool>>> {
-        let n = self.schedule.len();
-        if data.len() != ports.len() {
-            return Err(Error::Input {
-                what: format!("{what}s of `{}`", self.f.name()),
-                expected: format!("{}", ports.len()),
-                got: format!("{}", data.len()),
-            });
-        }
+        self.check_count(what, ports.len(), data.len())?;
         let mut zero = Vec::with_capacity(ports.len());
         for ((rows, port), &at) in data.iter().zip(ports).zip(regions) {
-            let block = port.shape.numel();
-            if rows.len() != n * block {
-                return Err(Error::Input {
-                    what: format!("{what} `{}`", port.name),
-                    expected: format!("{} values ({n} vertices × {block})", n * block),
-                    got: format!("{}", rows.len()),
-                });
-            }
-            zero.push(self.upload_rows(at, rows, block)?);
+            self.check_rows(what, port, rows.len())?;
+            zero.push(self.upload_rows(at, rows, port.shape.numel())?);
         }
         Ok(zero)
+    }
+
+    /// Checks every pulled input and uploads those given as rows into their regions. Returns, per
+    /// input, which rows (in row order) are all zeros; for a lookup, which pull the padding id.
+    fn place_pulls(&mut self, pulls: &[Pull<'_>]) -> Result<Vec<Vec<bool>>> {
+        let f = self.f.clone();
+        self.check_count("input", f.inputs().len(), pulls.len())?;
+        let mut zero = Vec::with_capacity(pulls.len());
+        for (i, (pull, port)) in pulls.iter().zip(f.inputs()).enumerate() {
+            zero.push(match *pull {
+                Pull::Rows(rows) => {
+                    self.check_rows("input", port, rows.len())?;
+                    self.upload_rows(self.memory.pulls[i].offset, rows, port.shape.numel())?
+                }
+                Pull::Lookup { table, ids, padding } => {
+                    check_lookup(port, table, ids, padding, self.schedule.len())?;
+                    self.schedule.vertex_of_row.iter().map(|&v| Some(ids[v as usize]) == padding).collect()
+                }
+            });
+        }
+        Ok(zero)
+    }
+
+    /// An error unless `got` ports' worth of data came for `want` ports.
+    fn check_count(&self, what: &str, want: usize, got: usize) -> Result<()> {
+        if want == got {
+            return Ok(());
+        }
+        Err(Error::Input {
+            what: format!("{what}s of `{}`", self.f.name()),
+            expected: format!("{want}"),
+            got: format!("{got}"),
+        })
+    }
+
+    /// An error unless `len` values are one block of `port` per vertex.
+    fn check_rows(&self, what: &str, port: &Port, len: usize) -> Result<()> {
+        let (n, block) = (self.schedule.len(), port.shape.numel());
+        if len == n * block {
+            return Ok(());
+        }
+        Err(Error::Input {
+            what: format!("{what} `{}`", port.name),
+            expected: format!("{} values ({n} vertices × {block})", n * block),
+            got: format!("{len}"),
+        })
     }
 
     /// Writes rows given in merged-vertex order into the arena in row order; returns which rows
@@ -546,19 +703,24 @@ impl<B: Backend> Engine<B> {
         self.backend.write_index(&mut self.index[0], 0, &self.host_index)
     }
 
-    /// Finds the distinct rows of every input a product reads (see [`dedup`]) and uploads them
-    /// into the `SHARED` buffer, with room after them for the products over them.
-    fn share_pulls(&mut self, pulls: &[&[f32]]) -> Result<()> {
+    /// Finds the distinct rows of every looked-up input and of every input a product reads (see
+    /// [`dedup`]) and uploads them into the `SHARED` buffer, with room after them for the
+    /// products over them and for table gradients formed per distinct row.
+    fn share_pulls(&mut self, pulls: &[Pull<'_>]) -> Result<()> {
         let (n, f) = (self.schedule.len(), self.f.clone());
         let order = &self.schedule.vertex_of_row;
-        self.shared = (0..f.inputs().len())
-            .map(|i| {
+        self.shared = pulls
+            .iter()
+            .enumerate()
+            .map(|(i, pull)| {
                 let block = f.inputs()[i].shape.numel();
-                let row = |r: usize| &pulls[i][order[r] as usize * block..(order[r] as usize + 1) * block];
-                if self.pulled_factor[i] {
-                    dedup::find(n, block, &self.pull_zero_rows[i], row)
-                } else {
-                    None
+                match *pull {
+                    Pull::Lookup { table, ids, padding } => Some(dedup::lookup(order, ids, table, block, padding)),
+                    Pull::Rows(rows) if self.pulled_factor[i] => {
+                        let row = |r: usize| &rows[order[r] as usize * block..(order[r] as usize + 1) * block];
+                        dedup::find(n, block, &self.pull_zero_rows[i], row)
+                    }
+                    Pull::Rows(_) => None,
                 }
             })
             .collect();
@@ -568,13 +730,41 @@ impl<B: Backend> Engine<B> {
             (at, map_at, most) = (at + s.rows.len(), map_at + n, most.max(s.unique));
         }
         self.shared_scratch = at..at + most * self.shared_width;
-        if self.backend.len(&self.bufs[SHARED]) < self.shared_scratch.end {
-            self.bufs[SHARED] = self.backend.alloc(self.shared_scratch.end)?;
+        let mut end = self.shared_scratch.end;
+        self.table_grad_at = (0..pulls.len())
+            .map(|i| match &self.shared[i] {
+                Some(s) if s.ids.is_some() && self.trained && self.table_grad_via[i].is_some() => {
+                    end += s.unique * f.inputs()[i].shape.numel();
+                    Some(end - s.unique * f.inputs()[i].shape.numel())
+                }
+                _ => None,
+            })
+            .collect();
+        if self.backend.len(&self.bufs[SHARED]) < end {
+            self.bufs[SHARED] = self.backend.alloc(end)?;
         }
         for s in self.shared.iter().flatten() {
             self.backend.write(&mut self.bufs[SHARED], s.rows_at, &s.rows)?;
         }
         Ok(())
+    }
+
+    /// Copies each looked-up input's distinct rows to the rows of the vertices that pull them.
+    fn gather_lookups(&mut self) -> Result<()> {
+        let n = self.schedule.len();
+        let copies: Vec<SharedCopy> = (0..self.shared.len())
+            .filter_map(|i| {
+                let s = self.shared[i].as_ref().filter(|s| s.ids.is_some())?;
+                Some(SharedCopy {
+                    from: Loc { buf: SHARED, offset: s.rows_at },
+                    to: Loc { buf: ARENA, offset: self.memory.pulls[i].offset },
+                    map: IndexLoc { buf: 0, offset: s.map_at },
+                    rows: n,
+                    block: self.f.inputs()[i].shape.numel(),
+                })
+            })
+            .collect();
+        copies.into_iter().try_for_each(|c| self.copy_shared(c))
     }
 
     /// For a parameter gradient `xᵀ·dy` over the rows `run` whose `x` is a pulled input with
@@ -679,7 +869,8 @@ impl<B: Backend> Engine<B> {
             match step {
                 Step::Gemms(vs) => {
                     let (mut copies, mut scratch) = (Vec::new(), self.shared_scratch.start);
-                    for &v in vs {
+                    let vs: Vec<ValueId> = vs.iter().copied().filter(|&v| !self.formed_per_id(pass, v)).collect();
+                    for v in vs {
                         let func = self.func(pass);
                         for (run, cut) in self.runs(tasks.clone(), |t| self.facts(pass, t).cut(func, v)) {
                             copies.extend(self.plan_gemm(pass, v, run, &cut, &mut waves, &mut scratch)?);
@@ -696,6 +887,13 @@ impl<B: Backend> Engine<B> {
             }
         }
         Ok(())
+    }
+
+    /// Whether `v` is the gradient of a looked-up input that this minibatch forms per distinct
+    /// row instead (in [`Engine::param_grads`]).
+    fn formed_per_id(&self, pass: Pass, v: ValueId) -> bool {
+        let grads = &self.f.backward().pull_grads;
+        pass == Pass::Backward && self.table_grad_at.iter().zip(grads).any(|(at, &g)| at.is_some() && g == Some(v))
     }
 
     /// Adds the calls of product `v` over the rows `run` (tasks sharing `cut`) to `waves`; an
@@ -898,8 +1096,11 @@ impl<B: Backend> Engine<B> {
         let f = self.f.clone();
         let b = f.backward();
         let func = &b.func;
-        for pg in &b.param_grads {
+        for (j, pg) in b.param_grads.iter().enumerate() {
             let p = pg.param();
+            // A looked-up input whose table gradient `Σ dy·Wᵀ` is formed here per distinct row.
+            let table = (0..self.table_grad_at.len())
+                .find_map(|i| self.table_grad_at[i].filter(|_| self.table_grad_via[i] == Some(j)).map(|at| (i, at)));
             let decl = &f.params()[p];
             let dst = Loc { buf: GRADS, offset: self.param_at[p] };
             match *pg {
@@ -916,8 +1117,38 @@ impl<B: Backend> Engine<B> {
                         let (mut x_at, mut dy_at) =
                             (self.loc(Pass::Backward, x, run.start, 0)?, self.loc(Pass::Backward, dy, run.start, 0)?);
                         let mut k = run.len() * nx.shape.rows();
-                        if let Some(shared) = self.shared_grad(x, dy, &run)? {
-                            (x_at, dy_at, k) = shared;
+                        match self.shared_grad(x, dy, &run)? {
+                            Some(shared) => (x_at, dy_at, k) = shared,
+                            None if table.is_some() => {
+                                return Err(internal(format!("no room to sum the gradient of `{}` per row", decl.name)))
+                            }
+                            None => {}
+                        }
+                        if let Some((i, at)) = table {
+                            let width = f.inputs()[i].shape.numel();
+                            for c in &cols {
+                                let g = Gemm {
+                                    m: k,
+                                    n: width,
+                                    k: c.len(),
+                                    a: dy_at.offset_by(c.start),
+                                    lda: ny.shape.cols(),
+                                    ta: false,
+                                    b: Loc { buf: PARAMS, offset: self.param_at[p] }.offset_by(c.start),
+                                    ldb: decl.shape.cols(),
+                                    tb: true,
+                                    b_fixed: true,
+                                    c: Loc { buf: SHARED, offset: at },
+                                    ldc: width,
+                                    accumulate: true,
+                                    batch: 1,
+                                    stride_a: 0,
+                                    stride_b: 0,
+                                    stride_c: 0,
+                                };
+                                self.flops += gemm_flops(&g);
+                                self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                            }
                         }
                         for r in &rows {
                             for c in &cols {

@@ -50,26 +50,50 @@ impl Transposes {
     }
 
     /// The transpose of the `n × k` matrix `b` (row stride `ldb`), as `k × n` row-major.
-    fn of(&self, b: &[f32], (n, k, ldb): (usize, usize, usize)) -> Arc<Vec<f32>> {
+    fn of(&self, b: &[f32], (n, k, ldb): (usize, usize, usize)) -> Result<Arc<Vec<f32>>> {
         let key = (b.as_ptr() as usize, n, k, ldb);
         let mut copies = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(t) = copies.iter().find(|t| t.key == key) {
-            return Arc::clone(&t.data);
+            return Ok(Arc::clone(&t.data));
         }
         let mut data = vec![0.0; k * n];
-        // Blocks of 16 × 16 keep both sides' lines in cache.
-        for j0 in (0..n).step_by(16) {
-            for p0 in (0..k).step_by(16) {
-                for j in j0..(j0 + 16).min(n) {
-                    for p in p0..(p0 + 16).min(k) {
-                        data[p * n + j] = b[j * ldb + p];
+        let out = Out(data.as_mut_ptr());
+        // Blocks of 16 × 16 keep both sides' lines in cache; the parts write disjoint rows.
+        let max = if k * n >= TRANSPOSE_PARALLEL { usize::MAX } else { 1 };
+        team::split(max, |part, parts| {
+            let rows = team::share(k.div_ceil(16), part, parts);
+            for p0 in (rows.start * 16..(rows.end * 16).min(k)).step_by(16) {
+                for j0 in (0..n).step_by(16) {
+                    for j in j0..(j0 + 16).min(n) {
+                        for p in p0..(p0 + 16).min(k) {
+                            // SAFETY: `p < k`, `j < n`: inside `data`, and row `p` is this part's.
+                            unsafe { *out.at(p * n + j) = b[j * ldb + p] };
+                        }
                     }
                 }
             }
-        }
+            Ok(())
+        })?;
         let data = Arc::new(data);
         copies.push(Transposed { key, data: Arc::clone(&data) });
-        data
+        Ok(data)
+    }
+}
+
+/// Transposes of at least this many elements are split between the team's threads.
+const TRANSPOSE_PARALLEL: usize = 1 << 15;
+
+/// The output of a transpose, written by several threads at disjoint rows.
+struct Out(*mut f32);
+
+// SAFETY: each thread writes only its own rows of the output.
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// # Safety
+    /// `i` lies inside the output.
+    unsafe fn at(&self, i: usize) -> *mut f32 {
+        unsafe { self.0.add(i) }
     }
 }
 
@@ -104,7 +128,7 @@ pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) ->
         } else if g.tb {
             // SAFETY: range checked above; parameters are not written by compute calls.
             let b = unsafe { raw.get("gemm", g.b, extent(g.n, g.k, g.ldb))? };
-            Path::Direct(Some(transposes.of(b, (g.n, g.k, g.ldb))))
+            Path::Direct(Some(transposes.of(b, (g.n, g.k, g.ldb))?))
         } else {
             Path::Direct(None)
         });

@@ -1,7 +1,7 @@
 //! Raw, bounds-checked access to the buffers of one backend call, and row gathers and
 //! scatter-adds.
 
-use super::{bad, CpuBackend};
+use super::{bad, team, CpuBackend};
 use arbor_core::backend::{IndexLoc, Loc, Mem, Rows, NO_ROW};
 use arbor_core::error::Result;
 
@@ -122,43 +122,52 @@ pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: us
     Ok(())
 }
 
-/// Adds each of `n` blocks at `src` into the rows `dst` names for its vertex.
+/// Memory calls over fewer elements than this run on the caller alone.
+pub(crate) const PARALLEL_ELEMS: usize = 1 << 15;
+
+/// Adds each of `n` blocks at `src` into the rows `dst` names for its vertex. Large calls split
+/// the columns between the team's threads (rows may repeat; columns never overlap).
 pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()> {
     // SAFETY: the source (a gradient of this task) and the destination (children's state
-    // gradients) are different regions; each destination block is borrowed one at a time.
+    // gradients) are different regions.
     let src = unsafe { raw.get("scatter_add", src, n * block)? };
     let data = match *dst {
         Rows::Indexed { data, .. } | Rows::IndexedSet { data, .. } => data,
         _ => return Err(bad("scatter_add", "destination must be indexed rows")),
     };
-    let add = |row: u32, x: &[f32]| -> Result<()> {
-        if row != NO_ROW {
-            let d = unsafe { raw.get_mut("scatter_add", data.offset_by(row as usize * block), block)? };
-            for (d, x) in d.iter_mut().zip(x) {
-                *d += x;
-            }
-        }
-        Ok(())
-    };
-    match *dst {
-        Rows::Indexed { index, .. } => {
-            let idx = raw.index("scatter_add", index, n)?;
-            for (x, &i) in src.chunks_exact(block.max(1)).zip(idx) {
-                add(i, x)?;
-            }
-        }
+    // Every vertex's destination rows, checked once.
+    let (offs, index): (Option<&[u32]>, &[u32]) = match *dst {
+        Rows::Indexed { index, .. } => (None, raw.index("scatter_add", index, n)?),
         Rows::IndexedSet { offsets, index, .. } => {
             let offs = raw.index("scatter_add", offsets, n + 1)?;
-            for (v, x) in src.chunks_exact(block.max(1)).enumerate() {
-                let (lo, hi) = (offs[v] as usize, offs[v + 1] as usize);
-                for &i in
-                    raw.index("scatter_add", IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?
-                {
-                    add(i, x)?;
+            if offs.windows(2).any(|w| w[0] > w[1]) {
+                return Err(bad("scatter_add", "child offsets decrease"));
+            }
+            let (lo, hi) = (offs[0] as usize, offs[n] as usize);
+            (Some(offs), raw.index("scatter_add", IndexLoc { offset: index.offset + lo, ..index }, hi - lo)?)
+        }
+        _ => return Err(bad("scatter_add", "destination must be indexed rows")),
+    };
+    let rows_of = |v: usize| -> &[u32] {
+        match offs {
+            None => &index[v..v + 1],
+            Some(o) => &index[(o[v] - o[0]) as usize..(o[v + 1] - o[0]) as usize],
+        }
+    };
+    let max = if n * block >= PARALLEL_ELEMS { usize::MAX } else { 1 };
+    team::split(max, |part, parts| {
+        let cols = team::share(block, part, parts);
+        for (v, x) in src.chunks_exact(block.max(1)).enumerate() {
+            for &row in rows_of(v).iter().filter(|&&r| r != NO_ROW) {
+                // SAFETY: each part writes only its own columns of a destination row, one row at
+                // a time.
+                let at = data.offset_by(row as usize * block + cols.start);
+                let d = unsafe { raw.get_mut("scatter_add", at, cols.len())? };
+                for (d, x) in d.iter_mut().zip(&x[cols.clone()]) {
+                    *d += x;
                 }
             }
         }
-        _ => return Err(bad("scatter_add", "destination must be indexed rows")),
-    }
-    Ok(())
+        Ok(())
+    })
 }

@@ -98,9 +98,13 @@ impl Backend for CpuBackend {
 
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()> {
         let raw = Raw::new(mem)?;
-        // SAFETY: `Raw::get_mut` checked the range; no other reference into the buffers is live.
-        unsafe { raw.get_mut("fill", dst, len)? }.fill(value);
-        Ok(())
+        let max = if len >= memory::PARALLEL_ELEMS { usize::MAX } else { 1 };
+        team::split(max, |part, parts| {
+            let span = team::share(len, part, parts);
+            // SAFETY: `Raw::get_mut` checks the range; the parts write disjoint ranges.
+            unsafe { raw.get_mut("fill", dst.offset_by(span.start), span.len())? }.fill(value);
+            Ok(())
+        })
     }
 
     fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> Result<()> {
@@ -129,22 +133,32 @@ impl Backend for CpuBackend {
         accumulate: bool,
     ) -> Result<()> {
         let raw = Raw::new(mem)?;
-        // SAFETY: both ranges are checked; the engine never sums a region into itself.
-        let (s, d) = unsafe { (raw.get("sum_rows", src, rows * cols)?, raw.get_mut("sum_rows", dst, cols)?) };
-        // Accumulate in f64: these sums run over every vertex of a minibatch.
-        SUMS.with(|acc| {
-            let acc = &mut *acc.borrow_mut();
-            acc.clear();
-            acc.extend(d.iter().map(|&x| if accumulate { f64::from(x) } else { 0.0 }));
-            for row in s.chunks_exact(cols.max(1)) {
-                for (a, &x) in acc.iter_mut().zip(row) {
-                    *a += f64::from(x);
+        let max = if rows * cols >= memory::PARALLEL_ELEMS { usize::MAX } else { 1 };
+        team::split(max, |part, parts| {
+            let span = team::share(cols, part, parts);
+            // SAFETY: both ranges are checked; the engine never sums a region into itself, and
+            // the parts write disjoint columns of `dst`.
+            let (s, d) = unsafe {
+                (
+                    raw.get("sum_rows", src, rows * cols)?,
+                    raw.get_mut("sum_rows", dst.offset_by(span.start), span.len())?,
+                )
+            };
+            // Accumulate in f64: these sums run over every vertex of a minibatch.
+            SUMS.with(|acc| {
+                let acc = &mut *acc.borrow_mut();
+                acc.clear();
+                acc.extend(d.iter().map(|&x| if accumulate { f64::from(x) } else { 0.0 }));
+                for row in s.chunks_exact(cols.max(1)) {
+                    for (a, &x) in acc.iter_mut().zip(&row[span.clone()]) {
+                        *a += f64::from(x);
+                    }
                 }
-            }
-            for (d, a) in d.iter_mut().zip(acc.iter()) {
-                *d = *a as f32;
-            }
-        });
-        Ok(())
+                for (d, a) in d.iter_mut().zip(acc.iter()) {
+                    *d = *a as f32;
+                }
+            });
+            Ok(())
+        })
     }
 }
