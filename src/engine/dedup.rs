@@ -6,7 +6,7 @@
 
 use arbor_core::backend::NO_ROW;
 use arbor_core::fusion::Kernel;
-use arbor_core::ir::{Func, Node, Op, ValueId};
+use arbor_core::ir::{Func, Node, Op, ParamGrad, ValueId, VertexFn};
 use arbor_core::Shape;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -136,6 +136,23 @@ pub(super) fn pulled_factor(func: &Func, v: ValueId) -> Option<usize> {
         Op::Pull { input } if func.node(b).is_param && func.node(a).shape.rows() == 1 => Some(input),
         _ => None,
     }
+}
+
+/// Whether F or F′ reads the rows of input `input` one per vertex: for anything but the left
+/// factor of a product with a parameter (which reads the distinct rows) and that product's
+/// parameter gradient (which sums per distinct row).
+pub(super) fn rows_read(f: &VertexFn, input: usize) -> bool {
+    let fwd = f.forward();
+    let is_pull = |v: ValueId| fwd.node(v).op == Op::Pull { input };
+    let b = f.backward();
+    let primal = |v: ValueId| matches!(b.func.node(v).op, Op::Primal { value } if is_pull(value));
+    let in_f = (0..fwd.nodes.len())
+        .map(|v| ValueId(v as u32))
+        .any(|v| fwd.node(v).op.inputs().into_iter().any(is_pull) && pulled_factor(fwd, v) != Some(input));
+    let in_b = b.func.nodes.iter().any(|n| n.op.inputs().into_iter().any(primal));
+    let summed = b.param_grads.iter().any(|pg| matches!(*pg, ParamGrad::SumRows { dy, .. } if primal(dy)));
+    let kept = f.outputs().iter().any(|p| is_pull(p.value)) || f.states().iter().any(|s| is_pull(s.value));
+    in_f || in_b || summed || kept
 }
 
 /// The kernel that copies rows `block` wide (a gather when its load is bound to indexed rows).

@@ -141,6 +141,11 @@ pub struct Engine<B: Backend> {
     skip_padding_grads: bool,
     /// Per input: whether a forward product reads it as its left factor.
     pulled_factor: Vec<bool>,
+    /// Per input: whether anything reads its rows one per vertex (see [`dedup::rows_read`]); a
+    /// looked-up input's rows are copied to the vertices only then.
+    rows_read: Vec<bool>,
+    /// Per looked-up input: whether its rows were copied to the vertices in this minibatch.
+    gathered: Vec<bool>,
     /// Per input whose gradient is `dy·Wᵀ` for a parameter gradient `xᵀ·dy` over it: that
     /// parameter gradient (index into F′'s), through which a looked-up input's table gradient
     /// is formed per distinct row.
@@ -282,6 +287,7 @@ impl<B: Backend> Engine<B> {
             }
         }
         let table_grad_via = (0..f.inputs().len()).map(|i| table_grad_via(&f, i)).collect();
+        let rows_read = (0..f.inputs().len()).map(|i| dedup::rows_read(&f, i)).collect();
         let index = vec![backend.alloc_index(0)?];
         let must_fill = facts::must_fill(&f);
         let mut e = Engine {
@@ -303,6 +309,8 @@ impl<B: Backend> Engine<B> {
             pull_zero_rows: Vec::new(),
             skip_padding_grads: false,
             pulled_factor,
+            rows_read,
+            gathered: Vec::new(),
             table_grad_via,
             table_grad_at: Vec::new(),
             shared: Vec::new(),
@@ -730,6 +738,7 @@ impl<B: Backend> Engine<B> {
             (at, map_at, most) = (at + s.rows.len(), map_at + n, most.max(s.unique));
         }
         self.shared_scratch = at..at + most * self.shared_width;
+        self.gathered = vec![false; pulls.len()];
         let mut end = self.shared_scratch.end;
         self.table_grad_at = (0..pulls.len())
             .map(|i| match &self.shared[i] {
@@ -749,22 +758,26 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// Copies each looked-up input's distinct rows to the rows of the vertices that pull them.
+    /// Copies each looked-up input's distinct rows to the rows of the vertices that pull them,
+    /// where anything reads them there.
     fn gather_lookups(&mut self) -> Result<()> {
-        let n = self.schedule.len();
-        let copies: Vec<SharedCopy> = (0..self.shared.len())
-            .filter_map(|i| {
-                let s = self.shared[i].as_ref().filter(|s| s.ids.is_some())?;
-                Some(SharedCopy {
-                    from: Loc { buf: SHARED, offset: s.rows_at },
-                    to: Loc { buf: ARENA, offset: self.memory.pulls[i].offset },
-                    map: IndexLoc { buf: 0, offset: s.map_at },
-                    rows: n,
-                    block: self.f.inputs()[i].shape.numel(),
-                })
-            })
-            .collect();
-        copies.into_iter().try_for_each(|c| self.copy_shared(c))
+        let read: Vec<usize> = (0..self.shared.len()).filter(|&i| self.rows_read[i]).collect();
+        read.into_iter().try_for_each(|i| self.gather_lookup(i))
+    }
+
+    /// Copies looked-up input `i`'s distinct rows to the rows of the vertices that pull them,
+    /// unless they are there already (or it is not looked up).
+    fn gather_lookup(&mut self, i: usize) -> Result<()> {
+        let Some(s) = self.shared[i].as_ref().filter(|s| s.ids.is_some() && !self.gathered[i]) else { return Ok(()) };
+        let copy = SharedCopy {
+            from: Loc { buf: SHARED, offset: s.rows_at },
+            to: Loc { buf: ARENA, offset: self.memory.pulls[i].offset },
+            map: IndexLoc { buf: 0, offset: s.map_at },
+            rows: self.schedule.len(),
+            block: self.f.inputs()[i].shape.numel(),
+        };
+        self.gathered[i] = true;
+        self.copy_shared(copy)
     }
 
     /// For a parameter gradient `xᵀ·dy` over the rows `run` whose `x` is a pulled input with
@@ -787,12 +800,17 @@ impl<B: Backend> Engine<B> {
 
     /// The shared rows of the input that parameter-gradient factor `x` (a value of F′) reads.
     fn shared_input(&self, x: ValueId) -> Option<&Shared> {
+        self.pulled_input(x).and_then(|i| self.shared[i].as_ref())
+    }
+
+    /// The input that parameter-gradient factor `x` (a value of F′) is, if it is one.
+    fn pulled_input(&self, x: ValueId) -> Option<usize> {
         let op = match self.f.backward().func.node(x).op {
             Op::Primal { value } => &self.f.forward().node(value).op,
             ref op => op,
         };
         match *op {
-            Op::Pull { input } => self.shared[input].as_ref(),
+            Op::Pull { input } => Some(input),
             _ => None,
         }
     }
@@ -950,7 +968,7 @@ impl<B: Backend> Engine<B> {
     /// into scratch when that input has shared rows (and scratch has room), with the copy that
     /// must follow it.
     fn shared_gemm(
-        &self,
+        &mut self,
         pass: Pass,
         v: ValueId,
         run: Range<usize>,
@@ -962,6 +980,8 @@ impl<B: Backend> Engine<B> {
             return Ok((g, None));
         };
         if *scratch + unique * g.ldc > self.shared_scratch.end {
+            // Per vertex after all: a looked-up input's rows must be there.
+            self.gather_lookup(input.unwrap_or_default())?;
             return Ok((g, None));
         }
         let copy = SharedCopy {
@@ -1122,7 +1142,8 @@ impl<B: Backend> Engine<B> {
                             None if table.is_some() => {
                                 return Err(internal(format!("no room to sum the gradient of `{}` per row", decl.name)))
                             }
-                            None => {}
+                            // Per vertex after all: a looked-up input's rows must be there.
+                            None => self.pulled_input(x).map_or(Ok(()), |i| self.gather_lookup(i))?,
                         }
                         if let Some((i, at)) = table {
                             let width = f.inputs()[i].shape.numel();
