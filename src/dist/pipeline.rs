@@ -5,7 +5,7 @@
 //! activations forward and their gradients back.
 //!
 //! A minibatch is cut into micro-batches of about equal vertex counts; the stages run them in
-//! the order of a [`schedule`](super::schedule) (1F1B with a flush, or PipeDream-2BW). A stage
+//! the order of a [`schedule`] (1F1B with a flush, or PipeDream-2BW). A stage
 //! keeps one engine per micro-batch it may hold at once, so a micro-batch's backward pass finds
 //! its forward's values — and the weights its forward saw — untouched.
 
