@@ -34,7 +34,9 @@
 //!         p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
 //!     }
 //!     engine.set_params(&params)?;
-//!     embed.apply(grads.tables[0].as_ref().expect("a looked-up input"), -lr);
+//!     if let Some(g) = &grads.tables[0] {
+//!         embed.apply(g, -lr); // the looked-up rows' gradient, per id
+//!     }
 //!     out.apply(&step.grads, -lr);
 //!     losses.push(step.loss);
 //! }

@@ -242,15 +242,22 @@ fn shared_pulled_rows_equal_reference() {
     }
 }
 
+/// A Tree-LSTM (input width, hidden width, function, parameters) and a minibatch of 50 lone
+/// leaves, for counting executed work.
+fn fifty_leaves() -> (usize, usize, VertexFn, Vec<Vec<f32>>, Vec<InputGraph>) {
+    let (embed, hidden) = (8, 6);
+    let f = nn::tree_lstm(embed, hidden).unwrap();
+    let params = f.init_params(&mut Rng::new(1));
+    let leaves = (0..50).map(|_| InputGraph::from_children(vec![vec![]]).unwrap()).collect();
+    (embed, hidden, f, params, leaves)
+}
+
 /// Executed work falls where it should: a minibatch whose vertices all pull one row runs the
 /// input product over that row only, and leaves (whose children's states are zeros) run no
 /// recurrent products and need only the gates their inputs can open.
 #[test]
 fn shared_rows_and_zero_columns_cut_executed_flops() {
-    let (embed, hidden) = (8, 6);
-    let f = nn::tree_lstm(embed, hidden).unwrap();
-    let params = f.init_params(&mut Rng::new(1));
-    let leaves: Vec<InputGraph> = (0..50).map(|_| InputGraph::from_children(vec![vec![]]).unwrap()).collect();
+    let (embed, hidden, f, params, leaves) = fifty_leaves();
     let refs: Vec<&InputGraph> = leaves.iter().collect();
     let mut rng = Rng::new(2);
     let distinct = random_rows(&mut rng, 50 * embed);
@@ -277,10 +284,7 @@ fn shared_rows_and_zero_columns_cut_executed_flops() {
 /// once per vertex.
 #[test]
 fn lookup_gradients_run_per_distinct_id() {
-    let (embed, hidden) = (8, 6);
-    let f = nn::tree_lstm(embed, hidden).unwrap();
-    let params = f.init_params(&mut Rng::new(1));
-    let leaves: Vec<InputGraph> = (0..50).map(|_| InputGraph::from_children(vec![vec![]]).unwrap()).collect();
+    let (embed, hidden, f, params, leaves) = fifty_leaves();
     let refs: Vec<&InputGraph> = leaves.iter().collect();
     let mut rng = Rng::new(3);
     let table = random_rows(&mut rng, 3 * embed);

@@ -166,6 +166,36 @@ pub struct Engine<B: Backend> {
     host_index: Vec<u32>,
 }
 
+/// One product `C += op(A)·op(B)` with `C` `m × n` and inner dimension `k`: `a` is where A is,
+/// its row stride and whether it is transposed; `b` the same and whether it is a parameter; `c`
+/// where C is and its row stride.
+fn accumulating(
+    (m, n, k): (usize, usize, usize),
+    (a, lda, ta): (Loc, usize, bool),
+    (b, ldb, tb, b_fixed): (Loc, usize, bool, bool),
+    (c, ldc): (Loc, usize),
+) -> Gemm {
+    Gemm {
+        m,
+        n,
+        k,
+        a,
+        lda,
+        ta,
+        b,
+        ldb,
+        tb,
+        b_fixed,
+        c,
+        ldc,
+        accumulate: true,
+        batch: 1,
+        stride_a: 0,
+        stride_b: 0,
+        stride_c: 0,
+    }
+}
+
 fn gemm_flops(g: &Gemm) -> u64 {
     2 * (g.m * g.n * g.k * g.batch) as u64
 }
@@ -185,8 +215,6 @@ fn check_graphs(f: &VertexFn, graphs: &[&InputGraph]) -> Result<()> {
     Ok(())
 }
 
-/// The scheduler, also after a panic on another thread while it was held: it keeps no state
-/// between minibatches (its scratch is reset by every schedule), so it is still good.
 /// The parameter gradient `xᵀ·dy` (index into F′'s) whose `dy` gives the gradient of input
 /// `input` as `dy·Wᵀ`, if it is formed that way.
 fn table_grad_via(f: &VertexFn, input: usize) -> Option<usize> {
@@ -232,6 +260,8 @@ fn check_lookup(port: &Port, table: &[f32], ids: &[u32], padding: Option<u32>, n
     }
 }
 
+/// The scheduler, also after a panic on another thread while it was held: it keeps no state
+/// between minibatches (its scratch is reset by every schedule), so it is still good.
 fn lock(scheduler: &Mutex<Scheduler>) -> std::sync::MutexGuard<'_, Scheduler> {
     scheduler.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -743,8 +773,9 @@ impl<B: Backend> Engine<B> {
         self.table_grad_at = (0..pulls.len())
             .map(|i| match &self.shared[i] {
                 Some(s) if s.ids.is_some() && self.trained && self.table_grad_via[i].is_some() => {
+                    let at = end;
                     end += s.unique * f.inputs()[i].shape.numel();
-                    Some(end - s.unique * f.inputs()[i].shape.numel())
+                    Some(at)
                 }
                 _ => None,
             })
@@ -761,8 +792,12 @@ impl<B: Backend> Engine<B> {
     /// Copies each looked-up input's distinct rows to the rows of the vertices that pull them,
     /// where anything reads them there.
     fn gather_lookups(&mut self) -> Result<()> {
-        let read: Vec<usize> = (0..self.shared.len()).filter(|&i| self.rows_read[i]).collect();
-        read.into_iter().try_for_each(|i| self.gather_lookup(i))
+        for i in 0..self.shared.len() {
+            if self.rows_read[i] {
+                self.gather_lookup(i)?;
+            }
+        }
+        Ok(())
     }
 
     /// Copies looked-up input `i`'s distinct rows to the rows of the vertices that pull them,
@@ -887,8 +922,10 @@ impl<B: Backend> Engine<B> {
             match step {
                 Step::Gemms(vs) => {
                     let (mut copies, mut scratch) = (Vec::new(), self.shared_scratch.start);
-                    let vs: Vec<ValueId> = vs.iter().copied().filter(|&v| !self.formed_per_id(pass, v)).collect();
-                    for v in vs {
+                    for &v in vs {
+                        if self.formed_per_id(pass, v) {
+                            continue;
+                        }
                         let func = self.func(pass);
                         for (run, cut) in self.runs(tasks.clone(), |t| self.facts(pass, t).cut(func, v)) {
                             copies.extend(self.plan_gemm(pass, v, run, &cut, &mut waves, &mut scratch)?);
@@ -976,12 +1013,14 @@ impl<B: Backend> Engine<B> {
     ) -> Result<(Gemm, Option<SharedCopy>)> {
         let mut g = self.gemm_call(pass, v, run.clone())?;
         let input = (pass == Pass::Forward).then(|| dedup::pulled_factor(self.func(pass), v)).flatten();
-        let Some(&Shared { unique, rows_at, map_at, .. }) = input.and_then(|i| self.shared[i].as_ref()) else {
+        let Some((i, &Shared { unique, rows_at, map_at, .. })) =
+            input.and_then(|i| self.shared[i].as_ref().map(|s| (i, s)))
+        else {
             return Ok((g, None));
         };
         if *scratch + unique * g.ldc > self.shared_scratch.end {
             // Per vertex after all: a looked-up input's rows must be there.
-            self.gather_lookup(input.unwrap_or_default())?;
+            self.gather_lookup(i)?;
             return Ok((g, None));
         }
         let copy = SharedCopy {
@@ -1001,6 +1040,12 @@ impl<B: Backend> Engine<B> {
         let kernel = dedup::copy_kernel(c.block);
         let loads = [Rows::Indexed { data: c.from, index: c.map }];
         self.backend.fused(&mut Mem { data: &mut self.bufs, index: &self.index }, &kernel, c.rows, &loads, &[c.to])
+    }
+
+    /// Runs one product now, counting its flops.
+    fn run_gemm(&mut self, g: &Gemm) -> Result<()> {
+        self.flops += gemm_flops(g);
+        self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, g)
     }
 
     fn flush_gemms(&mut self, gemms: &mut Vec<Gemm>) -> Result<()> {
@@ -1146,54 +1191,26 @@ impl<B: Backend> Engine<B> {
                             None => self.pulled_input(x).map_or(Ok(()), |i| self.gather_lookup(i))?,
                         }
                         if let Some((i, at)) = table {
-                            let width = f.inputs()[i].shape.numel();
+                            // The table gradient per distinct row: (Σ dy)·Wᵀ.
+                            let (width, w) =
+                                (f.inputs()[i].shape.numel(), Loc { buf: PARAMS, offset: self.param_at[p] });
                             for c in &cols {
-                                let g = Gemm {
-                                    m: k,
-                                    n: width,
-                                    k: c.len(),
-                                    a: dy_at.offset_by(c.start),
-                                    lda: ny.shape.cols(),
-                                    ta: false,
-                                    b: Loc { buf: PARAMS, offset: self.param_at[p] }.offset_by(c.start),
-                                    ldb: decl.shape.cols(),
-                                    tb: true,
-                                    b_fixed: true,
-                                    c: Loc { buf: SHARED, offset: at },
-                                    ldc: width,
-                                    accumulate: true,
-                                    batch: 1,
-                                    stride_a: 0,
-                                    stride_b: 0,
-                                    stride_c: 0,
-                                };
-                                self.flops += gemm_flops(&g);
-                                self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                                self.run_gemm(&accumulating(
+                                    (k, width, c.len()),
+                                    (dy_at.offset_by(c.start), ny.shape.cols(), false),
+                                    (w.offset_by(c.start), decl.shape.cols(), true, true),
+                                    (Loc { buf: SHARED, offset: at }, width),
+                                ))?;
                             }
                         }
                         for r in &rows {
                             for c in &cols {
-                                let g = Gemm {
-                                    m: r.len(),
-                                    n: c.len(),
-                                    k,
-                                    a: x_at.offset_by(r.start),
-                                    lda: nx.shape.cols(),
-                                    ta: true,
-                                    b: dy_at.offset_by(c.start),
-                                    ldb: ny.shape.cols(),
-                                    tb: false,
-                                    b_fixed: false,
-                                    c: dst.offset_by(r.start * decl.shape.cols() + c.start),
-                                    ldc: decl.shape.cols(),
-                                    accumulate: true,
-                                    batch: 1,
-                                    stride_a: 0,
-                                    stride_b: 0,
-                                    stride_c: 0,
-                                };
-                                self.flops += gemm_flops(&g);
-                                self.backend.gemm(&mut Mem { data: &mut self.bufs, index: &self.index }, &g)?;
+                                self.run_gemm(&accumulating(
+                                    (r.len(), c.len(), k),
+                                    (x_at.offset_by(r.start), nx.shape.cols(), true),
+                                    (dy_at.offset_by(c.start), ny.shape.cols(), false, false),
+                                    (dst.offset_by(r.start * decl.shape.cols() + c.start), decl.shape.cols()),
+                                ))?;
                             }
                         }
                     }
