@@ -16,8 +16,10 @@ pub fn tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
     let b = f.param("b", [1, 5 * hidden], Init::Zeros);
     let gates = x.matmul(w) + h0.matmul(u0) + h1.matmul(u1) + b;
     let gate = |k: usize| gates.slice(k * hidden, hidden);
-    let (i, f0, f1, o) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).sigmoid(), gate(3).sigmoid());
-    let u = gate(4).tanh();
+    // Gates `[i o u f0 f1]`: a leaf's non-zero gates (its forget gates scale missing cells) are
+    // one run of columns, so its products are one call each.
+    let (i, o, u) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).tanh());
+    let (f0, f1) = (gate(3).sigmoid(), gate(4).sigmoid());
     let c = i * u + f0 * c0 + f1 * c1;
     let h = o * c.tanh();
     f.scatter("h", h);

@@ -3,6 +3,7 @@
 //! optimizer; each tensor has its own slot of state.
 
 use crate::layers::SparseGrad;
+use arbor_ops::cpu::host::{for_each_on_team, vectorised};
 
 /// Which update rule.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -101,10 +102,14 @@ impl Optimizer {
         if self.slots.len() <= slot {
             self.slots.resize_with(slot + 1, Slot::default);
         }
+        let adam = matches!(self.config.rule, Rule::Adam | Rule::AdamW);
         let s = &mut self.slots[slot];
-        if s.m.len() != len {
-            s.m = vec![0.0; len];
-            s.v = vec![0.0; len];
+        if s.m.len() != len || s.v.len() != len {
+            // State the rule updates is written out now, so its memory is mapped once here
+            // rather than page by page as an embedding's rows are first touched (as DyNet and
+            // PyTorch do, at construction); Adam's second moment only where Adam uses it.
+            s.m = written_zeros(len);
+            s.v = if adam { written_zeros(len) } else { vec![0.0; len] };
         }
         s
     }
@@ -114,7 +119,10 @@ impl Optimizer {
         let c = self.config;
         let t = self.steps.max(1);
         let s = self.slot(slot, p.len());
-        update(c, t, p, g, &mut s.m, &mut s.v);
+        let pieces = p.chunks_mut(PIECE).zip(g.chunks(PIECE)).zip(s.m.chunks_mut(PIECE)).zip(s.v.chunks_mut(PIECE));
+        for_each_on_team(pieces.map(|(((p, g), m), v)| (p, g, m, v)).collect(), |(p, g, m, v)| {
+            vectorised(|| update(c, t, p, g, m, v))
+        });
     }
 
     /// Updates the rows of an embedding table (`dim` wide) that `g` touches, using state `slot`
@@ -123,20 +131,59 @@ impl Optimizer {
         let c = self.config;
         let t = self.steps.max(1);
         let s = self.slot(slot, table.len());
-        for (k, &r) in g.rows.iter().enumerate() {
-            let rows = r as usize * dim..(r as usize + 1) * dim;
-            update(
-                c,
-                t,
-                &mut table[rows.clone()],
-                &g.values[k * dim..(k + 1) * dim],
-                &mut s.m[rows.clone()],
-                &mut s.v[rows],
-            );
+        let vocab = table.len() / dim.max(1);
+        if dim == 0 || !g.rows.windows(2).all(|w| w[0] < w[1]) || g.rows.last().is_some_and(|&r| r as usize >= vocab) {
+            // Not the documented form (ascending, each once, in range): row by row, in order.
+            for (k, &r) in g.rows.iter().enumerate() {
+                let rows = r as usize * dim..(r as usize + 1) * dim;
+                let (m, v) = (&mut s.m[rows.clone()], &mut s.v[rows.clone()]);
+                update(c, t, &mut table[rows], &g.values[k * dim..(k + 1) * dim], m, v);
+            }
+            return;
         }
+        // The touched rows of the table and of the state, picked out in one pass.
+        let mut rows = table.chunks_exact_mut(dim).zip(s.m.chunks_exact_mut(dim)).zip(s.v.chunks_exact_mut(dim));
+        let mut next = 0;
+        let mut items = Vec::with_capacity(g.rows.len());
+        for (&r, g) in g.rows.iter().zip(g.values.chunks_exact(dim)) {
+            let Some(((p, m), v)) = rows.nth(r as usize - next) else { break };
+            next = r as usize + 1;
+            items.push((p, g, m, v));
+        }
+        let pieces: Vec<Vec<_>> = chunk_vec(items, PIECE / dim + 1);
+        for_each_on_team(pieces, |rows| {
+            vectorised(|| rows.into_iter().for_each(|(p, g, m, v)| update(c, t, p, g, m, v)))
+        });
     }
 }
 
+/// Elements per piece of an update shared out between the threads.
+const PIECE: usize = 1 << 14;
+
+/// `len` zeros with every page written (a zeroed allocation may leave its pages unmapped until
+/// first touched).
+fn written_zeros(len: usize) -> Vec<f32> {
+    let mut v = vec![0.0; len];
+    // One store per 4 KiB page; `black_box` keeps the compiler from dropping stores of zero.
+    for x in v.iter_mut().step_by(1024) {
+        *x = std::hint::black_box(0.0);
+    }
+    v
+}
+
+/// `items` in consecutive groups of `size`.
+fn chunk_vec<T>(items: Vec<T>, size: usize) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = Vec::new();
+    for item in items {
+        match out.last_mut() {
+            Some(last) if last.len() < size => last.push(item),
+            _ => out.push(vec![item]),
+        }
+    }
+    out
+}
+
+#[inline(always)]
 fn update(c: Config, t: u64, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
     match c.rule {
         Rule::Sgd { momentum } => {

@@ -439,3 +439,44 @@ proptest! {
         check_pulling(random_fn(fn_seed), seed, graphs, max_v, dag, table);
     }
 }
+
+/// Sums of two sibling products, which the engine forms by accumulating the second into the
+/// first's output: directly, inside a longer sum, with the partial sum also read elsewhere
+/// (where it must not), and on vertices with only one of the two children.
+#[test]
+fn sibling_products_summed_in_place() {
+    for variant in 0..3 {
+        let f = Builder::new("siblings", 2);
+        let x = f.pull("x", 4);
+        let (h0, h1) = (f.gather(0, "h", 3), f.gather(1, "h", 3));
+        let w = f.param("W", [4, 3], Init::Xavier);
+        let u0 = f.param("U0", [3, 3], Init::Xavier);
+        let u1 = f.param("U1", [3, 3], Init::Xavier);
+        let (p0, p1) = (h0.matmul(u0), h1.matmul(u1));
+        let h = match variant {
+            0 => (p1 + p0).tanh() + x.matmul(w),
+            1 => (x.matmul(w) + p0 + p1).sigmoid(),
+            _ => {
+                let partial = x.matmul(w) + p0;
+                (partial + p1).tanh() * partial
+            }
+        };
+        f.scatter("h", h);
+        f.push("h", h);
+        let f = f.build().unwrap();
+        for seed in [1, 2, 3] {
+            check(f.clone(), seed, 12, 50, false);
+        }
+        let mut rng = Rng::new(9);
+        let params = f.init_params(&mut rng);
+        let right_only = InputGraph::from_children(vec![vec![], vec![None, Some(0)]]).unwrap();
+        let left_only = InputGraph::from_children(vec![vec![], vec![Some(0), None]]).unwrap();
+        let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+        let x = random_rows(&mut rng, 4 * 4);
+        let out = engine.forward(&[&right_only, &left_only], &[Pull::Rows(&x)]).unwrap();
+        for (g, graph) in [&right_only, &left_only].into_iter().enumerate() {
+            let run = run_graph(&f, &params, graph, &[&x[8 * g..8 * g + 8]], &[&[0.0; 6]]);
+            assert_close("one child", &out[0][6 * g..6 * g + 6], &run.outputs[0]);
+        }
+    }
+}

@@ -72,3 +72,70 @@ fn clipping_scales_to_the_bound() {
     let norm = clip_grad_norm(&mut [&mut a, &mut b], 10.0);
     assert!((norm - 1.0).abs() < 1e-6 && (a[0] - 0.6).abs() < 1e-6);
 }
+
+/// One rule's update of one element, written out: the reference for the split updates.
+fn reference(c: &Config, t: i32, p: &mut f32, g: f32, m: &mut f32, v: &mut f32) {
+    match c.rule {
+        Rule::Sgd { momentum } => {
+            *m = momentum * *m + g;
+            *p -= c.lr * *m;
+        }
+        Rule::Adagrad => {
+            *m += g * g;
+            *p -= c.lr * g / (m.sqrt() + c.eps);
+        }
+        Rule::Adam | Rule::AdamW => {
+            *m = c.beta1 * *m + (1.0 - c.beta1) * g;
+            *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
+            let (bc1, bc2) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
+            *p -= c.lr * (*m / bc1) / ((*v / bc2).sqrt() + c.eps);
+        }
+    }
+}
+
+#[test]
+fn large_and_sparse_updates_match_the_element_by_element_rule() {
+    // Long enough to be split into pieces over both threads; rows 300 wide, like SST's vectors.
+    let (n, dim, vocab) = (100_003usize, 300usize, 500usize);
+    let value = |i: usize, s: usize| ((i * 7919 + s * 104_729) % 1000) as f32 / 500.0 - 1.0;
+    for rule in [Rule::Sgd { momentum: 0.9 }, Rule::Adagrad, Rule::Adam, Rule::AdamW] {
+        let c = Config::new(rule, 0.01);
+        let mut opt = Optimizer::new(c);
+        let (mut p, mut table) = (vec![0.5f32; n], vec![0.25f32; vocab * dim]);
+        let (mut rp, mut rtable) = (p.clone(), table.clone());
+        let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+        let (mut tm, mut tv) = (vec![0.0f32; vocab * dim], vec![0.0f32; vocab * dim]);
+        for step in 1..=3 {
+            let g: Vec<f32> = (0..n).map(|i| value(i, step)).collect();
+            let rows: Vec<u32> = (0..vocab as u32).filter(|r| !(r + step as u32).is_multiple_of(3)).collect();
+            let values: Vec<f32> = (0..rows.len() * dim).map(|i| value(i, step + 10)).collect();
+            let sparse = SparseGrad { rows: rows.clone(), values: values.clone() };
+            opt.begin_step();
+            opt.dense(0, &mut p, &g);
+            opt.sparse(1, &mut table, dim, &sparse);
+            for i in 0..n {
+                reference(&c, step as i32, &mut rp[i], g[i], &mut m[i], &mut v[i]);
+            }
+            for (k, &r) in rows.iter().enumerate() {
+                for j in 0..dim {
+                    let (e, gk) = (r as usize * dim + j, values[k * dim + j]);
+                    reference(&c, step as i32, &mut rtable[e], gk, &mut tm[e], &mut tv[e]);
+                }
+            }
+        }
+        let worst = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(worst(&p, &rp) < 1e-5, "{rule:?} dense: {}", worst(&p, &rp));
+        assert!(worst(&table, &rtable) < 1e-5, "{rule:?} sparse: {}", worst(&table, &rtable));
+    }
+}
+
+#[test]
+fn sparse_rows_out_of_order_or_repeated_update_in_turn() {
+    // Not the engine's form (ascending, each once): each entry still updates its row in turn.
+    let mut opt = Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 1.0));
+    let mut table = vec![0.0f32; 3 * 2];
+    let g = SparseGrad { rows: vec![2, 0, 2], values: vec![1.0, 1.0, 2.0, 2.0, 3.0, 3.0] };
+    opt.begin_step();
+    opt.sparse(0, &mut table, 2, &g);
+    assert_eq!(table, [-2.0, -2.0, 0.0, 0.0, -4.0, -4.0]);
+}

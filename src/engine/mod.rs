@@ -8,6 +8,7 @@
 
 mod dedup;
 mod facts;
+mod sums;
 
 use arbor_batching::{MemoryPlan, Policy, Region, Schedule, Scheduler};
 use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows, NO_ROW};
@@ -153,6 +154,8 @@ pub struct Engine<B: Backend> {
     /// Per looked-up input whose table gradient is formed that way in this minibatch: where it
     /// is in the `SHARED` buffer.
     table_grad_at: Vec<Option<usize>>,
+    /// Per value of F: the sibling product whose output it accumulates into (see [`sums`]).
+    into: Vec<Option<ValueId>>,
     /// Per input, its distinct rows in this minibatch where sharing them pays.
     shared: Vec<Option<Shared>>,
     /// The part of the `SHARED` buffer after the distinct rows: products over them.
@@ -320,6 +323,7 @@ impl<B: Backend> Engine<B> {
         let rows_read = (0..f.inputs().len()).map(|i| dedup::rows_read(&f, i)).collect();
         let index = vec![backend.alloc_index(0)?];
         let must_fill = facts::must_fill(&f);
+        let into = sums::accumulated_into(&f);
         let mut e = Engine {
             backend,
             f: Arc::new(f),
@@ -343,6 +347,7 @@ impl<B: Backend> Engine<B> {
             gathered: Vec::new(),
             table_grad_via,
             table_grad_at: Vec::new(),
+            into,
             shared: Vec::new(),
             shared_scratch: 0..0,
             shared_width,
@@ -712,10 +717,9 @@ impl<B: Backend> Engine<B> {
         let n = self.schedule.len();
         self.host.resize(n * block, 0.0);
         self.backend.read(&self.bufs[at.buf], at.offset, &mut self.host)?;
-        let mut out = vec![0.0; n * block];
-        for (v, &r) in self.schedule.row_of_vertex.iter().enumerate() {
-            let r = r as usize;
-            out[v * block..(v + 1) * block].copy_from_slice(&self.host[r * block..(r + 1) * block]);
+        let mut out = Vec::with_capacity(n * block);
+        for &r in &self.schedule.row_of_vertex {
+            out.extend_from_slice(&self.host[r as usize * block..(r as usize + 1) * block]);
         }
         Ok(out)
     }
@@ -922,13 +926,17 @@ impl<B: Backend> Engine<B> {
             match step {
                 Step::Gemms(vs) => {
                     let (mut copies, mut scratch) = (Vec::new(), self.shared_scratch.start);
-                    for &v in vs {
+                    // Products accumulating into a sibling's output are planned after it.
+                    let (alone, summed): (Vec<ValueId>, Vec<ValueId>) =
+                        vs.iter().partition(|&&v| self.summed_into(pass, v).is_none());
+                    for v in alone.into_iter().chain(summed) {
                         if self.formed_per_id(pass, v) {
                             continue;
                         }
+                        let into = self.summed_into(pass, v).map(|p1| self.sum_into(pass, p1, &tasks)).transpose()?;
                         let func = self.func(pass);
                         for (run, cut) in self.runs(tasks.clone(), |t| self.facts(pass, t).cut(func, v)) {
-                            copies.extend(self.plan_gemm(pass, v, run, &cut, &mut waves, &mut scratch)?);
+                            copies.extend(self.plan_gemm(pass, v, run, &cut, into, &mut waves, &mut scratch)?);
                         }
                     }
                     for wave in &mut waves {
@@ -944,6 +952,21 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
+    /// The sibling product `v` accumulates into on this pass (see [`sums`]).
+    fn summed_into(&self, pass: Pass, v: ValueId) -> Option<ValueId> {
+        (pass == Pass::Forward).then(|| self.into[v.index()]).flatten()
+    }
+
+    /// How a product summed into `p1` runs on `tasks` (one task: sums are recurrent): into
+    /// `p1`'s output, adding to it where `p1` was computed there, or else writing it.
+    fn sum_into(&self, pass: Pass, p1: ValueId, tasks: &Range<usize>) -> Result<(ValueId, bool)> {
+        if tasks.len() != 1 {
+            return Err(internal(format!("a product summed into {p1} runs over {} tasks at once", tasks.len())));
+        }
+        let computed = matches!(self.facts(pass, tasks.start).cut(self.func(pass), p1), Cut::Full | Cut::Cols { .. });
+        Ok((p1, computed))
+    }
+
     /// Whether `v` is the gradient of a looked-up input that this minibatch forms per distinct
     /// row instead (in [`Engine::param_grads`]).
     fn formed_per_id(&self, pass: Pass, v: ValueId) -> bool {
@@ -954,39 +977,51 @@ impl<B: Backend> Engine<B> {
     /// Adds the calls of product `v` over the rows `run` (tasks sharing `cut`) to `waves`; an
     /// all-zero product is filled at once. A product of a pulled input with shared rows runs over
     /// the distinct rows into scratch from `scratch` on; the copy to the vertices' rows that must
-    /// follow the waves is returned.
+    /// follow the waves is returned. A product summed `into` a sibling `(p1, add)` writes `p1`'s
+    /// output instead: after every wave so far, adding to it, where `add`.
+    #[allow(clippy::too_many_arguments)]
     fn plan_gemm(
         &mut self,
         pass: Pass,
         v: ValueId,
         run: Range<usize>,
         cut: &Cut,
+        into: Option<(ValueId, bool)>,
         waves: &mut Vec<Vec<Gemm>>,
         scratch: &mut usize,
     ) -> Result<Option<SharedCopy>> {
-        let mut push = |wave: usize, g: Gemm, flops: &mut u64| {
-            if waves.len() <= wave {
-                waves.resize_with(wave + 1, Vec::new);
+        let (add, base) = match into {
+            Some((_, true)) => (true, waves.len()),
+            _ => (false, 0),
+        };
+        let target = into.map(|(p1, _)| self.loc(pass, p1, run.start, run.start)).transpose()?;
+        let mut push = |wave: usize, mut g: Gemm, flops: &mut u64| {
+            g.accumulate |= add;
+            if waves.len() <= base + wave {
+                waves.resize_with(base + wave + 1, Vec::new);
             }
             *flops += gemm_flops(&g);
-            waves[wave].push(g);
+            waves[base + wave].push(g);
         };
         match cut {
             Cut::Skip => {}
-            Cut::Zero if !self.fills(pass)[v.index()] => {}
+            // Summed into a sibling, zeros add nothing (and the kernel reads them as zeros).
+            Cut::Zero if into.is_some() || !self.fills(pass)[v.index()] => {}
             Cut::Zero => {
                 let at = self.loc(pass, v, run.start, run.start)?;
                 let len = run.len() * self.func(pass).node(v).shape.numel();
                 self.backend.fill(&mut Mem { data: &mut self.bufs, index: &self.index }, at, len, 0.0)?;
             }
             Cut::Full => {
-                let (g, copy) = self.shared_gemm(pass, v, run, scratch)?;
+                let (mut g, copy) = self.shared_gemm(pass, v, run, scratch)?;
+                g.c = target.unwrap_or(g.c);
                 push(0, g, &mut self.flops);
                 return Ok(copy);
             }
             Cut::Cols { cols, zero, inner } => {
-                let (g, copy) = self.shared_gemm(pass, v, run, scratch)?;
-                for z in zero {
+                let (mut g, copy) = self.shared_gemm(pass, v, run, scratch)?;
+                g.c = target.unwrap_or(g.c);
+                for z in zero.iter().filter(|_| !add) {
                     // A product over an empty inner dimension is zero.
                     push(0, facts::narrow(&g, z.clone(), 0..0, false), &mut self.flops);
                 }
@@ -1104,9 +1139,16 @@ impl<B: Backend> Engine<B> {
         let mut loads = Vec::new();
         for i in k.loads() {
             let v = k.values[i];
-            let zero = task.is_some_and(|t| !k.nodes[i].is_param && self.facts(pass, t).is_zero(v));
+            // A product summed into a sibling's output is read there, so it reads as zeros
+            // itself, and that output is zero only where both are.
+            let summed = self.summed_into(pass, v).is_some();
+            let with = (pass == Pass::Forward).then(|| sums::source(&self.into, v)).flatten();
+            let zero = task.is_some_and(|t| {
+                let facts = self.facts(pass, t);
+                !k.nodes[i].is_param && facts.is_zero(v) && with.is_none_or(|s| facts.is_zero(s))
+            });
             loads.push(match k.nodes[i].op {
-                _ if zero => Rows::Zeros,
+                _ if zero || summed => Rows::Zeros,
                 Op::Gather { slot, state } => Rows::Indexed {
                     data: self.loc(Pass::Forward, self.f.states()[state].value, 0, 0)?,
                     index: ix.slot(slot, r0),

@@ -39,24 +39,70 @@ macro_rules! dispatch {
 dispatch!(unary, unary_avx512, unary_avx2, unary_generic, (op: UnaryOp, x: &[f32], out: &mut [f32]));
 dispatch!(binary, binary_avx512, binary_avx2, binary_generic, (op: BinaryOp, a: &[f32], b: &[f32], out: &mut [f32]));
 
+/// Elements per pass of a vectorised loop (four AVX-512 vectors). Each loop runs over whole
+/// blocks, then over one block padded with zeros holding the rest, so a row of 150 values has no
+/// scalar tail (a tail of exponentials costs as much as the vectorised rest of the row).
+const BLOCK: usize = 64;
+
+/// `out[e] = f(x[e])`, one plain loop (the compiler vectorises it).
+#[inline(always)]
+fn each1(x: &[f32], out: &mut [f32], f: &impl Fn(f32) -> f32) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = f(v);
+    }
+}
+
+/// `out[e] = f(a[e], b[e])`, one plain loop (the compiler vectorises it).
+#[inline(always)]
+fn each2(a: &[f32], b: &[f32], out: &mut [f32], f: &impl Fn(f32, f32) -> f32) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y);
+    }
+}
+
+/// `out[e] = f(x[e])` over the common length, whole blocks then a padded one.
+#[inline(always)]
+fn map1(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
+    let n = x.len().min(out.len());
+    let body = n / BLOCK * BLOCK;
+    each1(&x[..body], &mut out[..body], &f);
+    if body < n {
+        let (mut p, mut r) = ([0.0; BLOCK], [0.0; BLOCK]);
+        p[..n - body].copy_from_slice(&x[body..n]);
+        // A length the compiler cannot see, so the padded block takes the same vector loop.
+        let len = std::hint::black_box(BLOCK);
+        each1(&p[..len], &mut r[..len], &f);
+        out[body..n].copy_from_slice(&r[..n - body]);
+    }
+}
+
+/// `out[e] = f(a[e], b[e])` over the common length, whole blocks then a padded one.
+#[inline(always)]
+fn map2(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+    let n = a.len().min(b.len()).min(out.len());
+    let body = n / BLOCK * BLOCK;
+    each2(&a[..body], &b[..body], &mut out[..body], &f);
+    if body < n {
+        let (mut p, mut q, mut r) = ([0.0; BLOCK], [0.0; BLOCK], [0.0; BLOCK]);
+        p[..n - body].copy_from_slice(&a[body..n]);
+        q[..n - body].copy_from_slice(&b[body..n]);
+        let len = std::hint::black_box(BLOCK);
+        each2(&p[..len], &q[..len], &mut r[..len], &f);
+        out[body..n].copy_from_slice(&r[..n - body]);
+    }
+}
+
 /// `out[e] = op(x[e])`.
 #[inline(always)]
 fn unary_generic(op: UnaryOp, x: &[f32], out: &mut [f32]) {
-    macro_rules! each {
-        ($f:expr) => {
-            for (o, &v) in out.iter_mut().zip(x) {
-                *o = $f(v);
-            }
-        };
-    }
     match op {
-        UnaryOp::Neg => each!(|v: f32| -v),
-        UnaryOp::Scale(s) => each!(|v: f32| s * v),
-        UnaryOp::Sigmoid => each!(|v| UnaryOp::Sigmoid.apply(v)),
-        UnaryOp::Tanh => each!(|v| UnaryOp::Tanh.apply(v)),
-        UnaryOp::Relu => each!(|v| UnaryOp::Relu.apply(v)),
-        UnaryOp::Exp => each!(|v| UnaryOp::Exp.apply(v)),
-        UnaryOp::Log => each!(|v| UnaryOp::Log.apply(v)),
+        UnaryOp::Neg => map1(x, out, |v: f32| -v),
+        UnaryOp::Scale(s) => map1(x, out, |v: f32| s * v),
+        UnaryOp::Sigmoid => map1(x, out, |v| UnaryOp::Sigmoid.apply(v)),
+        UnaryOp::Tanh => map1(x, out, |v| UnaryOp::Tanh.apply(v)),
+        UnaryOp::Relu => map1(x, out, |v| UnaryOp::Relu.apply(v)),
+        UnaryOp::Exp => map1(x, out, |v| UnaryOp::Exp.apply(v)),
+        UnaryOp::Log => map1(x, out, |v| UnaryOp::Log.apply(v)),
     }
 }
 
@@ -69,20 +115,14 @@ fn binary_generic(op: BinaryOp, a: &[f32], b: &[f32], out: &mut [f32]) {
             let f = $f;
             let p = a.len().min(b.len()).max(1);
             if a.len() == out.len() && b.len() == out.len() {
-                for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-                    *o = f(x, y);
-                }
+                map2(a, b, out, f);
             } else if a.len() < out.len() {
                 for (o, cb) in out.chunks_mut(p).zip(b.chunks(p)) {
-                    for ((o, &x), &y) in o.iter_mut().zip(a).zip(cb) {
-                        *o = f(x, y);
-                    }
+                    map2(a, cb, o, f);
                 }
             } else {
                 for (o, ca) in out.chunks_mut(p).zip(a.chunks(p)) {
-                    for ((o, &x), &y) in o.iter_mut().zip(ca).zip(b) {
-                        *o = f(x, y);
-                    }
+                    map2(ca, b, o, f);
                 }
             }
         }};

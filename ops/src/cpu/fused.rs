@@ -13,7 +13,8 @@ use arbor_core::fusion::Kernel;
 use arbor_core::ir::{BinaryOp, Op, ValueId};
 use std::cell::RefCell;
 
-/// Scratch elements a chunk may use across all of its intermediates.
+/// Scratch elements a chunk may use across all of its intermediates (its vertices' share of the
+/// core's L2, with the rows it reads and writes).
 const CHUNK_ELEMS: usize = 1 << 15;
 
 /// Per-call scratch, kept per thread and only ever grown.
@@ -49,7 +50,27 @@ pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &
     }
     let per_vertex: usize = k.nodes.iter().filter(|x| !x.is_param).map(|x| x.shape.numel()).sum();
     let max = if n >= PARALLEL_VERTICES && n * per_vertex >= PARALLEL_ELEMS { usize::MAX } else { 1 };
-    team::split(max, |part, parts| run_vertices(raw, k, team::share(n, part, parts), per_vertex, loads, stores))
+    let scratch = scratch_per_vertex(k, loads, stores.len());
+    team::split(max, |part, parts| run_vertices(raw, k, team::share(n, part, parts), scratch, loads, stores))
+}
+
+/// Scratch elements one vertex may need: every value but those read in place (contiguous and
+/// broadcast loads, column slices of one-row values) or computed where they are stored.
+fn scratch_per_vertex(k: &Kernel, loads: &[Rows], stores: usize) -> usize {
+    let mut in_place = vec![false; k.nodes.len()];
+    for (l, rows) in k.loads().zip(loads) {
+        in_place[l] = matches!(rows, Rows::Contiguous(_) | Rows::Broadcast(_));
+    }
+    for &l in k.stores.iter().take(stores) {
+        in_place[l] = true;
+    }
+    let sliced = |x: &ValueId| k.nodes[x.index()].shape.rows() == 1;
+    k.nodes
+        .iter()
+        .zip(&in_place)
+        .filter(|(x, &placed)| !x.is_param && !placed && !matches!(&x.op, Op::Slice { x, .. } if sliced(x)))
+        .map(|(x, _)| x.shape.numel())
+        .sum()
 }
 
 /// Runs the kernel over the vertices `vertices`, in chunks, with this thread's scratch.
@@ -57,11 +78,11 @@ fn run_vertices(
     raw: &Raw<'_>,
     k: &Kernel,
     vertices: std::ops::Range<usize>,
-    per_vertex: usize,
+    scratch: usize,
     loads: &[Rows],
     stores: &[Loc],
 ) -> Result<()> {
-    let chunk = (CHUNK_ELEMS / per_vertex.max(1)).clamp(1, vertices.len().max(1));
+    let chunk = (CHUNK_ELEMS / scratch.max(1)).clamp(1, vertices.len().max(1));
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         s.offs.clear();

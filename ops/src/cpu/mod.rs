@@ -4,6 +4,7 @@
 mod direct;
 mod elementwise;
 mod fused;
+pub mod host;
 mod matmul;
 mod memory;
 mod team;

@@ -1,0 +1,63 @@
+//! Sums of sibling products. Where F adds two products that run in one step of the recurrent
+//! phase (the Tree-LSTM's `h₀·U₀ + h₁·U₁`) and nothing else reads either of them (or the partial
+//! sum), the second product accumulates into the first one's output. The fused kernel after them
+//! then reads one product instead of two and skips one add over the products' full width.
+
+use super::dedup;
+use arbor_core::fusion::{Phase, Plan, Step};
+use arbor_core::ir::{BinaryOp, Op, ValueId, VertexFn};
+
+/// Per value of F: the product it accumulates into instead of its own output, if any.
+pub(super) fn accumulated_into(f: &VertexFn) -> Vec<Option<ValueId>> {
+    let func = f.forward();
+    let users = func.users();
+    let kept: Vec<ValueId> = f
+        .backward()
+        .saved
+        .iter()
+        .copied()
+        .chain(f.states().iter().map(|s| s.value))
+        .chain(f.outputs().iter().map(|o| o.value))
+        .collect();
+    // Read only by `by`, and not kept for backward or handed out.
+    let private = |v: ValueId, by: ValueId| users[v.index()] == [by] && !kept.contains(&v);
+    let mut into = vec![None; func.nodes.len()];
+    for (s, node) in func.nodes.iter().enumerate() {
+        let s = ValueId(s as u32);
+        let Op::Binary { op: BinaryOp::Add, a, b } = node.op else { continue };
+        for (q, p2) in [(a, b), (b, a)] {
+            // `q` is the first product, or a private sum of it with something else.
+            let firsts = match func.node(q).op {
+                Op::MatMul { .. } => vec![q],
+                Op::Binary { op: BinaryOp::Add, a: x, b: y } if private(q, s) => vec![x, y],
+                _ => Vec::new(),
+            };
+            let sibling = |p1: ValueId| {
+                p1 != p2
+                    && [p1, p2].iter().all(|&p| func.node(p).op.is_matmul() && dedup::pulled_factor(func, p).is_none())
+                    && private(p2, s)
+                    && private(p1, if p1 == q { s } else { q })
+                    && func.node(p1).shape == func.node(p2).shape
+                    && [p1, p2].iter().all(|&p| into[p.index()].is_none() && !into.contains(&Some(p)))
+                    && [f.forward_plan(), f.inference_plan()].iter().all(|plan| same_recurrent_step(plan, p1, p2))
+            };
+            if let Some(p1) = firsts.into_iter().find(|&p1| sibling(p1)) {
+                into[p2.index()] = Some(p1);
+                break;
+            }
+        }
+    }
+    into
+}
+
+/// Whether `p1` and `p2` are computed by one product step of `plan`'s recurrent phase.
+fn same_recurrent_step(plan: &Plan, p1: ValueId, p2: ValueId) -> bool {
+    plan.phases[Phase::Recurrent as usize]
+        .iter()
+        .any(|s| matches!(s, Step::Gemms(vs) if vs.contains(&p1) && vs.contains(&p2)))
+}
+
+/// The product accumulating into `target`, if any.
+pub(super) fn source(into: &[Option<ValueId>], target: ValueId) -> Option<ValueId> {
+    into.iter().position(|t| *t == Some(target)).map(|i| ValueId(i as u32))
+}
