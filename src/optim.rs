@@ -150,14 +150,11 @@ impl Optimizer {
             next = r as usize + 1;
             items.push((p, g, m, v));
         }
-        let pieces: Vec<Vec<_>> = chunk_vec(items, PIECE / dim + 1);
-        for_each_on_team(pieces, |rows| {
-            vectorised(|| rows.into_iter().for_each(|(p, g, m, v)| update(c, t, p, g, m, v)))
-        });
+        for_each_on_team(items, |(p, g, m, v)| vectorised(|| update(c, t, p, g, m, v)));
     }
 }
 
-/// Elements per piece of an update shared out between the threads.
+/// Elements per piece of a dense update shared out between the threads.
 const PIECE: usize = 1 << 14;
 
 /// `len` zeros with every page written (a zeroed allocation may leave its pages unmapped until
@@ -169,18 +166,6 @@ fn written_zeros(len: usize) -> Vec<f32> {
         *x = std::hint::black_box(0.0);
     }
     v
-}
-
-/// `items` in consecutive groups of `size`.
-fn chunk_vec<T>(items: Vec<T>, size: usize) -> Vec<Vec<T>> {
-    let mut out: Vec<Vec<T>> = Vec::new();
-    for item in items {
-        match out.last_mut() {
-            Some(last) if last.len() < size => last.push(item),
-            _ => out.push(vec![item]),
-        }
-    }
-    out
 }
 
 #[inline(always)]

@@ -154,8 +154,8 @@ pub struct Engine<B: Backend> {
     /// Per looked-up input whose table gradient is formed that way in this minibatch: where it
     /// is in the `SHARED` buffer.
     table_grad_at: Vec<Option<usize>>,
-    /// Per value of F: the sibling product whose output it accumulates into (see [`sums`]).
-    into: Vec<Option<ValueId>>,
+    /// Products of F accumulating into a sibling's output (see [`sums`]).
+    sums: sums::Sums,
     /// Per input, its distinct rows in this minibatch where sharing them pays.
     shared: Vec<Option<Shared>>,
     /// The part of the `SHARED` buffer after the distinct rows: products over them.
@@ -323,7 +323,7 @@ impl<B: Backend> Engine<B> {
         let rows_read = (0..f.inputs().len()).map(|i| dedup::rows_read(&f, i)).collect();
         let index = vec![backend.alloc_index(0)?];
         let must_fill = facts::must_fill(&f);
-        let into = sums::accumulated_into(&f);
+        let sums = sums::Sums::new(&f);
         let mut e = Engine {
             backend,
             f: Arc::new(f),
@@ -347,7 +347,7 @@ impl<B: Backend> Engine<B> {
             gathered: Vec::new(),
             table_grad_via,
             table_grad_at: Vec::new(),
-            into,
+            sums,
             shared: Vec::new(),
             shared_scratch: 0..0,
             shared_width,
@@ -927,16 +927,20 @@ impl<B: Backend> Engine<B> {
                 Step::Gemms(vs) => {
                     let (mut copies, mut scratch) = (Vec::new(), self.shared_scratch.start);
                     // Products accumulating into a sibling's output are planned after it.
-                    let (alone, summed): (Vec<ValueId>, Vec<ValueId>) =
-                        vs.iter().partition(|&&v| self.summed_into(pass, v).is_none());
-                    for v in alone.into_iter().chain(summed) {
-                        if self.formed_per_id(pass, v) {
-                            continue;
-                        }
-                        let into = self.summed_into(pass, v).map(|p1| self.sum_into(pass, p1, &tasks)).transpose()?;
-                        let func = self.func(pass);
-                        for (run, cut) in self.runs(tasks.clone(), |t| self.facts(pass, t).cut(func, v)) {
-                            copies.extend(self.plan_gemm(pass, v, run, &cut, into, &mut waves, &mut scratch)?);
+                    for summed in [false, true] {
+                        for &v in vs {
+                            let target = self.summed_into(pass, v);
+                            if target.is_some() != summed || self.formed_per_id(pass, v) {
+                                continue;
+                            }
+                            let into = match target {
+                                Some(p1) => Some((p1, self.computed_alone(pass, p1, &tasks)?)),
+                                None => None,
+                            };
+                            let func = self.func(pass);
+                            for (run, cut) in self.runs(tasks.clone(), |t| self.facts(pass, t).cut(func, v)) {
+                                copies.extend(self.plan_gemm(pass, v, run, &cut, into, &mut waves, &mut scratch)?);
+                            }
                         }
                     }
                     for wave in &mut waves {
@@ -954,17 +958,16 @@ impl<B: Backend> Engine<B> {
 
     /// The sibling product `v` accumulates into on this pass (see [`sums`]).
     fn summed_into(&self, pass: Pass, v: ValueId) -> Option<ValueId> {
-        (pass == Pass::Forward).then(|| self.into[v.index()]).flatten()
+        (pass == Pass::Forward).then(|| self.sums.target(v)).flatten()
     }
 
-    /// How a product summed into `p1` runs on `tasks` (one task: sums are recurrent): into
-    /// `p1`'s output, adding to it where `p1` was computed there, or else writing it.
-    fn sum_into(&self, pass: Pass, p1: ValueId, tasks: &Range<usize>) -> Result<(ValueId, bool)> {
+    /// Whether product `p1` is computed on `tasks` (one task: sums are recurrent), so a sibling
+    /// summed into it adds to its output rather than writing it.
+    fn computed_alone(&self, pass: Pass, p1: ValueId, tasks: &Range<usize>) -> Result<bool> {
         if tasks.len() != 1 {
             return Err(internal(format!("a product summed into {p1} runs over {} tasks at once", tasks.len())));
         }
-        let computed = matches!(self.facts(pass, tasks.start).cut(self.func(pass), p1), Cut::Full | Cut::Cols { .. });
-        Ok((p1, computed))
+        Ok(matches!(self.facts(pass, tasks.start).cut(self.func(pass), p1), Cut::Full | Cut::Cols { .. }))
     }
 
     /// Whether `v` is the gradient of a looked-up input that this minibatch forms per distinct
@@ -1021,9 +1024,11 @@ impl<B: Backend> Engine<B> {
             Cut::Cols { cols, zero, inner } => {
                 let (mut g, copy) = self.shared_gemm(pass, v, run, scratch)?;
                 g.c = target.unwrap_or(g.c);
-                for z in zero.iter().filter(|_| !add) {
-                    // A product over an empty inner dimension is zero.
-                    push(0, facts::narrow(&g, z.clone(), 0..0, false), &mut self.flops);
+                if !add {
+                    for z in zero {
+                        // A product over an empty inner dimension is zero.
+                        push(0, facts::narrow(&g, z.clone(), 0..0, false), &mut self.flops);
+                    }
                 }
                 for c in cols {
                     for (i, k) in inner.iter().enumerate() {
@@ -1142,7 +1147,7 @@ impl<B: Backend> Engine<B> {
             // A product summed into a sibling's output is read there, so it reads as zeros
             // itself, and that output is zero only where both are.
             let summed = self.summed_into(pass, v).is_some();
-            let with = (pass == Pass::Forward).then(|| sums::source(&self.into, v)).flatten();
+            let with = (pass == Pass::Forward).then(|| self.sums.source(v)).flatten();
             let zero = task.is_some_and(|t| {
                 let facts = self.facts(pass, t);
                 !k.nodes[i].is_param && facts.is_zero(v) && with.is_none_or(|s| facts.is_zero(s))

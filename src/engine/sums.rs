@@ -7,8 +7,41 @@ use super::dedup;
 use arbor_core::fusion::{Phase, Plan, Step};
 use arbor_core::ir::{BinaryOp, Op, ValueId, VertexFn};
 
+/// Which products of F accumulate into a sibling's output, both ways round.
+#[derive(Debug, Default)]
+pub(super) struct Sums {
+    /// Per value: the product it accumulates into instead of its own output.
+    target: Vec<Option<ValueId>>,
+    /// Per value: the product accumulating into its output.
+    source: Vec<Option<ValueId>>,
+}
+
+impl Sums {
+    /// The sums of `f`'s forward function.
+    pub(super) fn new(f: &VertexFn) -> Sums {
+        let target = accumulated_into(f);
+        let mut source = vec![None; target.len()];
+        for (p2, p1) in target.iter().enumerate() {
+            if let Some(p1) = p1 {
+                source[p1.index()] = Some(ValueId(p2 as u32));
+            }
+        }
+        Sums { target, source }
+    }
+
+    /// The product `v` accumulates into, if any.
+    pub(super) fn target(&self, v: ValueId) -> Option<ValueId> {
+        self.target[v.index()]
+    }
+
+    /// The product accumulating into `v`, if any.
+    pub(super) fn source(&self, v: ValueId) -> Option<ValueId> {
+        self.source[v.index()]
+    }
+}
+
 /// Per value of F: the product it accumulates into instead of its own output, if any.
-pub(super) fn accumulated_into(f: &VertexFn) -> Vec<Option<ValueId>> {
+fn accumulated_into(f: &VertexFn) -> Vec<Option<ValueId>> {
     let func = f.forward();
     let users = func.users();
     let kept: Vec<ValueId> = f
@@ -55,9 +88,4 @@ fn same_recurrent_step(plan: &Plan, p1: ValueId, p2: ValueId) -> bool {
     plan.phases[Phase::Recurrent as usize]
         .iter()
         .any(|s| matches!(s, Step::Gemms(vs) if vs.contains(&p1) && vs.contains(&p2)))
-}
-
-/// The product accumulating into `target`, if any.
-pub(super) fn source(into: &[Option<ValueId>], target: ValueId) -> Option<ValueId> {
-    into.iter().position(|t| *t == Some(target)).map(|i| ValueId(i as u32))
 }

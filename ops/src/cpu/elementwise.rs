@@ -44,35 +44,11 @@ dispatch!(binary, binary_avx512, binary_avx2, binary_generic, (op: BinaryOp, a: 
 /// scalar tail (a tail of exponentials costs as much as the vectorised rest of the row).
 const BLOCK: usize = 64;
 
-/// `out[e] = f(x[e])`, one plain loop (the compiler vectorises it).
-#[inline(always)]
-fn each1(x: &[f32], out: &mut [f32], f: &impl Fn(f32) -> f32) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = f(v);
-    }
-}
-
 /// `out[e] = f(a[e], b[e])`, one plain loop (the compiler vectorises it).
 #[inline(always)]
 fn each2(a: &[f32], b: &[f32], out: &mut [f32], f: &impl Fn(f32, f32) -> f32) {
     for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
         *o = f(x, y);
-    }
-}
-
-/// `out[e] = f(x[e])` over the common length, whole blocks then a padded one.
-#[inline(always)]
-fn map1(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
-    let n = x.len().min(out.len());
-    let body = n / BLOCK * BLOCK;
-    each1(&x[..body], &mut out[..body], &f);
-    if body < n {
-        let (mut p, mut r) = ([0.0; BLOCK], [0.0; BLOCK]);
-        p[..n - body].copy_from_slice(&x[body..n]);
-        // A length the compiler cannot see, so the padded block takes the same vector loop.
-        let len = std::hint::black_box(BLOCK);
-        each1(&p[..len], &mut r[..len], &f);
-        out[body..n].copy_from_slice(&r[..n - body]);
     }
 }
 
@@ -90,6 +66,12 @@ fn map2(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
         each2(&p[..len], &q[..len], &mut r[..len], &f);
         out[body..n].copy_from_slice(&r[..n - body]);
     }
+}
+
+/// `out[e] = f(x[e])`: the two-operand loop reading `x` for both.
+#[inline(always)]
+fn map1(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
+    map2(x, x, out, |v, _| f(v));
 }
 
 /// `out[e] = op(x[e])`.

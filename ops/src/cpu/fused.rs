@@ -50,27 +50,7 @@ pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &
     }
     let per_vertex: usize = k.nodes.iter().filter(|x| !x.is_param).map(|x| x.shape.numel()).sum();
     let max = if n >= PARALLEL_VERTICES && n * per_vertex >= PARALLEL_ELEMS { usize::MAX } else { 1 };
-    let scratch = scratch_per_vertex(k, loads, stores.len());
-    team::split(max, |part, parts| run_vertices(raw, k, team::share(n, part, parts), scratch, loads, stores))
-}
-
-/// Scratch elements one vertex may need: every value but those read in place (contiguous and
-/// broadcast loads, column slices of one-row values) or computed where they are stored.
-fn scratch_per_vertex(k: &Kernel, loads: &[Rows], stores: usize) -> usize {
-    let mut in_place = vec![false; k.nodes.len()];
-    for (l, rows) in k.loads().zip(loads) {
-        in_place[l] = matches!(rows, Rows::Contiguous(_) | Rows::Broadcast(_));
-    }
-    for &l in k.stores.iter().take(stores) {
-        in_place[l] = true;
-    }
-    let sliced = |x: &ValueId| k.nodes[x.index()].shape.rows() == 1;
-    k.nodes
-        .iter()
-        .zip(&in_place)
-        .filter(|(x, &placed)| !x.is_param && !placed && !matches!(&x.op, Op::Slice { x, .. } if sliced(x)))
-        .map(|(x, _)| x.shape.numel())
-        .sum()
+    team::split(max, |part, parts| run_vertices(raw, k, team::share(n, part, parts), loads, stores))
 }
 
 /// Runs the kernel over the vertices `vertices`, in chunks, with this thread's scratch.
@@ -78,13 +58,22 @@ fn run_vertices(
     raw: &Raw<'_>,
     k: &Kernel,
     vertices: std::ops::Range<usize>,
-    scratch: usize,
     loads: &[Rows],
     stores: &[Loc],
 ) -> Result<()> {
-    let chunk = (CHUNK_ELEMS / scratch.max(1)).clamp(1, vertices.len().max(1));
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
+        s.store_of.clear();
+        s.store_of.resize(k.nodes.len(), None);
+        for (&l, &at) in k.stores.iter().zip(stores) {
+            s.store_of[l] = Some(at);
+        }
+        s.load_of.clear();
+        s.load_of.resize(k.nodes.len(), None);
+        for (l, &rows) in k.loads().zip(loads) {
+            s.load_of[l] = Some(rows);
+        }
+        let chunk = (CHUNK_ELEMS / scratch_per_vertex(k, s).max(1)).clamp(1, vertices.len().max(1));
         s.offs.clear();
         let mut total = 0;
         for x in &k.nodes {
@@ -100,16 +89,6 @@ fn run_vertices(
         }
         s.at.clear();
         s.at.resize(k.nodes.len(), View::NONE);
-        s.store_of.clear();
-        s.store_of.resize(k.nodes.len(), None);
-        for (&l, &at) in k.stores.iter().zip(stores) {
-            s.store_of[l] = Some(at);
-        }
-        s.load_of.clear();
-        s.load_of.resize(k.nodes.len(), None);
-        for (l, &rows) in k.loads().zip(loads) {
-            s.load_of[l] = Some(rows);
-        }
         let mut start = vertices.start;
         while start < vertices.end {
             let m = chunk.min(vertices.end - start);
@@ -118,6 +97,17 @@ fn run_vertices(
         }
         Ok(())
     })
+}
+
+/// Scratch elements one vertex may need: every value but those read in place (contiguous and
+/// broadcast loads, column slices of one-row values) or computed where they are stored.
+fn scratch_per_vertex(k: &Kernel, s: &Scratch) -> usize {
+    let in_place = |l: usize, op: &Op| {
+        s.store_of[l].is_some()
+            || matches!(s.load_of[l], Some(Rows::Contiguous(_) | Rows::Broadcast(_)))
+            || matches!(op, Op::Slice { x, .. } if k.nodes[x.index()].shape.rows() == 1)
+    };
+    k.nodes.iter().enumerate().filter(|(l, x)| !x.is_param && !in_place(*l, &x.op)).map(|(_, x)| x.shape.numel()).sum()
 }
 
 fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch) -> Result<()> {
