@@ -15,11 +15,11 @@ fn main() {
 }
 
 fn gemm(b: Bencher<'_, '_>, m: usize, k: usize, n: usize) {
-    gemm_with(b, (m, k, n), false);
+    gemm_with(b, (m, k, n), false, false);
 }
 
-/// `C = A·B` (`A·Bᵀ` when `tb`, B stored as `n × k`) with `m × k` A.
-fn gemm_with(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize), tb: bool) {
+/// `C = op(A)·op(B)`: A stored as `m × k` (`k × m` when `ta`), B as `k × n` (`n × k` when `tb`).
+fn gemm_with(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize), ta: bool, tb: bool) {
     let cpu = CpuBackend::new();
     let mut data = vec![cpu.alloc(m * k).unwrap(), cpu.alloc(k * n).unwrap(), cpu.alloc(m * n).unwrap()];
     let g = Gemm {
@@ -27,8 +27,8 @@ fn gemm_with(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize), tb: bool) {
         n,
         k,
         a: Loc { buf: 0, offset: 0 },
-        lda: k,
-        ta: false,
+        lda: if ta { m } else { k },
+        ta,
         b: Loc { buf: 1, offset: 0 },
         ldb: if tb { k } else { n },
         tb,
@@ -63,7 +63,14 @@ fn gemm_tree_lstm(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize)) {
 /// 150 × 750 weights), from batch 1 (a few rows) to batch 64 (about 60).
 #[divan::bench(args = [(1, 750, 150), (4, 750, 150), (16, 750, 150), (32, 750, 150), (60, 750, 150)])]
 fn gemm_tree_lstm_backward(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize)) {
-    gemm_with(b, (m, k, n), true);
+    gemm_with(b, (m, k, n), false, true);
+}
+
+/// The Tree-LSTM's parameter gradients over a batch-64 minibatch: `dU = hᵀ·dG` over about 1,240
+/// internal vertices (150 × 750) and `dW = xᵀ·dG` over about 700 distinct words (300 × 450).
+#[divan::bench(args = [(150, 1240, 750), (300, 700, 450)])]
+fn gemm_tree_lstm_param_grad(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize)) {
+    gemm_with(b, (m, k, n), true, false);
 }
 
 /// The Tree-LSTM's fused kernels over one task of 64 vertices (items = vertices).

@@ -6,7 +6,7 @@ use arbor::cuda::Precision;
 use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD};
 use arbor::dist::pipeline::{PipePlan, Stack, Stage};
 use arbor::dist::schedule::Kind;
-use arbor::dist::Collective;
+use arbor::dist::{Collective, ThreadCollective};
 use arbor::layers::LossOn;
 use arbor::loss_scale::LossScaler;
 use arbor::nn::Model;
@@ -92,6 +92,11 @@ struct BenchArgs {
     /// Worker threads for matrix products (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Workers (CPU only), each a model replica on its own share of the cores. Training: every
+    /// minibatch is split between them and their gradients summed (as `arbor train --workers`);
+    /// inference: they take whole minibatches in turn.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
     /// Matrix-product inputs on the GPU: f32, tf32, bf16 or f16 (f16 training scales the loss);
     /// accumulation is always f32.
     #[arg(long, value_enum, default_value = "f32")]
@@ -841,6 +846,31 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// Infers `batch` and predicts each tree's root class (what inference is timed on).
+fn infer_batch<B: Backend>(model: &mut Classifier<B>, batch: &[&TreeExample]) -> Result<()> {
+    let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
+    let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
+    let roots: Vec<usize> = batch
+        .iter()
+        .scan(0, |end, e| {
+            *end += e.graph.len();
+            Some(end.checked_sub(1))
+        })
+        .flatten()
+        .collect();
+    let h = model.infer_rows(&graphs, &ids, &roots)?;
+    for k in 0..roots.len() {
+        model.out.predict_row(&h, k)?;
+    }
+    Ok(())
+}
+
+/// The bench's progress bar.
+fn bench_bar(args: &BenchArgs, len: usize) -> ProgressBar {
+    let mode = if args.mode == Mode::Train { "train" } else { "infer" };
+    bar(len, format!("bench {} {mode}", args.model.model().name()))
+}
+
 /// Times `args.sentences` of `examples` through `model` (after a warm-up of three minibatches);
 /// returns the seconds and the floating-point operations the engine executed.
 fn measure<B: Backend>(
@@ -859,36 +889,84 @@ fn measure<B: Backend>(
                     pb.inc(trees as u64);
                 }
             }),
-            Mode::Infer => {
-                for batch in &batches {
-                    let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
-                    let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
-                    let h = model.infer(&graphs, &ids)?;
-                    let mut root = 0;
-                    for e in batch {
-                        root += e.graph.len();
-                        model.out.predict_row(&h, root - 1)?;
-                    }
-                    if let Some(pb) = pb {
-                        pb.inc(batch.len() as u64);
-                    }
+            Mode::Infer => batches.iter().try_for_each(|batch| {
+                infer_batch(model, batch)?;
+                if let Some(pb) = pb {
+                    pb.inc(batch.len() as u64);
                 }
                 Ok(())
-            }
+            }),
         }
     };
     let warmup = args.sentences.min(args.batch * 3);
     run(&mut model, &examples[..warmup], None)?;
-    let pb = bar(
-        examples.len(),
-        format!("bench {} {}", args.model.model().name(), if args.mode == Mode::Train { "train" } else { "infer" }),
-    );
+    let pb = bench_bar(args, examples.len());
     let flops_before = model.engine.flops();
     let start = Instant::now();
     run(&mut model, examples, Some(&pb))?;
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
     Ok((seconds, (model.engine.flops() - flops_before) as f64))
+}
+
+/// One bench worker's pass over `batches`: in training, a data-parallel step on every minibatch;
+/// in inference, every `args.workers`-th minibatch from its rank on.
+fn worker_pass(
+    model: &mut Classifier,
+    coll: &mut ThreadCollective,
+    opt: &mut Optimizer,
+    args: &BenchArgs,
+    loss_on: LossOn,
+    batches: &[Vec<&TreeExample>],
+    pb: Option<&ProgressBar>,
+) -> Result<()> {
+    let me = coll.rank();
+    for (k, batch) in batches.iter().enumerate() {
+        match args.mode {
+            Mode::Train => {
+                arbor::dist::data_parallel::step(model, coll, batch, loss_on, opt, None)?;
+            }
+            Mode::Infer if k % args.workers == me => infer_batch(model, batch)?,
+            Mode::Infer => continue,
+        }
+        // In training every worker steps on every minibatch: the first one counts it.
+        if let Some(pb) = pb.filter(|_| args.mode == Mode::Infer || me == 0) {
+            pb.inc(batch.len() as u64);
+        }
+    }
+    Ok(())
+}
+
+/// [`measure`] with `args.workers` replicas of `model` on threads (see `BenchArgs::workers`):
+/// each warms up, the workers meet, and the time runs until the last one is done.
+fn measure_workers(
+    model: Classifier,
+    args: &BenchArgs,
+    examples: &[&TreeExample],
+    loss_on: LossOn,
+) -> Result<(f64, f64)> {
+    let mut replicas: Vec<Classifier> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
+    replicas.insert(0, model);
+    let batches: Vec<Vec<&TreeExample>> = examples.chunks(args.batch).map(<[_]>::to_vec).collect();
+    let warmup = batches.len().min(3);
+    let pb = bench_bar(args, examples.len());
+    let timed = on_threads(replicas, arbor::dist::DEFAULT_TIMEOUT, 0, &mut |_| {}, |mut model, coll, _| {
+        let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
+        let mut pass = |model: &mut Classifier, coll: &mut ThreadCollective, batches, pb| {
+            worker_pass(model, coll, &mut opt, args, loss_on, batches, pb)
+        };
+        pass(&mut model, coll, &batches[..warmup], None)?;
+        let mut meet = [0.0f32];
+        coll.all_reduce_sum(&mut meet)?;
+        let flops_before = model.engine.flops();
+        let start = Instant::now();
+        pass(&mut model, coll, &batches, Some(&pb))?;
+        Ok((start, model.engine.flops() - flops_before))
+    })?;
+    let seconds = timed.iter().map(|(start, _)| start.elapsed()).max().unwrap_or_default().as_secs_f64();
+    pb.finish_and_clear();
+    // Training replicas repeat the same minibatches' shares: their flops add up to one pass.
+    Ok((seconds, timed.iter().map(|&(_, flops)| flops as f64).sum()))
 }
 
 fn bench(args: &BenchArgs) -> Result<()> {
@@ -898,6 +976,13 @@ fn bench(args: &BenchArgs) -> Result<()> {
             expected: "a thread pool".into(),
             got: e.to_string(),
         })?;
+    }
+    if args.workers == 0 || args.workers > 1 && args.device == Device::Cuda {
+        return Err(Error::Input {
+            what: "--workers".into(),
+            expected: "at least 1, and 1 with --device cuda".into(),
+            got: args.workers.to_string(),
+        });
     }
     if args.device == Device::Cpu && args.precision != PrecisionArg::F32 {
         return Err(Error::Input {
@@ -938,7 +1023,11 @@ fn bench(args: &BenchArgs) -> Result<()> {
             let model = Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?;
             // On a pool thread, as `arbor train` runs: the backend's parallel calls then start
             // on a thread of the pool instead of handing off from outside it.
-            let (seconds, flops) = rayon::scope(|_| measure(model, args, &examples, loss_on))?;
+            let (seconds, flops) = if args.workers > 1 {
+                measure_workers(model, args, &examples, loss_on)?
+            } else {
+                rayon::scope(|_| measure(model, args, &examples, loss_on))?
+            };
             (seconds, flops, None)
         }
         Device::Cuda => {
@@ -973,6 +1062,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
             "gpu": gpu,
             "precision": format!("{:?}", args.precision).to_lowercase(),
             "threads": rayon::current_num_threads(),
+            "workers": args.workers,
             "batch": args.batch,
             "hidden": args.hidden,
             "embed": args.embed,

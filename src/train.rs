@@ -241,6 +241,12 @@ impl<B: Backend> Classifier<B> {
         Ok(self.engine.infer(graphs, &[self.embed.pull(ids)])?.swap_remove(0))
     }
 
+    /// [`Classifier::infer`] returning only the rows of the vertices `rows` (merged-vertex
+    /// indices, e.g. the roots), in that order.
+    pub fn infer_rows(&mut self, graphs: &[&InputGraph], ids: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
+        Ok(self.engine.infer_rows(graphs, &[self.embed.pull(ids)], rows)?.swap_remove(0))
+    }
+
     /// One optimizer step: vertex `i` of the merged minibatch pulls row `ids[i]` of the embedding.
     pub fn step(
         &mut self,
@@ -433,12 +439,12 @@ impl<B: Backend> Classifier<B> {
             let refs: Vec<&TreeExample> = chunk.iter().collect();
             let b = batch(&refs);
             let targets = LossOn::Root.select(&b.graphs, &b.labels)?;
-            let h = self.infer(&b.graphs, &b.words)?;
-            for (row, t) in targets.iter().enumerate() {
-                if let Some(t) = t {
-                    count += 1;
-                    correct += usize::from(self.out.predict_row(&h, row)? == *t as usize);
-                }
+            let (rows, labels): (Vec<usize>, Vec<u32>) =
+                targets.iter().enumerate().filter_map(|(row, t)| t.map(|t| (row, t))).unzip();
+            let h = self.infer_rows(&b.graphs, &b.words, &rows)?;
+            for (k, &t) in labels.iter().enumerate() {
+                count += 1;
+                correct += usize::from(self.out.predict_row(&h, k)? == t as usize);
             }
         }
         Ok(if count == 0 { 0.0 } else { correct as f64 / count as f64 })

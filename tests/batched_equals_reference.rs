@@ -118,6 +118,15 @@ fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag
         let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
         engine.set_policy(policy);
         let inferred = engine.infer(&refs, &pull_refs).unwrap();
+        // Some vertices, out of order and one twice: each output's rows of `infer`, in that order.
+        let n: usize = refs.iter().map(|g| g.len()).sum();
+        let rows: Vec<usize> = (0..n).rev().step_by(3).chain((n > 0).then_some(0)).collect();
+        let picked = engine.infer_rows(&refs, &pull_refs, &rows).unwrap();
+        for (o, (got, all)) in picked.iter().zip(&inferred).enumerate() {
+            let block = f.outputs()[o].shape.numel();
+            let want: Vec<f32> = rows.iter().flat_map(|&r| all[r * block..(r + 1) * block].iter().copied()).collect();
+            assert_eq!(got, &want, "{name}: output {o} of the chosen vertices {rows:?}");
+        }
         let outputs = engine.forward(&refs, &pull_refs).unwrap();
         let grads = engine.backward(&grad_refs).unwrap();
         assert_eq!(inferred, outputs, "{name}: inference differs from training forward");

@@ -23,12 +23,13 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    let bad: [&[&str]; 5] = [
+    let bad: [&[&str]; 6] = [
         &["train", "--data", "/no/such/dir"],
         &["train", "--batch", "0"],
         &["train", "--hidden", "x"],
         &["bench", "--precision", "bf16"],
         &["bench", "--precision", "f8"],
+        &["bench", "--workers", "0"],
     ];
     for args in bad {
         let out = arbor(args);
@@ -159,5 +160,16 @@ fn pipeline_flags() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
         assert!(err.starts_with("arbor: ") && err.contains(says) && err.lines().count() == 1, "{extra:?}: {err}");
+    }
+}
+
+#[test]
+fn bench_runs_on_workers_in_both_modes() {
+    for mode in ["infer", "train"] {
+        let args = ["bench", "--workers", "2", "--mode", mode, "--sentences", "24", "--batch", "4"];
+        let v = last_json(&arbor(&[&args[..], &SMALL[..4]].concat()));
+        assert_eq!(v["workers"], 2, "{v}");
+        assert_eq!(v["sentences"], 24, "{v}");
+        assert!(v["sent_per_s"].as_f64().unwrap() > 0.0 && v["gflops"].as_f64().unwrap() > 0.0, "{v}");
     }
 }

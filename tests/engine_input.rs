@@ -23,6 +23,18 @@ fn wrong_input_length_names_the_input() {
 }
 
 #[test]
+fn chosen_rows_past_the_minibatch_are_refused() {
+    let mut e = engine(3, 2);
+    let g = InputGraph::from_children(vec![vec![], vec![Some(0)]]).unwrap();
+    let x = [0.5; 6];
+    let err = e.infer_rows(&[&g], &[Pull::Rows(&x)], &[1, 2]).unwrap_err();
+    assert!(matches!(err, Error::Input { .. }), "{err:?}");
+    assert!(err.to_string().contains("vertex indices below 2") && err.to_string().contains("vertex 2"), "{err}");
+    let root = e.infer_rows(&[&g], &[Pull::Rows(&x)], &[1]).unwrap();
+    assert_eq!(root[0], e.infer(&[&g], &[Pull::Rows(&x)]).unwrap()[0][2..4]);
+}
+
+#[test]
 fn bad_lookups_name_the_input_and_vertex() {
     let mut e = engine(3, 2);
     let g = InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)]]).unwrap();

@@ -61,6 +61,11 @@ fn cells_match(precision: Precision, tolerance: f32) {
         }
         let inferred = gpu.infer(&refs, &[Pull::Rows(&x)]).unwrap();
         close(&format!("{} inference", f.name()), &inferred[0], &hc[0]);
+        let rows: Vec<usize> = (0..vertices).rev().step_by(5).collect();
+        let picked = gpu.infer_rows(&refs, &[Pull::Rows(&x)], &rows).unwrap();
+        let block = f.outputs()[0].shape.numel();
+        let want: Vec<f32> = rows.iter().flat_map(|&r| hc[0][r * block..(r + 1) * block].iter().copied()).collect();
+        close(&format!("{} inference of chosen rows", f.name()), &picked[0], &want);
     }
 }
 

@@ -23,6 +23,7 @@ ap.add_argument("--mode", default="train")
 ap.add_argument("--loss", default="root")
 ap.add_argument("--pairs", type=int, default=3)
 ap.add_argument("--threads", type=int, default=0, help="arbor threads (0: all cores)")
+ap.add_argument("--workers", type=int, default=1, help="arbor workers, each on its share of the cores")
 ap.add_argument("--data", default=os.environ.get("ARBOR_DATA", os.path.join(root, "..", "shared", "data")) + "/sst")
 a = ap.parse_args()
 
@@ -31,6 +32,8 @@ common = ["--model", a.model, "--batch", str(a.batch), "--hidden", str(a.hidden)
 arbor_cmd = [os.path.join(root, "target", "release", "arbor"), "bench"] + common
 if a.threads:
     arbor_cmd += ["--threads", str(a.threads)]
+if a.workers > 1:
+    arbor_cmd += ["--workers", str(a.workers)]
 dynet_cmd = [os.path.join(root, "target", "peers-venv", "bin", "python"),
              os.path.join(root, "benches", "peers", "dynet_models.py")] + common
 
@@ -48,7 +51,7 @@ for i in range(a.pairs):
     print(json.dumps({"pair": i + 1, "arbor": x["sent_per_s"], "dynet": y["sent_per_s"]}), file=sys.stderr)
 ratios = [x / y for x, y in zip(arbor, dynet)]
 print(json.dumps({
-    "model": a.model, "mode": a.mode, "batch": a.batch, "hidden": a.hidden, "embed": a.embed, "loss": a.loss,
+    "model": a.model, "mode": a.mode, "workers": a.workers, "batch": a.batch, "hidden": a.hidden, "embed": a.embed, "loss": a.loss,
     "sentences": a.sentences, "pairs": a.pairs, "arbor_sent_per_s": statistics.median(arbor),
     "dynet_sent_per_s": statistics.median(dynet), "median_ratio": round(statistics.median(ratios), 2),
 }))

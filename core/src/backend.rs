@@ -141,6 +141,15 @@ pub trait Backend {
     fn write_index(&self, buf: &mut Self::Index, offset: usize, src: &[u32]) -> Result<()>;
     /// Copies a buffer's elements at `offset` to the host.
     fn read(&self, buf: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
+    /// Copies rows `rows` of the `block`-wide rows from `offset` on (row `r` at
+    /// `offset + r·block`) to the host, back to back in `dst`. By default one read per row; a
+    /// backend whose reads are costly reads the span once and picks.
+    fn read_rows(&self, buf: &Self::Buffer, offset: usize, block: usize, rows: &[u32], dst: &mut [f32]) -> Result<()> {
+        for (&r, out) in rows.iter().zip(dst.chunks_exact_mut(block.max(1))) {
+            self.read(buf, offset + r as usize * block, out)?;
+        }
+        Ok(())
+    }
     /// Sets `len` elements at `dst` to `value`.
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()>;
     /// A (batched, strided) matrix product.

@@ -512,6 +512,25 @@ impl Backend for CudaBackend {
         self.synchronize()
     }
 
+    fn read_rows(
+        &self,
+        buf: &DeviceBuffer<f32>,
+        offset: usize,
+        block: usize,
+        rows: &[u32],
+        dst: &mut [f32],
+    ) -> Result<()> {
+        // One copy of the span the rows lie in (a copy per row would wait on the device each time).
+        let (Some(&lo), Some(&hi)) = (rows.iter().min(), rows.iter().max()) else { return Ok(()) };
+        let (lo, hi) = (lo as usize, hi as usize + 1);
+        let mut span = vec![0.0; (hi - lo) * block];
+        self.read(buf, offset + lo * block, &mut span)?;
+        for (&r, out) in rows.iter().zip(dst.chunks_exact_mut(block.max(1))) {
+            out.copy_from_slice(&span[(r as usize - lo) * block..][..block]);
+        }
+        Ok(())
+    }
+
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()> {
         let p = self.data(mem, "fill", dst, len)?;
         let args = [Arg::Ptr(p), Arg::I64(len as i64), Arg::F32(value)];

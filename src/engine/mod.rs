@@ -408,7 +408,8 @@ impl<B: Backend> Engine<B> {
             return Err(internal("a minibatch planned for another engine (or before set_policy)".into()));
         }
         self.schedule = planned.schedule;
-        self.run_scheduled(&planned.graphs, pulls, true)
+        self.run_scheduled(&planned.graphs, pulls, true)?;
+        self.download_outputs(None)
     }
 
     /// Replaces every parameter's values.
@@ -452,23 +453,61 @@ impl<B: Backend> Engine<B> {
     /// needs. `pulls[i]` gives input `i` for every vertex, graph by graph, vertex by vertex.
     /// Returns each pushed output the same way.
     pub fn forward(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>]) -> Result<Vec<Vec<f32>>> {
-        self.run_forward(graphs, pulls, true)
+        self.run_forward(graphs, pulls, true, None)
     }
 
     /// Like [`Engine::forward`], for inference: keeps nothing for a backward pass, so it needs
     /// less memory.
     pub fn infer(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>]) -> Result<Vec<Vec<f32>>> {
-        self.run_forward(graphs, pulls, false)
+        self.run_forward(graphs, pulls, false, None)
     }
 
-    fn run_forward(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>], train: bool) -> Result<Vec<Vec<f32>>> {
+    /// [`Engine::infer`] returning only the vertices `rows` (merged-vertex indices, e.g. the
+    /// roots a classifier reads) of each pushed output, in that order: `rows.len()` blocks each.
+    /// Only those rows leave the device.
+    pub fn infer_rows(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>], rows: &[usize]) -> Result<Vec<Vec<f32>>> {
+        self.run_forward(graphs, pulls, false, Some(rows))
+    }
+
+    fn run_forward(
+        &mut self,
+        graphs: &[&InputGraph],
+        pulls: &[Pull<'_>],
+        train: bool,
+        rows: Option<&[usize]>,
+    ) -> Result<Vec<Vec<f32>>> {
         check_graphs(&self.f, graphs)?;
+        let n: usize = graphs.iter().map(|g| g.len()).sum();
+        if let Some(&bad) = rows.into_iter().flatten().find(|&&r| r >= n) {
+            return Err(Error::Input {
+                what: "Engine::infer_rows".into(),
+                expected: format!("vertex indices below {n} (the minibatch's vertices)"),
+                got: format!("vertex {bad}"),
+            });
+        }
         lock(&self.scheduler).schedule(graphs, &mut self.schedule);
-        self.run_scheduled(graphs, pulls, train)
+        self.run_scheduled(graphs, pulls, train)?;
+        self.download_outputs(rows)
+    }
+
+    /// Every pushed output of the last forward pass in merged-vertex order: all vertices, or
+    /// only `rows` (checked), in that order.
+    fn download_outputs(&mut self, rows: Option<&[usize]>) -> Result<Vec<Vec<f32>>> {
+        let outputs: Vec<(ValueId, usize)> = self.f.outputs().iter().map(|o| (o.value, o.shape.numel())).collect();
+        outputs
+            .into_iter()
+            .map(|(v, block)| {
+                let at = self.loc(Pass::Forward, v, 0, 0)?;
+                match rows {
+                    Some(rows) => self.download_some(at, block, rows),
+                    None => self.download_rows(at, block),
+                }
+            })
+            .collect()
     }
 
     /// The forward pass over `graphs`, checked and scheduled into `self.schedule`.
-    fn run_scheduled(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>], train: bool) -> Result<Vec<Vec<f32>>> {
+    fn run_scheduled(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>], train: bool) -> Result<()> {
         let f = self.f.clone();
         debug_assert_eq!(self.schedule.graph_starts.len(), graphs.len() + 1);
         self.memory = MemoryPlan::new(&f, self.schedule.len(), self.schedule.max_task(), train);
@@ -505,9 +544,7 @@ impl<B: Backend> Engine<B> {
         for t in 0..tasks {
             self.run_phase(Pass::Forward, plan, Phase::Recurrent, t..t + 1)?;
         }
-        self.run_phase(Pass::Forward, plan, Phase::Epilogue, 0..tasks)?;
-        let outputs: Vec<(ValueId, usize)> = f.outputs().iter().map(|o| (o.value, o.shape.numel())).collect();
-        outputs.into_iter().map(|(v, block)| self.download_rows(self.loc(Pass::Forward, v, 0, 0)?, block)).collect()
+        self.run_phase(Pass::Forward, plan, Phase::Epilogue, 0..tasks)
     }
 
     /// Runs F' over the minibatch of the last [`Engine::forward`], given each pushed output's
@@ -721,6 +758,14 @@ impl<B: Backend> Engine<B> {
         for &r in &self.schedule.row_of_vertex {
             out.extend_from_slice(&self.host[r as usize * block..(r as usize + 1) * block]);
         }
+        Ok(out)
+    }
+
+    /// Reads the vertices `vertices` (merged-vertex indices, checked) of a region, in that order.
+    fn download_some(&mut self, at: Loc, block: usize, vertices: &[usize]) -> Result<Vec<f32>> {
+        let rows: Vec<u32> = vertices.iter().map(|&v| self.schedule.row_of_vertex[v]).collect();
+        let mut out = vec![0.0; rows.len() * block];
+        self.backend.read_rows(&self.bufs[at.buf], at.offset, block, &rows, &mut out)?;
         Ok(out)
     }
 
