@@ -850,14 +850,11 @@ fn peak_rss_mb() -> f64 {
 fn infer_batch<B: Backend>(model: &mut Classifier<B>, batch: &[&TreeExample]) -> Result<()> {
     let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
     let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
-    let roots: Vec<usize> = batch
-        .iter()
-        .scan(0, |end, e| {
-            *end += e.graph.len();
-            Some(end.checked_sub(1))
-        })
-        .flatten()
-        .collect();
+    let (mut roots, mut base) = (Vec::with_capacity(batch.len()), 0);
+    for e in batch {
+        roots.extend(e.graph.roots().into_iter().map(|r| base + r));
+        base += e.graph.len();
+    }
     let h = model.infer_rows(&graphs, &ids, &roots)?;
     for k in 0..roots.len() {
         model.out.predict_row(&h, k)?;
