@@ -365,10 +365,11 @@ impl<B: Backend> Classifier<B> {
             all.push(&mut grads.embedding.values);
             clip_grad_norm(&mut all, max);
         }
-        let mut params = self.engine.params()?;
-        let dense = params.iter_mut().zip(&grads.cell).map(|(p, g)| (p.as_mut_slice(), g.as_slice())).collect();
-        update(opt, dense, Some((&mut self.out, &grads.classifier)), Some((&mut self.embed, &grads.embedding)));
-        self.engine.set_params(&params)?;
+        let (out, embed) = (&mut self.out, &mut self.embed);
+        self.engine.update_params(|params| {
+            let dense = params.into_iter().zip(&grads.cell).map(|(p, g)| (p, g.as_slice())).collect();
+            update(opt, dense, Some((out, &grads.classifier)), Some((embed, &grads.embedding)));
+        })?;
         Ok(true)
     }
 

@@ -4,14 +4,14 @@
 
 use arbor::core::rng::Rng;
 use arbor::data::{synthetic, TreeExample, PAD};
-use arbor::dist::data_parallel::{self, shard};
+use arbor::dist::data_parallel::{self, merge, shard};
 use arbor::dist::{Collective, ThreadCollective};
 use arbor::layers::LossOn;
 use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::train::Classifier;
 use arbor::trainer::{on_threads, Event, Plan, Run, Splits};
-use arbor::Error;
+use arbor::{Error, SparseGrad};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
@@ -130,6 +130,51 @@ fn dead_or_silent_peers_give_errors() {
     let waited = start.elapsed();
     assert_eq!(err.to_string(), "worker 0: worker 1 sent nothing for 0.2 s; giving up");
     assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(2), "{waited:?}");
+}
+
+/// All-reduces on threads sum in rank order whatever the rank (every worker ends bitwise the
+/// same), finish in the order they started, reuse their buffers from step to step, and refuse contributions of another length.
+#[test]
+fn thread_all_reduces_sum_in_rank_order() {
+    let sums = on_threads(vec![(); 3], Duration::from_secs(10), 0, &mut |_| {}, |_, coll, _| {
+        let mut out = Vec::new();
+        for step in 0..3 {
+            // (1 − 1) + 1e-8 is 1e-8; any other order rounds the 1e-8 away against a 1.
+            let mut x = [[1.0, -1.0, 1e-8][coll.rank()], step as f32 + coll.rank() as f32];
+            let mut y = [coll.rank() as f32];
+            coll.start_all_reduce(&x)?;
+            coll.start_all_reduce(&y)?;
+            coll.finish_all_reduce(&mut x)?;
+            coll.finish_all_reduce(&mut y)?;
+            out.push((x, y));
+        }
+        Ok(out)
+    })
+    .expect("every worker reduces");
+    for (rank, s) in sums.iter().enumerate() {
+        for (step, (x, y)) in s.iter().enumerate() {
+            assert_eq!(*x, [1e-8, 3.0 * step as f32 + 3.0], "worker {rank}, step {step}");
+            assert_eq!(*y, [3.0], "worker {rank}, step {step}");
+        }
+    }
+
+    let err = on_threads(vec![(); 2], Duration::from_secs(10), 0, &mut |_| {}, |_, coll, _| {
+        let mut x = vec![1.0; 2 + coll.rank()];
+        coll.all_reduce_sum(&mut x)
+    })
+    .expect_err("lengths differ");
+    assert_eq!(err.to_string(), "worker 0: expected 2 values from worker 1, got 3");
+}
+
+/// Sparse gradients merge by row: rows ascending and once each, a row's copies added in the
+/// order given.
+#[test]
+fn sparse_gradients_merge_by_row() {
+    let a = SparseGrad { rows: vec![5, 1], values: vec![1.0, 2.0, 3.0, 4.0] };
+    let b = SparseGrad { rows: vec![1, 3, 1], values: vec![10.0, 20.0, 30.0, 40.0, 50.0, 60.0] };
+    let m = merge(&[a, b], 2);
+    assert_eq!(m.rows, [1, 3, 5]);
+    assert_eq!(m.values, [3.0 + 10.0 + 50.0, 4.0 + 20.0 + 60.0, 30.0, 40.0, 1.0, 2.0]);
 }
 
 fn plan() -> Plan {

@@ -141,6 +141,11 @@ pub trait Backend {
     fn write_index(&self, buf: &mut Self::Index, offset: usize, src: &[u32]) -> Result<()>;
     /// Copies a buffer's elements at `offset` to the host.
     fn read(&self, buf: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
+    /// The buffer's elements, when they are host memory the caller may change in place; `None`
+    /// (the default) for device memory, which is read and written back instead.
+    fn host_mut<'a>(&self, _buf: &'a mut Self::Buffer) -> Option<&'a mut [f32]> {
+        None
+    }
     /// Copies rows `rows` of the `block`-wide rows from `offset` on (row `r` at
     /// `offset + r·block`) to the host, back to back in `dst`. By default one read per row; a
     /// backend whose reads are costly reads the span once and picks.

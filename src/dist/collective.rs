@@ -3,10 +3,12 @@
 //!
 //! An implementation only moves bytes (`send` never waits for the receiver; `recv` waits at most
 //! a timeout). All-gather and all-reduce are built here on top, so every implementation sums in
-//! the same fixed rank order and every worker ends with bitwise the same result.
+//! the same fixed rank order and every worker ends with bitwise the same result. Threads of one
+//! process reduce through shared memory instead of bytes, in that same order.
 
 use arbor_core::error::{Error, Result};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a worker waits for a peer by default before it gives up with an error.
@@ -87,12 +89,21 @@ pub trait Collective {
 
 /// f32 values as little-endian bytes.
 pub fn to_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|x| x.to_le_bytes()).collect()
+    let mut out = vec![0; 4 * values.len()];
+    // One plain loop over fixed-size chunks: a copy on little-endian machines.
+    for (o, v) in out.chunks_exact_mut(4).zip(values) {
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+    out
 }
 
 /// Little-endian bytes as f32 values (a trailing partial value is dropped).
 pub fn from_bytes(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    let mut out = vec![0.0; bytes.len() / 4];
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    out
 }
 
 /// `len` f32 values received by worker `rank` from worker `from`, or an error naming both.
@@ -106,11 +117,23 @@ fn values(rank: usize, from: usize, len: usize, bytes: &[u8]) -> Result<Vec<f32>
     Ok(from_bytes(bytes))
 }
 
-/// One worker of a group of threads in one process, connected by channels.
+/// Values shared between the threads of a group: a worker's contribution to an all-reduce.
+type Shared = Arc<Vec<f32>>;
+
+/// One worker of a group of threads in one process, connected by channels. Its all-reduces
+/// share memory: a worker hands its peers one read-only copy of its values (no bytes, one copy
+/// per reduction), and reuses that copy's buffer once every peer has read it.
 pub struct ThreadCollective {
     rank: usize,
     to: Vec<Option<Sender<Vec<u8>>>>,
     from: Vec<Option<Receiver<Vec<u8>>>>,
+    /// The all-reduce channels, beside the byte channels.
+    reduce_to: Vec<Option<Sender<Shared>>>,
+    reduce_from: Vec<Option<Receiver<Shared>>>,
+    /// Buffers this worker has shared; reused when no peer holds them any more.
+    lent: Vec<Shared>,
+    /// The sum of the lower ranks' values while an all-reduce finishes.
+    scratch: Vec<f32>,
     timeout: Duration,
 }
 
@@ -123,6 +146,10 @@ impl ThreadCollective {
                 rank,
                 to: (0..n).map(|_| None).collect(),
                 from: (0..n).map(|_| None).collect(),
+                reduce_to: (0..n).map(|_| None).collect(),
+                reduce_from: (0..n).map(|_| None).collect(),
+                lent: Vec::new(),
+                scratch: Vec::new(),
                 timeout,
             })
             .collect();
@@ -131,6 +158,9 @@ impl ThreadCollective {
                 let (tx, rx) = channel();
                 workers[a].to[b] = Some(tx);
                 workers[b].from[a] = Some(rx);
+                let (tx, rx) = channel();
+                workers[a].reduce_to[b] = Some(tx);
+                workers[b].reduce_from[a] = Some(rx);
             }
         }
         workers
@@ -138,6 +168,17 @@ impl ThreadCollective {
 
     fn peer_error(&self, peer: usize, what: &str) -> Error {
         Error::Worker { rank: self.rank, msg: format!("worker {peer} {what}") }
+    }
+
+    /// The next message on one of `channels` from worker `from`, within the timeout.
+    fn take<T>(&self, channels: &[Option<Receiver<T>>], from: usize) -> Result<T> {
+        let rx = channels.get(from).and_then(Option::as_ref).ok_or_else(|| self.peer_error(from, "is not a peer"))?;
+        rx.recv_timeout(self.timeout).map_err(|e| match e {
+            RecvTimeoutError::Timeout => {
+                self.peer_error(from, &format!("sent nothing for {:.1} s; giving up", self.timeout.as_secs_f64()))
+            }
+            RecvTimeoutError::Disconnected => self.peer_error(from, "has stopped"),
+        })
     }
 }
 
@@ -156,13 +197,53 @@ impl Collective for ThreadCollective {
     }
 
     fn recv(&mut self, from: usize) -> Result<Vec<u8>> {
-        let rx = self.from.get(from).and_then(Option::as_ref).ok_or_else(|| self.peer_error(from, "is not a peer"))?;
-        rx.recv_timeout(self.timeout).map_err(|e| match e {
-            RecvTimeoutError::Timeout => {
-                self.peer_error(from, &format!("sent nothing for {:.1} s; giving up", self.timeout.as_secs_f64()))
+        self.take(&self.from, from)
+    }
+
+    fn start_all_reduce(&mut self, data: &[f32]) -> Result<()> {
+        if self.size() == 1 {
+            return Ok(());
+        }
+        // A buffer every peer is done with, or a new one.
+        let free = self.lent.iter().position(|b| Arc::strong_count(b) == 1);
+        let mut buf = free.map(|i| self.lent.swap_remove(i)).unwrap_or_default();
+        let values = Arc::make_mut(&mut buf);
+        values.clear();
+        values.extend_from_slice(data);
+        for to in (0..self.size()).filter(|&r| r != self.rank) {
+            let tx = self.reduce_to[to].as_ref().ok_or_else(|| self.peer_error(to, "is not a peer"))?;
+            tx.send(Arc::clone(&buf)).map_err(|_| self.peer_error(to, "has stopped"))?;
+        }
+        self.lent.push(buf);
+        Ok(())
+    }
+
+    fn finish_all_reduce(&mut self, data: &mut [f32]) -> Result<()> {
+        let (me, n) = (self.rank, self.size());
+        if n == 1 {
+            return Ok(());
+        }
+        let parts = (0..n)
+            .map(|from| if from == me { Ok(None) } else { self.take(&self.reduce_from, from).map(Some) })
+            .collect::<Result<Vec<_>>>()?;
+        for (from, p) in parts.iter().enumerate() {
+            if let Some(p) = p.as_ref().filter(|p| p.len() != data.len()) {
+                let msg = format!("expected {} values from worker {from}, got {}", data.len(), p.len());
+                return Err(Error::Worker { rank: me, msg });
             }
-            RecvTimeoutError::Disconnected => self.peer_error(from, "has stopped"),
-        })
+        }
+        // In rank order, as the byte-based sum: the lower ranks' sum, plus this worker's values
+        // (addition commutes exactly), plus the higher ranks' values one by one.
+        let add = |acc: &mut [f32], p: &[f32]| acc.iter_mut().zip(p).for_each(|(a, x)| *a += x);
+        let mut lower = parts[..me].iter().flatten();
+        if let Some(first) = lower.next() {
+            self.scratch.clear();
+            self.scratch.extend_from_slice(first);
+            lower.for_each(|p| add(&mut self.scratch, p));
+            add(data, &self.scratch);
+        }
+        parts[me + 1..].iter().flatten().for_each(|p| add(data, p));
+        Ok(())
     }
 }
 

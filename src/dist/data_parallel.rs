@@ -13,7 +13,6 @@ use crate::layers::{ClassifierGrads, LossOn, SparseGrad};
 use crate::optim::Optimizer;
 use crate::train::{batch, Classifier, StepGrads, StepStats};
 use arbor_core::error::{Error, Result};
-use std::collections::BTreeMap;
 use std::ops::Range;
 
 /// Splits items of the given weights (e.g. vertices per tree) into `n` contiguous shards whose
@@ -75,19 +74,22 @@ pub(crate) fn split(examples: &[&TreeExample], n: usize, loss_on: LossOn) -> Res
 
 /// The sum of sparse gradients, added in the order given; rows ascending.
 pub fn merge(parts: &[SparseGrad], dim: usize) -> SparseGrad {
-    let mut rows: BTreeMap<u32, Vec<f32>> = BTreeMap::new();
-    for p in parts {
-        for (k, &r) in p.rows.iter().enumerate() {
-            let v = &p.values[k * dim..(k + 1) * dim];
-            match rows.get_mut(&r) {
-                Some(acc) => acc.iter_mut().zip(v).for_each(|(a, x)| *a += x),
-                None => {
-                    rows.insert(r, v.to_vec());
-                }
-            }
+    // Every row of every part as (row, part, position), sorted: a row's copies stay in order.
+    let mut order: Vec<(u32, usize, usize)> =
+        parts.iter().enumerate().flat_map(|(p, g)| g.rows.iter().enumerate().map(move |(k, &r)| (r, p, k))).collect();
+    order.sort_unstable();
+    let mut out = SparseGrad { rows: Vec::with_capacity(order.len()), values: Vec::with_capacity(order.len() * dim) };
+    for (r, p, k) in order {
+        let v = &parts[p].values[k * dim..(k + 1) * dim];
+        if out.rows.last() == Some(&r) {
+            let at = out.values.len() - dim;
+            out.values[at..].iter_mut().zip(v).for_each(|(a, x)| *a += x);
+        } else {
+            out.rows.push(r);
+            out.values.extend_from_slice(v);
         }
     }
-    SparseGrad { rows: rows.keys().copied().collect(), values: rows.into_values().flatten().collect() }
+    out
 }
 
 /// The output bucket: the output layer's gradients, then loss, correct, count and vertices.

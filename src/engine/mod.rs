@@ -296,6 +296,18 @@ impl Planner {
     }
 }
 
+/// `values` cut into consecutive pieces of the given sizes.
+fn split_sizes<'a>(mut values: &'a mut [f32], sizes: &[usize]) -> Vec<&'a mut [f32]> {
+    let mut out = Vec::with_capacity(sizes.len());
+    for &n in sizes {
+        let n = n.min(values.len());
+        let (p, rest) = std::mem::take(&mut values).split_at_mut(n);
+        out.push(p);
+        values = rest;
+    }
+    out
+}
+
 impl<B: Backend> Engine<B> {
     /// An engine for `f` with initial parameter values (in the order of `f.params()`).
     pub fn new(backend: B, f: VertexFn, params: &[Vec<f32>]) -> Result<Engine<B>> {
@@ -437,6 +449,20 @@ impl<B: Backend> Engine<B> {
     /// Every parameter's current values.
     pub fn params(&self) -> Result<Vec<Vec<f32>>> {
         self.read_params(PARAMS)
+    }
+
+    /// Runs `update` on every parameter's values (in the order of `f.params()`): in place where
+    /// the backend keeps them in host memory, else on a copy written back after.
+    pub fn update_params(&mut self, update: impl FnOnce(Vec<&mut [f32]>)) -> Result<()> {
+        let sizes: Vec<usize> = self.f.params().iter().map(|p| p.shape.numel()).collect();
+        if let Some(host) = self.backend.host_mut(&mut self.bufs[PARAMS]) {
+            update(split_sizes(host, &sizes));
+            return Ok(());
+        }
+        let mut copy = vec![0.0; sizes.iter().sum()];
+        self.backend.read(&self.bufs[PARAMS], 0, &mut copy)?;
+        update(split_sizes(&mut copy, &sizes));
+        self.backend.write(&mut self.bufs[PARAMS], 0, &copy)
     }
 
     fn read_params(&self, buf: usize) -> Result<Vec<Vec<f32>>> {

@@ -3,6 +3,7 @@
 //! The formulas here are the single definition of what an element-wise op computes: the reference
 //! interpreter, the CPU kernels and the CUDA code generator all read them.
 
+use smallvec::{smallvec, SmallVec};
 use std::fmt;
 
 /// Index of a value in a function's value list.
@@ -278,7 +279,7 @@ pub enum Op {
 
 impl Op {
     /// The values this op reads.
-    pub fn inputs(&self) -> Vec<ValueId> {
+    pub fn inputs(&self) -> SmallVec<[ValueId; 2]> {
         match self {
             Op::Gather { .. }
             | Op::GatherSum { .. }
@@ -288,12 +289,12 @@ impl Op {
             | Op::StateGrad { .. }
             | Op::PushGrad { .. }
             | Op::Zeros
-            | Op::Stored { .. } => vec![],
-            Op::MatMul { a, b, .. } | Op::Binary { a, b, .. } => vec![*a, *b],
+            | Op::Stored { .. } => SmallVec::new(),
+            Op::MatMul { a, b, .. } | Op::Binary { a, b, .. } => smallvec![*a, *b],
             Op::Unary { x, .. } | Op::Slice { x, .. } | Op::SumCols { x } | Op::BroadcastCols { x, .. } => {
-                vec![*x]
+                smallvec![*x]
             }
-            Op::Concat { parts } => parts.clone(),
+            Op::Concat { parts } => parts.iter().copied().collect(),
         }
     }
 

@@ -3,7 +3,8 @@
 //! read where they lie, column slices of them are read in place (with the row stride of what they
 //! slice), and stored results are computed where they go; only intermediates and gathered rows
 //! use scratch. Values known to be zero (a load bound to zeros, a product with one) are not
-//! computed, and `x + 0` is `x`. Large calls split their vertices between two threads.
+//! computed, nor are values only they would read (a leaf's forget gates), and `x + 0` is `x`.
+//! Large calls split their vertices between two threads.
 
 use super::memory::{load, Raw};
 use super::{bad, elementwise, team};
@@ -32,6 +33,10 @@ struct Scratch {
     store_of: Vec<Option<Loc>>,
     /// The binding of each load op.
     load_of: Vec<Option<Rows>>,
+    /// Each op's result is known to be all zeros in this call.
+    zero: Vec<bool>,
+    /// Each op's result is stored or read by an op computed in this call.
+    live: Vec<bool>,
 }
 
 thread_local! {
@@ -73,12 +78,18 @@ fn run_vertices(
         for (l, &rows) in k.loads().zip(loads) {
             s.load_of[l] = Some(rows);
         }
+        find_live(k, s);
         let chunk = (CHUNK_ELEMS / scratch_per_vertex(k, s).max(1)).clamp(1, vertices.len().max(1));
+        // Scratch only for the ops that compute into it, back to back.
         s.offs.clear();
         let mut total = 0;
-        for x in &k.nodes {
+        for (l, x) in k.nodes.iter().enumerate() {
             s.offs.push(total);
-            total += if x.is_param { x.shape.numel() } else { chunk * x.shape.numel() };
+            if x.is_param {
+                total += x.shape.numel();
+            } else if needs_scratch(k, s, l) {
+                total += chunk * x.shape.numel();
+            }
         }
         if s.regs.len() < total {
             s.regs.resize(total, 0.0);
@@ -99,44 +110,76 @@ fn run_vertices(
     })
 }
 
-/// Scratch elements one vertex may need: every value but those read in place (contiguous and
-/// broadcast loads, column slices of one-row values) or computed where they are stored.
+/// Which ops' results are known zeros in this call (from its load bindings), and which ops it
+/// must compute: those stored, and those a computed op reads. A value that only feeds products
+/// with a zero factor (a leaf's forget gates) is not computed.
+fn find_live(k: &Kernel, s: &mut Scratch) {
+    s.zero.clear();
+    for (l, x) in k.nodes.iter().enumerate() {
+        let z = is_zero(&x.op, x.shape.numel(), &s.zero, s.load_of[l]);
+        s.zero.push(z);
+    }
+    s.live.clear();
+    s.live.resize(k.nodes.len(), false);
+    for l in (0..k.nodes.len()).rev() {
+        s.live[l] |= s.store_of[l].is_some();
+        // A zero result reads nothing: it is a view of zeros, or its store is filled with them.
+        if !s.live[l] || s.zero[l] {
+            continue;
+        }
+        let op = &k.nodes[l].op;
+        match zero_plus(op, &s.zero, k, k.nodes[l].shape.numel()) {
+            Some(x) => s.live[x.index()] = true,
+            None => op.inputs().iter().for_each(|x| s.live[x.index()] = true),
+        }
+    }
+}
+
+/// Whether op `l` computes into scratch: it is computed (live, not zero, not stored) and not
+/// read where it lies (contiguous and broadcast loads, column slices of one-row values, `x + 0`).
+fn needs_scratch(k: &Kernel, s: &Scratch, l: usize) -> bool {
+    let x = &k.nodes[l];
+    let in_place = matches!(s.load_of[l], Some(Rows::Contiguous(_) | Rows::Broadcast(_)))
+        || matches!(x.op, Op::Slice { x, .. } if k.nodes[x.index()].shape.rows() == 1)
+        || zero_plus(&x.op, &s.zero, k, x.shape.numel()).is_some();
+    !x.is_param && s.live[l] && !s.zero[l] && s.store_of[l].is_none() && !in_place
+}
+
+/// Scratch elements one vertex needs.
 fn scratch_per_vertex(k: &Kernel, s: &Scratch) -> usize {
-    let in_place = |l: usize, op: &Op| {
-        s.store_of[l].is_some()
-            || matches!(s.load_of[l], Some(Rows::Contiguous(_) | Rows::Broadcast(_)))
-            || matches!(op, Op::Slice { x, .. } if k.nodes[x.index()].shape.rows() == 1)
-    };
-    k.nodes.iter().enumerate().filter(|(l, x)| !x.is_param && !in_place(*l, &x.op)).map(|(_, x)| x.shape.numel()).sum()
+    (0..k.nodes.len()).filter(|&l| needs_scratch(k, s, l)).map(|l| k.nodes[l].shape.numel()).sum()
 }
 
 fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch) -> Result<()> {
     for (l, node) in k.nodes.iter().enumerate() {
         let block = node.shape.numel();
         let stored = s.store_of[l].is_some();
+        if !s.live[l] && !s.zero[l] {
+            continue;
+        }
         // Values read where they lie: inputs in place and column slices of one-row values.
-        let zero = View { ptr: s.zeros.as_ptr(), stride: 0, width: block, zero: true };
+        let zero = View { ptr: s.zeros.as_ptr(), stride: 0, width: block };
         let view = if stored {
             None
-        } else if is_zero(&node.op, block, &s.at, s.load_of[l]) {
+        } else if s.zero[l] {
             Some(zero)
-        } else if let Some(x) = zero_plus(&node.op, &s.at, block) {
-            Some(x)
+        } else if let Some(x) = zero_plus(&node.op, &s.zero, k, block) {
+            Some(s.at[x.index()])
         } else {
             match (&node.op, s.load_of[l]) {
                 (_, Some(Rows::Contiguous(at))) => {
                     // SAFETY: loads are never written by the call that reads them.
                     let p = unsafe { raw.get("fused load", at.offset_by(start * block), m * block)? }.as_ptr();
-                    Some(View { ptr: p, stride: block, width: block, zero: false })
+                    Some(View { ptr: p, stride: block, width: block })
                 }
                 (_, Some(Rows::Broadcast(at))) => {
                     let p = unsafe { raw.get("fused load", at, block)? }.as_ptr();
-                    Some(View { ptr: p, stride: 0, width: block, zero: false })
+                    Some(View { ptr: p, stride: 0, width: block })
                 }
                 (Op::Slice { x, start: c0, len }, _) if k.nodes[x.index()].shape.rows() == 1 => {
                     let x = s.at[x.index()];
                     // SAFETY: columns `c0..c0 + len` of each row of a one-row value.
-                    Some(View { ptr: unsafe { x.ptr.add(*c0) }, stride: x.stride, width: *len, zero: false })
+                    Some(View { ptr: unsafe { x.ptr.add(*c0) }, stride: x.stride, width: *len })
                 }
                 _ => None,
             }
@@ -152,7 +195,11 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
             Some(at) => unsafe { raw.get_mut("fused store", at.offset_by(start * block), m * block)? },
             None => unsafe { std::slice::from_raw_parts_mut(s.regs.as_mut_ptr().add(s.offs[l]), m * block) },
         };
-        s.at[l] = View { ptr: out.as_ptr(), stride: block, width: block, zero: false };
+        s.at[l] = View { ptr: out.as_ptr(), stride: block, width: block };
+        if s.zero[l] {
+            out.fill(0.0);
+            continue;
+        }
         let at = &s.at;
         // Inputs are earlier ops; their values stay put for the whole chunk.
         let reg = |v: ValueId| at[v.index()];
@@ -227,12 +274,10 @@ struct View {
     ptr: *const f32,
     stride: usize,
     width: usize,
-    /// Known to be all zeros (it reads a zero buffer).
-    zero: bool,
 }
 
 impl View {
-    const NONE: View = View { ptr: std::ptr::null(), stride: 0, width: 0, zero: false };
+    const NONE: View = View { ptr: std::ptr::null(), stride: 0, width: 0 };
 
     /// Vertex `r`'s values.
     fn row<'a>(self, r: usize) -> &'a [f32] {
@@ -253,12 +298,12 @@ impl View {
     }
 }
 
-/// Whether op's result is all zeros given which earlier values are (`at`): a load bound to
+/// Whether op's result is all zeros given which earlier values are (`zero`): a load bound to
 /// zeros, or an op that maps zeros to zeros applied to them (a product with a zero factor).
-fn is_zero(op: &Op, block: usize, at: &[View], load: Option<Rows>) -> bool {
+fn is_zero(op: &Op, block: usize, zero: &[bool], load: Option<Rows>) -> bool {
     use arbor_core::ir::UnaryOp as U;
     use BinaryOp as B;
-    let z = |v: &ValueId| at[v.index()].zero;
+    let z = |v: &ValueId| zero[v.index()];
     match op {
         _ if load.is_some() => matches!(load, Some(Rows::Zeros)),
         Op::Unary { op: U::Neg | U::Scale(_) | U::Relu | U::Tanh, x } => z(x),
@@ -274,11 +319,11 @@ fn is_zero(op: &Op, block: usize, at: &[View], load: Option<Rows>) -> bool {
 
 /// For `x + 0`, `0 + x` and `x − 0` with `x` as wide as the result (`block`): `x`, which the
 /// result is.
-fn zero_plus(op: &Op, at: &[View], block: usize) -> Option<View> {
+fn zero_plus(op: &Op, zero: &[bool], k: &Kernel, block: usize) -> Option<ValueId> {
     let x = match *op {
-        Op::Binary { op: BinaryOp::Add, a, b } if at[a.index()].zero => b,
-        Op::Binary { op: BinaryOp::Add | BinaryOp::Sub, a, b } if at[b.index()].zero => a,
+        Op::Binary { op: BinaryOp::Add, a, b } if zero[a.index()] => b,
+        Op::Binary { op: BinaryOp::Add | BinaryOp::Sub, a, b } if zero[b.index()] => a,
         _ => return None,
     };
-    Some(at[x.index()]).filter(|v| v.width == block)
+    Some(x).filter(|x| k.nodes[x.index()].shape.numel() == block)
 }

@@ -97,6 +97,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn host_mut<'a>(&self, buf: &'a mut Vec<f32>) -> Option<&'a mut [f32]> {
+        Some(buf)
+    }
+
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()> {
         let raw = Raw::new(mem)?;
         let max = if len >= memory::PARALLEL_ELEMS { usize::MAX } else { 1 };
