@@ -29,11 +29,11 @@
 //!     let h = engine.forward(&graphs, &[embed.pull(&ids)])?;
 //!     let step = out.loss(&h[0], &targets)?;
 //!     let grads = engine.backward(&[&step.grad_input])?;
-//!     let mut params = engine.params()?;
-//!     for (p, g) in params.iter_mut().zip(&grads.params) {
-//!         p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
-//!     }
-//!     engine.set_params(&params)?;
+//!     engine.update_params(|params| {
+//!         for (p, g) in params.into_iter().zip(&grads.params) {
+//!             p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
+//!         }
+//!     })?;
 //!     if let Some(g) = &grads.tables[0] {
 //!         embed.apply(g, -lr); // the looked-up rows' gradient, per id
 //!     }

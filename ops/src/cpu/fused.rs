@@ -37,6 +37,8 @@ struct Scratch {
     zero: Vec<bool>,
     /// Each op's result is stored or read by an op computed in this call.
     live: Vec<bool>,
+    /// For each `x + 0` (see [`zero_plus`]): `x`, whose values it reads in place.
+    same_as: Vec<Option<ValueId>>,
 }
 
 thread_local! {
@@ -115,9 +117,11 @@ fn run_vertices(
 /// with a zero factor (a leaf's forget gates) is not computed.
 fn find_live(k: &Kernel, s: &mut Scratch) {
     s.zero.clear();
+    s.same_as.clear();
     for (l, x) in k.nodes.iter().enumerate() {
         let z = is_zero(&x.op, x.shape.numel(), &s.zero, s.load_of[l]);
         s.zero.push(z);
+        s.same_as.push(zero_plus(&x.op, &s.zero, k, x.shape.numel()));
     }
     s.live.clear();
     s.live.resize(k.nodes.len(), false);
@@ -128,7 +132,7 @@ fn find_live(k: &Kernel, s: &mut Scratch) {
             continue;
         }
         let op = &k.nodes[l].op;
-        match zero_plus(op, &s.zero, k, k.nodes[l].shape.numel()) {
+        match s.same_as[l] {
             Some(x) => s.live[x.index()] = true,
             None => op.inputs().iter().for_each(|x| s.live[x.index()] = true),
         }
@@ -141,7 +145,7 @@ fn needs_scratch(k: &Kernel, s: &Scratch, l: usize) -> bool {
     let x = &k.nodes[l];
     let in_place = matches!(s.load_of[l], Some(Rows::Contiguous(_) | Rows::Broadcast(_)))
         || matches!(x.op, Op::Slice { x, .. } if k.nodes[x.index()].shape.rows() == 1)
-        || zero_plus(&x.op, &s.zero, k, x.shape.numel()).is_some();
+        || s.same_as[l].is_some();
     !x.is_param && s.live[l] && !s.zero[l] && s.store_of[l].is_none() && !in_place
 }
 
@@ -163,7 +167,7 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
             None
         } else if s.zero[l] {
             Some(zero)
-        } else if let Some(x) = zero_plus(&node.op, &s.zero, k, block) {
+        } else if let Some(x) = s.same_as[l] {
             Some(s.at[x.index()])
         } else {
             match (&node.op, s.load_of[l]) {
