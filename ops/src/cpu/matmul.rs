@@ -30,8 +30,10 @@ fn extent(rows: usize, cols: usize, ld: usize) -> usize {
     }
 }
 
-/// Row-major copies of transposed parameters, made on first use and dropped whenever the
-/// backend writes to any buffer (parameters change only through writes).
+/// Row-major copies of transposed parameters, made on first use. A write to any buffer marks
+/// every copy stale (parameters change only through writes): the next use rewrites it in place,
+/// so a training step makes no new allocation (a fresh one costs page faults every step). A new
+/// buffer drops them all, as addresses may be reused.
 #[derive(Debug, Default)]
 pub(crate) struct Transposes(Mutex<Vec<Transposed>>);
 
@@ -41,41 +43,57 @@ struct Transposed {
     key: (usize, usize, usize, usize),
     /// The `k × n` transpose, row stride `n`.
     data: Arc<Vec<f32>>,
+    /// Whether `data` holds the source as it is now.
+    fresh: bool,
 }
 
 impl Transposes {
     /// Forgets every copy.
     pub(crate) fn clear(&self) {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        self.lock().clear();
+    }
+
+    /// Marks every copy stale.
+    pub(crate) fn invalidate(&self) {
+        self.lock().iter_mut().for_each(|t| t.fresh = false);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Transposed>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The transpose of the `n × k` matrix `b` (row stride `ldb`), as `k × n` row-major.
     fn of(&self, b: &[f32], (n, k, ldb): (usize, usize, usize)) -> Result<Arc<Vec<f32>>> {
         let key = (b.as_ptr() as usize, n, k, ldb);
-        let mut copies = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(t) = copies.iter().find(|t| t.key == key) {
-            return Ok(Arc::clone(&t.data));
+        let mut copies = self.lock();
+        let at = copies.iter().position(|t| t.key == key);
+        if let Some(t) = at.map(|i| &mut copies[i]) {
+            if t.fresh {
+                return Ok(Arc::clone(&t.data));
+            }
         }
-        let mut data = vec![0.0; k * n];
+        // A stale copy no product still holds is rewritten in place.
+        let mut data = match at.map(|i| copies.swap_remove(i)) {
+            Some(t) => Arc::try_unwrap(t.data).unwrap_or_else(|_| vec![0.0; k * n]),
+            None => vec![0.0; k * n],
+        };
         let out = Out(data.as_mut_ptr());
-        // Blocks of 16 × 16 keep both sides' lines in cache; the parts write disjoint rows.
         let max = if k * n >= TRANSPOSE_PARALLEL { usize::MAX } else { 1 };
         team::split(max, |part, parts| {
-            let rows = team::share(k.div_ceil(16), part, parts);
-            for p0 in (rows.start * 16..(rows.end * 16).min(k)).step_by(16) {
-                for j0 in (0..n).step_by(16) {
-                    for j in j0..(j0 + 16).min(n) {
-                        for p in p0..(p0 + 16).min(k) {
-                            // SAFETY: `p < k`, `j < n`: inside `data`, and row `p` is this part's.
-                            unsafe { *out.at(p * n + j) = b[j * ldb + p] };
-                        }
-                    }
-                }
+            let blocks = team::share(k.div_ceil(16), part, parts);
+            let rows = blocks.start * 16..(blocks.end * 16).min(k);
+            if rows.is_empty() {
+                return Ok(());
             }
-            Ok(())
+            // SAFETY: rows `rows` of the `k × n` copy, which no other part writes.
+            let mine = unsafe { std::slice::from_raw_parts_mut(out.at(rows.start * n), rows.len() * n) };
+            match direct::transpose(b, (n, k, ldb), rows, mine) {
+                true => Ok(()),
+                false => Err(bad("gemm", format!("a {n} × {k} parameter (row stride {ldb}) outside its buffer"))),
+            }
         })?;
         let data = Arc::new(data);
-        copies.push(Transposed { key, data: Arc::clone(&data) });
+        copies.push(Transposed { key, data: Arc::clone(&data), fresh: true });
         Ok(data)
     }
 }
@@ -225,4 +243,67 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Re
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::CpuBackend;
+    use arbor_core::backend::{Backend, Gemm, Loc, Mem};
+
+    /// `C = A·Bᵀ` with B a parameter (its transpose kept between writes): the product follows B
+    /// through a write, through a change in place, and to a new buffer at another address.
+    #[test]
+    fn transposed_parameter_products_follow_every_change() {
+        let (m, n, k) = (3, 20, 18);
+        let cpu = CpuBackend::new();
+        let value = |i: usize, s: f32| ((i * 37 % 101) as f32 - 50.0) / 25.0 * s;
+        let a: Vec<f32> = (0..m * k).map(|i| value(i, 1.0)).collect();
+        let mut bufs = vec![cpu.alloc(m * k).unwrap(), cpu.alloc(n * k).unwrap(), cpu.alloc(m * n).unwrap()];
+        cpu.write(&mut bufs[0], 0, &a).unwrap();
+        let g = Gemm {
+            m,
+            n,
+            k,
+            a: Loc { buf: 0, offset: 0 },
+            lda: k,
+            ta: false,
+            b: Loc { buf: 1, offset: 0 },
+            ldb: k,
+            tb: true,
+            b_fixed: true,
+            c: Loc { buf: 2, offset: 0 },
+            ldc: n,
+            accumulate: false,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+        };
+        let check = |bufs: &mut Vec<Vec<f32>>, b: &[f32]| {
+            cpu.gemm(&mut Mem { data: bufs, index: &[] }, &g).unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f32 = (0..k).map(|p| a[i * k + p] * b[j * k + p]).sum();
+                    let got = bufs[2][i * n + j];
+                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "C[{i}][{j}]: {got} vs {want}");
+                }
+            }
+        };
+        for (step, scale) in [1.0, -2.0, 0.5].into_iter().enumerate() {
+            let b: Vec<f32> = (0..n * k).map(|i| value(i + 7, scale)).collect();
+            if step == 1 {
+                // In place, as the optimizer updates parameters on the CPU.
+                cpu.host_mut(&mut bufs[1]).unwrap().copy_from_slice(&b);
+            } else {
+                cpu.write(&mut bufs[1], 0, &b).unwrap();
+            }
+            check(&mut bufs, &b);
+            check(&mut bufs, &b);
+        }
+        // A new buffer holding other values (its address may be the old one's).
+        bufs[1] = cpu.alloc(n * k).unwrap();
+        let b: Vec<f32> = (0..n * k).map(|i| value(i + 3, 1.5)).collect();
+        bufs[1].copy_from_slice(&b);
+        check(&mut bufs, &b);
+    }
 }

@@ -71,7 +71,7 @@ impl Backend for CpuBackend {
     }
 
     fn write(&self, buf: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
-        self.transposes.clear();
+        self.transposes.invalidate();
         let len = buf.len();
         let dst = buf
             .get_mut(offset..offset + src.len())
@@ -98,6 +98,7 @@ impl Backend for CpuBackend {
     }
 
     fn host_mut<'a>(&self, buf: &'a mut Vec<f32>) -> Option<&'a mut [f32]> {
+        self.transposes.invalidate();
         Some(buf)
     }
 
