@@ -8,7 +8,7 @@
 
 use super::memory::{load, Raw};
 use super::{bad, elementwise, team};
-use arbor_core::backend::{Loc, Rows};
+use arbor_core::backend::{IndexLoc, Loc, Rows, NO_ROW};
 use arbor_core::error::Result;
 use arbor_core::fusion::Kernel;
 use arbor_core::ir::{BinaryOp, Op, ValueId};
@@ -143,7 +143,7 @@ fn find_live(k: &Kernel, s: &mut Scratch) {
 /// read where it lies (contiguous and broadcast loads, column slices of one-row values, `x + 0`).
 fn needs_scratch(k: &Kernel, s: &Scratch, l: usize) -> bool {
     let x = &k.nodes[l];
-    let in_place = matches!(s.load_of[l], Some(Rows::Contiguous(_) | Rows::Broadcast(_)))
+    let in_place = matches!(s.load_of[l], Some(Rows::Contiguous(_) | Rows::Broadcast(_) | Rows::Indexed { .. }))
         || matches!(x.op, Op::Slice { x, .. } if k.nodes[x.index()].shape.rows() == 1)
         || s.same_as[l].is_some();
     !x.is_param && s.live[l] && !s.zero[l] && s.store_of[l].is_none() && !in_place
@@ -162,7 +162,7 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
             continue;
         }
         // Values read where they lie: inputs in place and column slices of one-row values.
-        let zero = View { ptr: s.zeros.as_ptr(), stride: 0, width: block };
+        let zero = View::at(s.zeros.as_ptr(), 0, block);
         let view = if stored {
             None
         } else if s.zero[l] {
@@ -174,16 +174,17 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
                 (_, Some(Rows::Contiguous(at))) => {
                     // SAFETY: loads are never written by the call that reads them.
                     let p = unsafe { raw.get("fused load", at.offset_by(start * block), m * block)? }.as_ptr();
-                    Some(View { ptr: p, stride: block, width: block })
+                    Some(View::at(p, block, block))
                 }
                 (_, Some(Rows::Broadcast(at))) => {
                     let p = unsafe { raw.get("fused load", at, block)? }.as_ptr();
-                    Some(View { ptr: p, stride: 0, width: block })
+                    Some(View::at(p, 0, block))
                 }
+                (_, Some(Rows::Indexed { data, index })) => Some(gathered(raw, data, index, start, m, block, zero)?),
                 (Op::Slice { x, start: c0, len }, _) if k.nodes[x.index()].shape.rows() == 1 => {
+                    // Columns `c0..c0 + len` of each row of a one-row value.
                     let x = s.at[x.index()];
-                    // SAFETY: columns `c0..c0 + len` of each row of a one-row value.
-                    Some(View { ptr: unsafe { x.ptr.add(*c0) }, stride: x.stride, width: *len })
+                    Some(View { off: x.off + c0, width: *len, ..x })
                 }
                 _ => None,
             }
@@ -199,7 +200,7 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
             Some(at) => unsafe { raw.get_mut("fused store", at.offset_by(start * block), m * block)? },
             None => unsafe { std::slice::from_raw_parts_mut(s.regs.as_mut_ptr().add(s.offs[l]), m * block) },
         };
-        s.at[l] = View { ptr: out.as_ptr(), stride: block, width: block };
+        s.at[l] = View::at(out.as_ptr(), block, block);
         if s.zero[l] {
             out.fill(0.0);
             continue;
@@ -271,34 +272,65 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
     Ok(())
 }
 
+/// Gathered rows read where they lie: the view of vertices `start..start + m` of `data` rows
+/// named by `index` (`zero` for [`NO_ROW`]), every row checked to lie in its buffer.
+fn gathered(raw: &Raw<'_>, data: Loc, index: IndexLoc, start: usize, m: usize, block: usize, zero: View) -> Result<View> {
+    let idx = raw.index("gather", IndexLoc { offset: index.offset + start, ..index }, m)?;
+    let rows = idx.iter().filter(|&&i| i != NO_ROW).map(|&i| i as usize + 1).max().unwrap_or(0);
+    // SAFETY: loads are never written by the call that reads them.
+    let ptr = unsafe { raw.get("gather", data, rows.saturating_mul(block))? }.as_ptr();
+    Ok(View { ptr, stride: block, width: block, off: 0, index: idx.as_ptr(), zeros: zero.ptr })
+}
+
 /// Where an op's values for the current chunk are: `width` values per vertex, vertex `r`'s at
-/// `ptr + r·stride` (a stride of 0: the same values for every vertex).
+/// `ptr + r·stride + off` (a stride of 0: the same values for every vertex), or, for gathered
+/// rows read in place, at `ptr + index[r]·stride + off` (at `zeros + off` for [`NO_ROW`]).
 #[derive(Clone, Copy)]
 struct View {
     ptr: *const f32,
     stride: usize,
     width: usize,
+    off: usize,
+    /// Row numbers of the chunk's vertices (null: rows in order).
+    index: *const u32,
+    /// What a [`NO_ROW`] vertex reads.
+    zeros: *const f32,
 }
 
 impl View {
-    const NONE: View = View { ptr: std::ptr::null(), stride: 0, width: 0 };
+    const NONE: View = View::at(std::ptr::null(), 0, 0);
+
+    /// Rows in order from `ptr`.
+    const fn at(ptr: *const f32, stride: usize, width: usize) -> View {
+        View { ptr, stride, width, off: 0, index: std::ptr::null(), zeros: std::ptr::null() }
+    }
 
     /// Vertex `r`'s values.
     fn row<'a>(self, r: usize) -> &'a [f32] {
-        // SAFETY: a view is only made over memory that holds the chunk's rows and stays put (and
-        // unwritten) for the rest of the chunk.
-        unsafe { std::slice::from_raw_parts(self.ptr.add(r * self.stride), self.width) }
+        // SAFETY: a view is only made over memory that holds the chunk's rows (every index
+        // checked) and stays put (and unwritten) for the rest of the chunk.
+        unsafe {
+            let base = match self.index.is_null() {
+                true => self.ptr.add(r * self.stride),
+                false => match *self.index.add(r) {
+                    NO_ROW => self.zeros,
+                    i => self.ptr.add(i as usize * self.stride),
+                },
+            };
+            std::slice::from_raw_parts(base.add(self.off), self.width)
+        }
     }
 
     /// All `m` vertices' values as one slice, when they lie back to back (or are shared).
     fn dense<'a>(self, m: usize) -> Option<&'a [f32]> {
         let len = match self.stride {
+            _ if !self.index.is_null() => return None,
             0 => self.width,
             s if s == self.width => m * s,
             _ => return None,
         };
         // SAFETY: as in `row`.
-        Some(unsafe { std::slice::from_raw_parts(self.ptr, len) })
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.add(self.off), len) })
     }
 }
 
