@@ -67,9 +67,14 @@ impl IndexLayout {
 }
 
 /// A copy of product rows over distinct pulled rows to the rows of the vertices that pulled them.
+#[derive(Clone, Copy)]
 struct SharedCopy {
+    /// The product (`None`: a looked-up input's own rows).
+    value: Option<ValueId>,
     from: Loc,
     to: Loc,
+    /// The first vertex row, and where its entry of the map is.
+    row: usize,
     map: IndexLoc,
     rows: usize,
     block: usize,
@@ -163,6 +168,11 @@ pub struct Engine<B: Backend> {
     /// Scratch columns per distinct row: the widest set of products over one input that run
     /// together, or the widest output gradient a parameter gradient sums per distinct row.
     shared_width: usize,
+    /// Per value of F: a product over distinct rows that fused kernels may read in scratch (see
+    /// [`dedup::read_by_index`]).
+    by_index: Vec<bool>,
+    /// Such products of this forward pass left in scratch, not yet copied to their rows.
+    in_scratch: Vec<SharedCopy>,
     /// Floating-point operations executed so far (GEMMs and fused kernels).
     flops: u64,
     host: Vec<f32>,
@@ -336,6 +346,7 @@ impl<B: Backend> Engine<B> {
         let index = vec![backend.alloc_index(0)?];
         let must_fill = facts::must_fill(&f);
         let sums = sums::Sums::new(&f);
+        let by_index = dedup::read_by_index(&f, &sums);
         let mut e = Engine {
             backend,
             f: Arc::new(f),
@@ -363,6 +374,8 @@ impl<B: Backend> Engine<B> {
             shared: Vec::new(),
             shared_scratch: 0..0,
             shared_width,
+            by_index,
+            in_scratch: Vec::new(),
             flops: 0,
             host: Vec::new(),
             host_index: Vec::new(),
@@ -539,6 +552,7 @@ impl<B: Backend> Engine<B> {
         self.memory = MemoryPlan::new(&f, self.schedule.len(), self.schedule.max_task(), train);
         self.index_layout = IndexLayout::new(f.arity(), &self.schedule);
         self.trained = train;
+        self.in_scratch.clear();
         self.reserve()?;
         self.pull_zero_rows = self.place_pulls(pulls)?;
         self.share_pulls(pulls)?;
@@ -880,8 +894,10 @@ impl<B: Backend> Engine<B> {
     fn gather_lookup(&mut self, i: usize) -> Result<()> {
         let Some(s) = self.shared[i].as_ref().filter(|s| s.ids.is_some() && !self.gathered[i]) else { return Ok(()) };
         let copy = SharedCopy {
+            value: None,
             from: Loc { buf: SHARED, offset: s.rows_at },
             to: Loc { buf: ARENA, offset: self.memory.pulls[i].offset },
+            row: 0,
             map: IndexLoc { buf: 0, offset: s.map_at },
             rows: self.schedule.len(),
             block: self.f.inputs()[i].shape.numel(),
@@ -1014,11 +1030,18 @@ impl<B: Backend> Engine<B> {
                             }
                         }
                     }
+                    // Products left in scratch are copied out before this step writes over them.
+                    if !copies.is_empty() {
+                        self.settle_scratch(|_| true)?;
+                    }
                     for wave in &mut waves {
                         self.flush_gemms(wave)?;
                     }
                     for c in copies {
-                        self.copy_shared(c)?;
+                        match c.value {
+                            Some(v) if pass == Pass::Forward && self.by_index[v.index()] => self.in_scratch.push(c),
+                            _ => self.copy_shared(c)?,
+                        }
                     }
                 }
                 Step::Fused(k) => self.run_kernel(pass, k, tasks.clone())?,
@@ -1135,8 +1158,10 @@ impl<B: Backend> Engine<B> {
             return Ok((g, None));
         }
         let copy = SharedCopy {
+            value: Some(v),
             from: Loc { buf: SHARED, offset: *scratch },
             to: g.c,
+            row: run.start,
             map: IndexLoc { buf: 0, offset: map_at + run.start },
             rows: run.len(),
             block: g.ldc,
@@ -1144,6 +1169,25 @@ impl<B: Backend> Engine<B> {
         *scratch += unique * g.ldc;
         (g.m, g.a, g.c) = (unique, Loc { buf: SHARED, offset: rows_at }, copy.from);
         Ok((g, Some(copy)))
+    }
+
+    /// Copies the products left in scratch that `which` selects to their vertices' rows.
+    fn settle_scratch(&mut self, which: impl Fn(&SharedCopy) -> bool) -> Result<()> {
+        let (settle, keep) = std::mem::take(&mut self.in_scratch).into_iter().partition(which);
+        self.in_scratch = keep;
+        settle.into_iter().try_for_each(|c: SharedCopy| self.copy_shared(c))
+    }
+
+    /// Where a fused kernel reads rows `rows` of product `v` if they are still in scratch: the
+    /// distinct rows, by the map. Rows that span several runs are copied out first.
+    fn scratch_rows(&mut self, v: ValueId, rows: &Range<usize>) -> Result<Option<Rows>> {
+        let within = |c: &SharedCopy| c.row <= rows.start && rows.end <= c.row + c.rows;
+        if let Some(c) = self.in_scratch.iter().find(|c| c.value == Some(v) && within(c)) {
+            let index = IndexLoc { offset: c.map.offset + (rows.start - c.row), ..c.map };
+            return Ok(Some(Rows::Indexed { data: c.from, index }));
+        }
+        self.settle_scratch(|c| c.value == Some(v))?;
+        Ok(None)
     }
 
     /// Copies the product rows of distinct pulled rows to every vertex that pulled them.
@@ -1211,10 +1255,10 @@ impl<B: Backend> Engine<B> {
         let (r0, n) = (rows.start, rows.len());
         let task = (tasks.len() == 1).then_some(tasks.start);
         self.flops += (n * k.nodes.iter().filter(|x| !x.op.is_load()).map(|x| x.shape.numel()).sum::<usize>()) as u64;
-        let ix = &self.index_layout;
         let mut loads = Vec::new();
         for i in k.loads() {
             let v = k.values[i];
+            let ix = &self.index_layout;
             // A product summed into a sibling's output is read there, so it reads as zeros
             // itself, and that output is zero only where both are.
             let summed = self.summed_into(pass, v).is_some();
@@ -1232,6 +1276,10 @@ impl<B: Backend> Engine<B> {
                 Op::GatherSum { state } => ix.set(self.loc(Pass::Forward, self.f.states()[state].value, 0, 0)?, r0),
                 Op::Param { .. } => Rows::Broadcast(self.loc(pass, v, 0, 0)?),
                 Op::Zeros => Rows::Zeros,
+                _ if pass == Pass::Forward && self.by_index[v.index()] => match self.scratch_rows(v, &rows)? {
+                    Some(rows) => rows,
+                    None => Rows::Contiguous(self.loc(pass, v, r0, r0)?),
+                },
                 _ => Rows::Contiguous(self.loc(pass, v, r0, r0)?),
             });
         }
