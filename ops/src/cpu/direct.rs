@@ -63,7 +63,12 @@ pub(crate) fn product(
 /// (those rows only, row stride `n`): 16 × 16 blocks transposed in registers on AVX-512 (a
 /// quarter of a cycle per element instead of a load and a store each), element by element
 /// elsewhere. `false` (nothing done) unless `b` spans the matrix and `out` the rows.
-pub(crate) fn transpose(b: &[f32], (n, k, ldb): (usize, usize, usize), ps: std::ops::Range<usize>, out: &mut [f32]) -> bool {
+pub(crate) fn transpose(
+    b: &[f32],
+    (n, k, ldb): (usize, usize, usize),
+    ps: std::ops::Range<usize>,
+    out: &mut [f32],
+) -> bool {
     let spans_b = n == 0 || (n - 1).checked_mul(ldb).and_then(|x| x.checked_add(k)).is_some_and(|end| end <= b.len());
     if !spans_b || ps.end > k || out.len() < ps.len() * n {
         return false;
@@ -202,10 +207,21 @@ mod avx512 {
     /// the off-diagonal sub-blocks of size 8, 4, 2 and 1 (together they swap the bits of every
     /// row index with those of its column index).
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn transpose_block(src: *const f32, lds: usize, dst: *mut f32, ldd: usize, (rows, cols): (usize, usize)) {
+    pub(super) unsafe fn transpose_block(
+        src: *const f32,
+        lds: usize,
+        dst: *mut f32,
+        ldd: usize,
+        (rows, cols): (usize, usize),
+    ) {
         let (load, store) = (((1u32 << cols) - 1) as __mmask16, ((1u32 << rows) - 1) as __mmask16);
-        let mut r: [__m512; 16] =
-            std::array::from_fn(|i| if i < rows { _mm512_maskz_loadu_ps(load, src.add(i * lds)) } else { _mm512_setzero_ps() });
+        let mut r: [__m512; 16] = std::array::from_fn(|i| {
+            if i < rows {
+                _mm512_maskz_loadu_ps(load, src.add(i * lds))
+            } else {
+                _mm512_setzero_ps()
+            }
+        });
         swap::<8>(&mut r);
         swap::<4>(&mut r);
         swap::<2>(&mut r);

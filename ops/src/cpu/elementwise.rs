@@ -144,7 +144,11 @@ mod avx512 {
         }
         if i < n {
             let m = ((1u32 << (n - i)) - 1) as __mmask16;
-            _mm512_mask_storeu_ps(o.add(i), m, f(_mm512_maskz_loadu_ps(m, a.add(i)), _mm512_maskz_loadu_ps(m, b.add(i))));
+            _mm512_mask_storeu_ps(
+                o.add(i),
+                m,
+                f(_mm512_maskz_loadu_ps(m, a.add(i)), _mm512_maskz_loadu_ps(m, b.add(i))),
+            );
         }
     }
 
@@ -272,7 +276,12 @@ mod tests {
                 let mut out = vec![f32::NAN; n];
                 unary(op, &x, &mut out);
                 for (e, (&o, &v)) in out.iter().zip(&x).enumerate() {
-                    assert_eq!(o.to_bits(), op.apply(v).to_bits(), "{op:?}, n {n}, element {e}: {o} vs {}", op.apply(v));
+                    assert_eq!(
+                        o.to_bits(),
+                        op.apply(v).to_bits(),
+                        "{op:?}, n {n}, element {e}: {o} vs {}",
+                        op.apply(v)
+                    );
                 }
             }
             let mut out = vec![f32::NAN; n];
@@ -288,7 +297,8 @@ mod tests {
             }
         }
         // A broadcast operand of 17 against 3 periods, on either side.
-        let (short, long): (Vec<f32>, Vec<f32>) = ((0..17).map(|i| value(i, 2.0)).collect(), (0..51).map(|i| value(i, 1.0)).collect());
+        let (short, long): (Vec<f32>, Vec<f32>) =
+            ((0..17).map(|i| value(i, 2.0)).collect(), (0..51).map(|i| value(i, 1.0)).collect());
         for swap in [false, true] {
             let mut out = vec![f32::NAN; 51];
             let (a, b) = if swap { (&long, &short) } else { (&short, &long) };

@@ -274,7 +274,15 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
 
 /// Gathered rows read where they lie: the view of vertices `start..start + m` of `data` rows
 /// named by `index` (`zero` for [`NO_ROW`]), every row checked to lie in its buffer.
-fn gathered(raw: &Raw<'_>, data: Loc, index: IndexLoc, start: usize, m: usize, block: usize, zero: View) -> Result<View> {
+fn gathered(
+    raw: &Raw<'_>,
+    data: Loc,
+    index: IndexLoc,
+    start: usize,
+    m: usize,
+    block: usize,
+    zero: View,
+) -> Result<View> {
     let idx = raw.index("gather", IndexLoc { offset: index.offset + start, ..index }, m)?;
     let rows = idx.iter().filter(|&&i| i != NO_ROW).map(|&i| i as usize + 1).max().unwrap_or(0);
     // SAFETY: loads are never written by the call that reads them.
