@@ -22,25 +22,13 @@ fn gemm(b: Bencher<'_, '_>, m: usize, k: usize, n: usize) {
 fn gemm_with(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize), ta: bool, tb: bool) {
     let cpu = CpuBackend::new();
     let mut data = vec![cpu.alloc(m * k).unwrap(), cpu.alloc(k * n).unwrap(), cpu.alloc(m * n).unwrap()];
-    let g = Gemm {
-        m,
-        n,
-        k,
-        a: Loc { buf: 0, offset: 0 },
-        lda: if ta { m } else { k },
-        ta,
-        b: Loc { buf: 1, offset: 0 },
-        ldb: if tb { k } else { n },
-        tb,
-        b_fixed: true,
-        c: Loc { buf: 2, offset: 0 },
-        ldc: n,
-        accumulate: false,
-        batch: 1,
-        stride_a: 0,
-        stride_b: 0,
-        stride_c: 0,
-    };
+    let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
+    let g = Gemm::single(
+        (m, n, k),
+        (Loc { buf: 0, offset: 0 }, lda, ta),
+        (Loc { buf: 1, offset: 0 }, ldb, tb, true),
+        (Loc { buf: 2, offset: 0 }, n),
+    );
     b.counter(divan::counter::ItemsCount::new(2 * m * k * n))
         .bench_local(|| cpu.gemm(&mut Mem { data: &mut data, index: &[] }, black_box(&g)).unwrap());
 }

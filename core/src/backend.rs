@@ -107,6 +107,38 @@ pub struct Gemm {
     pub stride_c: usize,
 }
 
+impl Gemm {
+    /// One product `C = op(A)·op(B)` with `C` `m × n` and inner dimension `k`, overwriting C:
+    /// `a` is where A is, its row stride and whether it is transposed; `b` the same and whether
+    /// it is a parameter ([`Gemm::b_fixed`]); `c` where C is and its row stride.
+    pub fn single(
+        (m, n, k): (usize, usize, usize),
+        (a, lda, ta): (Loc, usize, bool),
+        (b, ldb, tb, b_fixed): (Loc, usize, bool, bool),
+        (c, ldc): (Loc, usize),
+    ) -> Gemm {
+        Gemm {
+            m,
+            n,
+            k,
+            a,
+            lda,
+            ta,
+            b,
+            ldb,
+            tb,
+            b_fixed,
+            c,
+            ldc,
+            accumulate: false,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+        }
+    }
+}
+
 /// The memory one call may touch: data buffers and index buffers.
 pub struct Mem<'a, B: Backend + ?Sized> {
     /// f32 buffers, addressed by [`Loc::buf`].

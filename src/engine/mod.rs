@@ -183,30 +183,12 @@ pub struct Engine<B: Backend> {
 /// its row stride and whether it is transposed; `b` the same and whether it is a parameter; `c`
 /// where C is and its row stride.
 fn accumulating(
-    (m, n, k): (usize, usize, usize),
-    (a, lda, ta): (Loc, usize, bool),
-    (b, ldb, tb, b_fixed): (Loc, usize, bool, bool),
-    (c, ldc): (Loc, usize),
+    mnk: (usize, usize, usize),
+    a: (Loc, usize, bool),
+    b: (Loc, usize, bool, bool),
+    c: (Loc, usize),
 ) -> Gemm {
-    Gemm {
-        m,
-        n,
-        k,
-        a,
-        lda,
-        ta,
-        b,
-        ldb,
-        tb,
-        b_fixed,
-        c,
-        ldc,
-        accumulate: true,
-        batch: 1,
-        stride_a: 0,
-        stride_b: 0,
-        stride_c: 0,
-    }
+    Gemm { accumulate: true, ..Gemm::single(mnk, a, b, c) }
 }
 
 fn gemm_flops(g: &Gemm) -> u64 {

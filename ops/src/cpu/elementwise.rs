@@ -35,7 +35,7 @@ macro_rules! dispatch {
 dispatch!(unary, avx512::unary, unary_avx2, unary_generic, (op: UnaryOp, x: &[f32], out: &mut [f32]));
 dispatch!(binary, avx512::binary, binary_avx2, binary_generic, (op: BinaryOp, a: &[f32], b: &[f32], out: &mut [f32]));
 
-/// Elements per pass of a vectorised loop (four AVX-512 vectors). Each loop runs over whole
+/// Elements per pass of a generic vectorised loop (eight AVX2 vectors). Each loop runs over whole
 /// blocks, then over one block padded with zeros holding the rest, so a row of 150 values has no
 /// scalar tail (a tail of exponentials costs as much as the vectorised rest of the row).
 const BLOCK: usize = 64;

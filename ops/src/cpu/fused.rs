@@ -180,7 +180,9 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
                     let p = unsafe { raw.get("fused load", at, block)? }.as_ptr();
                     Some(View::at(p, 0, block))
                 }
-                (_, Some(Rows::Indexed { data, index })) => Some(gathered(raw, data, index, start, m, block, zero)?),
+                (_, Some(Rows::Indexed { data, index })) => {
+                    Some(gathered(raw, data, index, start, m, block, zero.ptr)?)
+                }
                 (Op::Slice { x, start: c0, len }, _) if k.nodes[x.index()].shape.rows() == 1 => {
                     // Columns `c0..c0 + len` of each row of a one-row value.
                     let x = s.at[x.index()];
@@ -273,7 +275,7 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
 }
 
 /// Gathered rows read where they lie: the view of vertices `start..start + m` of `data` rows
-/// named by `index` (`zero` for [`NO_ROW`]), every row checked to lie in its buffer.
+/// named by `index` (`zeros` for [`NO_ROW`]), every row checked to lie in its buffer.
 fn gathered(
     raw: &Raw<'_>,
     data: Loc,
@@ -281,13 +283,13 @@ fn gathered(
     start: usize,
     m: usize,
     block: usize,
-    zero: View,
+    zeros: *const f32,
 ) -> Result<View> {
     let idx = raw.index("gather", IndexLoc { offset: index.offset + start, ..index }, m)?;
     let rows = idx.iter().filter(|&&i| i != NO_ROW).map(|&i| i as usize + 1).max().unwrap_or(0);
     // SAFETY: loads are never written by the call that reads them.
     let ptr = unsafe { raw.get("gather", data, rows.saturating_mul(block))? }.as_ptr();
-    Ok(View { ptr, stride: block, width: block, off: 0, index: idx.as_ptr(), zeros: zero.ptr })
+    Ok(View { ptr, stride: block, width: block, off: 0, index: idx.as_ptr(), zeros })
 }
 
 /// Where an op's values for the current chunk are: `width` values per vertex, vertex `r`'s at

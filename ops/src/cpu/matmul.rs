@@ -260,25 +260,12 @@ mod tests {
         let a: Vec<f32> = (0..m * k).map(|i| value(i, 1.0)).collect();
         let mut bufs = vec![cpu.alloc(m * k).unwrap(), cpu.alloc(n * k).unwrap(), cpu.alloc(m * n).unwrap()];
         cpu.write(&mut bufs[0], 0, &a).unwrap();
-        let g = Gemm {
-            m,
-            n,
-            k,
-            a: Loc { buf: 0, offset: 0 },
-            lda: k,
-            ta: false,
-            b: Loc { buf: 1, offset: 0 },
-            ldb: k,
-            tb: true,
-            b_fixed: true,
-            c: Loc { buf: 2, offset: 0 },
-            ldc: n,
-            accumulate: false,
-            batch: 1,
-            stride_a: 0,
-            stride_b: 0,
-            stride_c: 0,
-        };
+        let g = Gemm::single(
+            (m, n, k),
+            (Loc { buf: 0, offset: 0 }, k, false),
+            (Loc { buf: 1, offset: 0 }, k, true, true),
+            (Loc { buf: 2, offset: 0 }, n),
+        );
         let check = |bufs: &mut Vec<Vec<f32>>, b: &[f32]| {
             cpu.gemm(&mut Mem { data: bufs, index: &[] }, &g).unwrap();
             for i in 0..m {
