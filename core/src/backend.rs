@@ -173,6 +173,13 @@ pub trait Backend {
     fn write_index(&self, buf: &mut Self::Index, offset: usize, src: &[u32]) -> Result<()>;
     /// Copies a buffer's elements at `offset` to the host.
     fn read(&self, buf: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
+    /// Copies `len` elements at `offset` to a new host vector. By default a zeroed vector
+    /// [`read`](Backend::read) into; host memory copies without zeroing first.
+    fn read_vec(&self, buf: &Self::Buffer, offset: usize, len: usize) -> Result<Vec<f32>> {
+        let mut out = vec![0.0; len];
+        self.read(buf, offset, &mut out)?;
+        Ok(out)
+    }
     /// The buffer's elements, when they are host memory the caller may change in place; `None`
     /// (the default) for device memory, which is read and written back instead.
     fn host_mut<'a>(&self, _buf: &'a mut Self::Buffer) -> Option<&'a mut [f32]> {

@@ -50,33 +50,57 @@ pub trait Collective {
             .collect()
     }
 
-    /// Starts an all-reduce of `data`: sends it to every peer and returns at once, so the rest of
+    /// Starts an all-gather of f32 values: hands `data` to every peer and returns at once.
+    /// [`Collective::finish_gather_values`] or [`Collective::finish_all_reduce`] completes it.
+    fn start_all_gather_values(&mut self, data: &[f32]) -> Result<()> {
+        self.start_all_gather(&to_bytes(data))
+    }
+
+    /// Completes the oldest started all-gather of values: every peer's values in rank order,
+    /// `None` in this worker's place.
+    fn finish_gather_values(&mut self) -> Result<Vec<Option<Values>>> {
+        let me = self.rank();
+        (0..self.size())
+            .map(|from| if from == me { Ok(None) } else { Ok(Some(Arc::new(from_bytes(&self.recv(from)?)))) })
+            .collect()
+    }
+
+    /// Starts an all-reduce of `data`: hands it to every peer and returns at once, so the rest of
     /// a backward pass overlaps the transfer. [`Collective::finish_all_reduce`] completes it;
     /// several may be in flight and finish in the order they started.
     fn start_all_reduce(&mut self, data: &[f32]) -> Result<()> {
-        self.start_all_gather(&to_bytes(data))
+        self.start_all_gather_values(data)
     }
 
     /// Completes the oldest started all-reduce: `data` (this worker's contribution, as started)
     /// becomes the sum over all workers, added in rank order.
     fn finish_all_reduce(&mut self, data: &mut [f32]) -> Result<()> {
+        let me = self.rank();
         if self.size() == 1 {
             return Ok(());
         }
-        let mine = data.to_vec();
-        for from in 0..self.size() {
-            let part = if from == self.rank() {
-                mine.clone()
-            } else {
-                let bytes = self.recv(from)?;
-                values(self.rank(), from, data.len(), &bytes)?
-            };
-            if from == 0 {
-                data.copy_from_slice(&part);
-            } else {
-                data.iter_mut().zip(&part).for_each(|(d, p)| *d += p);
+        let parts = self.finish_gather_values()?;
+        for (from, p) in parts.iter().enumerate() {
+            if let Some(p) = p.as_ref().filter(|p| p.len() != data.len()) {
+                let msg = format!("expected {} values from worker {from}, got {}", data.len(), p.len());
+                return Err(Error::Worker { rank: me, msg });
             }
         }
+        // In rank order: the lower ranks' sum, plus this worker's values (addition commutes
+        // exactly), plus the higher ranks' values one by one.
+        let add = |acc: &mut [f32], p: &[f32]| acc.iter_mut().zip(p).for_each(|(a, x)| *a += x);
+        let mut lower = parts[..me].iter().flatten();
+        match (lower.next(), lower.next()) {
+            (None, _) => {}
+            (Some(first), None) => add(data, first),
+            (Some(first), Some(second)) => {
+                let mut sum = first.to_vec();
+                add(&mut sum, second);
+                lower.for_each(|p| add(&mut sum, p));
+                add(data, &sum);
+            }
+        }
+        parts[me + 1..].iter().flatten().for_each(|p| add(data, p));
         Ok(())
     }
 
@@ -117,23 +141,21 @@ fn values(rank: usize, from: usize, len: usize, bytes: &[u8]) -> Result<Vec<f32>
     Ok(from_bytes(bytes))
 }
 
-/// Values shared between the threads of a group: a worker's contribution to an all-reduce.
-type Shared = Arc<Vec<f32>>;
+/// A worker's values as its peers receive them (shared, not copied, between threads).
+pub type Values = Arc<Vec<f32>>;
 
-/// One worker of a group of threads in one process, connected by channels. Its all-reduces
-/// share memory: a worker hands its peers one read-only copy of its values (no bytes, one copy
+/// One worker of a group of threads in one process, connected by channels. Its all-reduces and
+/// all-gathers of values share memory: a worker hands its peers one read-only copy of its values (no bytes, one copy
 /// per reduction), and reuses that copy's buffer once every peer has read it.
 pub struct ThreadCollective {
     rank: usize,
     to: Vec<Option<Sender<Vec<u8>>>>,
     from: Vec<Option<Receiver<Vec<u8>>>>,
     /// The all-reduce channels, beside the byte channels.
-    reduce_to: Vec<Option<Sender<Shared>>>,
-    reduce_from: Vec<Option<Receiver<Shared>>>,
+    reduce_to: Vec<Option<Sender<Values>>>,
+    reduce_from: Vec<Option<Receiver<Values>>>,
     /// Buffers this worker has shared; reused when no peer holds them any more.
-    lent: Vec<Shared>,
-    /// The sum of the lower ranks' values while an all-reduce finishes.
-    scratch: Vec<f32>,
+    lent: Vec<Values>,
     timeout: Duration,
 }
 
@@ -149,7 +171,6 @@ impl ThreadCollective {
                 reduce_to: (0..n).map(|_| None).collect(),
                 reduce_from: (0..n).map(|_| None).collect(),
                 lent: Vec::new(),
-                scratch: Vec::new(),
                 timeout,
             })
             .collect();
@@ -200,12 +221,15 @@ impl Collective for ThreadCollective {
         self.take(&self.from, from)
     }
 
-    fn start_all_reduce(&mut self, data: &[f32]) -> Result<()> {
+    fn start_all_gather_values(&mut self, data: &[f32]) -> Result<()> {
         if self.size() == 1 {
             return Ok(());
         }
-        // A buffer every peer is done with, or a new one.
-        let free = self.lent.iter().position(|b| Arc::strong_count(b) == 1);
+        // The smallest buffer every peer is done with that holds `data`, else the largest such
+        // buffer (grown), else a new one: each bucket of a step finds its own buffer again.
+        let cap = |i: &usize| self.lent[*i].capacity();
+        let free = (0..self.lent.len()).filter(|&i| Arc::strong_count(&self.lent[i]) == 1);
+        let free = free.clone().filter(|i| cap(i) >= data.len()).min_by_key(cap).or_else(|| free.max_by_key(cap));
         let mut buf = free.map(|i| self.lent.swap_remove(i)).unwrap_or_default();
         let values = Arc::make_mut(&mut buf);
         values.clear();
@@ -218,32 +242,11 @@ impl Collective for ThreadCollective {
         Ok(())
     }
 
-    fn finish_all_reduce(&mut self, data: &mut [f32]) -> Result<()> {
-        let (me, n) = (self.rank, self.size());
-        if n == 1 {
-            return Ok(());
-        }
-        let parts = (0..n)
+    fn finish_gather_values(&mut self) -> Result<Vec<Option<Values>>> {
+        let me = self.rank;
+        (0..self.size())
             .map(|from| if from == me { Ok(None) } else { self.take(&self.reduce_from, from).map(Some) })
-            .collect::<Result<Vec<_>>>()?;
-        for (from, p) in parts.iter().enumerate() {
-            if let Some(p) = p.as_ref().filter(|p| p.len() != data.len()) {
-                let msg = format!("expected {} values from worker {from}, got {}", data.len(), p.len());
-                return Err(Error::Worker { rank: me, msg });
-            }
-        }
-        // In rank order, as the byte-based sum: the lower ranks' sum, plus this worker's values
-        // (addition commutes exactly), plus the higher ranks' values one by one.
-        let add = |acc: &mut [f32], p: &[f32]| acc.iter_mut().zip(p).for_each(|(a, x)| *a += x);
-        let mut lower = parts[..me].iter().flatten();
-        if let Some(first) = lower.next() {
-            self.scratch.clear();
-            self.scratch.extend_from_slice(first);
-            lower.for_each(|p| add(&mut self.scratch, p));
-            add(data, &self.scratch);
-        }
-        parts[me + 1..].iter().flatten().for_each(|p| add(data, p));
-        Ok(())
+            .collect()
     }
 }
 

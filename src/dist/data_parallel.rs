@@ -5,9 +5,9 @@
 //!
 //! Gradients travel in buckets as soon as they are final (wait-free backpropagation): the output
 //! layer's (with the loss counts) before the vertex function's backward pass runs, the vertex
-//! function's before the embedding's gradient is formed, the embedding's sparse rows last.
+//! function's (one per parameter, summed in place) before the embedding's gradient is formed, the embedding's sparse rows last.
 
-use super::collective::{from_bytes, Collective};
+use super::collective::Collective;
 use crate::data::TreeExample;
 use crate::layers::{ClassifierGrads, LossOn, SparseGrad};
 use crate::optim::Optimizer;
@@ -34,31 +34,31 @@ pub fn shard(weights: &[usize], n: usize) -> Vec<Range<usize>> {
     cuts.windows(2).map(|w| w[0]..w[1]).collect()
 }
 
-/// A sparse gradient as bytes: row count, rows, then values (little-endian).
-fn encode(g: &SparseGrad) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + 4 * (g.rows.len() + g.values.len()));
-    out.extend((g.rows.len() as u32).to_le_bytes());
-    out.extend(g.rows.iter().flat_map(|r| r.to_le_bytes()));
-    out.extend(g.values.iter().flat_map(|v| v.to_le_bytes()));
+/// A sparse gradient as f32 values: row count, rows (their bits), then values.
+fn encode(g: &SparseGrad) -> Vec<f32> {
+    let mut out = Vec::with_capacity(1 + g.rows.len() + g.values.len());
+    out.push(f32::from_bits(g.rows.len() as u32));
+    out.extend(g.rows.iter().map(|&r| f32::from_bits(r)));
+    out.extend_from_slice(&g.values);
     out
 }
 
-/// A sparse gradient of a `vocab × dim` table that worker `me` received from worker `from`.
-fn decode(bytes: &[u8], vocab: usize, dim: usize, me: usize, from: usize) -> Result<SparseGrad> {
+/// The rows and values of a sparse gradient of a `vocab × dim` table that worker `me` received
+/// from worker `from` (values in place).
+fn decode(values: &[f32], vocab: usize, dim: usize, me: usize, from: usize) -> Result<(Vec<u32>, &[f32])> {
     let bad = || Error::Worker {
         rank: me,
-        msg: format!("worker {from} sent a malformed sparse gradient ({} bytes)", bytes.len()),
+        msg: format!("worker {from} sent a malformed sparse gradient ({} values)", values.len()),
     };
-    let n = bytes.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize).ok_or_else(bad)?;
-    if bytes.len() != 4 + 4 * n * (1 + dim) {
+    let n = values.first().map(|v| v.to_bits() as usize).ok_or_else(bad)?;
+    if values.len() != 1 + n * (1 + dim) {
         return Err(bad());
     }
-    let rows: Vec<u32> =
-        bytes[4..4 + 4 * n].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let rows: Vec<u32> = values[1..1 + n].iter().map(|v| v.to_bits()).collect();
     if rows.iter().any(|&r| r as usize >= vocab) {
         return Err(bad());
     }
-    Ok(SparseGrad { rows, values: from_bytes(&bytes[4 + 4 * n..]) })
+    Ok((rows, &values[1 + n..]))
 }
 
 /// The targets of a minibatch (the denominator of its mean loss), and its cut into `n`
@@ -74,13 +74,22 @@ pub(crate) fn split(examples: &[&TreeExample], n: usize, loss_on: LossOn) -> Res
 
 /// The sum of sparse gradients, added in the order given; rows ascending.
 pub fn merge(parts: &[SparseGrad], dim: usize) -> SparseGrad {
+    let views: Vec<(&[u32], &[f32])> = parts.iter().map(|g| (g.rows.as_slice(), g.values.as_slice())).collect();
+    merge_parts(&views, dim)
+}
+
+/// [`merge`] over parts given as rows and their values back to back.
+fn merge_parts<R: AsRef<[u32]>>(parts: &[(R, &[f32])], dim: usize) -> SparseGrad {
     // Every row of every part as (row, part, position), sorted: a row's copies stay in order.
-    let mut order: Vec<(u32, usize, usize)> =
-        parts.iter().enumerate().flat_map(|(p, g)| g.rows.iter().enumerate().map(move |(k, &r)| (r, p, k))).collect();
+    let mut order: Vec<(u32, usize, usize)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(p, (rows, _))| rows.as_ref().iter().enumerate().map(move |(k, &r)| (r, p, k)))
+        .collect();
     order.sort_unstable();
     let mut out = SparseGrad { rows: Vec::with_capacity(order.len()), values: Vec::with_capacity(order.len() * dim) };
     for (r, p, k) in order {
-        let v = &parts[p].values[k * dim..(k + 1) * dim];
+        let v = &parts[p].1[k * dim..(k + 1) * dim];
         if out.rows.last() == Some(&r) {
             let at = out.values.len() - dim;
             out.values[at..].iter_mut().zip(v).for_each(|(a, x)| *a += x);
@@ -117,60 +126,61 @@ pub fn step(
     let local = batch(mine);
     let many = coll.size() > 1;
 
-    let dims: Vec<usize> = model.engine.function().params().iter().map(|p| p.shape.numel()).collect();
-    let (w, b) = model.out.params();
-    let mut grads = StepGrads {
-        stats: StepStats::default(),
-        cell: dims.iter().map(|&d| vec![0.0; d]).collect(),
-        classifier: ClassifierGrads { weight: vec![0.0; w.len()], bias: vec![0.0; b.len()] },
-        embedding: SparseGrad::default(),
-    };
     let pass = if mine.is_empty() {
         None
     } else {
         let targets = loss_on.select(&local.graphs, &local.labels)?;
         let readout = crate::train::Readout::Vertices(&targets);
-        let out = model.output_pass(&local.graphs, &local.words, readout, Some(denom))?;
-        grads.stats = out.stats;
-        grads.classifier = out.classifier;
-        Some(out.push_grad)
+        Some(model.output_pass(&local.graphs, &local.words, readout, Some(denom))?)
     };
-    let mut bucket0 = head(&grads.classifier, &grads.stats);
+    let (stats, classifier, push_grad) = match pass {
+        Some(out) => (out.stats, out.classifier, Some(out.push_grad)),
+        None => {
+            let (w, b) = model.out.params();
+            let zeros = ClassifierGrads { weight: vec![0.0; w.len()], bias: vec![0.0; b.len()] };
+            (StepStats::default(), zeros, None)
+        }
+    };
+    let mut bucket0 = head(&classifier, &stats);
     coll.start_all_reduce(&bucket0)?;
-    if let Some(push_grad) = pass {
-        (grads.cell, grads.embedding) = model.input_pass(&push_grad)?;
+    let (mut cell, embedding) = match push_grad {
+        Some(push_grad) => model.input_pass(&push_grad)?,
+        None => {
+            let params = model.engine.function().params();
+            (params.iter().map(|p| vec![0.0; p.shape.numel()]).collect(), SparseGrad::default())
+        }
+    };
+    // One bucket per parameter, summed in place: no concatenated copy to build and take apart.
+    for g in &cell {
+        coll.start_all_reduce(g)?;
     }
-    let mut bucket1: Vec<f32> = grads.cell.concat();
-    coll.start_all_reduce(&bucket1)?;
-    let sparse = if many { encode(&grads.embedding) } else { Vec::new() };
+    let sparse = if many { encode(&embedding) } else { Vec::new() };
     if many {
-        coll.start_all_gather(&sparse)?;
+        coll.start_all_gather_values(&sparse)?;
     }
 
     coll.finish_all_reduce(&mut bucket0)?;
-    coll.finish_all_reduce(&mut bucket1)?;
-
-    let (nw, nb) = (grads.classifier.weight.len(), grads.classifier.bias.len());
-    grads.classifier.weight.copy_from_slice(&bucket0[..nw]);
-    grads.classifier.bias.copy_from_slice(&bucket0[nw..nw + nb]);
-    let s = &bucket0[nw + nb..];
-    grads.stats = StepStats { loss: s[0], correct: s[1] as usize, count: s[2] as usize, vertices: s[3] as usize };
-    let mut at = 0;
-    for g in &mut grads.cell {
-        let len = g.len();
-        g.copy_from_slice(&bucket1[at..at + len]);
-        at += len;
+    for g in &mut cell {
+        coll.finish_all_reduce(g)?;
     }
-    if many {
+
+    let (nw, nb) = (classifier.weight.len(), classifier.bias.len());
+    let s = &bucket0[nw + nb..];
+    let stats = StepStats { loss: s[0], correct: s[1] as usize, count: s[2] as usize, vertices: s[3] as usize };
+    let classifier = ClassifierGrads { weight: bucket0[..nw].to_vec(), bias: bucket0[nw..nw + nb].to_vec() };
+    let embedding = if many {
         let (vocab, dim, me) = (model.embed.vocab(), model.embed.dim(), coll.rank());
-        let parts = coll
-            .finish_all_gather(sparse)?
+        let peers = coll.finish_gather_values()?;
+        let parts = peers
             .iter()
             .enumerate()
-            .map(|(from, bytes)| decode(bytes, vocab, dim, me, from))
+            .map(|(from, values)| decode(values.as_deref().map_or(&sparse, Vec::as_slice), vocab, dim, me, from))
             .collect::<Result<Vec<_>>>()?;
-        grads.embedding = merge(&parts, dim);
-    }
+        merge_parts(&parts, dim)
+    } else {
+        embedding
+    };
+    let mut grads = StepGrads { stats, cell, classifier, embedding };
     model.apply(&mut grads, opt, clip)?;
     Ok(grads.stats)
 }

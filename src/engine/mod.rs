@@ -463,9 +463,7 @@ impl<B: Backend> Engine<B> {
     fn read_params(&self, buf: usize) -> Result<Vec<Vec<f32>>> {
         let mut out = Vec::with_capacity(self.param_at.len());
         for (decl, &at) in self.f.params().iter().zip(&self.param_at) {
-            let mut v = vec![0.0; decl.shape.numel()];
-            self.backend.read(&self.bufs[buf], at, &mut v)?;
-            out.push(v);
+            out.push(self.backend.read_vec(&self.bufs[buf], at, decl.shape.numel())?);
         }
         Ok(out)
     }
@@ -658,10 +656,11 @@ impl<B: Backend> Engine<B> {
     /// [`Engine::param_grads`] formed it per distinct row, or else summed per id from the
     /// gradient rows of the vertices.
     fn table_grad(&mut self, i: usize, ids: Vec<u32>, block: usize) -> Result<SparseGrad> {
-        let mut values = vec![0.0; ids.len() * block];
-        if let Some(at) = self.table_grad_at[i] {
-            self.backend.read(&self.bufs[SHARED], at, &mut values)?;
+        let len = ids.len() * block;
+        let values = if let Some(at) = self.table_grad_at[i] {
+            self.backend.read_vec(&self.bufs[SHARED], at, len)?
         } else if let Some(g) = self.f.backward().pull_grads[i] {
+            let mut values = vec![0.0; len];
             self.host.resize(self.schedule.len() * block, 0.0);
             let at = self.loc(Pass::Backward, g, 0, 0)?;
             self.backend.read(&self.bufs[at.buf], at.offset, &mut self.host)?;
@@ -671,16 +670,19 @@ impl<B: Backend> Engine<B> {
                     *d += x;
                 }
             }
+            values
         } else {
             return Ok(SparseGrad::default());
-        }
+        };
         Ok(SparseGrad { rows: ids, values })
     }
 
     /// Grows the arena and the index buffer to the current layout (never shrinks them).
     fn reserve(&mut self) -> Result<()> {
         if self.backend.len(&self.bufs[ARENA]) < self.memory.len {
-            self.bufs[ARENA] = self.backend.alloc(self.memory.len)?;
+            // A quarter more than this minibatch needs, so the next, larger one rarely maps
+            // (and faults in) a new arena.
+            self.bufs[ARENA] = self.backend.alloc(self.memory.len + self.memory.len / 4)?;
         }
         if self.backend.index_len(&self.index[0]) < self.index_layout.len {
             self.index[0] = self.backend.alloc_index(self.index_layout.len)?;

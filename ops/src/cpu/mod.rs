@@ -39,6 +39,12 @@ pub(crate) fn bad(op: &str, msg: impl Into<String>) -> Error {
     Error::Backend { backend: "cpu", op: op.into(), msg: msg.into() }
 }
 
+/// `len` elements of `buf` at `offset`, or an error naming the read past its end.
+fn span(buf: &[f32], offset: usize, len: usize) -> Result<&[f32]> {
+    buf.get(offset..offset + len)
+        .ok_or_else(|| bad("read", format!("{len} elements at {offset} past a buffer of {}", buf.len())))
+}
+
 impl Backend for CpuBackend {
     type Buffer = Vec<f32>;
     type Index = Vec<u32>;
@@ -90,11 +96,12 @@ impl Backend for CpuBackend {
     }
 
     fn read(&self, buf: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
-        let src = buf
-            .get(offset..offset + dst.len())
-            .ok_or_else(|| bad("read", format!("{} elements at {offset} past a buffer of {}", dst.len(), buf.len())))?;
-        dst.copy_from_slice(src);
+        dst.copy_from_slice(span(buf, offset, dst.len())?);
         Ok(())
+    }
+
+    fn read_vec(&self, buf: &Vec<f32>, offset: usize, len: usize) -> Result<Vec<f32>> {
+        Ok(span(buf, offset, len)?.to_vec())
     }
 
     fn host_mut<'a>(&self, buf: &'a mut Vec<f32>) -> Option<&'a mut [f32]> {
