@@ -291,7 +291,23 @@ struct EvalArgs {
     data: Option<PathBuf>,
 }
 
+/// Has glibc's malloc keep freed memory for reuse. Every training step allocates and frees the
+/// same large gradient buffers; by default glibc hands such memory back to the kernel (unmapping
+/// large blocks, trimming worker threads' heaps), so each step faults it back in page by page
+/// (`perf stat -e page-faults arbor bench --workers 2`: about 700 faults per step without this,
+/// none with it).
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's thresholds; it runs before any other thread.
+    unsafe {
+        // Blocks up to 32 MiB come from the heap, and up to 1 GiB of free heap stays mapped.
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
 fn main() {
+    keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(args) => train(&args),

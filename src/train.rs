@@ -71,8 +71,10 @@ pub struct OutputPass {
     pub stats: StepStats,
     /// The output layer's gradients.
     pub classifier: ClassifierGrads,
-    /// The gradient of every pushed row.
+    /// The gradient of the pushed rows: of every vertex, or of the vertices `push_rows`.
     pub push_grad: Vec<f32>,
+    /// The vertices `push_grad` holds rows of, in that order (the loss's targets); `None`: all.
+    pub push_rows: Option<Vec<usize>>,
 }
 
 /// Every gradient of one step (or of one worker's share of it).
@@ -262,7 +264,7 @@ impl<B: Backend> Classifier<B> {
 
     /// A step after its [`Classifier::output_pass`]: backward and the optimizer update.
     fn finish_step(&mut self, out: OutputPass, opt: &mut Optimizer, clip: Option<f32>) -> Result<StepStats> {
-        let (cell, embedding) = self.input_pass(&out.push_grad)?;
+        let (cell, embedding) = self.input_pass(&out.push_grad, out.push_rows.as_deref())?;
         let mut grads = StepGrads { stats: out.stats, cell, classifier: out.classifier, embedding };
         self.apply(&mut grads, opt, clip)?;
         Ok(grads.stats)
@@ -292,14 +294,32 @@ impl<B: Backend> Classifier<B> {
         planned: Option<Planned<'_>>,
     ) -> Result<OutputPass> {
         let pull = self.embed.pull(ids);
+        // A loss on some vertices (the roots) reads and feeds back only their rows.
+        let rows: Option<Vec<usize>> = match readout {
+            Readout::Vertices(targets) if targets.iter().any(Option::is_none) => {
+                Some(targets.iter().enumerate().filter(|(_, t)| t.is_some()).map(|(v, _)| v).collect())
+            }
+            _ => None,
+        };
         let h = match planned {
-            Some(p) => self.engine.forward_planned(p, &[pull])?,
-            None => self.engine.forward(graphs, &[pull])?,
+            Some(p) => self.engine.forward_planned(p, &[pull], rows.as_deref())?,
+            None => match &rows {
+                Some(rows) => self.engine.forward_rows(graphs, &[pull], rows)?,
+                None => self.engine.forward(graphs, &[pull])?,
+            },
         };
         let width = self.engine.function().outputs()[0].shape.numel();
         let (step, push_grad) = match readout {
             Readout::Vertices(targets) => {
                 let denom = denom.unwrap_or_else(|| targets.iter().flatten().count());
+                let picked: Vec<Option<u32>>;
+                let targets = match &rows {
+                    Some(rows) => {
+                        picked = rows.iter().map(|&v| targets[v]).collect();
+                        &picked
+                    }
+                    None => targets,
+                };
                 let mut step = self.out.loss_over(&h[0], targets, denom)?;
                 let g = std::mem::take(&mut step.grad_input);
                 (step, g)
@@ -326,23 +346,29 @@ impl<B: Backend> Classifier<B> {
             stats: StepStats { loss: step.loss, correct: step.correct, count: step.count, vertices: ids.len() },
             classifier: step.grads,
             push_grad,
+            push_rows: rows,
         })
     }
 
     /// The second half of a step: backward through the vertex function and the embedding, from
-    /// the gradient of the pushed rows. Returns the cell's and the embedding's gradients. With a
+    /// the gradient of the pushed rows (of every vertex, or of the vertices `rows`, as in
+    /// [`OutputPass`]). Returns the cell's and the embedding's gradients. With a
     /// [loss scale](Self::loss_scale) the backward pass runs on scaled gradients and its results
     /// are unscaled.
-    pub fn input_pass(&mut self, push_grad: &[f32]) -> Result<(Vec<Vec<f32>>, SparseGrad)> {
+    pub fn input_pass(&mut self, push_grad: &[f32], rows: Option<&[usize]>) -> Result<(Vec<Vec<f32>>, SparseGrad)> {
+        let mut backward = |g: &[f32]| match rows {
+            Some(rows) => self.engine.backward_rows(rows, &[g]),
+            None => self.engine.backward(&[g]),
+        };
         let mut grads = match self.loss_scale {
             Some(s) => {
                 let scaled: Vec<f32> = push_grad.iter().map(|g| g * s.scale()).collect();
-                let mut grads = self.engine.backward(&[&scaled])?;
+                let mut grads = backward(&scaled)?;
                 let tables = grads.tables.iter_mut().flatten().map(|t| &mut t.values);
                 scale_all(grads.params.iter_mut().chain(tables), 1.0 / s.scale());
                 grads
             }
-            None => self.engine.backward(&[push_grad])?,
+            None => backward(push_grad)?,
         };
         let sparse = grads.tables.swap_remove(0).unwrap_or_default();
         Ok((grads.params, sparse))

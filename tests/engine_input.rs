@@ -35,6 +35,26 @@ fn chosen_rows_past_the_minibatch_are_refused() {
 }
 
 #[test]
+fn bad_gradient_rows_are_refused() {
+    let mut e = engine(3, 2);
+    let g = InputGraph::from_children(vec![vec![], vec![Some(0)]]).unwrap();
+    let x = [0.5; 6];
+    e.forward_rows(&[&g], &[Pull::Rows(&x)], &[1]).unwrap();
+    let mut err = |rows: &[usize], grad: &[f32]| e.backward_rows(rows, &[grad]).unwrap_err().to_string();
+    let msg = err(&[1, 1], &[1.0; 4]);
+    assert!(msg.contains("each vertex at most once") && msg.contains("vertex 1 twice"), "{msg}");
+    let msg = err(&[2], &[1.0; 2]);
+    assert!(msg.contains("vertex indices below 2") && msg.contains("vertex 2"), "{msg}");
+    let msg = err(&[1], &[1.0; 3]);
+    assert!(
+        msg.contains("gradient of output `h`") && msg.contains("2 values (1 rows × 2)") && msg.contains("got 3"),
+        "{msg}"
+    );
+    let msg = e.forward_rows(&[&g], &[Pull::Rows(&x)], &[0, 5]).unwrap_err().to_string();
+    assert!(msg.contains("output rows") && msg.contains("vertex 5"), "{msg}");
+}
+
+#[test]
 fn bad_lookups_name_the_input_and_vertex() {
     let mut e = engine(3, 2);
     let g = InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)]]).unwrap();
@@ -164,7 +184,7 @@ fn planned_ahead_equals_scheduled_in_forward() {
     let want = direct.forward(&refs, &[Pull::Rows(&x)]).unwrap();
     let planner = ahead.planner();
     let planned = std::thread::scope(|s| s.spawn(|| planner.plan(&refs)).join().unwrap()).unwrap();
-    assert_eq!(ahead.forward_planned(planned, &[Pull::Rows(&x)]).unwrap(), want);
+    assert_eq!(ahead.forward_planned(planned, &[Pull::Rows(&x)], None).unwrap(), want);
     let dy = vec![0.5; want[0].len()];
     assert_eq!(ahead.backward(&[&dy]).unwrap(), direct.backward(&[&dy]).unwrap());
 
@@ -172,5 +192,5 @@ fn planned_ahead_equals_scheduled_in_forward() {
     let err = planner.plan(&[&graphs[0], &wide]).err().expect("a graph too wide for the cell");
     assert!(err.to_string().contains("#1"), "{err}");
     let other = planner.plan(&refs).unwrap();
-    assert!(direct.forward_planned(other, &[Pull::Rows(&x)]).is_err(), "another engine's plan was accepted");
+    assert!(direct.forward_planned(other, &[Pull::Rows(&x)], None).is_err(), "another engine's plan was accepted");
 }

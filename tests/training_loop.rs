@@ -56,7 +56,7 @@ fn an_overflowing_step_is_skipped_and_the_scale_halves() {
     let targets = LossOn::All.select(&graphs, &labels).unwrap();
     let out = m.output_pass(&graphs, &words, Readout::Vertices(&targets), None).unwrap();
     let huge: Vec<f32> = out.push_grad.iter().map(|g| g * 1e30).collect();
-    let (cell, embedding) = m.input_pass(&huge).unwrap();
+    let (cell, embedding) = m.input_pass(&huge, out.push_rows.as_deref()).unwrap();
     assert!(cell.iter().flatten().any(|x| !x.is_finite()), "the scaled backward pass overflowed");
     let mut grads = train::StepGrads { stats: out.stats, cell, classifier: out.classifier, embedding };
     assert!(!m.apply(&mut grads, &mut opt, None).unwrap(), "the step was applied");

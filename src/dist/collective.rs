@@ -65,6 +65,12 @@ pub trait Collective {
             .collect()
     }
 
+    /// Starts an all-gather of values handed over as they are: peers that share memory read
+    /// them without a copy. Completed like [`Collective::start_all_gather_values`].
+    fn start_all_gather_shared(&mut self, data: Values) -> Result<()> {
+        self.start_all_gather_values(&data)
+    }
+
     /// Starts an all-reduce of `data`: hands it to every peer and returns at once, so the rest of
     /// a backward pass overlaps the transfer. [`Collective::finish_all_reduce`] completes it;
     /// several may be in flight and finish in the order they started.
@@ -72,35 +78,35 @@ pub trait Collective {
         self.start_all_gather_values(data)
     }
 
-    /// Completes the oldest started all-reduce: `data` (this worker's contribution, as started)
-    /// becomes the sum over all workers, added in rank order.
-    fn finish_all_reduce(&mut self, data: &mut [f32]) -> Result<()> {
+    /// Completes the oldest started all-gather of values as their sum over all workers, added
+    /// in rank order (`mine` in this worker's place), so every worker gets the same bits.
+    fn finish_sum(&mut self, mine: &[f32]) -> Result<Vec<f32>> {
         let me = self.rank();
-        if self.size() == 1 {
-            return Ok(());
-        }
         let parts = self.finish_gather_values()?;
         for (from, p) in parts.iter().enumerate() {
-            if let Some(p) = p.as_ref().filter(|p| p.len() != data.len()) {
-                let msg = format!("expected {} values from worker {from}, got {}", data.len(), p.len());
+            if let Some(p) = p.as_ref().filter(|p| p.len() != mine.len()) {
+                let msg = format!("expected {} values from worker {from}, got {}", mine.len(), p.len());
                 return Err(Error::Worker { rank: me, msg });
             }
         }
-        // In rank order: the lower ranks' sum, plus this worker's values (addition commutes
-        // exactly), plus the higher ranks' values one by one.
-        let add = |acc: &mut [f32], p: &[f32]| acc.iter_mut().zip(p).for_each(|(a, x)| *a += x);
-        let mut lower = parts[..me].iter().flatten();
-        match (lower.next(), lower.next()) {
-            (None, _) => {}
-            (Some(first), None) => add(data, first),
-            (Some(first), Some(second)) => {
-                let mut sum = first.to_vec();
-                add(&mut sum, second);
-                lower.for_each(|p| add(&mut sum, p));
-                add(data, &sum);
-            }
+        let part = |r: usize| parts[r].as_deref().map_or(mine, Vec::as_slice);
+        let mut sum: Vec<f32> = match parts.len() {
+            0 | 1 => mine.to_vec(),
+            _ => part(0).iter().zip(part(1)).map(|(a, b)| a + b).collect(),
+        };
+        for r in 2..parts.len() {
+            sum.iter_mut().zip(part(r)).for_each(|(a, x)| *a += x);
         }
-        parts[me + 1..].iter().flatten().for_each(|p| add(data, p));
+        Ok(sum)
+    }
+
+    /// Completes the oldest started all-reduce: `data` (this worker's contribution, as started)
+    /// becomes the sum over all workers, added in rank order.
+    fn finish_all_reduce(&mut self, data: &mut [f32]) -> Result<()> {
+        if self.size() > 1 {
+            let sum = self.finish_sum(data)?;
+            data.copy_from_slice(&sum);
+        }
         Ok(())
     }
 
@@ -234,11 +240,16 @@ impl Collective for ThreadCollective {
         let values = Arc::make_mut(&mut buf);
         values.clear();
         values.extend_from_slice(data);
+        self.start_all_gather_shared(Arc::clone(&buf))?;
+        self.lent.push(buf);
+        Ok(())
+    }
+
+    fn start_all_gather_shared(&mut self, data: Values) -> Result<()> {
         for to in (0..self.size()).filter(|&r| r != self.rank) {
             let tx = self.reduce_to[to].as_ref().ok_or_else(|| self.peer_error(to, "is not a peer"))?;
-            tx.send(Arc::clone(&buf)).map_err(|_| self.peer_error(to, "has stopped"))?;
+            tx.send(Arc::clone(&data)).map_err(|_| self.peer_error(to, "has stopped"))?;
         }
-        self.lent.push(buf);
         Ok(())
     }
 

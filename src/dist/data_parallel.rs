@@ -7,13 +7,14 @@
 //! layer's (with the loss counts) before the vertex function's backward pass runs, the vertex
 //! function's (one per parameter, summed in place) before the embedding's gradient is formed, the embedding's sparse rows last.
 
-use super::collective::Collective;
+use super::collective::{Collective, Values};
 use crate::data::TreeExample;
 use crate::layers::{ClassifierGrads, LossOn, SparseGrad};
 use crate::optim::Optimizer;
 use crate::train::{batch, Classifier, StepGrads, StepStats};
 use arbor_core::error::{Error, Result};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Splits items of the given weights (e.g. vertices per tree) into `n` contiguous shards whose
 /// total weights are as even as a contiguous cut allows; some shards may be empty.
@@ -34,31 +35,24 @@ pub fn shard(weights: &[usize], n: usize) -> Vec<Range<usize>> {
     cuts.windows(2).map(|w| w[0]..w[1]).collect()
 }
 
-/// A sparse gradient as f32 values: row count, rows (their bits), then values.
-fn encode(g: &SparseGrad) -> Vec<f32> {
-    let mut out = Vec::with_capacity(1 + g.rows.len() + g.values.len());
-    out.push(f32::from_bits(g.rows.len() as u32));
-    out.extend(g.rows.iter().map(|&r| f32::from_bits(r)));
-    out.extend_from_slice(&g.values);
-    out
+/// The rows of a sparse gradient as f32 values (their bits), to travel beside its values.
+fn encode(rows: &[u32]) -> Vec<f32> {
+    rows.iter().map(|&r| f32::from_bits(r)).collect()
 }
 
-/// The rows and values of a sparse gradient of a `vocab × dim` table that worker `me` received
-/// from worker `from` (values in place).
-fn decode(values: &[f32], vocab: usize, dim: usize, me: usize, from: usize) -> Result<(Vec<u32>, &[f32])> {
-    let bad = || Error::Worker {
-        rank: me,
-        msg: format!("worker {from} sent a malformed sparse gradient ({} values)", values.len()),
-    };
-    let n = values.first().map(|v| v.to_bits() as usize).ok_or_else(bad)?;
-    if values.len() != 1 + n * (1 + dim) {
-        return Err(bad());
+/// The rows of a sparse gradient of a `vocab × dim` table, with `values`, that worker `me`
+/// received from worker `from`.
+fn decode(rows: &[f32], values: &[f32], vocab: usize, dim: usize, me: usize, from: usize) -> Result<Vec<u32>> {
+    let rows: Vec<u32> = rows.iter().map(|v| v.to_bits()).collect();
+    if values.len() != rows.len() * dim || rows.iter().any(|&r| r as usize >= vocab) {
+        let msg = format!(
+            "worker {from} sent a malformed sparse gradient ({} rows, {} values, {vocab} × {dim} table)",
+            rows.len(),
+            values.len()
+        );
+        return Err(Error::Worker { rank: me, msg });
     }
-    let rows: Vec<u32> = values[1..1 + n].iter().map(|v| v.to_bits()).collect();
-    if rows.iter().any(|&r| r as usize >= vocab) {
-        return Err(bad());
-    }
-    Ok((rows, &values[1 + n..]))
+    Ok(rows)
 }
 
 /// The targets of a minibatch (the denominator of its mean loss), and its cut into `n`
@@ -134,7 +128,7 @@ pub fn step(
         Some(model.output_pass(&local.graphs, &local.words, readout, Some(denom))?)
     };
     let (stats, classifier, push_grad) = match pass {
-        Some(out) => (out.stats, out.classifier, Some(out.push_grad)),
+        Some(out) => (out.stats, out.classifier, Some((out.push_grad, out.push_rows))),
         None => {
             let (w, b) = model.out.params();
             let zeros = ClassifierGrads { weight: vec![0.0; w.len()], bias: vec![0.0; b.len()] };
@@ -143,43 +137,44 @@ pub fn step(
     };
     let mut bucket0 = head(&classifier, &stats);
     coll.start_all_reduce(&bucket0)?;
-    let (mut cell, embedding) = match push_grad {
-        Some(push_grad) => model.input_pass(&push_grad)?,
+    let (cell, embedding) = match push_grad {
+        Some((push_grad, rows)) => model.input_pass(&push_grad, rows.as_deref())?,
         None => {
             let params = model.engine.function().params();
             (params.iter().map(|p| vec![0.0; p.shape.numel()]).collect(), SparseGrad::default())
         }
     };
-    // One bucket per parameter, summed in place: no concatenated copy to build and take apart.
-    for g in &cell {
-        coll.start_all_reduce(g)?;
-    }
-    let sparse = if many { encode(&embedding) } else { Vec::new() };
-    if many {
-        coll.start_all_gather_values(&sparse)?;
-    }
+    let (cell, embedding) = if many {
+        // Every gradient handed to the peers as it is (one bucket per parameter, then the
+        // embedding's rows and their values) and summed out of place: no copies to share them.
+        let cell: Vec<Values> = cell.into_iter().map(Arc::new).collect();
+        for g in &cell {
+            coll.start_all_gather_shared(Arc::clone(g))?;
+        }
+        let (rows, values) = (encode(&embedding.rows), Arc::new(embedding.values));
+        coll.start_all_gather_values(&rows)?;
+        coll.start_all_gather_shared(Arc::clone(&values))?;
 
-    coll.finish_all_reduce(&mut bucket0)?;
-    for g in &mut cell {
-        coll.finish_all_reduce(g)?;
-    }
+        coll.finish_all_reduce(&mut bucket0)?;
+        let cell = cell.iter().map(|g| coll.finish_sum(g)).collect::<Result<Vec<_>>>()?;
+        let (vocab, dim, me) = (model.embed.vocab(), model.embed.dim(), coll.rank());
+        let (peer_rows, peer_values) = (coll.finish_gather_values()?, coll.finish_gather_values()?);
+        let parts = (0..coll.size())
+            .map(|from| {
+                let r = peer_rows[from].as_deref().unwrap_or(&rows);
+                let v = peer_values[from].as_deref().unwrap_or(&values);
+                Ok((decode(r, v, vocab, dim, me, from)?, v.as_slice()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        (cell, merge_parts(&parts, dim))
+    } else {
+        (cell, embedding)
+    };
 
     let (nw, nb) = (classifier.weight.len(), classifier.bias.len());
     let s = &bucket0[nw + nb..];
     let stats = StepStats { loss: s[0], correct: s[1] as usize, count: s[2] as usize, vertices: s[3] as usize };
     let classifier = ClassifierGrads { weight: bucket0[..nw].to_vec(), bias: bucket0[nw..nw + nb].to_vec() };
-    let embedding = if many {
-        let (vocab, dim, me) = (model.embed.vocab(), model.embed.dim(), coll.rank());
-        let peers = coll.finish_gather_values()?;
-        let parts = peers
-            .iter()
-            .enumerate()
-            .map(|(from, values)| decode(values.as_deref().map_or(&sparse, Vec::as_slice), vocab, dim, me, from))
-            .collect::<Result<Vec<_>>>()?;
-        merge_parts(&parts, dim)
-    } else {
-        embedding
-    };
     let mut grads = StepGrads { stats, cell, classifier, embedding };
     model.apply(&mut grads, opt, clip)?;
     Ok(grads.stats)

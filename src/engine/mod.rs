@@ -121,6 +121,18 @@ pub struct Gradients {
     pub params: Vec<Vec<f32>>,
 }
 
+/// An error unless every vertex in `rows` is below `n` (the minibatch's vertex count).
+fn check_vertices(what: &str, n: usize, rows: &[usize]) -> Result<()> {
+    match rows.iter().find(|&&r| r >= n) {
+        None => Ok(()),
+        Some(&bad) => Err(Error::Input {
+            what: what.into(),
+            expected: format!("vertex indices below {n} (the minibatch's vertices)"),
+            got: format!("vertex {bad}"),
+        }),
+    }
+}
+
 /// Runs one vertex function over minibatches of input graphs on a backend.
 pub struct Engine<B: Backend> {
     backend: B,
@@ -409,14 +421,21 @@ impl<B: Backend> Engine<B> {
         Planner { f: Arc::clone(&self.f), scheduler: Arc::clone(&self.scheduler) }
     }
 
-    /// [`Engine::forward`] on a minibatch this engine's [`Planner`] has already scheduled.
-    pub fn forward_planned(&mut self, planned: Planned<'_>, pulls: &[Pull<'_>]) -> Result<Vec<Vec<f32>>> {
+    /// [`Engine::forward`] on a minibatch this engine's [`Planner`] has already scheduled;
+    /// with `rows`, returns only those vertices' outputs, as [`Engine::forward_rows`].
+    pub fn forward_planned(
+        &mut self,
+        planned: Planned<'_>,
+        pulls: &[Pull<'_>],
+        rows: Option<&[usize]>,
+    ) -> Result<Vec<Vec<f32>>> {
         if !Arc::ptr_eq(&planned.scheduler, &self.scheduler) {
             return Err(internal("a minibatch planned for another engine (or before set_policy)".into()));
         }
+        check_vertices("output rows", planned.schedule.len(), rows.unwrap_or_default())?;
         self.schedule = planned.schedule;
         self.run_scheduled(&planned.graphs, pulls, true)?;
-        self.download_outputs(None)
+        self.download_outputs(rows)
     }
 
     /// Replaces every parameter's values.
@@ -475,6 +494,18 @@ impl<B: Backend> Engine<B> {
         self.run_forward(graphs, pulls, true, None)
     }
 
+    /// [`Engine::forward`] returning only the vertices `rows` (merged-vertex indices, e.g. the
+    /// roots a loss reads) of each pushed output, in that order: `rows.len()` blocks each. Pair
+    /// it with [`Engine::backward_rows`]: the other vertices' outputs never leave the device.
+    pub fn forward_rows(
+        &mut self,
+        graphs: &[&InputGraph],
+        pulls: &[Pull<'_>],
+        rows: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
+        self.run_forward(graphs, pulls, true, Some(rows))
+    }
+
     /// Like [`Engine::forward`], for inference: keeps nothing for a backward pass, so it needs
     /// less memory.
     pub fn infer(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>]) -> Result<Vec<Vec<f32>>> {
@@ -496,14 +527,7 @@ impl<B: Backend> Engine<B> {
         rows: Option<&[usize]>,
     ) -> Result<Vec<Vec<f32>>> {
         check_graphs(&self.f, graphs)?;
-        let n: usize = graphs.iter().map(|g| g.len()).sum();
-        if let Some(&bad) = rows.into_iter().flatten().find(|&&r| r >= n) {
-            return Err(Error::Input {
-                what: "Engine::infer_rows".into(),
-                expected: format!("vertex indices below {n} (the minibatch's vertices)"),
-                got: format!("vertex {bad}"),
-            });
-        }
+        check_vertices("output rows", graphs.iter().map(|g| g.len()).sum(), rows.unwrap_or_default())?;
         lock(&self.scheduler).schedule(graphs, &mut self.schedule);
         self.run_scheduled(graphs, pulls, train)?;
         self.download_outputs(rows)
@@ -571,6 +595,17 @@ impl<B: Backend> Engine<B> {
     /// gradient (laid out like the outputs). Returns the gradients of the pulled inputs and of
     /// the parameters.
     pub fn backward(&mut self, push_grads: &[&[f32]]) -> Result<Gradients> {
+        self.run_backward(None, push_grads)
+    }
+
+    /// [`Engine::backward`] given each pushed output's gradient only at the vertices `rows`
+    /// (merged-vertex indices, each at most once; `rows.len()` blocks per output, in that
+    /// order), every other vertex's being zero: the output of [`Engine::forward_rows`].
+    pub fn backward_rows(&mut self, rows: &[usize], push_grads: &[&[f32]]) -> Result<Gradients> {
+        self.run_backward(Some(rows), push_grads)
+    }
+
+    fn run_backward(&mut self, rows: Option<&[usize]>, push_grads: &[&[f32]]) -> Result<Gradients> {
         let f = self.f.clone();
         if !self.trained {
             return Err(Error::Input {
@@ -581,7 +616,10 @@ impl<B: Backend> Engine<B> {
         }
         let n = self.schedule.len();
         let regions: Vec<usize> = self.memory.push_grads.iter().map(|r| r.offset).collect();
-        let push_zero = self.upload_ports("gradient of output", f.outputs(), push_grads, &regions)?;
+        let push_zero = match rows {
+            None => self.upload_ports("gradient of output", f.outputs(), push_grads, &regions)?,
+            Some(rows) => self.upload_some("gradient of output", f.outputs(), rows, push_grads, &regions)?,
+        };
         let b = f.backward();
         let skip = self.skip_padding_grads;
         self.bwd_facts = (0..self.schedule.tasks.len())
@@ -704,6 +742,50 @@ impl<B: Backend> Engine<B> {
         for ((rows, port), &at) in data.iter().zip(ports).zip(regions) {
             self.check_rows(what, port, rows.len())?;
             zero.push(self.upload_rows(at, rows, port.shape.numel())?);
+        }
+        Ok(zero)
+    }
+
+    /// [`Engine::upload_ports`] given only the vertices `rows` (checked, each at most once), the
+    /// other vertices' rows zeros.
+    fn upload_some(
+        &mut self,
+        what: &str,
+        ports: &[Port],
+        rows: &[usize],
+        data: &[&[f32]],
+        regions: &[usize],
+    ) -> Result<Vec<Vec<bool>>> {
+        self.check_count(what, ports.len(), data.len())?;
+        let n = self.schedule.len();
+        check_vertices(what, n, rows)?;
+        let mut seen = vec![false; n];
+        if let Some(&twice) = rows.iter().find(|&&v| std::mem::replace(&mut seen[v], true)) {
+            return Err(Error::Input {
+                what: format!("{what} rows"),
+                expected: "each vertex at most once".into(),
+                got: format!("vertex {twice} twice"),
+            });
+        }
+        let mut zero = Vec::with_capacity(ports.len());
+        for ((values, port), &at) in data.iter().zip(ports).zip(regions) {
+            let block = port.shape.numel();
+            if values.len() != rows.len() * block {
+                return Err(Error::Input {
+                    what: format!("{what} `{}`", port.name),
+                    expected: format!("{} values ({} rows × {block})", rows.len() * block, rows.len()),
+                    got: format!("{}", values.len()),
+                });
+            }
+            let mem = &mut Mem { data: &mut self.bufs, index: &self.index };
+            self.backend.fill(mem, Loc { buf: ARENA, offset: at }, n * block, 0.0)?;
+            let mut z = vec![true; n];
+            for (&v, row) in rows.iter().zip(values.chunks_exact(block.max(1))) {
+                let r = self.schedule.row_of_vertex[v] as usize;
+                z[r] = row.iter().all(|&x| x == 0.0);
+                self.backend.write(&mut self.bufs[ARENA], at + r * block, row)?;
+            }
+            zero.push(z);
         }
         Ok(zero)
     }
