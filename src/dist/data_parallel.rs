@@ -106,7 +106,9 @@ fn head(g: &ClassifierGrads, s: &StepStats) -> Vec<f32> {
 
 /// One data-parallel optimizer step of `model` on the minibatch `examples` (the same on every
 /// worker): this worker's share forward and backward, gradients summed across `coll`, then the
-/// same update on every replica. Returns the whole minibatch's numbers.
+/// same update on every replica. Returns the whole minibatch's numbers. The summed gradients
+/// are new vectors every step: a program running many steps on threads wants its allocator to
+/// keep freed memory mapped (the `arbor` CLI sets glibc's thresholds so).
 pub fn step(
     model: &mut Classifier,
     coll: &mut dyn Collective,
