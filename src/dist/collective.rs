@@ -151,8 +151,9 @@ fn values(rank: usize, from: usize, len: usize, bytes: &[u8]) -> Result<Vec<f32>
 pub type Values = Arc<Vec<f32>>;
 
 /// One worker of a group of threads in one process, connected by channels. Its all-reduces and
-/// all-gathers of values share memory: a worker hands its peers one read-only copy of its values (no bytes, one copy
-/// per reduction), and reuses that copy's buffer once every peer has read it.
+/// all-gathers of values share memory: a worker hands its peers its values read-only (no bytes;
+/// one copy per reduction, none for values handed over as they are), and reuses a copy's buffer
+/// once every peer has read it.
 pub struct ThreadCollective {
     rank: usize,
     to: Vec<Option<Sender<Vec<u8>>>>,

@@ -5,7 +5,8 @@
 //!
 //! Gradients travel in buckets as soon as they are final (wait-free backpropagation): the output
 //! layer's (with the loss counts) before the vertex function's backward pass runs, the vertex
-//! function's (one per parameter, summed in place) before the embedding's gradient is formed, the embedding's sparse rows last.
+//! function's (one per parameter, handed over without a copy and summed out of place) before the
+//! embedding's gradient is formed, the embedding's sparse rows last.
 
 use super::collective::{Collective, Values};
 use crate::data::TreeExample;
@@ -138,7 +139,9 @@ pub fn step(
         }
     };
     let mut bucket0 = head(&classifier, &stats);
-    coll.start_all_reduce(&bucket0)?;
+    if many {
+        coll.start_all_reduce(&bucket0)?;
+    }
     let (cell, embedding) = match push_grad {
         Some((push_grad, rows)) => model.input_pass(&push_grad, rows.as_deref())?,
         None => {
