@@ -53,6 +53,13 @@ impl Kernel {
         self.nodes.iter().enumerate().filter(|(_, n)| n.op.is_load()).map(|(i, _)| i)
     }
 
+    /// This kernel writing only the stores `keep` selects (by position in `stores`); the ops
+    /// that only the others needed are then left uncomputed.
+    pub fn keeping_stores(&self, keep: impl Fn(usize) -> bool) -> Kernel {
+        let stores = self.stores.iter().enumerate().filter(|&(j, _)| keep(j)).map(|(_, &l)| l).collect();
+        Kernel { stores, ..self.clone() }
+    }
+
     /// Why `loads` bindings and `stores` locations do not fit this kernel, if they do not.
     pub fn binding_mismatch(&self, loads: usize, stores: usize) -> Option<String> {
         let want = (self.loads().count(), self.stores.len());

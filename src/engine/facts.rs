@@ -6,7 +6,7 @@
 //! [`FactCache`] keeps them across minibatches.
 
 use arbor_core::backend::Gemm;
-use arbor_core::fusion::Phase;
+use arbor_core::fusion::{Kernel, Phase};
 use arbor_core::ir::{Cols, Func, Op, ValueId, VertexFn};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -30,6 +30,12 @@ impl Facts {
     /// Whether value `v` is all zeros.
     pub(crate) fn is_zero(&self, v: ValueId) -> bool {
         self.zero[v.index()].is_full()
+    }
+
+    /// Whether value `v` can be read as zeros: it is zero, or no column of it is needed (what
+    /// reads it then either is not needed or multiplies it by zeros).
+    pub(crate) fn reads_as_zero(&self, v: ValueId) -> bool {
+        self.is_zero(v) || self.need[v.index()].is_empty()
     }
 
     /// Whether nothing needs value `v` (no column of it, and no value reads it).
@@ -124,6 +130,21 @@ pub(crate) fn must_fill(f: &VertexFn) -> (Vec<bool>, Vec<bool>) {
         fill_b[cg.value.index()] |= bwd_plan.phase[cg.value.index()] != Phase::Recurrent;
     }
     (fill_f, fill_b)
+}
+
+/// The stores of kernel `k` that need not be written on a task with facts `facts` (bit `j` for
+/// `k.stores[j]`): values known to be zero there or not needed there, which nothing outside that
+/// task's own kernels and products reads from memory (`fills`, see [`must_fill`]); those read
+/// them as zeros. A kernel of more than 64 stores writes them all.
+pub(crate) fn unread_stores(k: &Kernel, facts: &Facts, fills: &[bool]) -> u64 {
+    if k.stores.len() > 64 {
+        return 0;
+    }
+    let unread = |l: usize| {
+        let v = k.values[l];
+        !fills[v.index()] && facts.reads_as_zero(v)
+    };
+    k.stores.iter().enumerate().filter(|&(_, &l)| unread(l)).fold(0, |m, (j, _)| m | 1 << j)
 }
 
 /// Which loads of a function are all zeros on a task, by value (false for other values).

@@ -18,6 +18,7 @@ use arbor_core::graph::InputGraph;
 use arbor_core::ir::{Func, Op, ParamGrad, Port, ValueId, VertexFn};
 use dedup::Shared;
 use facts::{Cut, FactCache, Facts, Loads};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -154,6 +155,9 @@ pub struct Engine<B: Backend> {
     facts: FactCache,
     /// Per value of F and of F′: written as zeros where known to be zero (see [`facts::must_fill`]).
     must_fill: (Vec<bool>, Vec<bool>),
+    /// Fused kernels without the stores a task leaves unread, by plan (forward pass or not,
+    /// training or not), step and those stores (see [`facts::unread_stores`]).
+    pruned: HashMap<(bool, bool, Phase, usize, u64), Arc<Kernel>>,
     /// Per input, which rows (in row order) are all zeros.
     pull_zero_rows: Vec<Vec<bool>>,
     skip_padding_grads: bool,
@@ -357,6 +361,7 @@ impl<B: Backend> Engine<B> {
             bwd_facts: Vec::new(),
             facts: FactCache::default(),
             must_fill,
+            pruned: HashMap::new(),
             pull_zero_rows: Vec::new(),
             skip_padding_grads: false,
             pulled_factor,
@@ -1075,7 +1080,7 @@ impl<B: Backend> Engine<B> {
         // Products run in waves: the first part of every product (and its zero columns), then
         // the parts that add further inner ranges to it.
         let mut waves: Vec<Vec<Gemm>> = Vec::new();
-        for step in &plan.phases[phase as usize] {
+        for (i, step) in plan.phases[phase as usize].iter().enumerate() {
             match step {
                 Step::Gemms(vs) => {
                     let (mut copies, mut scratch) = (Vec::new(), self.shared_scratch.start);
@@ -1110,7 +1115,7 @@ impl<B: Backend> Engine<B> {
                         }
                     }
                 }
-                Step::Fused(k) => self.run_kernel(pass, k, tasks.clone())?,
+                Step::Fused(k) => self.run_kernel(pass, (phase, i), k, tasks.clone())?,
             }
         }
         Ok(())
@@ -1314,12 +1319,20 @@ impl<B: Backend> Engine<B> {
         Ok(g)
     }
 
-    /// Runs a fused kernel over the rows of `tasks`. On a single task, a load known to be zero
-    /// there reads zeros, not memory.
-    fn run_kernel(&mut self, pass: Pass, k: &Kernel, tasks: Range<usize>) -> Result<()> {
+    /// Runs fused kernel `k` (step `step` of its plan) over the rows of `tasks`. On one task,
+    /// loads that read as zeros there are bound to zeros, and stores nothing will read are left
+    /// out (see [`facts::unread_stores`]).
+    fn run_kernel(&mut self, pass: Pass, step: (Phase, usize), k: &Kernel, tasks: Range<usize>) -> Result<()> {
         let Some(rows) = self.task_rows(&tasks) else { return Ok(()) };
         let (r0, n) = (rows.start, rows.len());
         let task = (tasks.len() == 1).then_some(tasks.start);
+        let unread = task.map_or(0, |t| facts::unread_stores(k, self.facts(pass, t), self.fills(pass)));
+        let pruned = (unread != 0).then(|| {
+            // The pass and whether it trains name the plan (forward, inference or backward).
+            let key = (pass == Pass::Forward, self.trained, step.0, step.1, unread);
+            Arc::clone(self.pruned.entry(key).or_insert_with(|| Arc::new(k.keeping_stores(|j| unread >> j & 1 == 0))))
+        });
+        let k = pruned.as_deref().unwrap_or(k);
         self.flops += (n * k.nodes.iter().filter(|x| !x.op.is_load()).map(|x| x.shape.numel()).sum::<usize>()) as u64;
         let mut loads = Vec::new();
         for i in k.loads() {
@@ -1331,7 +1344,7 @@ impl<B: Backend> Engine<B> {
             let with = (pass == Pass::Forward).then(|| self.sums.source(v)).flatten();
             let zero = task.is_some_and(|t| {
                 let facts = self.facts(pass, t);
-                !k.nodes[i].is_param && facts.is_zero(v) && with.is_none_or(|s| facts.is_zero(s))
+                !k.nodes[i].is_param && facts.reads_as_zero(v) && with.is_none_or(|s| facts.reads_as_zero(s))
             });
             loads.push(match k.nodes[i].op {
                 _ if zero || summed => Rows::Zeros,
