@@ -256,3 +256,62 @@ fn backward_facts(f: &VertexFn, fwd_zero: &[Cols], loads: &Loads, grad_loads: &L
     let need = func.needed_columns(&zero, need);
     Facts::new(func, zero, need)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arbor_core::fusion::Step;
+
+    /// The fused kernels of `plan`'s recurrent phase.
+    fn kernels(plan: &arbor_core::fusion::Plan) -> Vec<&Kernel> {
+        let steps = &plan.phases[Phase::Recurrent as usize];
+        steps.iter().filter_map(|s| if let Step::Fused(k) = s { Some(k) } else { None }).collect()
+    }
+
+    /// The values of the stores `mask` selects.
+    fn named(k: &Kernel, mask: u64) -> Vec<String> {
+        k.stores
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| mask >> j & 1 == 1)
+            .map(|(_, &l)| k.values[l].to_string())
+            .collect()
+    }
+
+    /// On a Tree-LSTM's leaves the children's gathered states (zeros) and the forget gates (which
+    /// scale missing cells) are not stored, nor the gradients for missing children; internal
+    /// vertices store everything.
+    #[test]
+    fn leaves_leave_out_what_no_one_reads() {
+        let f = crate::nn::tree_lstm(6, 5).unwrap();
+        let fwd = f.forward();
+        let gathers: Loads = fwd.nodes.iter().map(|n| matches!(n.op, Op::Gather { .. })).collect();
+        let pads: Loads = fwd.nodes.iter().map(|n| matches!(n.op, Op::Pull { .. })).collect();
+        let (fill_f, fill_b) = must_fill(&f);
+        let mut cache = FactCache::default();
+        let grads = vec![false; f.backward().func.nodes.len()];
+        let [gather, cell] = kernels(f.forward_plan())[..] else { panic!("two forward kernels") };
+        let [backward] = kernels(f.backward_plan())[..] else { panic!("one backward kernel") };
+
+        let leaf = cache.forward(&f, &gathers, true, false);
+        assert_eq!(named(gather, unread_stores(gather, &leaf, &fill_f)), ["%1", "%2", "%3", "%4"]);
+        assert_eq!(named(cell, unread_stores(cell, &leaf, &fill_f)), ["%22", "%24"]);
+        let leaf_b = cache.backward(&f, &gathers, &grads, false);
+        let child_grads: Vec<String> = f.backward().child_grads.iter().map(|g| g.value.to_string()).collect();
+        let mut unread = named(backward, unread_stores(backward, &leaf_b, &fill_b));
+        unread.sort();
+        let mut dc: Vec<String> = child_grads
+            .into_iter()
+            .filter(|v| backward.stores.iter().any(|&l| backward.values[l].to_string() == *v))
+            .collect();
+        dc.sort();
+        assert_eq!(unread, dc, "a leaf's backward kernel leaves out exactly its stored child gradients");
+        assert_eq!(dc.len(), 2);
+
+        let inner = cache.forward(&f, &pads, true, false);
+        let inner_b = cache.backward(&f, &pads, &grads, false);
+        assert_eq!(unread_stores(gather, &inner, &fill_f), 0);
+        assert_eq!(unread_stores(cell, &inner, &fill_f), 0);
+        assert_eq!(unread_stores(backward, &inner_b, &fill_b), 0);
+    }
+}
