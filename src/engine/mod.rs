@@ -1333,6 +1333,9 @@ impl<B: Backend> Engine<B> {
             Arc::clone(self.pruned.entry(key).or_insert_with(|| Arc::new(k.keeping_stores(|j| unread >> j & 1 == 0))))
         });
         let k = pruned.as_deref().unwrap_or(k);
+        if k.stores.is_empty() {
+            return Ok(());
+        }
         self.flops += (n * k.nodes.iter().filter(|x| !x.op.is_load()).map(|x| x.shape.numel()).sum::<usize>()) as u64;
         let mut loads = Vec::new();
         for i in k.loads() {
