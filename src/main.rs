@@ -309,11 +309,11 @@ fn keep_freed_memory() {
 fn main() {
     keep_freed_memory();
     let cli = Cli::parse();
-    let result = match cli.command {
+    let result = arbor::isa::requested().and_then(|_| match cli.command {
         Command::Train(args) => train(&args),
         Command::Eval(args) => eval(&args),
         Command::Bench(args) => bench(&args),
-    };
+    });
     if let Err(e) = result {
         eprintln!("arbor: {e}");
         std::process::exit(1);
@@ -1075,6 +1075,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
             "gpu": gpu,
             "precision": format!("{:?}", args.precision).to_lowercase(),
             "threads": rayon::current_num_threads(),
+            "cpu_isa": arbor::isa::active().name(),
             "workers": args.workers,
             "batch": args.batch,
             "hidden": args.hidden,

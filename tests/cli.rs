@@ -173,3 +173,24 @@ fn bench_runs_on_workers_in_both_modes() {
         assert!(v["sent_per_s"].as_f64().unwrap() > 0.0 && v["gflops"].as_f64().unwrap() > 0.0, "{v}");
     }
 }
+
+/// `ARBOR_CPU_ISA` with a value that names no instruction set is refused before anything runs;
+/// a level below the CPU's is what `bench` reports using.
+#[test]
+fn the_instruction_set_switch_is_checked_and_reported() {
+    let run = |isa: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_arbor")).env("ARBOR_CPU_ISA", isa).args(args).output().unwrap()
+    };
+    let out = run("avx3", &["train", "--epochs", "1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.trim(),
+        "arbor: environment variable ARBOR_CPU_ISA: expected one of avx512, avx2, baseline, got `avx3`"
+    );
+    let out = run("baseline", &["bench", "--sentences", "8", "--batch", "8", "--hidden", "8", "--embed", "8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["cpu_isa"], "baseline");
+}

@@ -12,8 +12,8 @@
 
 /// `C (+)= op(A)·B` over the columns `cols` of B and C, for `m` rows of C and an inner dimension
 /// `k`, with B and C row-major (row strides `ldb`, `ldc`) and A stored row-major with row stride
-/// `lda`, transposed when `ta`; `false` (nothing done) when the CPU lacks AVX-512, so the caller
-/// takes the general path.
+/// `lda`, transposed when `ta`; `false` (nothing done) when the [active](super::isa::active) level
+/// lacks AVX-512, so the caller takes the general path.
 ///
 /// The slices must span the operands: `a` holds `m` rows of `k` (`k` rows of `m` when `ta`), `b`
 /// holds `k` rows reaching column `cols.end`, `c` holds `m` rows reaching column `cols.end`
@@ -34,7 +34,7 @@ pub(crate) fn product(
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
+    if super::isa::active() == super::isa::Isa::Avx512 {
         if m == 0 || cols.is_empty() {
             return true;
         }
@@ -74,7 +74,7 @@ pub(crate) fn transpose(
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
+    if super::isa::active() == super::isa::Isa::Avx512 {
         for j0 in (0..n).step_by(16) {
             for p0 in ps.clone().step_by(16) {
                 let (jw, pw) = ((n - j0).min(16), (ps.end - p0).min(16));

@@ -6,20 +6,18 @@
 use arbor_core::ir::{BinaryOp, UnaryOp};
 
 /// Defines `$name` dispatching to the AVX-512 kernel, to a copy of `$generic` compiled for
-/// AVX2 + FMA when the CPU has them, and to the baseline copy otherwise.
+/// AVX2 + FMA when the [active](super::isa::active) level has them, and to the baseline copy
+/// otherwise.
 macro_rules! dispatch {
     ($name:ident, $wide:path, $fast:ident, $generic:ident, ($($arg:ident: $ty:ty),*)) => {
         pub(crate) fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
-            {
-                if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
-                    // SAFETY: the CPU supports the features the kernel is compiled for.
-                    return unsafe { $wide($($arg),*) };
-                }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    // SAFETY: the CPU supports the features the fast copy is compiled for.
-                    return unsafe { $fast($($arg),*) };
-                }
+            match super::isa::active() {
+                // SAFETY: the active level is at most what the CPU has.
+                super::isa::Isa::Avx512 => return unsafe { $wide($($arg),*) },
+                // SAFETY: as above.
+                super::isa::Isa::Avx2 => return unsafe { $fast($($arg),*) },
+                super::isa::Isa::Baseline => {}
             }
             $generic($($arg),*)
         }

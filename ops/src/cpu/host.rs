@@ -22,19 +22,16 @@ pub fn for_each_on_team<T: Send>(items: Vec<T>, f: impl Fn(T) + Sync) {
 }
 
 /// Runs `f`, compiled (where it is inlined, as small closures over plain loops are) for AVX-512
-/// or AVX2 + FMA when the CPU has them.
+/// or AVX2 + FMA when the [active](super::isa::active) level has them.
 #[inline(always)]
 pub fn vectorised<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports the features `wide` is compiled for.
-            return unsafe { wide(f) };
-        }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports the features `fast` is compiled for.
-            return unsafe { fast(f) };
-        }
+    match super::isa::active() {
+        // SAFETY: the active level is at most what the CPU has.
+        super::isa::Isa::Avx512 => return unsafe { wide(f) },
+        // SAFETY: as above.
+        super::isa::Isa::Avx2 => return unsafe { fast(f) },
+        super::isa::Isa::Baseline => {}
     }
     f()
 }

@@ -3,7 +3,8 @@
 //! share of B and keeps it in its own cache from one task to the next. Products run on the
 //! [direct](super::direct) kernel, reading B in place or, when B is a transposed parameter, a
 //! row-major copy of its transpose made once between parameter writes; transposed products of
-//! other values, and every product on a CPU without AVX-512, run on the `gemm` crate.
+//! other values, and every product where the [active](super::isa::active) level lacks AVX-512,
+//! run on the `gemm` crate.
 
 use super::memory::Raw;
 use super::{bad, direct, team};
@@ -19,6 +20,13 @@ const PARALLEL_MACS: usize = 1 << 16;
 
 /// Output columns per unit of work split between threads (one vector).
 const UNIT: usize = 16;
+
+/// Output columns per call of the `gemm` crate. The crate picks its algorithm from each call's
+/// shape (dot products below 256 outputs, a matrix-vector loop for one column), and with it the
+/// order of every sum; so its calls cover the same columns however many threads share a product,
+/// and a product's bits never depend on how many ran it (a call made while another thread holds
+/// the team runs on one).
+const CRATE_COLS: usize = 64;
 
 /// Elements spanned by a stored `rows × cols` matrix with row stride `ld` (saturating: a span
 /// that overflows is larger than any buffer, so the range check refuses it).
@@ -123,16 +131,9 @@ enum Path {
     Crate,
 }
 
-/// Whether this machine has the direct kernel.
+/// Whether the direct kernel runs at the [active](super::isa::active) level.
 fn has_direct() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    super::isa::active() == super::isa::Isa::Avx512
 }
 
 /// Runs independent products (none writes what another reads or writes), each split between
@@ -153,19 +154,34 @@ pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) ->
     }
     let macs: usize = gs.iter().map(|g| g.m * g.n * g.k * g.batch).sum();
     let max = if macs < PARALLEL_MACS { 1 } else { usize::MAX };
-    team::split(max, |part, parts| {
-        for (g, path) in gs.iter().zip(&paths) {
-            if g.batch == 1 {
+    team::split(max, |part, parts| run_part(raw, gs, &paths, part, parts))
+}
+
+/// Part `part` of `parts` of [`gemm_batch`]: its share of every product's columns (of its batch
+/// entries, for batched products, each run whole).
+fn run_part(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path], part: usize, parts: usize) -> Result<()> {
+    for (g, path) in gs.iter().zip(paths) {
+        if g.batch != 1 {
+            for i in team::share(g.batch, part, parts) {
+                run(raw, g, path, i, 0..g.n)?;
+            }
+            continue;
+        }
+        match path {
+            // Every element of the direct kernel is one chain of multiply-adds, wherever the
+            // columns are cut: one call over the part's units.
+            Path::Direct(_) => {
                 let units = team::share(g.n.div_ceil(UNIT), part, parts);
                 run(raw, g, path, 0, units.start * UNIT..(units.end * UNIT).min(g.n))?;
-            } else {
-                for i in team::share(g.batch, part, parts) {
-                    run(raw, g, path, i, 0..g.n)?;
+            }
+            Path::Crate => {
+                for block in team::share(g.n.div_ceil(CRATE_COLS), part, parts) {
+                    run(raw, g, path, 0, block * CRATE_COLS..((block + 1) * CRATE_COLS).min(g.n))?;
                 }
             }
         }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 /// An error unless every operand of every batch entry lies in its buffer and the leading
@@ -247,8 +263,56 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Re
 
 #[cfg(test)]
 mod tests {
+    use super::{has_direct, run_part, Path, Raw};
     use crate::cpu::CpuBackend;
     use arbor_core::backend::{Backend, Gemm, Loc, Mem};
+
+    /// A product's bits do not depend on how many parts compute it, on the `gemm` crate (whose
+    /// algorithm changes with a call's shape: dot products below 256 outputs, a matrix-vector loop
+    /// for one column) and on the direct kernel: every shape, transposition and accumulation, cut
+    /// into 1 to 4 parts.
+    #[test]
+    fn products_do_not_depend_on_the_number_of_parts() {
+        let value = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 25.0;
+        let mut paths = vec![Path::Crate];
+        if has_direct() {
+            paths.push(Path::Direct(None));
+        }
+        for (m, n, k) in [(1, 17, 150), (3, 33, 9), (12, 40, 150), (7, 130, 5), (40, 750, 150), (2, 65, 300)] {
+            for (ta, tb, accumulate) in (0..8).map(|b| (b & 1 != 0, b & 2 != 0, b & 4 != 0)) {
+                let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
+                let a: Vec<f32> = (0..m * k).map(value).collect();
+                let b: Vec<f32> = (0..k * n).map(|i| value(i + 5)).collect();
+                let c: Vec<f32> = (0..m * n).map(|i| value(i + 11)).collect();
+                let mut g = Gemm::single(
+                    (m, n, k),
+                    (Loc { buf: 0, offset: 0 }, lda, ta),
+                    (Loc { buf: 1, offset: 0 }, ldb, tb, false),
+                    (Loc { buf: 2, offset: 0 }, n),
+                );
+                g.accumulate = accumulate;
+                for path in paths.iter().filter(|p| !(tb && matches!(p, Path::Direct(_)))) {
+                    let product = |parts: usize| {
+                        let mut data = vec![a.clone(), b.clone(), c.clone()];
+                        let mut mem = Mem { data: &mut data, index: &[] };
+                        let raw = Raw::new(&mut mem).unwrap();
+                        for part in 0..parts {
+                            run_part(&raw, std::slice::from_ref(&g), std::slice::from_ref(path), part, parts).unwrap();
+                        }
+                        data.pop().unwrap()
+                    };
+                    let whole = product(1);
+                    for parts in 2..=4 {
+                        let kind = if matches!(path, Path::Crate) { "crate" } else { "direct" };
+                        assert!(
+                            product(parts) == whole,
+                            "{kind}: {m} × {n} × {k} (ta {ta}, tb {tb}, accumulate {accumulate}) in {parts} parts"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// `C = A·Bᵀ` with B a parameter (its transpose kept between writes): the product follows B
     /// through a write, through a change in place, and to a new buffer at another address.

@@ -5,6 +5,7 @@ mod direct;
 mod elementwise;
 mod fused;
 pub mod host;
+pub mod isa;
 mod matmul;
 mod memory;
 mod team;
@@ -21,7 +22,10 @@ thread_local! {
 }
 
 /// The CPU backend. Calls large enough to gain from it are split between the cores the calling
-/// context allows (`rayon::current_num_threads()`), on a team of spinning threads.
+/// context allows (`rayon::current_num_threads()`), on a team of spinning threads. Every call's
+/// result is the same, bit for bit, however many threads run it (a call made while another holds
+/// the team runs on one), so results never depend on timing. Its kernels use the vector
+/// instructions [`isa::active`] names.
 #[derive(Debug, Default)]
 pub struct CpuBackend {
     allocations: AtomicUsize,
