@@ -4,53 +4,16 @@
 //! against the CPU backend on the same bindings (gathers by index and sums over child sets
 //! included), and so are the CUDA backend's own fill, scatter-add and row-sum kernels.
 
+mod common;
+
 use arbor::core::backend::{IndexLoc, Loc, Mem, Rows, NO_ROW};
-use arbor::core::fusion::{Kernel, Plan, Step};
-use arbor::core::ir::Op;
+use arbor::core::fusion::Kernel;
 use arbor::core::rng::Rng;
 use arbor::cuda::codegen::{cache_key, generate, Binding, Generated, Param};
-use arbor::{nn, Backend, CpuBackend, VertexFn};
+use arbor::{nn, Backend, CpuBackend};
+use common::kernels::{bindings, cells, fused, kernels};
 use std::io::Write;
 use std::process::{Command, Stdio};
-
-fn fused(plan: &Plan) -> Vec<Kernel> {
-    plan.phases.iter().flatten().filter_map(|s| if let Step::Fused(k) = s { Some(k.clone()) } else { None }).collect()
-}
-
-/// Every fused kernel of a function's forward, inference and backward plans, and each kernel of
-/// several stores again with every other store left out (as the engine leaves out the stores a
-/// task never reads), so some of its ops feed nothing.
-fn kernels(f: &VertexFn) -> Vec<Kernel> {
-    let all: Vec<Kernel> =
-        [f.forward_plan(), f.inference_plan(), f.backward_plan()].into_iter().flat_map(fused).collect();
-    let pruned: Vec<Kernel> =
-        all.iter().filter(|k| k.stores.len() > 1).map(|k| k.keeping_stores(|j| j % 2 == 0)).collect();
-    all.into_iter().chain(pruned).collect()
-}
-
-fn cells() -> Vec<VertexFn> {
-    vec![
-        nn::tree_lstm(5, 4).unwrap(),
-        nn::child_sum_tree_lstm(5, 4, 3).unwrap(),
-        nn::var_lstm(5, 4).unwrap(),
-        nn::tree_fc(5, 4).unwrap(),
-        nn::ggnn(3, 4).unwrap(),
-    ]
-}
-
-/// How the engine would bind each load: parameters broadcast, gathers by index, sums over child
-/// sets by index set, the rest contiguous (`plain`: gathers contiguous too).
-fn bindings(k: &Kernel, plain: bool) -> Vec<Binding> {
-    k.loads()
-        .map(|i| match (&k.nodes[i].op, k.nodes[i].is_param, plain) {
-            (_, true, _) => Binding::Broadcast,
-            (Op::Gather { .. }, _, false) => Binding::Indexed,
-            (Op::GatherSum { .. }, _, false) => Binding::IndexedSet,
-            (Op::Zeros, _, _) => Binding::Zeros,
-            _ => Binding::Contiguous,
-        })
-        .collect()
-}
 
 /// One kernel per fused step, with a data pointer per non-zero load, index pointers per indexed
 /// load and a pointer per store; the same text every time, and a cache key that changes with the
@@ -59,7 +22,7 @@ fn bindings(k: &Kernel, plain: bool) -> Vec<Binding> {
 fn one_kernel_per_fused_step_with_its_parameters() {
     let f = nn::tree_lstm(4, 3).unwrap();
     assert_eq!(fused(f.forward_plan()).len(), f.forward_plan().counts().1);
-    for k in kernels(&f) {
+    for (_, k) in kernels(&f) {
         let b = bindings(&k, false);
         let g = generate(&k, &b).unwrap();
         let count = |p: fn(&Param) -> bool| g.params.iter().filter(|x| p(x)).count();
@@ -249,7 +212,7 @@ fn generated_kernels_compute_what_the_cpu_backend_does() {
     let n = 7;
     let mut checked = 0;
     for f in cells() {
-        for k in kernels(&f) {
+        for (_, k) in kernels(&f) {
             for plain in [false, true] {
                 let b = bindings(&k, plain);
                 if plain && b == bindings(&k, false) {

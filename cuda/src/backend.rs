@@ -10,6 +10,7 @@
 
 use crate::cache::KernelCache;
 use crate::codegen::{generate, Binding, Generated, Param, PRELUDE};
+use crate::nvrtc;
 use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
@@ -21,7 +22,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::sync::Arc;
 
 /// Threads per block of every launch.
@@ -197,8 +198,8 @@ impl CudaBackend {
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| fail("cuBLAS", e))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| fail("open", e))?;
         let arch = format!("sm_{major}{minor}");
-        let (nv_major, nv_minor) = nvrtc_version()?;
-        let target = format!("{arch} nvrtc {nv_major}.{nv_minor}");
+        let (nv_major, nv_minor) = nvrtc::version()?;
+        let target = nvrtc::target(&arch)?;
         let name = ctx.name().map_err(|e| fail("open", e))?;
         let driver = driver_version()?;
         let description = format!(
@@ -358,7 +359,7 @@ fn load(
     arch: &str,
     target: &str,
 ) -> Result<Arc<CudaModule>> {
-    let compile = |src: &str, _: &str| nvrtc(src, arch);
+    let compile = |src: &str, _: &str| nvrtc::compile(src, arch).map(|c| c.image);
     let image = cache.borrow_mut().get_or_compile(source, target, compile)?;
     match ctx.load_module(Ptx::from_binary(image.to_vec())) {
         Ok(module) => Ok(module),
@@ -369,43 +370,6 @@ fn load(
                 .map_err(|e| fail("load kernel", format!("{e} (and before recompiling: {first})")))
         }
     }
-}
-
-/// Compiles CUDA C to a CUBIN for `arch` (`sm_90`) with NVRTC, so the driver has nothing to
-/// translate; a compile error carries NVRTC's log.
-fn nvrtc(source: &str, arch: &str) -> Result<Vec<u8>> {
-    use cudarc::nvrtc::{result, sys};
-    /// Destroys the program however compilation ends.
-    struct Program(sys::nvrtcProgram);
-    impl Drop for Program {
-        fn drop(&mut self) {
-            // SAFETY: created below and destroyed only here.
-            let _ = unsafe { result::destroy_program(self.0) };
-        }
-    }
-    let src = CString::new(source).map_err(|_| fail("NVRTC", "the kernel source holds a NUL byte"))?;
-    let program = Program(result::create_program(&src, None).map_err(|e| fail("NVRTC", e))?);
-    let options = [format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
-    // SAFETY (all calls below): `program` is a live program created above.
-    if let Err(e) = unsafe { result::compile_program(program.0, &options) } {
-        let log = unsafe { result::get_program_log(program.0) }
-            .map(|log| log.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect::<String>())
-            .unwrap_or_default();
-        return Err(fail("NVRTC", format!("{e:?} compiling for {arch}:\n{}", log.trim_end())));
-    }
-    let mut size = 0usize;
-    unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }.result().map_err(|e| fail("NVRTC", e))?;
-    let mut image = vec![0u8; size];
-    unsafe { sys::nvrtcGetCUBIN(program.0, image.as_mut_ptr().cast()) }.result().map_err(|e| fail("NVRTC", e))?;
-    Ok(image)
-}
-
-/// NVRTC's version, `(major, minor)`.
-fn nvrtc_version() -> Result<(i32, i32)> {
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: two plain out-parameters.
-    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }.result().map_err(|e| fail("NVRTC", e))?;
-    Ok((major, minor))
 }
 
 /// The CUDA version the driver supports, as `1000·major + 10·minor`.

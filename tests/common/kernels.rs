@@ -1,0 +1,55 @@
+//! The fused kernels of the model zoo as the CUDA code generator sees them: every fused step of
+//! every plan, bound the ways the engine binds loads.
+
+use arbor::core::fusion::{Kernel, Plan, Step};
+use arbor::core::ir::Op;
+use arbor::cuda::codegen::Binding;
+use arbor::{nn, VertexFn};
+
+/// The fused kernels of a plan, in order.
+pub fn fused(plan: &Plan) -> Vec<Kernel> {
+    plan.phases.iter().flatten().filter_map(|s| if let Step::Fused(k) = s { Some(k.clone()) } else { None }).collect()
+}
+
+/// Every fused kernel of a function's forward, inference and backward plans, and each kernel of
+/// several stores again with every other store left out (as the engine leaves out the stores a
+/// task never reads), so some of its ops feed nothing; each with a label (`forward 0`,
+/// `backward 1 pruned`).
+pub fn kernels(f: &VertexFn) -> Vec<(String, Kernel)> {
+    let plans = [("forward", f.forward_plan()), ("inference", f.inference_plan()), ("backward", f.backward_plan())];
+    let all: Vec<(String, Kernel)> = plans
+        .into_iter()
+        .flat_map(|(phase, plan)| fused(plan).into_iter().enumerate().map(move |(i, k)| (format!("{phase} {i}"), k)))
+        .collect();
+    let pruned: Vec<(String, Kernel)> = all
+        .iter()
+        .filter(|(_, k)| k.stores.len() > 1)
+        .map(|(label, k)| (format!("{label} pruned"), k.keeping_stores(|j| j % 2 == 0)))
+        .collect();
+    all.into_iter().chain(pruned).collect()
+}
+
+/// One small instance of every cell of the zoo.
+pub fn cells() -> Vec<VertexFn> {
+    vec![
+        nn::tree_lstm(5, 4).unwrap(),
+        nn::child_sum_tree_lstm(5, 4, 3).unwrap(),
+        nn::var_lstm(5, 4).unwrap(),
+        nn::tree_fc(5, 4).unwrap(),
+        nn::ggnn(3, 4).unwrap(),
+    ]
+}
+
+/// How the engine would bind each load: parameters broadcast, gathers by index, sums over child
+/// sets by index set, the rest contiguous (`plain`: gathers contiguous too).
+pub fn bindings(k: &Kernel, plain: bool) -> Vec<Binding> {
+    k.loads()
+        .map(|i| match (&k.nodes[i].op, k.nodes[i].is_param, plain) {
+            (_, true, _) => Binding::Broadcast,
+            (Op::Gather { .. }, _, false) => Binding::Indexed,
+            (Op::GatherSum { .. }, _, false) => Binding::IndexedSet,
+            (Op::Zeros, _, _) => Binding::Zeros,
+            _ => Binding::Contiguous,
+        })
+        .collect()
+}
