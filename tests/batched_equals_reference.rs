@@ -220,6 +220,22 @@ fn odd_cell() -> VertexFn {
     f.build().unwrap()
 }
 
+/// A feed-forward tree cell with GELU units: `h = gelu(x·W + h₀·U₀ + h₁·U₁ + b)`, pushing a
+/// GELU of it.
+fn gelu_cell() -> VertexFn {
+    let f = Builder::new("gelu-cell", 2);
+    let x = f.pull("x", 4);
+    let (h0, h1) = (f.gather(0, "h", 5), f.gather(1, "h", 5));
+    let w = f.param("W", [4, 5], Init::Xavier);
+    let u0 = f.param("U0", [5, 5], Init::Xavier);
+    let u1 = f.param("U1", [5, 5], Init::Xavier);
+    let b = f.param("b", [1, 5], Init::Uniform(0.3));
+    let h = (x.matmul(w) + h0.matmul(u0) + h1.matmul(u1) + b).gelu();
+    f.scatter("h", h);
+    f.push("y", (h - h0.scale(0.5)).gelu());
+    f.build().unwrap()
+}
+
 #[test]
 fn tree_lstm_on_a_fixed_forest() {
     check(nn::tree_lstm(5, 4).unwrap(), 1, 6, 30, false);
@@ -241,6 +257,15 @@ fn var_lstm_on_chains_and_tree_fc_on_a_forest() {
     check(nn::var_lstm(4, 3).unwrap(), 4, 6, 40, false);
     check(nn::tree_fc(4, 3).unwrap(), 5, 6, 40, false);
     check(nn::ggnn(3, 4).unwrap(), 6, 6, 40, true);
+}
+
+/// A GELU cell (the op added by following CONTRIBUTING.md): batched, fused and vectorised
+/// equals the reference, with zeros from missing children kept through it.
+#[test]
+fn gelu_cell_on_a_forest_and_a_dag() {
+    for (seed, dag) in [(11, false), (12, true)] {
+        check(gelu_cell(), seed, 12, 40, dag);
+    }
 }
 
 #[test]

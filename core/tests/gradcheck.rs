@@ -260,6 +260,17 @@ fn exp() {
 }
 
 #[test]
+fn gelu() {
+    let f = unary_fn("gelu", |x| x.gelu());
+    let case = Case::random(&f, 7, &[true]);
+    let vals = forward_vals(&f, &case);
+    let gelu = |x: f32| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh());
+    let want: Vec<f32> = case.pulls[0].iter().map(|&x| gelu(x)).collect();
+    assert_close(output(&f, &vals, "y"), &want);
+    check(&f, &[true]);
+}
+
+#[test]
 fn log() {
     let f = Builder::new("log", 1);
     let x = f.pull("x", [2, 3]);

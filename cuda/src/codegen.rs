@@ -13,7 +13,7 @@
 use arbor_core::backend::Rows;
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
-use arbor_core::ir::{BinaryOp, Op, UnaryOp};
+use arbor_core::ir::Op;
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -119,43 +119,6 @@ fn unsupported(what: String) -> Error {
     Error::Backend { backend: "cuda", op: "codegen".into(), msg: what }
 }
 
-/// A float as a C literal that reads back as the same value.
-fn literal(x: f32) -> String {
-    if x.is_finite() {
-        format!("{x:e}f")
-    } else if x.is_nan() {
-        "(0.0f / 0.0f)".into()
-    } else if x > 0.0 {
-        "(1.0f / 0.0f)".into()
-    } else {
-        "(-1.0f / 0.0f)".into()
-    }
-}
-
-fn unary(op: UnaryOp, x: &str) -> String {
-    match op {
-        UnaryOp::Neg => format!("-{x}"),
-        UnaryOp::Scale(s) => format!("{} * {x}", literal(s)),
-        UnaryOp::Sigmoid => format!("1.0f / (1.0f + expf(-{x}))"),
-        UnaryOp::Tanh => format!("1.0f - 2.0f / (expf(2.0f * {x}) + 1.0f)"),
-        UnaryOp::Relu => format!("fmaxf({x}, 0.0f)"),
-        UnaryOp::Exp => format!("expf({x})"),
-        UnaryOp::Log => format!("logf({x})"),
-    }
-}
-
-fn binary(op: BinaryOp, a: &str, b: &str) -> String {
-    match op {
-        BinaryOp::Add => format!("{a} + {b}"),
-        BinaryOp::Sub => format!("{a} - {b}"),
-        BinaryOp::Mul => format!("{a} * {b}"),
-        BinaryOp::Div => format!("{a} / {b}"),
-        BinaryOp::SigmoidGrad => format!("{b} * {a} * (1.0f - {a})"),
-        BinaryOp::TanhGrad => format!("{b} * (1.0f - {a} * {a})"),
-        BinaryOp::ReluGrad => format!("({a} > 0.0f ? {b} : 0.0f)"),
-    }
-}
-
 /// Writes the body of a kernel: C statements, with values a thread computes at the same column
 /// kept in temporaries (valid within the block they were computed in).
 struct Emitter<'a> {
@@ -245,14 +208,14 @@ impl Emitter<'_> {
             Op::Unary { op, x } => {
                 let x = self.value(x.index(), col, depth + 1)?;
                 let t = self.temp();
-                self.line(&format!("const float {t} = {};", unary(*op, &x)));
+                self.line(&format!("const float {t} = {};", op.cuda(&x)));
                 t
             }
             Op::Binary { op, a, b } => {
                 let a = self.value(a.index(), col, depth + 1)?;
                 let b = self.value(b.index(), col, depth + 1)?;
                 let t = self.temp();
-                self.line(&format!("const float {t} = {};", binary(*op, &a, &b)));
+                self.line(&format!("const float {t} = {};", op.cuda(&a, &b)));
                 t
             }
             Op::Slice { x, start, .. } => {

@@ -109,6 +109,8 @@ pub fn compile(source: &str, arch: &str) -> Result<Compiled> {
     let program = Program(result::create_program(&src, None).map_err(fail)?);
     // SAFETY (all calls below): `program` is a live program created above.
     let compiled = unsafe { result::compile_program(program.0, &options(arch)) };
+    // `c_char` is `i8` on x86-64 and `u8` on AArch64.
+    #[allow(clippy::unnecessary_cast)]
     let log = unsafe { result::get_program_log(program.0) }
         .map(|log| log.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect::<String>())
         .unwrap_or_default();

@@ -4,7 +4,7 @@
 use arbor::core::fusion::{Kernel, Plan, Step};
 use arbor::core::ir::Op;
 use arbor::cuda::codegen::Binding;
-use arbor::{nn, VertexFn};
+use arbor::{nn, Builder, Init, VertexFn};
 
 /// The fused kernels of a plan, in order.
 pub fn fused(plan: &Plan) -> Vec<Kernel> {
@@ -37,7 +37,23 @@ pub fn cells() -> Vec<VertexFn> {
         nn::var_lstm(5, 4).unwrap(),
         nn::tree_fc(5, 4).unwrap(),
         nn::ggnn(3, 4).unwrap(),
+        every_op(),
     ]
+}
+
+/// A cell that uses every element-wise op of one input (and, in its backward function, every
+/// backward-only op), so each op's CUDA expression is generated, compiled and run.
+fn every_op() -> VertexFn {
+    let f = Builder::new("every-op", 2);
+    let x = f.pull("x", 4);
+    let (h0, h1) = (f.gather(0, "h", 4), f.gather(1, "h", 4));
+    let w = f.param("W", [4, 4], Init::Xavier);
+    let a = x.matmul(w) + h0;
+    let positive = a.sigmoid() + h1.exp();
+    let y = a.gelu() * a.tanh() - a.relu().scale(0.5) + positive.log() / positive;
+    f.scatter("h", -y);
+    f.push("y", y);
+    f.build().unwrap()
 }
 
 /// How the engine would bind each load: parameters broadcast, gathers by index, sums over child

@@ -6,6 +6,7 @@
 //! of every pulled input, and, for every parameter use, the per-vertex rows from which the engine
 //! forms the parameter gradient in one batched operation over all vertices.
 
+use super::elementwise::Derive;
 use super::func::Func;
 use super::op::{BinaryOp, Op, UnaryOp, ValueId};
 use super::vertex_fn::VertexFn;
@@ -99,7 +100,7 @@ impl Deriver<'_> {
     }
 
     /// The forward value `v` inside F' (a parameter stays a parameter).
-    fn primal(&mut self, v: ValueId) -> ValueId {
+    fn primal_of(&mut self, v: ValueId) -> ValueId {
         if let Some(&p) = self.primal.get(&v) {
             return p;
         }
@@ -120,14 +121,6 @@ impl Deriver<'_> {
         let z = self.load(Op::Zeros, crate::tensor::Shape::mat(rows, cols), false);
         self.zeros.insert((rows, cols), z);
         z
-    }
-
-    fn unary(&mut self, op: UnaryOp, x: ValueId) -> Result<ValueId> {
-        self.emit(Op::Unary { op, x })
-    }
-
-    fn binary(&mut self, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId> {
-        self.emit(Op::Binary { op, a, b })
     }
 
     /// Sums the contributions to a value of per-vertex shape `[rows × cols]` into one gradient.
@@ -180,6 +173,20 @@ impl Deriver<'_> {
     }
 }
 
+impl Derive for Deriver<'_> {
+    fn primal(&mut self, v: ValueId) -> ValueId {
+        self.primal_of(v)
+    }
+
+    fn unary(&mut self, op: UnaryOp, x: ValueId) -> Result<ValueId> {
+        self.emit(Op::Unary { op, x })
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.emit(Op::Binary { op, a, b })
+    }
+}
+
 /// Derives F' from F.
 pub(crate) fn derive(f: &VertexFn) -> Result<Backward> {
     let fwd = f.forward();
@@ -224,54 +231,17 @@ pub(crate) fn derive(f: &VertexFn) -> Result<Backward> {
                 }
             }
             Op::Unary { op, x } => {
-                let dx = match op {
-                    UnaryOp::Neg | UnaryOp::Scale(_) => d.unary(op, g)?,
-                    UnaryOp::Sigmoid => {
-                        let y = d.primal(v);
-                        d.binary(BinaryOp::SigmoidGrad, y, g)?
-                    }
-                    UnaryOp::Tanh => {
-                        let y = d.primal(v);
-                        d.binary(BinaryOp::TanhGrad, y, g)?
-                    }
-                    UnaryOp::Relu => {
-                        let y = d.primal(v);
-                        d.binary(BinaryOp::ReluGrad, y, g)?
-                    }
-                    UnaryOp::Exp => {
-                        let y = d.primal(v);
-                        d.binary(BinaryOp::Mul, g, y)?
-                    }
-                    UnaryOp::Log => {
-                        let xp = d.primal(x);
-                        d.binary(BinaryOp::Div, g, xp)?
-                    }
-                };
+                let dx = op.derivative(&mut d, x, v, g)?;
                 contribs[x.index()].push(Contrib::Full(dx));
             }
             Op::Binary { op, a, b } => {
-                let (da, db) = match op {
-                    BinaryOp::Add => (g, g),
-                    BinaryOp::Sub => (g, d.unary(UnaryOp::Neg, g)?),
-                    BinaryOp::Mul => {
-                        let (ap, bp) = (d.primal(a), d.primal(b));
-                        (d.binary(BinaryOp::Mul, g, bp)?, d.binary(BinaryOp::Mul, g, ap)?)
-                    }
-                    BinaryOp::Div => {
-                        let (bp, y) = (d.primal(b), d.primal(v));
-                        let da = d.binary(BinaryOp::Div, g, bp)?;
-                        let gy = d.binary(BinaryOp::Mul, g, y)?;
-                        let q = d.binary(BinaryOp::Div, gy, bp)?;
-                        (da, d.unary(UnaryOp::Neg, q)?)
-                    }
-                    BinaryOp::SigmoidGrad | BinaryOp::TanhGrad | BinaryOp::ReluGrad => {
-                        return Err(Error::Shape {
-                            function: f.name().into(),
-                            op: op.name().into(),
-                            inputs: vec![],
-                            reason: "backward-only ops cannot be differentiated".into(),
-                        })
-                    }
+                let Some((da, db)) = op.derivative(&mut d, a, b, v, g)? else {
+                    return Err(Error::Shape {
+                        function: f.name().into(),
+                        op: op.name().into(),
+                        inputs: vec![],
+                        reason: "backward-only ops cannot be differentiated".into(),
+                    });
                 };
                 for (operand, grad) in [(a, da), (b, db)] {
                     match fwd.node(operand).op {

@@ -318,6 +318,11 @@ impl<'b> Var<'b> {
         self.unary(UnaryOp::Log)
     }
 
+    /// `gelu(self)`: `x·Φ(x)` in the tanh form of Hendrycks and Gimpel, element-wise.
+    pub fn gelu(self) -> Var<'b> {
+        self.unary(UnaryOp::Gelu)
+    }
+
     /// `s · x`.
     pub fn scale(self, s: f32) -> Var<'b> {
         self.unary(UnaryOp::Scale(s))

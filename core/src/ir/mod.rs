@@ -3,6 +3,7 @@
 mod autodiff;
 mod builder;
 mod columns;
+pub mod elementwise;
 mod func;
 pub mod interp;
 mod op;

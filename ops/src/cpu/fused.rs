@@ -347,16 +347,11 @@ impl View {
 /// Whether op's result is all zeros given which earlier values are (`zero`): a load bound to
 /// zeros, or an op that maps zeros to zeros applied to them (a product with a zero factor).
 fn is_zero(op: &Op, block: usize, zero: &[bool], load: Option<Rows>) -> bool {
-    use arbor_core::ir::UnaryOp as U;
-    use BinaryOp as B;
     let z = |v: &ValueId| zero[v.index()];
     match op {
         _ if load.is_some() => matches!(load, Some(Rows::Zeros)),
-        Op::Unary { op: U::Neg | U::Scale(_) | U::Relu | U::Tanh, x } => z(x),
-        Op::Binary { op: B::Add | B::Sub, a, b } => z(a) && z(b),
-        Op::Binary { op: B::Mul | B::SigmoidGrad | B::ReluGrad, a, b } => z(a) || z(b),
-        Op::Binary { op: B::Div, a, .. } => z(a),
-        Op::Binary { op: B::TanhGrad, b, .. } => z(b),
+        Op::Unary { op, x } if op.keeps_zero() => z(x),
+        Op::Binary { op, a, b } => op.zeros().of(z(a), z(b)),
         Op::Slice { x, .. } | Op::SumCols { x } | Op::BroadcastCols { x, .. } => z(x),
         Op::Concat { parts } => parts.iter().all(z),
         _ => block == 0,
