@@ -63,14 +63,4 @@ impl Binary for GeluGrad {
         let du = format!("fmaf({:e}f, {a} * {a}, 1.0f) * {K:e}f", 3.0 * C);
         format!("{b} * (0.5f * (1.0f + {t}) + 0.5f * {a} * (1.0f - {t} * {t}) * ({du}))")
     }
-    fn derivative(
-        self,
-        _: &mut dyn Derive,
-        _: ValueId,
-        _: ValueId,
-        _: ValueId,
-        _: ValueId,
-    ) -> Result<Option<(ValueId, ValueId)>> {
-        Ok(None)
-    }
 }

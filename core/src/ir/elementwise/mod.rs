@@ -193,15 +193,25 @@ pub trait Binary: Copy {
     /// The op as a CUDA C expression over the expressions `a` and `b`.
     fn cuda(self, a: &str, b: &str) -> String;
     /// The gradients of both inputs, given the inputs `a`, `b` and output `y` (forward values)
-    /// and the output's gradient `g`; `None` for ops that appear only in backward functions.
+    /// and the output's gradient `g`; `None` (the default) for ops that appear only in backward
+    /// functions.
     fn derivative(
         self,
-        d: &mut dyn Derive,
-        a: ValueId,
-        b: ValueId,
-        y: ValueId,
-        g: ValueId,
-    ) -> Result<Option<(ValueId, ValueId)>>;
+        _d: &mut dyn Derive,
+        _a: ValueId,
+        _b: ValueId,
+        _y: ValueId,
+        _g: ValueId,
+    ) -> Result<Option<(ValueId, ValueId)>> {
+        Ok(None)
+    }
+}
+
+/// The input gradient of an op whose derivative is `grad(y, g)` of its output `y`, as for the
+/// sigmoid, tanh and relu.
+pub fn from_output(d: &mut dyn Derive, grad: BinaryOp, y: ValueId, g: ValueId) -> Result<ValueId> {
+    let y = d.primal(y);
+    d.binary(grad, y, g)
 }
 
 /// Runs generic code for one element-wise op of one input: [`UnaryOp::visit`] calls

@@ -1,6 +1,6 @@
 //! The rectifier and its derivative.
 
-use super::{Binary, Derive, Lanes, Unary, Zeros};
+use super::{from_output, Binary, Derive, Lanes, Unary, Zeros};
 use crate::error::Result;
 use crate::ir::op::ValueId;
 use crate::ir::BinaryOp;
@@ -20,8 +20,7 @@ impl Unary for Relu {
         format!("fmaxf({x}, 0.0f)")
     }
     fn derivative(self, d: &mut dyn Derive, _: ValueId, y: ValueId, g: ValueId) -> Result<ValueId> {
-        let y = d.primal(y);
-        d.binary(BinaryOp::ReluGrad, y, g)
+        from_output(d, BinaryOp::ReluGrad, y, g)
     }
 }
 
@@ -38,15 +37,5 @@ impl Binary for ReluGrad {
     }
     fn cuda(self, a: &str, b: &str) -> String {
         format!("({a} > 0.0f ? {b} : 0.0f)")
-    }
-    fn derivative(
-        self,
-        _: &mut dyn Derive,
-        _: ValueId,
-        _: ValueId,
-        _: ValueId,
-        _: ValueId,
-    ) -> Result<Option<(ValueId, ValueId)>> {
-        Ok(None)
     }
 }

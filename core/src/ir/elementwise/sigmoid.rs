@@ -1,6 +1,6 @@
 //! The logistic sigmoid and its derivative.
 
-use super::{exp, Binary, Derive, Lanes, Unary, Zeros};
+use super::{exp, from_output, Binary, Derive, Lanes, Unary, Zeros};
 use crate::error::Result;
 use crate::ir::op::ValueId;
 use crate::ir::BinaryOp;
@@ -20,8 +20,7 @@ impl Unary for Sigmoid {
         format!("1.0f / (1.0f + expf(-{x}))")
     }
     fn derivative(self, d: &mut dyn Derive, _: ValueId, y: ValueId, g: ValueId) -> Result<ValueId> {
-        let y = d.primal(y);
-        d.binary(BinaryOp::SigmoidGrad, y, g)
+        from_output(d, BinaryOp::SigmoidGrad, y, g)
     }
 }
 
@@ -38,15 +37,5 @@ impl Binary for SigmoidGrad {
     }
     fn cuda(self, a: &str, b: &str) -> String {
         format!("{b} * {a} * (1.0f - {a})")
-    }
-    fn derivative(
-        self,
-        _: &mut dyn Derive,
-        _: ValueId,
-        _: ValueId,
-        _: ValueId,
-        _: ValueId,
-    ) -> Result<Option<(ValueId, ValueId)>> {
-        Ok(None)
     }
 }

@@ -1,6 +1,6 @@
 //! The hyperbolic tangent and its derivative.
 
-use super::{exp, Binary, Derive, Lanes, Unary, Zeros};
+use super::{exp, from_output, Binary, Derive, Lanes, Unary, Zeros};
 use crate::error::Result;
 use crate::ir::op::ValueId;
 use crate::ir::BinaryOp;
@@ -20,8 +20,7 @@ impl Unary for Tanh {
         format!("1.0f - 2.0f / (expf(2.0f * {x}) + 1.0f)")
     }
     fn derivative(self, d: &mut dyn Derive, _: ValueId, y: ValueId, g: ValueId) -> Result<ValueId> {
-        let y = d.primal(y);
-        d.binary(BinaryOp::TanhGrad, y, g)
+        from_output(d, BinaryOp::TanhGrad, y, g)
     }
 }
 
@@ -38,15 +37,5 @@ impl Binary for TanhGrad {
     }
     fn cuda(self, a: &str, b: &str) -> String {
         format!("{b} * (1.0f - {a} * {a})")
-    }
-    fn derivative(
-        self,
-        _: &mut dyn Derive,
-        _: ValueId,
-        _: ValueId,
-        _: ValueId,
-        _: ValueId,
-    ) -> Result<Option<(ValueId, ValueId)>> {
-        Ok(None)
     }
 }
