@@ -2,7 +2,7 @@
 the median throughput ratio. Needs `cargo build --release` and `benches/peers/setup.sh` first.
 
 usage: compare.py --model tree-lstm|var-lstm --batch B --hidden H --embed E --sentences N
-                  --mode train|infer [--loss root|all] [--pairs 3] [--data DIR]
+                  --mode train|infer [--loss root|all] [--pairs 3] [--data DIR] [--arbor BINARY]
 Prints one JSON line per pair (to stderr) and a final JSON summary (stdout).
 """
 import argparse
@@ -24,12 +24,13 @@ ap.add_argument("--loss", default="root")
 ap.add_argument("--pairs", type=int, default=3)
 ap.add_argument("--threads", type=int, default=0, help="arbor threads (0: all cores)")
 ap.add_argument("--workers", type=int, default=1, help="arbor workers, each on its share of the cores")
+ap.add_argument("--arbor", default=os.path.join(root, "target", "release", "arbor"), help="the arbor binary")
 ap.add_argument("--data", default=os.environ.get("ARBOR_DATA", os.path.join(root, "..", "shared", "data")) + "/sst")
 a = ap.parse_args()
 
 common = ["--model", a.model, "--batch", str(a.batch), "--hidden", str(a.hidden), "--embed", str(a.embed),
           "--sentences", str(a.sentences), "--mode", a.mode, "--loss", a.loss, "--data", a.data]
-arbor_cmd = [os.path.join(root, "target", "release", "arbor"), "bench"] + common
+arbor_cmd = [a.arbor, "bench"] + common
 if a.threads:
     arbor_cmd += ["--threads", str(a.threads)]
 if a.workers > 1:

@@ -5,20 +5,41 @@
 //! a Tree-LSTM (150 × 750) fits in a core's L2 cache, so reading it in place is as fast as reading
 //! a packed copy.
 //!
-//! The AVX-512 kernel walks column blocks of 64 (four vectors) outside and blocks of up to six
-//! rows of op(A) inside, so a block of B is read from memory once and from cache for every further
-//! row block; each block keeps its 6 × 4 accumulators in registers. A element `(i, p)` is read at
-//! `i·rs + p·cs`: row-major A has `(lda, 1)`, a transposed one `(1, lda)`.
+//! The kernel is written once over [`Vector`] and compiled for AVX-512 (column blocks of four
+//! 16-lane vectors), AVX2 + FMA (two 8-lane vectors: 16 registers) and NEON (four 4-lane
+//! vectors). It walks column blocks outside and blocks of up to six rows of op(A) inside, so a
+//! block of B is read from memory once and from cache for every further row block; each block
+//! keeps its accumulators in registers. Every element of C is one chain of fused multiply-adds
+//! over `p = 0..k` from zero (then added to C when accumulating), so its bits do not depend on
+//! the instruction set, on the block it falls in, or on how columns are shared between threads.
+//! A element `(i, p)` is read at `i·rs + p·cs`: row-major A has `(lda, 1)`, a transposed one
+//! `(1, lda)`.
+
+use super::isa::Isa;
+use super::simd::Vector;
 
 /// `C (+)= op(A)·B` over the columns `cols` of B and C, for `m` rows of C and an inner dimension
 /// `k`, with B and C row-major (row strides `ldb`, `ldc`) and A stored row-major with row stride
-/// `lda`, transposed when `ta`; `false` (nothing done) when the [active](super::isa::active) level
-/// lacks AVX-512, so the caller takes the general path.
+/// `lda`, transposed when `ta`; `false` (nothing done) where the [active](super::isa::active) level
+/// has no kernel (x86-64 below AVX2), so the caller takes the general path.
 ///
 /// The slices must span the operands: `a` holds `m` rows of `k` (`k` rows of `m` when `ta`), `b`
 /// holds `k` rows reaching column `cols.end`, `c` holds `m` rows reaching column `cols.end`
 /// (checked).
 pub(crate) fn product(
+    shape: (usize, usize),
+    cols: std::ops::Range<usize>,
+    a: (&[f32], usize, bool),
+    b: (&[f32], usize),
+    c: (&mut [f32], usize),
+    accumulate: bool,
+) -> bool {
+    product_at(super::isa::active(), shape, cols, a, b, c, accumulate)
+}
+
+/// [`product`] at the instruction-set level `level` (at most what the CPU has).
+fn product_at(
+    level: Isa,
     (m, k): (usize, usize),
     cols: std::ops::Range<usize>,
     (a, lda, ta): (&[f32], usize, bool),
@@ -33,30 +54,175 @@ pub(crate) fn product(
     if !spans(a_rows, a_cols, lda, a.len()) || !spans(k, cols.end, ldb, b.len()) || !spans(m, cols.end, ldc, c.len()) {
         return false;
     }
-    #[cfg(target_arch = "x86_64")]
-    if super::isa::active() == super::isa::Isa::Avx512 {
-        if m == 0 || cols.is_empty() {
-            return true;
-        }
-        let ops = avx512::Operands {
-            m,
-            k,
-            a: a.as_ptr(),
-            rs: if ta { 1 } else { lda },
-            cs: if ta { lda } else { 1 },
-            b: b[cols.start..].as_ptr(),
-            ldb,
-            c: c[cols.start..].as_mut_ptr(),
-            ldc,
-            accumulate,
-        };
-        // SAFETY: the CPU has AVX-512F, and every access stays inside the spans checked above
-        // (column tails are masked).
-        unsafe { avx512::product(ops, cols.len()) };
-        return true;
+    if m == 0 || cols.is_empty() {
+        return has_kernel(level);
     }
-    let _ = accumulate;
-    false
+    let ops = Operands {
+        m,
+        k,
+        a: a.as_ptr(),
+        rs: if ta { 1 } else { lda },
+        cs: if ta { lda } else { 1 },
+        b: b.as_ptr().wrapping_add(cols.start),
+        ldb,
+        c: c.as_mut_ptr().wrapping_add(cols.start),
+        ldc,
+        accumulate,
+    };
+    // SAFETY: each kernel runs only at a level the CPU has, and every access stays inside the
+    // spans checked above (column tails are partial vectors).
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::product_avx512(ops, cols.len()) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::product_avx2(ops, cols.len()) },
+        #[cfg(target_arch = "aarch64")]
+        _ => unsafe { columns::<super::simd::neon::V4, 4>(ops, cols.len()) },
+        #[cfg(not(target_arch = "aarch64"))]
+        _ => {
+            let _ = ops;
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether the direct kernel runs at `level` (everywhere but x86-64 without AVX2).
+pub(crate) fn has_kernel(level: Isa) -> bool {
+    cfg!(target_arch = "aarch64") || level >= Isa::Avx2
+}
+
+/// Rows of C up to which the direct kernel beats the `gemm` crate below AVX-512, where packing B
+/// costs more than the product; with more rows the crate's packed kernel is faster.
+const FEW_ROWS: usize = 48;
+
+/// Whether a product of `m` rows runs faster on the direct kernel than on the `gemm` crate at
+/// `level`: always with AVX-512, for few rows below it.
+pub(crate) fn suits(level: Isa, m: usize) -> bool {
+    has_kernel(level) && (level == Isa::Avx512 || m <= FEW_ROWS)
+}
+
+/// A product's operands (A with row and column strides, B and C row-major and at the first
+/// column) and whether C accumulates.
+#[derive(Clone, Copy)]
+struct Operands {
+    m: usize,
+    k: usize,
+    a: *const f32,
+    rs: usize,
+    cs: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+}
+
+/// Rows of A per block.
+const ROWS: usize = 6;
+
+/// Column blocks of up to `V` vectors outside, over `width` columns (the last block's last
+/// vector partial).
+///
+/// # Safety
+/// The CPU runs `W`'s instructions (the caller is compiled for them); the operands span `m` rows
+/// and `width` columns.
+#[inline(always)]
+unsafe fn columns<W: Vector, const V: usize>(ops: Operands, width: usize) {
+    let mut j = 0;
+    while j < width {
+        let cols = (width - j).min(W::LANES * V);
+        let vectors = cols.div_ceil(W::LANES);
+        let tail = cols - W::LANES * (vectors - 1);
+        // SAFETY: column `j` lies inside B and C.
+        let at = unsafe { Operands { b: ops.b.add(j), c: ops.c.add(j), ..ops } };
+        // SAFETY (the calls): as for this function; `vectors ≤ V`.
+        match vectors {
+            4 => unsafe { rows::<W, 4>(at, tail) },
+            3 => unsafe { rows::<W, 3>(at, tail) },
+            2 => unsafe { rows::<W, 2>(at, tail) },
+            _ => unsafe { rows::<W, 1>(at, tail) },
+        }
+        j += cols;
+    }
+}
+
+/// Every row block of one column block of `V` vectors, the last with `tail` lanes.
+///
+/// # Safety
+/// As [`columns`].
+#[inline(always)]
+unsafe fn rows<W: Vector, const V: usize>(ops: Operands, tail: usize) {
+    let mut i = 0;
+    while i < ops.m {
+        // SAFETY: row `i` lies inside A and C.
+        let at = unsafe { Operands { a: ops.a.add(i * ops.rs), c: ops.c.add(i * ops.ldc), ..ops } };
+        // SAFETY (the calls): as for this function.
+        match (ops.m - i).min(ROWS) {
+            6 => unsafe { block::<W, 6, V>(at, tail) },
+            5 => unsafe { block::<W, 5, V>(at, tail) },
+            4 => unsafe { block::<W, 4, V>(at, tail) },
+            3 => unsafe { block::<W, 3, V>(at, tail) },
+            2 => unsafe { block::<W, 2, V>(at, tail) },
+            _ => unsafe { block::<W, 1, V>(at, tail) },
+        }
+        i += ROWS;
+    }
+}
+
+/// Vector `q` of `V` at `p`: whole, or the first `tail` lanes for the last.
+///
+/// # Safety
+/// The lanes read lie inside the operand.
+#[inline(always)]
+unsafe fn load<W: Vector, const V: usize>(p: *const f32, q: usize, tail: usize) -> W {
+    // SAFETY: as for this function.
+    unsafe {
+        if q + 1 < V || tail == W::LANES {
+            W::load(p.add(W::LANES * q))
+        } else {
+            W::load_part(p.add(W::LANES * q), tail)
+        }
+    }
+}
+
+/// `R` rows by `V` vectors of C: each vector of a row of B is loaded once and used for all `R`
+/// rows. (No closures here: a closure would be compiled without the caller's instructions.)
+///
+/// # Safety
+/// As [`columns`].
+#[inline(always)]
+unsafe fn block<W: Vector, const R: usize, const V: usize>(ops: Operands, tail: usize) {
+    let Operands { k, a, rs, cs, b, ldb, c, ldc, accumulate, .. } = ops;
+    let mut acc = [[W::splat(0.0); V]; R];
+    let mut bv = [W::splat(0.0); V];
+    for p in 0..k {
+        // SAFETY (the reads): row `p` of B's block and column `p` of A's rows lie inside them.
+        let row = unsafe { b.add(p * ldb) };
+        for (q, v) in bv.iter_mut().enumerate() {
+            *v = unsafe { load::<W, V>(row, q, tail) };
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let av = W::splat(unsafe { *a.add(r * rs + p * cs) });
+            for q in 0..V {
+                acc[q] = av.mul_add(bv[q], acc[q]);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        // SAFETY (the accesses): row `r` of C's block lies inside C.
+        let dst = unsafe { c.add(r * ldc) };
+        for (q, &sum) in acc.iter().enumerate() {
+            let v = if accumulate { sum.add(unsafe { load::<W, V>(dst, q, tail) }) } else { sum };
+            unsafe {
+                if q + 1 < V || tail == W::LANES {
+                    v.store(dst.add(W::LANES * q));
+                } else {
+                    v.store_part(dst.add(W::LANES * q), tail);
+                }
+            }
+        }
+    }
 }
 
 /// Rows `ps` of the `k × n` transpose of the `n × k` matrix `b` (row stride `ldb`), into `out`
@@ -82,7 +248,7 @@ pub(crate) fn transpose(
                 // and rows `p0..p0 + pw` (relative to `ps`), columns `j0..j0 + jw` of out lie
                 // inside the spans checked above.
                 unsafe {
-                    avx512::transpose_block(
+                    x86::transpose_block(
                         b.as_ptr().add(j0 * ldb + p0),
                         ldb,
                         out.as_mut_ptr().add((p0 - ps.start) * n + j0),
@@ -103,105 +269,30 @@ pub(crate) fn transpose(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+mod x86 {
+    use super::{columns, Operands};
+    use crate::cpu::simd::x86::{V16, V8};
     use std::arch::x86_64::*;
 
-    /// Rows of A per block.
-    const ROWS: usize = 6;
-    /// Vectors of 16 columns per block.
-    const VECTORS: usize = 4;
-
-    /// A product's operands (A with row and column strides, B and C row-major and at the first
-    /// column) and whether C accumulates.
-    #[derive(Clone, Copy)]
-    pub(super) struct Operands {
-        pub(super) m: usize,
-        pub(super) k: usize,
-        pub(super) a: *const f32,
-        pub(super) rs: usize,
-        pub(super) cs: usize,
-        pub(super) b: *const f32,
-        pub(super) ldb: usize,
-        pub(super) c: *mut f32,
-        pub(super) ldc: usize,
-        pub(super) accumulate: bool,
+    /// [`columns`] over four 16-lane vectors.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and FMA; as [`columns`].
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn product_avx512(ops: Operands, width: usize) {
+        unsafe { columns::<V16, 4>(ops, width) }
     }
 
-    /// Column blocks outside, row blocks inside, over `width` columns.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn product(ops: Operands, width: usize) {
-        let mut j = 0;
-        while j < width {
-            let cols = (width - j).min(16 * VECTORS);
-            let vectors = cols.div_ceil(16);
-            let tail = cols - 16 * (vectors - 1);
-            let mask = ((1u32 << tail) - 1) as __mmask16;
-            let at = Operands { b: ops.b.add(j), c: ops.c.add(j), ..ops };
-            match vectors {
-                4 => rows::<4>(at, mask),
-                3 => rows::<3>(at, mask),
-                2 => rows::<2>(at, mask),
-                _ => rows::<1>(at, mask),
-            }
-            j += cols;
-        }
+    /// [`columns`] over two 8-lane vectors (12 accumulators, 2 rows of B and a broadcast in
+    /// AVX2's 16 registers).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; as [`columns`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn product_avx2(ops: Operands, width: usize) {
+        unsafe { columns::<V8, 2>(ops, width) }
     }
 
-    /// Every row block of one column block of `V` vectors (the last one masked).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn rows<const V: usize>(ops: Operands, mask: __mmask16) {
-        let mut i = 0;
-        while i < ops.m {
-            let at = Operands { a: ops.a.add(i * ops.rs), c: ops.c.add(i * ops.ldc), ..ops };
-            match (ops.m - i).min(ROWS) {
-                6 => block::<6, V>(at, mask),
-                5 => block::<5, V>(at, mask),
-                4 => block::<4, V>(at, mask),
-                3 => block::<3, V>(at, mask),
-                2 => block::<2, V>(at, mask),
-                _ => block::<1, V>(at, mask),
-            }
-            i += ROWS;
-        }
-    }
-
-    /// `R` rows by `V` vectors of C: each row of B's block is loaded once and used for all `R`
-    /// rows.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn block<const R: usize, const V: usize>(ops: Operands, mask: __mmask16) {
-        let Operands { k, a, rs, cs, b, ldb, c, ldc, accumulate, .. } = ops;
-        let load = |p: *const f32, q: usize| {
-            if q + 1 < V {
-                _mm512_loadu_ps(p.add(16 * q))
-            } else {
-                _mm512_maskz_loadu_ps(mask, p.add(16 * q))
-            }
-        };
-        let mut acc = [[_mm512_setzero_ps(); V]; R];
-        for p in 0..k {
-            let row = b.add(p * ldb);
-            let bv: [__m512; V] = std::array::from_fn(|q| load(row, q));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*a.add(r * rs + p * cs));
-                for q in 0..V {
-                    acc[q] = _mm512_fmadd_ps(av, bv[q], acc[q]);
-                }
-            }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            let dst = c.add(r * ldc);
-            for (q, &sum) in acc.iter().enumerate() {
-                let v = if accumulate { _mm512_add_ps(sum, load(dst, q)) } else { sum };
-                if q + 1 < V {
-                    _mm512_storeu_ps(dst.add(16 * q), v);
-                } else {
-                    _mm512_mask_storeu_ps(dst.add(16 * q), mask, v);
-                }
-            }
-        }
-    }
     /// Transposes a `rows × cols` block (both at most 16) at `src` (row stride `lds`) into a
     /// `cols × rows` block at `dst` (row stride `ldd`), in registers: four rounds, each swapping
     /// the off-diagonal sub-blocks of size 8, 4, 2 and 1 (together they swap the bits of every
@@ -267,32 +358,47 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    /// `product` for every row count up to 13, A as stored and transposed, and column ranges
-    /// with every tail, with and without accumulation, against the plain sum; every stride padded.
+    /// `product` at every level this CPU has, for every row count up to 13, A as stored and
+    /// transposed, column ranges with every tail, with and without accumulation, every stride
+    /// padded: bit for bit one chain of fused multiply-adds per element, from zero, then added to
+    /// C (so every level, block and thread split gives the same bits).
     #[test]
-    fn direct_products_equal_the_plain_sum() {
+    fn direct_products_are_one_multiply_add_chain_per_element() {
         let (n, k) = (150, 9);
         let value = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 25.0;
-        for (m, ta) in (0..=13).flat_map(|m| [(m, false), (m, true)]) {
-            let (lda, ldb, ldc) = (if ta { m + 2 } else { k + 2 }, n + 3, n + 1);
-            let a_at = |i: usize, p: usize| if ta { p * lda + i } else { i * lda + p };
-            for cols in [0..n, 5..n, 0..17, 16..80, 3..3, 64..150] {
-                for accumulate in [false, true] {
-                    let a: Vec<f32> = (0..if ta { k } else { m } * lda).map(value).collect();
-                    let b: Vec<f32> = (0..k * ldb).map(|i| value(i + 7)).collect();
-                    let mut c: Vec<f32> = (0..m * ldc).map(|i| value(i + 3)).collect();
-                    let mut want = c.clone();
-                    for i in 0..m {
-                        for j in cols.clone() {
-                            let s: f32 = (0..k).map(|p| a[a_at(i, p)] * b[p * ldb + j]).sum();
-                            want[i * ldc + j] = if accumulate { want[i * ldc + j] + s } else { s };
+        for level in Isa::ALL.into_iter().filter(|&l| l <= Isa::detected() && has_kernel(l)) {
+            for (m, ta) in (0..=13).flat_map(|m| [(m, false), (m, true)]) {
+                let (lda, ldb, ldc) = (if ta { m + 2 } else { k + 2 }, n + 3, n + 1);
+                let a_at = |i: usize, p: usize| if ta { p * lda + i } else { i * lda + p };
+                for cols in [0..n, 5..n, 0..17, 16..80, 3..3, 64..150, 7..12] {
+                    for accumulate in [false, true] {
+                        let a: Vec<f32> = (0..if ta { k } else { m } * lda).map(value).collect();
+                        let b: Vec<f32> = (0..k * ldb).map(|i| value(i + 7)).collect();
+                        let mut c: Vec<f32> = (0..m * ldc).map(|i| value(i + 3)).collect();
+                        let mut want = c.clone();
+                        for i in 0..m {
+                            for j in cols.clone() {
+                                let s = (0..k).fold(0.0f32, |s, p| a[a_at(i, p)].mul_add(b[p * ldb + j], s));
+                                want[i * ldc + j] = if accumulate { s + want[i * ldc + j] } else { s };
+                            }
                         }
-                    }
-                    if !product((m, k), cols.clone(), (&a, lda, ta), (&b, ldb), (&mut c, ldc), accumulate) {
-                        return; // no AVX-512 here: the general path covers these products
-                    }
-                    for (x, y) in c.iter().zip(&want) {
-                        assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "m {m}, cols {cols:?}: {x} vs {y}");
+                        let done = product_at(
+                            level,
+                            (m, k),
+                            cols.clone(),
+                            (&a, lda, ta),
+                            (&b, ldb),
+                            (&mut c, ldc),
+                            accumulate,
+                        );
+                        assert!(done, "{level}: no kernel");
+                        for (e, (x, y)) in c.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                x.to_bits(),
+                                y.to_bits(),
+                                "{level}: m {m}, ta {ta}, cols {cols:?}, [{e}]: {x} vs {y}"
+                            );
+                        }
                     }
                 }
             }

@@ -2,9 +2,9 @@
 //! [team](super::team) (or by batch entries, for batched products), so each core reads only its
 //! share of B and keeps it in its own cache from one task to the next. Products run on the
 //! [direct](super::direct) kernel, reading B in place or, when B is a transposed parameter, a
-//! row-major copy of its transpose made once between parameter writes; transposed products of
-//! other values, and every product where the [active](super::isa::active) level lacks AVX-512,
-//! run on the `gemm` crate.
+//! row-major copy of its transpose made once between parameter writes. Transposed products of
+//! other values, products of many rows below AVX-512 ([`direct::suits`]) and every product on an
+//! x86-64 CPU (or [level](super::isa::active)) without AVX2 run on the `gemm` crate.
 
 use super::memory::Raw;
 use super::{bad, direct, team};
@@ -131,18 +131,13 @@ enum Path {
     Crate,
 }
 
-/// Whether the direct kernel runs at the [active](super::isa::active) level.
-fn has_direct() -> bool {
-    super::isa::active() == super::isa::Isa::Avx512
-}
-
 /// Runs independent products (none writes what another reads or writes), each split between
 /// the team's threads.
 pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) -> Result<()> {
     let mut paths = Vec::with_capacity(gs.len());
     for g in gs {
         check(raw, g)?;
-        paths.push(if !has_direct() || (g.tb && !g.b_fixed) {
+        paths.push(if !direct::suits(super::isa::active(), g.m) || (g.tb && !g.b_fixed) {
             Path::Crate
         } else if g.tb {
             // SAFETY: range checked above; parameters are not written by compute calls.
@@ -263,7 +258,7 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Re
 
 #[cfg(test)]
 mod tests {
-    use super::{has_direct, run_part, Path, Raw};
+    use super::{run_part, Path, Raw};
     use crate::cpu::CpuBackend;
     use arbor_core::backend::{Backend, Gemm, Loc, Mem};
 
@@ -275,7 +270,7 @@ mod tests {
     fn products_do_not_depend_on_the_number_of_parts() {
         let value = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 25.0;
         let mut paths = vec![Path::Crate];
-        if has_direct() {
+        if crate::cpu::direct::has_kernel(crate::cpu::isa::active()) {
             paths.push(Path::Direct(None));
         }
         for (m, n, k) in [(1, 17, 150), (3, 33, 9), (12, 40, 150), (7, 130, 5), (40, 750, 150), (2, 65, 300)] {

@@ -8,6 +8,7 @@ pub mod host;
 pub mod isa;
 mod matmul;
 mod memory;
+mod simd;
 mod team;
 
 use arbor_core::backend::{Backend, Gemm, Loc, Mem, Rows};
