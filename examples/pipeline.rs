@@ -4,7 +4,7 @@
 
 use arbor::core::rng::Rng;
 use arbor::data::{synthetic, PAD};
-use arbor::dist::pipeline::{PipePlan, Stack, Stage};
+use arbor::dist::pipeline::{PipeSettings, Stack, Stage};
 use arbor::dist::schedule::Kind;
 use arbor::dist::DEFAULT_TIMEOUT;
 use arbor::layers::LossOn;
@@ -27,7 +27,7 @@ fn main() -> arbor::Result<()> {
         .into_iter()
         .map(|part| Stage::new(part, Optimizer::new(Config::new(Rule::Adam, 0.01)), rng.clone()))
         .collect();
-    let plan = PipePlan {
+    let plan = PipeSettings {
         kind,
         micro_batches: 2,
         epochs: 3,

@@ -85,11 +85,11 @@ fn read_meta(dir: &Path) -> Result<(Value, PathBuf)> {
 impl Checkpoint {
     /// The tensor named `name`.
     pub fn tensor(&self, name: &str) -> Result<&[f32]> {
-        self.tensors.iter().find(|t| t.0 == name).map(|t| t.2.as_slice()).ok_or_else(|| Error::Input {
-            what: "checkpoint".into(),
-            expected: format!("a tensor named `{name}`"),
-            got: "none".into(),
-        })
+        self.tensors
+            .iter()
+            .find(|t| t.0 == name)
+            .map(|t| t.2.as_slice())
+            .ok_or_else(|| Error::input("checkpoint", format!("a tensor named `{name}`"), "none"))
     }
 
     /// Saves to `dir` (created if needed): tensors first, then the metadata that commits them.

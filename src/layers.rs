@@ -83,11 +83,11 @@ impl Embedding {
     /// A table from given rows (e.g. pre-trained vectors); errors if `table` is not whole rows.
     pub fn from_table(table: Vec<f32>, dim: usize) -> Result<Embedding> {
         if dim == 0 || !table.len().is_multiple_of(dim) {
-            return Err(Error::Input {
-                what: "embedding table".into(),
-                expected: format!("a whole number of {dim}-wide rows"),
-                got: format!("{} values", table.len()),
-            });
+            return Err(Error::input(
+                "embedding table",
+                format!("a whole number of {dim}-wide rows"),
+                format!("{} values", table.len()),
+            ));
         }
         Ok(Embedding { dim, table, padding: None })
     }
@@ -120,11 +120,11 @@ impl Embedding {
 
     fn check(&self, ids: &[u32]) -> Result<()> {
         match ids.iter().position(|&i| i as usize >= self.vocab()) {
-            Some(p) => Err(Error::Input {
-                what: format!("embedding lookup, position {p}"),
-                expected: format!("an id below {}", self.vocab()),
-                got: ids[p].to_string(),
-            }),
+            Some(p) => Err(Error::input(
+                format!("embedding lookup, position {p}"),
+                format!("an id below {}", self.vocab()),
+                ids[p].to_string(),
+            )),
             None => Ok(()),
         }
     }
@@ -145,11 +145,11 @@ impl Embedding {
         self.check(ids)?;
         let d = self.dim;
         if grad_rows.len() != ids.len() * d {
-            return Err(Error::Input {
-                what: "embedding gradient".into(),
-                expected: format!("{} values ({} ids × {d})", ids.len() * d, ids.len()),
-                got: grad_rows.len().to_string(),
-            });
+            return Err(Error::input(
+                "embedding gradient",
+                format!("{} values ({} ids × {d})", ids.len() * d, ids.len()),
+                grad_rows.len().to_string(),
+            ));
         }
         let mut order: Vec<usize> = (0..ids.len()).collect();
         order.sort_by_key(|&p| ids[p]);
@@ -196,11 +196,7 @@ impl LossOn {
     pub fn select(self, graphs: &[&InputGraph], labels: &[u32]) -> Result<Vec<Option<u32>>> {
         let total: usize = graphs.iter().map(|g| g.len()).sum();
         if labels.len() != total {
-            return Err(Error::Input {
-                what: "vertex labels".into(),
-                expected: format!("one per vertex ({total})"),
-                got: labels.len().to_string(),
-            });
+            return Err(Error::input("vertex labels", format!("one per vertex ({total})"), labels.len().to_string()));
         }
         Ok(match self {
             LossOn::All => labels.iter().map(|&l| Some(l)).collect(),
@@ -278,11 +274,11 @@ impl SoftmaxClassifier {
 
     fn check_rows(&self, rows: &[f32]) -> Result<usize> {
         if !rows.len().is_multiple_of(self.input.max(1)) {
-            return Err(Error::Input {
-                what: "classifier input".into(),
-                expected: format!("whole {}-wide rows", self.input),
-                got: format!("{} values", rows.len()),
-            });
+            return Err(Error::input(
+                "classifier input",
+                format!("whole {}-wide rows", self.input),
+                format!("{} values", rows.len()),
+            ));
         }
         Ok(rows.len() / self.input.max(1))
     }
@@ -322,10 +318,8 @@ impl SoftmaxClassifier {
 
     /// The most likely class of row `row` only.
     pub fn predict_row(&self, rows: &[f32], row: usize) -> Result<usize> {
-        let x = rows.get(row * self.input..(row + 1) * self.input).ok_or_else(|| Error::Input {
-            what: "classifier row".into(),
-            expected: format!("a row below {}", rows.len() / self.input.max(1)),
-            got: row.to_string(),
+        let x = rows.get(row * self.input..(row + 1) * self.input).ok_or_else(|| {
+            Error::input("classifier row", format!("a row below {}", rows.len() / self.input.max(1)), row.to_string())
         })?;
         let mut p = vec![0.0; self.classes];
         self.row_probabilities(x, &mut p);
@@ -344,20 +338,16 @@ impl SoftmaxClassifier {
         let (c, d) = (self.classes, self.input);
         let mut probs = vec![0.0; c];
         if targets.len() * d != rows.len() {
-            return Err(Error::Input {
-                what: "classifier targets".into(),
-                expected: format!("one per row ({})", rows.len() / d.max(1)),
-                got: targets.len().to_string(),
-            });
+            return Err(Error::input(
+                "classifier targets",
+                format!("one per row ({})", rows.len() / d.max(1)),
+                targets.len().to_string(),
+            ));
         }
         if let Some((i, t)) =
             targets.iter().enumerate().find_map(|(i, t)| t.filter(|&t| t as usize >= c).map(|t| (i, t)))
         {
-            return Err(Error::Input {
-                what: format!("target of row {i}"),
-                expected: format!("a class below {c}"),
-                got: t.to_string(),
-            });
+            return Err(Error::input(format!("target of row {i}"), format!("a class below {c}"), t.to_string()));
         }
         let count = targets.iter().flatten().count();
         let scale = 1.0 / denom.max(1) as f32;

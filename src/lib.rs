@@ -19,7 +19,7 @@ pub use arbor_core as core;
 pub use arbor_core::backend::Backend;
 pub use arbor_core::graph::InputGraph;
 pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
-pub use arbor_core::{DType, Error, Result, Shape, Tensor};
+pub use arbor_core::{Error, Result, Shape};
 pub use arbor_cuda as cuda;
 pub use arbor_ops::cpu::isa;
 pub use arbor_ops::CpuBackend;

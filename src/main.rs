@@ -4,7 +4,7 @@ use arbor::checkpoint::Checkpoint;
 use arbor::core::rng::Rng;
 use arbor::cuda::Precision;
 use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD};
-use arbor::dist::pipeline::{PipePlan, Stack, Stage};
+use arbor::dist::pipeline::{PipeSettings, Stack, Stage};
 use arbor::dist::schedule::Kind;
 use arbor::dist::{Collective, ThreadCollective};
 use arbor::layers::LossOn;
@@ -13,7 +13,7 @@ use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::train::{cross_validate, Classifier, GraphTraining};
-use arbor::trainer::{fit_threads, on_threads, Event, Plan, Run, Splits, Summary};
+use arbor::trainer::{fit_threads, on_threads, Event, Run, Settings, Splits, Summary};
 use arbor::{Backend, Error, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -375,11 +375,10 @@ fn bar(len: usize, msg: String) -> ProgressBar {
 }
 
 fn meta_usize(meta: &Value, key: &str) -> Result<usize> {
-    meta[key].as_u64().map(|v| v as usize).ok_or_else(|| Error::Input {
-        what: "checkpoint metadata".into(),
-        expected: format!("a number `{key}`"),
-        got: meta[key].to_string(),
-    })
+    meta[key]
+        .as_u64()
+        .map(|v| v as usize)
+        .ok_or_else(|| Error::input("checkpoint metadata", format!("a number `{key}`"), meta[key].to_string()))
 }
 
 /// The sizes and rates of a run: the flags, or the model's defaults.
@@ -508,11 +507,11 @@ fn train(args: &TrainArgs) -> Result<()> {
     let sizes = Sizes::of(args);
     let Sizes { epochs, hidden, embed, .. } = sizes;
     if args.batch == 0 || epochs == 0 || hidden == 0 || embed == 0 || args.layers == 0 || args.stages == 0 {
-        return Err(Error::Input {
-            what: "arguments".into(),
-            expected: "--batch, --epochs, --hidden, --embed, --layers and --stages above 0".into(),
-            got: format!("{} {epochs} {hidden} {embed} {} {}", args.batch, args.layers, args.stages),
-        });
+        return Err(Error::input(
+            "arguments",
+            "--batch, --epochs, --hidden, --embed, --layers and --stages above 0",
+            format!("{} {epochs} {hidden} {embed} {} {}", args.batch, args.layers, args.stages),
+        ));
     }
     if matches!(args.model, ModelArg::Ggnn) {
         return train_graphs(args, &sizes);
@@ -524,10 +523,8 @@ fn train(args: &TrainArgs) -> Result<()> {
         (Loss::Root, _) | (_, true) => LossOn::Root,
         (Loss::All, false) => LossOn::All,
     };
-    let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| Error::Input {
-        what: "--timeout".into(),
-        expected: "a number of seconds from 0 to about 1.8e19".into(),
-        got: args.timeout.to_string(),
+    let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| {
+        Error::input("--timeout", "a number of seconds from 0 to about 1.8e19", args.timeout.to_string())
     })?;
     let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
     let mut progress = Progress { epochs, plot: args.plot.as_deref(), bar: None, loss: Vec::new(), dev: Vec::new() };
@@ -582,7 +579,7 @@ fn train_data_parallel(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> R
     setup.pretrained(model.embed.table_mut())?;
     let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &setup.rng);
     let data = &setup.data;
-    let plan = Plan {
+    let plan = Settings {
         epochs,
         batch: args.batch,
         loss_on: setup.loss_on,
@@ -635,11 +632,11 @@ fn train_pipeline(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result
         ("--workers above 1", args.workers > 1),
     ];
     if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
-        return Err(Error::Input {
-            what: "a stacked (--layers above 1) or pipelined (--stages above 1) run".into(),
-            expected: "no checkpoints and no data-parallel workers (not supported with pipelines yet)".into(),
-            got: (*flag).into(),
-        });
+        return Err(Error::input(
+            "a stacked (--layers above 1) or pipelined (--stages above 1) run",
+            "no checkpoints and no data-parallel workers (not supported with pipelines yet)",
+            *flag,
+        ));
     }
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
@@ -647,7 +644,7 @@ fn train_pipeline(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result
     if let Some(e) = &mut stack.embed {
         setup.pretrained(e.table_mut())?;
     }
-    let plan = PipePlan {
+    let plan = PipeSettings {
         kind: args.schedule.kind(),
         micro_batches: args.micro_batches,
         epochs,
@@ -692,11 +689,11 @@ fn train_pipeline(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result
         Some(Distributed::Mpi) => on_mpi(setup.timeout, |coll| {
             let (rank, size) = (coll.rank(), coll.size());
             if size != args.stages {
-                return Err(Error::Input {
-                    what: "--distributed mpi with --stages".into(),
-                    expected: format!("one MPI rank per stage ({})", args.stages),
-                    got: plural(size, "rank"),
-                });
+                return Err(Error::input(
+                    "--distributed mpi with --stages",
+                    format!("one MPI rank per stage ({})", args.stages),
+                    plural(size, "rank"),
+                ));
             }
             let last = rank + 1 == size;
             if last {
@@ -734,11 +731,11 @@ fn on_mpi<T>(timeout: Duration, work: impl FnOnce(&mut dyn Collective) -> Result
 /// Without MPI support compiled in, `--distributed mpi` is refused.
 #[cfg(not(feature = "mpi"))]
 fn on_mpi<T>(_: Duration, _: impl FnOnce(&mut dyn Collective) -> Result<T>) -> Result<T> {
-    Err(Error::Input {
-        what: "--distributed mpi".into(),
-        expected: "an arbor built with MPI support (cargo build --release --features mpi)".into(),
-        got: "a build without it".into(),
-    })
+    Err(Error::input(
+        "--distributed mpi",
+        "an arbor built with MPI support (cargo build --release --features mpi)",
+        "a build without it",
+    ))
 }
 
 /// The name of the TU data set in `dir` (the prefix of its `NAME_A.txt`).
@@ -759,16 +756,14 @@ fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         ("--embeddings", args.embeddings.is_some()),
     ];
     if let Some((flag, _)) = tree_only.iter().find(|(_, set)| *set) {
-        return Err(Error::Input {
-            what: "--model ggnn".into(),
-            expected: "the cross-validation flags (--folds, --steps, sizes, optimizer)".into(),
-            got: format!("{flag}, which applies to tree and sequence models only"),
-        });
+        return Err(Error::input(
+            "--model ggnn",
+            "the cross-validation flags (--folds, --steps, sizes, optimizer)",
+            format!("{flag}, which applies to tree and sequence models only"),
+        ));
     }
-    let dir = args.data.as_deref().ok_or_else(|| Error::Input {
-        what: "--model ggnn".into(),
-        expected: "--data DIR with a TU data set (e.g. ../shared/data/mutag)".into(),
-        got: "no --data".into(),
+    let dir = args.data.as_deref().ok_or_else(|| {
+        Error::input("--model ggnn", "--data DIR with a TU data set (e.g. ../shared/data/mutag)", "no --data")
     })?;
     let name = tu_name(dir)?;
     let data = tu::read(dir, &name)?;
@@ -984,33 +979,28 @@ fn measure_workers(
 
 fn bench(args: &BenchArgs) -> Result<()> {
     if let Some(t) = args.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(t.max(1)).build_global().map_err(|e| Error::Input {
-            what: "--threads".into(),
-            expected: "a thread pool".into(),
-            got: e.to_string(),
-        })?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t.max(1))
+            .build_global()
+            .map_err(|e| Error::input("--threads", "a thread pool", e.to_string()))?;
     }
     if args.workers == 0 || args.workers > 1 && args.device == Device::Cuda {
-        return Err(Error::Input {
-            what: "--workers".into(),
-            expected: "at least 1, and 1 with --device cuda".into(),
-            got: args.workers.to_string(),
-        });
+        return Err(Error::input("--workers", "at least 1, and 1 with --device cuda", args.workers.to_string()));
     }
     if args.device == Device::Cpu && args.precision != PrecisionArg::F32 {
-        return Err(Error::Input {
-            what: "--precision".into(),
-            expected: "f32 on the CPU (reduced precision is for --device cuda)".into(),
-            got: format!("{:?}", args.precision).to_lowercase(),
-        });
+        return Err(Error::input(
+            "--precision",
+            "f32 on the CPU (reduced precision is for --device cuda)",
+            format!("{:?}", args.precision).to_lowercase(),
+        ));
     }
     let model_kind = args.model.model();
     if matches!(args.model, ModelArg::Ggnn) || args.batch == 0 || args.sentences == 0 {
-        return Err(Error::Input {
-            what: "arguments".into(),
-            expected: "a tree or sequence model, --batch and --sentences above 0".into(),
-            got: format!("{} {} {}", model_kind.name(), args.batch, args.sentences),
-        });
+        return Err(Error::input(
+            "arguments",
+            "a tree or sequence model, --batch and --sentences above 0",
+            format!("{} {} {}", model_kind.name(), args.batch, args.sentences),
+        ));
     }
     let (pool, vocab, classes) = match (&args.data, model_kind) {
         (None, Model::TreeFc) => {
@@ -1044,11 +1034,8 @@ fn bench(args: &BenchArgs) -> Result<()> {
             (seconds, flops, None)
         }
         Device::Cuda => {
-            let gpu = arbor::cuda::CudaBackend::new(0).map_err(|e| Error::Input {
-                what: "--device cuda".into(),
-                expected: "a usable CUDA device".into(),
-                got: e.to_string(),
-            })?;
+            let gpu = arbor::cuda::CudaBackend::new(0)
+                .map_err(|e| Error::input("--device cuda", "a usable CUDA device", e.to_string()))?;
             let name = gpu.description().to_string();
             gpu.set_precision(match args.precision {
                 PrecisionArg::F32 => Precision::F32,

@@ -34,11 +34,7 @@ pub fn tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
 /// reads zeros, so it adds nothing to the memory; a vertex with more children is refused.
 pub fn child_sum_tree_lstm(embed: usize, hidden: usize, max_children: usize) -> Result<VertexFn> {
     if max_children == 0 {
-        return Err(arbor_core::Error::Input {
-            what: "child-sum Tree-LSTM".into(),
-            expected: "max_children of at least 1".into(),
-            got: "0".into(),
-        });
+        return Err(arbor_core::Error::input("child-sum Tree-LSTM", "max_children of at least 1", "0"));
     }
     let f = Builder::new("child-sum-tree-lstm", max_children);
     let x = f.pull("x", embed);
@@ -127,11 +123,10 @@ impl Model {
 
     /// The model called `name`.
     pub fn from_name(name: &str) -> Result<Model> {
-        Model::ALL.into_iter().find(|m| m.name() == name).ok_or_else(|| arbor_core::Error::Input {
-            what: "model".into(),
-            expected: Model::ALL.map(Model::name).join(", "),
-            got: name.into(),
-        })
+        Model::ALL
+            .into_iter()
+            .find(|m| m.name() == name)
+            .ok_or_else(|| arbor_core::Error::input("model", Model::ALL.map(Model::name).join(", "), name))
     }
 
     /// The model's vertex function.

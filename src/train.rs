@@ -140,11 +140,11 @@ impl<B: Backend> Classifier<B> {
         let (embed_dim, hidden) = match (cell.inputs(), cell.outputs()) {
             ([x], [h]) => (x.shape.numel(), h.shape.numel()),
             (inputs, outputs) => {
-                return Err(Error::Input {
-                    what: format!("classifier around `{}`", cell.name()),
-                    expected: "a vertex function with one pulled input and one pushed output".into(),
-                    got: format!("{} inputs and {} outputs", inputs.len(), outputs.len()),
-                })
+                return Err(Error::input(
+                    format!("classifier around `{}`", cell.name()),
+                    "a vertex function with one pulled input and one pushed output",
+                    format!("{} inputs and {} outputs", inputs.len(), outputs.len()),
+                ))
             }
         };
         let mut embed = Embedding::new(vocab, embed_dim, 0.1, rng);
@@ -217,11 +217,7 @@ impl<B: Backend> Classifier<B> {
         let plan = &plan;
         std::thread::scope(|scope| {
             for (k, examples) in batches.iter().enumerate() {
-                let planner_error = |got: String| Error::Input {
-                    what: "the minibatch planner thread".into(),
-                    expected: "a finished plan".into(),
-                    got,
-                };
+                let planner_error = |got: String| Error::input("the minibatch planner thread", "a finished plan", got);
                 let ahead = std::thread::Builder::new()
                     .name("arbor-planner".into())
                     .spawn_scoped(scope, move || plan(k + 1))
@@ -444,11 +440,11 @@ impl<B: Backend> Classifier<B> {
         let copy = |dst: &mut [f32], name: &str| -> Result<()> {
             let src = ck.tensor(name)?;
             if src.len() != dst.len() {
-                return Err(Error::Input {
-                    what: format!("checkpoint tensor `{name}`"),
-                    expected: format!("{} values", dst.len()),
-                    got: src.len().to_string(),
-                });
+                return Err(Error::input(
+                    format!("checkpoint tensor `{name}`"),
+                    format!("{} values", dst.len()),
+                    src.len().to_string(),
+                ));
             }
             dst.copy_from_slice(src);
             Ok(())

@@ -33,7 +33,7 @@ pub struct Position {
 
 /// Settings of a run.
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub struct Settings {
     /// Passes over the training set.
     pub epochs: usize,
     /// Trees per minibatch (the whole minibatch, over all workers).
@@ -119,7 +119,7 @@ pub struct Run {
 }
 
 fn meta_error(key: &str, got: &Value) -> Error {
-    Error::Input { what: "checkpoint metadata".into(), expected: format!("`{key}`"), got: got.to_string() }
+    Error::input("checkpoint metadata", format!("`{key}`"), got.to_string())
 }
 
 impl Run {
@@ -157,7 +157,7 @@ impl Run {
     }
 
     /// Restores parameters, optimizer state, position and accuracies from a checkpoint written
-    /// by a run (its `last/` folder). Every setting in `settings` (what [`Plan::meta`] records:
+    /// by a run (its `last/` folder). Every setting in `settings` (what [`Settings::meta`] records:
     /// model, sizes, data, seed, batch, …) must be what the checkpoint recorded, or the position
     /// would mean another place in another order.
     pub fn resume(&mut self, ck: &Checkpoint, settings: &Value) -> Result<()> {
@@ -172,19 +172,19 @@ impl Run {
                         s
                     }
                 };
-                return Err(Error::Input {
-                    what: format!("resuming from a checkpoint with `{key}` = {}", show(&m[key])),
-                    expected: "the same setting in this run".into(),
-                    got: show(want),
-                });
+                return Err(Error::input(
+                    format!("resuming from a checkpoint with `{key}` = {}", show(&m[key])),
+                    "the same setting in this run",
+                    show(want),
+                ));
             }
         }
         if !ck.tensors.iter().any(|(name, _, _)| name.starts_with("opt.")) && m["steps"].as_u64() != Some(0) {
-            return Err(Error::Input {
-                what: "resuming from a checkpoint".into(),
-                expected: "one with optimizer state (a `last/` folder)".into(),
-                got: "parameters only (a `best/` folder is for `arbor eval`)".into(),
-            });
+            return Err(Error::input(
+                "resuming from a checkpoint",
+                "one with optimizer state (a `last/` folder)",
+                "parameters only (a `best/` folder is for `arbor eval`)",
+            ));
         }
         let p = &m["position"];
         let num = |v: &Value, key: &str| v[key].as_u64().ok_or_else(|| meta_error(key, &v[key]));
@@ -214,7 +214,7 @@ impl Run {
     pub fn fit(
         &mut self,
         data: Splits<'_>,
-        plan: &Plan,
+        plan: &Settings,
         coll: &mut dyn Collective,
         events: &mut dyn FnMut(Event),
     ) -> Result<Summary> {
@@ -368,7 +368,7 @@ pub fn fit_threads(
     workers: usize,
     timeout: Duration,
     data: Splits<'_>,
-    plan: &Plan,
+    plan: &Settings,
     events: &mut dyn FnMut(Event),
 ) -> Result<Summary> {
     let mut replicas: Vec<Run> = (1..workers.max(1)).map(|_| run.replica()).collect::<Result<_>>()?;

@@ -10,7 +10,7 @@ use arbor::layers::LossOn;
 use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::train::Classifier;
-use arbor::trainer::{on_threads, Event, Plan, Run, Splits};
+use arbor::trainer::{on_threads, Event, Run, Settings, Splits};
 use arbor::{Error, SparseGrad};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
@@ -177,8 +177,8 @@ fn sparse_gradients_merge_by_row() {
     assert_eq!(m.values, [3.0 + 10.0 + 50.0, 4.0 + 20.0 + 60.0, 30.0, 40.0, 1.0, 2.0]);
 }
 
-fn plan() -> Plan {
-    Plan {
+fn plan() -> Settings {
+    Settings {
         epochs: 1,
         batch: 20,
         loss_on: LossOn::All,

@@ -4,7 +4,7 @@
 
 use arbor::core::rng::Rng;
 use arbor::data::{synthetic, TreeExample, PAD};
-use arbor::dist::pipeline::{PipePlan, Stack, Stage};
+use arbor::dist::pipeline::{PipeSettings, Stack, Stage};
 use arbor::dist::schedule::{ops, simulate, Kind, Op};
 use arbor::dist::{Collective, ThreadCollective};
 use arbor::layers::LossOn;
@@ -84,8 +84,8 @@ fn values(stages: &[Stack]) -> Vec<f32> {
     out
 }
 
-fn plan(kind: Kind, micro_batches: usize, clip: Option<f32>) -> PipePlan {
-    PipePlan { kind, micro_batches, epochs: 1, batch: 30, loss_on: LossOn::All, clip, max_steps: None }
+fn plan(kind: Kind, micro_batches: usize, clip: Option<f32>) -> PipeSettings {
+    PipeSettings { kind, micro_batches, epochs: 1, batch: 30, loss_on: LossOn::All, clip, max_steps: None }
 }
 
 fn optimizer() -> Config {
@@ -93,7 +93,7 @@ fn optimizer() -> Config {
 }
 
 /// Trains `stack` cut into `stages` stages (one thread each) on `minibatches`; returns the parts.
-fn pipelined(stages: usize, minibatches: &[Vec<&TreeExample>], plan: &PipePlan) -> Vec<Stack> {
+fn pipelined(stages: usize, minibatches: &[Vec<&TreeExample>], plan: &PipeSettings) -> Vec<Stack> {
     let parts: Vec<Stage> = stack()
         .split(stages)
         .expect("split")

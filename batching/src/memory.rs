@@ -2,7 +2,7 @@
 //!
 //! Every buffer (a pulled input, a stored value of F or F', an output or state gradient) gets a
 //! lifetime on the timeline of one step: the forward pass, then (when training) the backward
-//! pass, then the parameter gradients. Buffers whose lifetimes overlap never share bytes; the
+//! pass, then the parameter gradients. Buffers whose lifetimes overlap never share elements; the
 //! others may. A value whose whole life lies inside one task of the recurrent phase (a task's
 //! temporaries, a task's gradients for its children before they are scatter-added) needs rows
 //! for one task only, not for the whole minibatch.
@@ -37,8 +37,8 @@ impl Region {
 pub struct Lifetime {
     /// What the buffer holds, e.g. `forward %9` or `state_grad 0`.
     pub what: String,
-    /// Its element range in the arena.
-    pub bytes: Range<usize>,
+    /// Its range of f32 elements in the arena.
+    pub elems: Range<usize>,
     /// First and last step (inclusive) of the timeline that touch it.
     pub steps: Range<usize>,
 }
@@ -147,7 +147,7 @@ impl Timeline<'_> {
             self.time += 1;
             match step {
                 // Products of one step may run at the same time: they share one time step, so no
-                // output reuses the bytes of any input of the step.
+                // output reuses the elements of any input of the step.
                 Step::Gemms(vs) => {
                     for &v in vs {
                         if let Op::MatMul { a, b, .. } = self.func(pass).node(v).op {
@@ -298,7 +298,7 @@ impl MemoryPlan {
             let mut busy: Vec<Range<usize>> = placed
                 .iter()
                 .filter(|(steps, _)| steps.start < live.end && live.start < steps.end)
-                .map(|(_, bytes)| bytes.clone())
+                .map(|(_, elems)| elems.clone())
                 .collect();
             busy.sort_by_key(|r| r.start);
             let mut offset = 0;
@@ -308,10 +308,10 @@ impl MemoryPlan {
                 }
                 offset = offset.max(r.end);
             }
-            let bytes = offset..offset + size;
-            plan.len = plan.len.max(bytes.end);
-            placed.push((live.clone(), bytes.clone()));
-            plan.lifetimes.push(Lifetime { what: format!("{b:?}"), bytes, steps: live });
+            let elems = offset..offset + size;
+            plan.len = plan.len.max(elems.end);
+            placed.push((live.clone(), elems.clone()));
+            plan.lifetimes.push(Lifetime { what: format!("{b:?}"), elems, steps: live });
             let region = Region { offset, block: block(b), per_task };
             match b {
                 Buf::Pull(i) => pulls[i] = Some(region),
@@ -333,13 +333,13 @@ impl MemoryPlan {
         self.len * 4
     }
 
-    /// The first pair of buffers that are live at the same time and share bytes, if any.
+    /// The first pair of buffers that are live at the same time and share elements, if any.
     pub fn overlap(&self) -> Option<(&Lifetime, &Lifetime)> {
         for (i, a) in self.lifetimes.iter().enumerate() {
             for b in &self.lifetimes[i + 1..] {
                 let live = a.steps.start < b.steps.end && b.steps.start < a.steps.end;
-                let shared = a.bytes.start < b.bytes.end && b.bytes.start < a.bytes.end;
-                if live && shared && !a.bytes.is_empty() && !b.bytes.is_empty() {
+                let shared = a.elems.start < b.elems.end && b.elems.start < a.elems.end;
+                if live && shared && !a.elems.is_empty() && !b.elems.is_empty() {
                     return Some((a, b));
                 }
             }

@@ -94,7 +94,7 @@ proptest! {
         let f = f.build().unwrap();
         let plan = MemoryPlan::new(&f, vertices, max_task.min(vertices), train);
         prop_assert!(plan.overlap().is_none(), "{:?}", plan.overlap());
-        prop_assert!(plan.lifetimes.iter().all(|l| l.bytes.end <= plan.len));
+        prop_assert!(plan.lifetimes.iter().all(|l| l.elems.end <= plan.len));
         prop_assert_eq!(plan.bytes(), plan.len * 4);
     }
 }

@@ -164,5 +164,12 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// [`Error::Input`]: `what` was handed in, `expected` was expected, `got` came.
+    pub fn input(what: impl Into<String>, expected: impl Into<String>, got: impl Into<String>) -> Error {
+        Error::Input { what: what.into(), expected: expected.into(), got: got.into() }
+    }
+}
+
 /// arbor's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,4 +1,4 @@
-//! arbor-core: tensors, the vertex-function IR and its builder, symbolic autodiff, fusion
+//! arbor-core: shapes, the vertex-function IR and its builder, symbolic autodiff, fusion
 //! planning, input graphs, the [`Backend`](backend::Backend) trait and the error type.
 
 pub mod backend;
@@ -11,4 +11,4 @@ pub mod rng;
 pub mod tensor;
 
 pub use error::{Error, Result};
-pub use tensor::{DType, Shape, Tensor};
+pub use tensor::Shape;

@@ -74,11 +74,7 @@ impl Stack {
         rng: &mut Rng,
     ) -> Result<Stack> {
         if depth == 0 {
-            return Err(Error::Input {
-                what: "stacked model".into(),
-                expected: "at least 1 layer".into(),
-                got: "0".into(),
-            });
+            return Err(Error::input("stacked model", "at least 1 layer", "0"));
         }
         let mut table = Embedding::new(vocab, embed, 0.1, rng);
         if let Some(id) = padding {
@@ -98,11 +94,11 @@ impl Stack {
     pub fn split(self, stages: usize) -> Result<Vec<Stack>> {
         let n = self.layers.len();
         if stages == 0 || stages > n {
-            return Err(Error::Input {
-                what: "pipeline stages".into(),
-                expected: format!("between 1 and the number of layers ({n})"),
-                got: stages.to_string(),
-            });
+            return Err(Error::input(
+                "pipeline stages",
+                format!("between 1 and the number of layers ({n})"),
+                stages.to_string(),
+            ));
         }
         let (mut embed, mut out) = (self.embed, self.out);
         let mut layers = self.layers.into_iter();
@@ -118,7 +114,7 @@ impl Stack {
 
 /// Settings of a pipeline-parallel run.
 #[derive(Clone, Debug)]
-pub struct PipePlan {
+pub struct PipeSettings {
     /// The schedule.
     pub kind: Kind,
     /// Micro-batches per minibatch (at least the number of stages for 2BW).
@@ -135,17 +131,17 @@ pub struct PipePlan {
     pub max_steps: Option<u64>,
 }
 
-impl PipePlan {
+impl PipeSettings {
     /// Checks the plan against the number of stages: at least one micro-batch, and for 2BW at
     /// least one per stage.
     pub fn check(&self, stages: usize) -> Result<()> {
         let m = self.micro_batches;
         if m == 0 || (self.kind == Kind::TwoBw && m < stages) {
-            return Err(Error::Input {
-                what: "--micro-batches".into(),
-                expected: format!("at least 1, and at least the number of stages ({stages}) for 2BW"),
-                got: m.to_string(),
-            });
+            return Err(Error::input(
+                "--micro-batches",
+                format!("at least 1, and at least the number of stages ({stages}) for 2BW"),
+                m.to_string(),
+            ));
         }
         Ok(())
     }
@@ -292,11 +288,11 @@ impl Stage {
     fn check_place(&self, mail: &Mailbox<'_>) -> Result<()> {
         let (rank, stages) = (mail.rank(), mail.size());
         if self.part.embed.is_some() != (rank == 0) || self.part.out.is_some() != (rank + 1 == stages) {
-            return Err(Error::Input {
-                what: format!("pipeline stage {rank} of {stages}"),
-                expected: "the parts of Stack::split in order (embedding first, classifier last)".into(),
-                got: "a part that belongs elsewhere".into(),
-            });
+            return Err(Error::input(
+                format!("pipeline stage {rank} of {stages}"),
+                "the parts of Stack::split in order (embedding first, classifier last)",
+                "a part that belongs elsewhere",
+            ));
         }
         Ok(())
     }
@@ -430,7 +426,7 @@ impl Stage {
     pub fn train(
         &mut self,
         minibatches: &[Vec<&TreeExample>],
-        plan: &PipePlan,
+        plan: &PipeSettings,
         coll: &mut dyn Collective,
         done: &mut dyn FnMut(usize, StepStats),
     ) -> Result<()> {
@@ -443,11 +439,11 @@ impl Stage {
     pub fn gradients(
         &mut self,
         minibatch: &[&TreeExample],
-        plan: &PipePlan,
+        plan: &PipeSettings,
         coll: &mut dyn Collective,
     ) -> Result<MinibatchGrads> {
         let mut mail = Mailbox::new(coll);
-        let plan = PipePlan { kind: Kind::OneFOneBFlush, clip: None, ..plan.clone() };
+        let plan = PipeSettings { kind: Kind::OneFOneBFlush, clip: None, ..plan.clone() };
         self.run_ops(&mut mail, &[minibatch.to_vec()], &plan, &mut |_, _| {})?;
         let acc = self
             .pending
@@ -472,7 +468,7 @@ impl Stage {
         &mut self,
         mail: &mut Mailbox<'_>,
         minibatches: &[Vec<&TreeExample>],
-        plan: &PipePlan,
+        plan: &PipeSettings,
         done: &mut dyn FnMut(usize, StepStats),
     ) -> Result<()> {
         let base = self.version;
@@ -487,7 +483,7 @@ impl Stage {
         &mut self,
         mail: &mut Mailbox<'_>,
         minibatches: &[Vec<&TreeExample>],
-        plan: &PipePlan,
+        plan: &PipeSettings,
         done: &mut dyn FnMut(usize, StepStats),
     ) -> Result<()> {
         let (rank, stages, m) = (mail.rank(), mail.size(), plan.micro_batches);
@@ -554,7 +550,7 @@ impl Stage {
     pub fn fit(
         &mut self,
         data: Splits<'_>,
-        plan: &PipePlan,
+        plan: &PipeSettings,
         coll: &mut dyn Collective,
         events: &mut dyn FnMut(Event),
     ) -> Result<Summary> {

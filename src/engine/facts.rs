@@ -153,14 +153,28 @@ pub(crate) type Loads = Vec<bool>;
 /// Facts by load pattern, kept across minibatches.
 #[derive(Default)]
 pub(crate) struct FactCache {
-    forward: HashMap<(bool, Loads), Arc<Facts>>,
-    backward: HashMap<(Loads, Loads), Arc<Facts>>,
+    forward: HashMap<ForwardTask, Arc<Facts>>,
+    backward: HashMap<BackwardTask, Arc<Facts>>,
+}
+
+/// What F's facts on a task depend on: whether it trains, and which of F's loads are zero.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct ForwardTask {
+    train: bool,
+    zero_loads: Loads,
+}
+
+/// What F′'s facts on a task depend on: which loads of F and of F′ are zero.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct BackwardTask {
+    forward_zero_loads: Loads,
+    zero_loads: Loads,
 }
 
 impl FactCache {
     /// F's facts on a task whose F loads `loads` are zero; `train` adds what F' will need of it.
     pub(crate) fn forward(&mut self, f: &VertexFn, loads: &Loads, train: bool, skip_padding: bool) -> Arc<Facts> {
-        let key = (train, loads.clone());
+        let key = ForwardTask { train, zero_loads: loads.clone() };
         Arc::clone(self.forward.entry(key).or_insert_with(|| {
             let zero = forward_zeros(f, loads);
             let mut need: Vec<Cols> = f.forward().nodes.iter().map(|n| Cols::none(n.shape.cols())).collect();
@@ -191,7 +205,7 @@ impl FactCache {
         grad_loads: &Loads,
         skip_padding: bool,
     ) -> Arc<Facts> {
-        let key = (loads.clone(), grad_loads.clone());
+        let key = BackwardTask { forward_zero_loads: loads.clone(), zero_loads: grad_loads.clone() };
         Arc::clone(
             self.backward.entry(key).or_insert_with(|| {
                 Arc::new(backward_facts(f, &forward_zeros(f, loads), loads, grad_loads, skip_padding))

@@ -29,10 +29,20 @@ const GRADS: usize = 2;
 const SHARED: usize = 3;
 
 /// Which function a value belongs to.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Pass {
     Forward,
     Backward,
+}
+
+/// A fused kernel with the stores a task leaves unread taken out: its plan (the pass, and
+/// whether it trains: forward, inference or backward), its step, and the stores left out (bits).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct PrunedKernel {
+    pass: Pass,
+    trains: bool,
+    step: (Phase, usize),
+    unread: u64,
 }
 
 /// Where the gather index plan of one minibatch lives in the index buffer.
@@ -126,11 +136,11 @@ pub struct Gradients {
 fn check_vertices(what: &str, n: usize, rows: &[usize]) -> Result<()> {
     match rows.iter().find(|&&r| r >= n) {
         None => Ok(()),
-        Some(&bad) => Err(Error::Input {
-            what: what.into(),
-            expected: format!("vertex indices below {n} (the minibatch's vertices)"),
-            got: format!("vertex {bad}"),
-        }),
+        Some(&bad) => Err(Error::input(
+            what,
+            format!("vertex indices below {n} (the minibatch's vertices)"),
+            format!("vertex {bad}"),
+        )),
     }
 }
 
@@ -155,9 +165,8 @@ pub struct Engine<B: Backend> {
     facts: FactCache,
     /// Per value of F and of F′: written as zeros where known to be zero (see [`facts::must_fill`]).
     must_fill: (Vec<bool>, Vec<bool>),
-    /// Fused kernels without the stores a task leaves unread, by plan (forward pass or not,
-    /// training or not), step and those stores (see [`facts::unread_stores`]).
-    pruned: HashMap<(bool, bool, Phase, usize, u64), Arc<Kernel>>,
+    /// Fused kernels without the stores a task leaves unread (see [`facts::unread_stores`]).
+    pruned: HashMap<PrunedKernel, Arc<Kernel>>,
     /// Per input, which rows (in row order) are all zeros.
     pull_zero_rows: Vec<Vec<bool>>,
     skip_padding_grads: bool,
@@ -247,26 +256,26 @@ fn table_grad_via(f: &VertexFn, input: usize) -> Option<usize> {
 fn check_lookup(port: &Port, table: &[f32], ids: &[u32], padding: Option<u32>, n: usize) -> Result<()> {
     let block = port.shape.numel();
     if ids.len() != n {
-        return Err(Error::Input {
-            what: format!("ids of input `{}`", port.name),
-            expected: format!("{n} (one per vertex)"),
-            got: format!("{}", ids.len()),
-        });
+        return Err(Error::input(
+            format!("ids of input `{}`", port.name),
+            format!("{n} (one per vertex)"),
+            format!("{}", ids.len()),
+        ));
     }
     if block > 0 && !table.len().is_multiple_of(block) {
-        return Err(Error::Input {
-            what: format!("table of input `{}`", port.name),
-            expected: format!("rows of {block} values"),
-            got: format!("{} values", table.len()),
-        });
+        return Err(Error::input(
+            format!("table of input `{}`", port.name),
+            format!("rows of {block} values"),
+            format!("{} values", table.len()),
+        ));
     }
     let rows = table.len().checked_div(block).unwrap_or(usize::MAX);
     match ids.iter().enumerate().find(|&(_, &id)| Some(id) != padding && id as usize >= rows) {
-        Some((v, id)) => Err(Error::Input {
-            what: format!("id of vertex {v} (merged-vertex order) for input `{}`", port.name),
-            expected: format!("a row of the table (below {rows}) or the padding id"),
-            got: format!("{id}"),
-        }),
+        Some((v, id)) => Err(Error::input(
+            format!("id of vertex {v} (merged-vertex order) for input `{}`", port.name),
+            format!("a row of the table (below {rows}) or the padding id"),
+            format!("{id}"),
+        )),
         None => Ok(()),
     }
 }
@@ -446,19 +455,19 @@ impl<B: Backend> Engine<B> {
     /// Replaces every parameter's values.
     pub fn set_params(&mut self, params: &[Vec<f32>]) -> Result<()> {
         if params.len() != self.f.params().len() {
-            return Err(Error::Input {
-                what: format!("parameters of `{}`", self.f.name()),
-                expected: format!("{} tensors", self.f.params().len()),
-                got: format!("{}", params.len()),
-            });
+            return Err(Error::input(
+                format!("parameters of `{}`", self.f.name()),
+                format!("{} tensors", self.f.params().len()),
+                format!("{}", params.len()),
+            ));
         }
         for ((p, decl), &at) in params.iter().zip(self.f.params()).zip(&self.param_at) {
             if p.len() != decl.shape.numel() {
-                return Err(Error::Input {
-                    what: format!("parameter `{}`", decl.name),
-                    expected: format!("{} values for {}", decl.shape.numel(), decl.shape),
-                    got: format!("{}", p.len()),
-                });
+                return Err(Error::input(
+                    format!("parameter `{}`", decl.name),
+                    format!("{} values for {}", decl.shape.numel(), decl.shape),
+                    format!("{}", p.len()),
+                ));
             }
             self.backend.write(&mut self.bufs[PARAMS], at, p)?;
         }
@@ -613,11 +622,11 @@ impl<B: Backend> Engine<B> {
     fn run_backward(&mut self, rows: Option<&[usize]>, push_grads: &[&[f32]]) -> Result<Gradients> {
         let f = self.f.clone();
         if !self.trained {
-            return Err(Error::Input {
-                what: "Engine::backward".into(),
-                expected: "a preceding Engine::forward".into(),
-                got: "no forward pass, or an inference pass (Engine::infer keeps nothing for backward)".into(),
-            });
+            return Err(Error::input(
+                "Engine::backward",
+                "a preceding Engine::forward",
+                "no forward pass, or an inference pass (Engine::infer keeps nothing for backward)",
+            ));
         }
         let n = self.schedule.len();
         let regions: Vec<usize> = self.memory.push_grads.iter().map(|r| r.offset).collect();
@@ -766,21 +775,21 @@ impl<B: Backend> Engine<B> {
         check_vertices(what, n, rows)?;
         let mut seen = vec![false; n];
         if let Some(&twice) = rows.iter().find(|&&v| std::mem::replace(&mut seen[v], true)) {
-            return Err(Error::Input {
-                what: format!("{what} rows"),
-                expected: "each vertex at most once".into(),
-                got: format!("vertex {twice} twice"),
-            });
+            return Err(Error::input(
+                format!("{what} rows"),
+                "each vertex at most once",
+                format!("vertex {twice} twice"),
+            ));
         }
         let mut zero = Vec::with_capacity(ports.len());
         for ((values, port), &at) in data.iter().zip(ports).zip(regions) {
             let block = port.shape.numel();
             if values.len() != rows.len() * block {
-                return Err(Error::Input {
-                    what: format!("{what} `{}`", port.name),
-                    expected: format!("{} values ({} rows × {block})", rows.len() * block, rows.len()),
-                    got: format!("{}", values.len()),
-                });
+                return Err(Error::input(
+                    format!("{what} `{}`", port.name),
+                    format!("{} values ({} rows × {block})", rows.len() * block, rows.len()),
+                    format!("{}", values.len()),
+                ));
             }
             let mem = &mut Mem { data: &mut self.bufs, index: &self.index };
             self.backend.fill(mem, Loc { buf: ARENA, offset: at }, n * block, 0.0)?;
@@ -821,11 +830,7 @@ impl<B: Backend> Engine<B> {
         if want == got {
             return Ok(());
         }
-        Err(Error::Input {
-            what: format!("{what}s of `{}`", self.f.name()),
-            expected: format!("{want}"),
-            got: format!("{got}"),
-        })
+        Err(Error::input(format!("{what}s of `{}`", self.f.name()), format!("{want}"), format!("{got}")))
     }
 
     /// An error unless `len` values are one block of `port` per vertex.
@@ -834,11 +839,11 @@ impl<B: Backend> Engine<B> {
         if len == n * block {
             return Ok(());
         }
-        Err(Error::Input {
-            what: format!("{what} `{}`", port.name),
-            expected: format!("{} values ({n} vertices × {block})", n * block),
-            got: format!("{len}"),
-        })
+        Err(Error::input(
+            format!("{what} `{}`", port.name),
+            format!("{} values ({n} vertices × {block})", n * block),
+            format!("{len}"),
+        ))
     }
 
     /// Writes rows given in merged-vertex order into the arena in row order; returns which rows
@@ -1328,8 +1333,7 @@ impl<B: Backend> Engine<B> {
         let task = (tasks.len() == 1).then_some(tasks.start);
         let unread = task.map_or(0, |t| facts::unread_stores(k, self.facts(pass, t), self.fills(pass)));
         let pruned = (unread != 0).then(|| {
-            // The pass and whether it trains name the plan (forward, inference or backward).
-            let key = (pass == Pass::Forward, self.trained, step.0, step.1, unread);
+            let key = PrunedKernel { pass, trains: self.trained, step, unread };
             Arc::clone(self.pruned.entry(key).or_insert_with(|| Arc::new(k.keeping_stores(|j| unread >> j & 1 == 0))))
         });
         let k = pruned.as_deref().unwrap_or(k);

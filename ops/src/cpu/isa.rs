@@ -69,10 +69,12 @@ pub fn requested() -> Result<Option<Isa>> {
     if value.trim().is_empty() {
         return Ok(None);
     }
-    Isa::parse(&value).map(Some).ok_or_else(|| Error::Input {
-        what: format!("environment variable {VAR}"),
-        expected: "one of avx512, avx2, baseline".into(),
-        got: format!("`{}`", value.escape_debug()),
+    Isa::parse(&value).map(Some).ok_or_else(|| {
+        Error::input(
+            format!("environment variable {VAR}"),
+            "one of avx512, avx2, baseline",
+            format!("`{}`", value.escape_debug()),
+        )
     })
 }
 
