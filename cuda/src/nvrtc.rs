@@ -48,9 +48,10 @@ pub fn target(arch: &str) -> Result<String> {
 pub fn architectures() -> Result<Vec<String>> {
     loaded()?;
     let mut count = 0;
-    // SAFETY: a plain out-parameter, then an array of the size it gave.
+    // SAFETY: a plain out-parameter.
     unsafe { sys::nvrtcGetNumSupportedArchs(&mut count) }.result().map_err(fail)?;
     let mut archs = vec![0; count.max(0) as usize];
+    // SAFETY: an array of the size NVRTC gave.
     unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }.result().map_err(fail)?;
     archs.sort_unstable();
     Ok(archs.into_iter().map(|a| format!("sm_{a}")).collect())
@@ -107,10 +108,11 @@ pub fn compile(source: &str, arch: &str) -> Result<Compiled> {
     }
     let src = CString::new(source).map_err(|_| fail("the kernel source holds a NUL byte"))?;
     let program = Program(result::create_program(&src, None).map_err(fail)?);
-    // SAFETY (all calls below): `program` is a live program created above.
+    // SAFETY: `program` is a live program created above (for this call and those below).
     let compiled = unsafe { result::compile_program(program.0, &options(arch)) };
     // `c_char` is `i8` on x86-64 and `u8` on AArch64.
     #[allow(clippy::unnecessary_cast)]
+    // SAFETY: as above.
     let log = unsafe { result::get_program_log(program.0) }
         .map(|log| log.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect::<String>())
         .unwrap_or_default();
@@ -118,8 +120,10 @@ pub fn compile(source: &str, arch: &str) -> Result<Compiled> {
         return Err(fail(format!("{e:?} compiling for {arch}:\n{}", log.trim_end())));
     }
     let mut size = 0usize;
+    // SAFETY: as above.
     unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }.result().map_err(fail)?;
     let mut image = vec![0u8; size];
+    // SAFETY: as above; `image` holds the size NVRTC gave.
     unsafe { sys::nvrtcGetCUBIN(program.0, image.as_mut_ptr().cast()) }.result().map_err(fail)?;
     Ok(Compiled { image, usage: usage(&log) })
 }

@@ -69,14 +69,16 @@ fn product_at(
         ldc,
         accumulate,
     };
-    // SAFETY: each kernel runs only at a level the CPU has, and every access stays inside the
-    // spans checked above (column tails are partial vectors).
     match level {
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: each kernel runs only at a level the CPU has, and every access stays inside the
+        // spans checked above (column tails are partial vectors).
         Isa::Avx512 => unsafe { x86::product_avx512(ops, cols.len()) },
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
         Isa::Avx2 => unsafe { x86::product_avx2(ops, cols.len()) },
         #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above (NEON is part of every AArch64 CPU).
         _ => unsafe { columns::<super::simd::neon::V4, 4>(ops, cols.len()) },
         #[cfg(not(target_arch = "aarch64"))]
         _ => {
@@ -136,12 +138,14 @@ unsafe fn columns<W: Vector, const V: usize>(ops: Operands, width: usize) {
         let tail = cols - W::LANES * (vectors - 1);
         // SAFETY: column `j` lies inside B and C.
         let at = unsafe { Operands { b: ops.b.add(j), c: ops.c.add(j), ..ops } };
-        // SAFETY (the calls): as for this function; `vectors ≤ V`.
-        match vectors {
-            4 => unsafe { rows::<W, 4>(at, tail) },
-            3 => unsafe { rows::<W, 3>(at, tail) },
-            2 => unsafe { rows::<W, 2>(at, tail) },
-            _ => unsafe { rows::<W, 1>(at, tail) },
+        // SAFETY: as for this function; `vectors ≤ V`.
+        unsafe {
+            match vectors {
+                4 => rows::<W, 4>(at, tail),
+                3 => rows::<W, 3>(at, tail),
+                2 => rows::<W, 2>(at, tail),
+                _ => rows::<W, 1>(at, tail),
+            }
         }
         j += cols;
     }
@@ -157,14 +161,16 @@ unsafe fn rows<W: Vector, const V: usize>(ops: Operands, tail: usize) {
     while i < ops.m {
         // SAFETY: row `i` lies inside A and C.
         let at = unsafe { Operands { a: ops.a.add(i * ops.rs), c: ops.c.add(i * ops.ldc), ..ops } };
-        // SAFETY (the calls): as for this function.
-        match (ops.m - i).min(ROWS) {
-            6 => unsafe { block::<W, 6, V>(at, tail) },
-            5 => unsafe { block::<W, 5, V>(at, tail) },
-            4 => unsafe { block::<W, 4, V>(at, tail) },
-            3 => unsafe { block::<W, 3, V>(at, tail) },
-            2 => unsafe { block::<W, 2, V>(at, tail) },
-            _ => unsafe { block::<W, 1, V>(at, tail) },
+        // SAFETY: as for this function; the block's rows lie inside A and C.
+        unsafe {
+            match (ops.m - i).min(ROWS) {
+                6 => block::<W, 6, V>(at, tail),
+                5 => block::<W, 5, V>(at, tail),
+                4 => block::<W, 4, V>(at, tail),
+                3 => block::<W, 3, V>(at, tail),
+                2 => block::<W, 2, V>(at, tail),
+                _ => block::<W, 1, V>(at, tail),
+            }
         }
         i += ROWS;
     }
@@ -197,12 +203,14 @@ unsafe fn block<W: Vector, const R: usize, const V: usize>(ops: Operands, tail: 
     let mut acc = [[W::splat(0.0); V]; R];
     let mut bv = [W::splat(0.0); V];
     for p in 0..k {
-        // SAFETY (the reads): row `p` of B's block and column `p` of A's rows lie inside them.
+        // SAFETY: row `p` of B lies inside B.
         let row = unsafe { b.add(p * ldb) };
         for (q, v) in bv.iter_mut().enumerate() {
+            // SAFETY: the block's columns of that row lie inside B (the last vector partial).
             *v = unsafe { load::<W, V>(row, q, tail) };
         }
         for (r, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: element `(r, p)` of the block's rows of op(A) lies inside A.
             let av = W::splat(unsafe { *a.add(r * rs + p * cs) });
             for q in 0..V {
                 acc[q] = av.mul_add(bv[q], acc[q]);
@@ -210,10 +218,12 @@ unsafe fn block<W: Vector, const R: usize, const V: usize>(ops: Operands, tail: 
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        // SAFETY (the accesses): row `r` of C's block lies inside C.
+        // SAFETY: row `r` of the block lies inside C.
         let dst = unsafe { c.add(r * ldc) };
         for (q, &sum) in acc.iter().enumerate() {
+            // SAFETY: the block's columns of that row lie inside C (the last vector partial).
             let v = if accumulate { sum.add(unsafe { load::<W, V>(dst, q, tail) }) } else { sum };
+            // SAFETY: as above.
             unsafe {
                 if q + 1 < V || tail == W::LANES {
                     v.store(dst.add(W::LANES * q));
@@ -280,6 +290,7 @@ mod x86 {
     /// The CPU has AVX-512F and FMA; as [`columns`].
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn product_avx512(ops: Operands, width: usize) {
+        // SAFETY: this function is compiled for V16's instructions; the rest is its contract.
         unsafe { columns::<V16, 4>(ops, width) }
     }
 
@@ -290,6 +301,7 @@ mod x86 {
     /// The CPU has AVX2 and FMA; as [`columns`].
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn product_avx2(ops: Operands, width: usize) {
+        // SAFETY: this function is compiled for V8's instructions; the rest is its contract.
         unsafe { columns::<V8, 2>(ops, width) }
     }
 
@@ -308,24 +320,34 @@ mod x86 {
         let (load, store) = (((1u32 << cols) - 1) as __mmask16, ((1u32 << rows) - 1) as __mmask16);
         let mut r: [__m512; 16] = std::array::from_fn(|i| {
             if i < rows {
-                _mm512_maskz_loadu_ps(load, src.add(i * lds))
+                // SAFETY: row `i < rows` of the block, `cols` lanes of it (the mask), lies
+                // inside the source (the caller's contract).
+                unsafe { _mm512_maskz_loadu_ps(load, src.add(i * lds)) }
             } else {
                 _mm512_setzero_ps()
             }
         });
-        swap::<8>(&mut r);
-        swap::<4>(&mut r);
-        swap::<2>(&mut r);
-        swap::<1>(&mut r);
+        // SAFETY: this function is compiled for AVX-512F, which `swap` needs.
+        unsafe {
+            swap::<8>(&mut r);
+            swap::<4>(&mut r);
+            swap::<2>(&mut r);
+            swap::<1>(&mut r);
+        }
         for (q, &v) in r.iter().enumerate() {
             if q < cols {
-                _mm512_mask_storeu_ps(dst.add(q * ldd), store, v);
+                // SAFETY: row `q < cols` of the transposed block, `rows` lanes of it, lies inside
+                // the destination (the caller's contract).
+                unsafe { _mm512_mask_storeu_ps(dst.add(q * ldd), store, v) };
             }
         }
     }
 
     /// One round of [`transpose_block`]: row i (bit `B` clear) takes row i + B's low columns
     /// into its high ones, and row i + B takes row i's high columns into its low ones.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
     #[inline(always)]
     unsafe fn swap<const B: usize>(r: &mut [__m512; 16]) {
         const fn index(b: usize, high: bool) -> [i32; 16] {
@@ -342,13 +364,16 @@ mod x86 {
             }
             x
         }
-        let low = _mm512_loadu_si512(index(B, false).as_ptr().cast());
-        let high = _mm512_loadu_si512(index(B, true).as_ptr().cast());
-        for i in 0..16 {
-            if i & B == 0 {
-                let (x, y) = (r[i], r[i + B]);
-                r[i] = _mm512_permutex2var_ps(x, low, y);
-                r[i + B] = _mm512_permutex2var_ps(x, high, y);
+        // SAFETY: the CPU has AVX-512F (the caller's contract); the index tables are 16 lanes.
+        unsafe {
+            let low = _mm512_loadu_si512(index(B, false).as_ptr().cast());
+            let high = _mm512_loadu_si512(index(B, true).as_ptr().cast());
+            for i in 0..16 {
+                if i & B == 0 {
+                    let (x, y) = (r[i], r[i + B]);
+                    r[i] = _mm512_permutex2var_ps(x, low, y);
+                    r[i + B] = _mm512_permutex2var_ps(x, high, y);
+                }
             }
         }
     }

@@ -93,12 +93,14 @@ unsafe fn each<V: Vector>(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(V, V
     let n = a.len().min(b.len()).min(out.len());
     let (a, b, o) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
     let mut i = 0;
-    // SAFETY (all accesses): `i + LANES ≤ n` for whole vectors, `n − i` lanes for the last.
     while i + V::LANES <= n {
+        // SAFETY: the instructions are the caller's contract; lanes `i..i + LANES` lie inside
+        // all three slices.
         unsafe { f(V::load(a.add(i)), V::load(b.add(i))).store(o.add(i)) };
         i += V::LANES;
     }
     if i < n {
+        // SAFETY: as above, for the `n − i` lanes left.
         unsafe { f(V::load_part(a.add(i), n - i), V::load_part(b.add(i), n - i)).store_part(o.add(i), n - i) };
     }
 }
@@ -137,6 +139,7 @@ mod x86 {
     /// The CPU has AVX-512F and FMA.
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn unary_avx512<T: Unary>(op: T, x: &[f32], out: &mut [f32]) {
+        // SAFETY: this function is compiled for V16's instructions.
         unsafe { each::<V16>(x, x, out, |v, _| op.apply(v)) }
     }
 
@@ -146,6 +149,7 @@ mod x86 {
     /// The CPU has AVX-512F and FMA.
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn binary_avx512<T: Binary>(op: T, a: &[f32], b: &[f32], out: &mut [f32]) {
+        // SAFETY: this function, and so the closure, is compiled for V16's instructions.
         periods(a, b, out, |a, b, out| unsafe { each::<V16>(a, b, out, |x, y| op.apply(x, y)) })
     }
 
@@ -155,6 +159,7 @@ mod x86 {
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn unary_avx2<T: Unary>(op: T, x: &[f32], out: &mut [f32]) {
+        // SAFETY: this function is compiled for V8's instructions.
         unsafe { each::<V8>(x, x, out, |v, _| op.apply(v)) }
     }
 
@@ -164,6 +169,7 @@ mod x86 {
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn binary_avx2<T: Binary>(op: T, a: &[f32], b: &[f32], out: &mut [f32]) {
+        // SAFETY: this function, and so the closure, is compiled for V8's instructions.
         periods(a, b, out, |a, b, out| unsafe { each::<V8>(a, b, out, |x, y| op.apply(x, y)) })
     }
 }

@@ -177,6 +177,7 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
                     Some(View::at(p, block, block))
                 }
                 (_, Some(Rows::Broadcast(at))) => {
+                    // SAFETY: as above.
                     let p = unsafe { raw.get("fused load", at, block)? }.as_ptr();
                     Some(View::at(p, 0, block))
                 }
@@ -199,7 +200,9 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
         // SAFETY: a store's region is not read by this kernel (the memory plan keeps the regions
         // a kernel writes apart from those it reads), and each scratch register is this op's own.
         let out: &mut [f32] = match s.store_of[l] {
+            // SAFETY: as said above, for the store.
             Some(at) => unsafe { raw.get_mut("fused store", at.offset_by(start * block), m * block)? },
+            // SAFETY: as said above, for the scratch register (laid out to hold `m` rows).
             None => unsafe { std::slice::from_raw_parts_mut(s.regs.as_mut_ptr().add(s.offs[l]), m * block) },
         };
         s.at[l] = View::at(out.as_ptr(), block, block);

@@ -119,6 +119,7 @@ impl Out {
     /// # Safety
     /// `i` lies inside the output.
     unsafe fn at(&self, i: usize) -> *mut f32 {
+        // SAFETY: the caller's contract.
         unsafe { self.0.add(i) }
     }
 }
@@ -218,7 +219,9 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Re
         }
         return Ok(());
     }
+    // SAFETY: as above: C is written, A and B are read, and they never overlap.
     let a = unsafe { raw.get("gemm", g.a.offset_by(i.saturating_mul(g.stride_a)), extent(a_rows, a_cols, g.lda))? };
+    // SAFETY: as above.
     let b = unsafe { raw.get("gemm", g.b.offset_by(i.saturating_mul(g.stride_b)), extent(b_rows, b_cols, g.ldb))? };
     if let Path::Direct(t) = path {
         let (b, ldb) = t.as_ref().map_or((b, g.ldb), |t| (t.as_slice(), g.n));

@@ -53,6 +53,7 @@ impl<'a> Raw<'a> {
     /// No mutable slice overlapping this range may be live.
     pub(crate) unsafe fn get(&self, op: &str, at: Loc, len: usize) -> Result<&'a [f32]> {
         let p = self.check(op, at, len)?;
+        // SAFETY: in bounds (checked); no mutable slice overlaps it (the caller's contract).
         Ok(unsafe { std::slice::from_raw_parts(p, len) })
     }
 
@@ -63,6 +64,7 @@ impl<'a> Raw<'a> {
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn get_mut(&self, op: &str, at: Loc, len: usize) -> Result<&'a mut [f32]> {
         let p = self.check(op, at, len)?;
+        // SAFETY: in bounds (checked); no other slice overlaps it (the caller's contract).
         Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
     }
 
@@ -81,17 +83,19 @@ impl<'a> Raw<'a> {
     /// # Safety
     /// As [`Raw::get`].
     pub(crate) unsafe fn row(&self, op: &str, data: Loc, row: u32, block: usize) -> Result<&'a [f32]> {
+        // SAFETY: the caller's contract.
         unsafe { self.get(op, data.offset_by(row as usize * block), block) }
     }
 }
 
 /// Reads the blocks of vertices `start..start + m` of `rows` into `out` (`m·block` elements).
 pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: usize, out: &mut [f32]) -> Result<()> {
-    // SAFETY (all reads below): a load's source is never written by the call that loads it.
     match *rows {
         Rows::Contiguous(at) => {
+            // SAFETY: a load's source is never written by the call that loads it.
             out.copy_from_slice(unsafe { raw.get("load", at.offset_by(start * block), m * block)? })
         }
+        // SAFETY: as above.
         Rows::Broadcast(at) => out.copy_from_slice(unsafe { raw.get("load", at, block)? }),
         Rows::Zeros => out.fill(0.0),
         Rows::Indexed { data, index } => {
@@ -100,6 +104,7 @@ pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: us
                 if i == NO_ROW {
                     o.fill(0.0);
                 } else {
+                    // SAFETY: as above.
                     o.copy_from_slice(unsafe { raw.row("gather", data, i, block)? });
                 }
             }
@@ -112,6 +117,7 @@ pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: us
                 let rows =
                     raw.index("gather_sum", IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?;
                 for &i in rows {
+                    // SAFETY: as above.
                     for (d, x) in o.iter_mut().zip(unsafe { raw.row("gather_sum", data, i, block)? }) {
                         *d += x;
                     }
@@ -159,9 +165,9 @@ pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: 
         let cols = team::share(block, part, parts);
         for (v, x) in src.chunks_exact(block.max(1)).enumerate() {
             for &row in rows_of(v).iter().filter(|&&r| r != NO_ROW) {
+                let at = data.offset_by(row as usize * block + cols.start);
                 // SAFETY: each part writes only its own columns of a destination row, one row at
                 // a time.
-                let at = data.offset_by(row as usize * block + cols.start);
                 let d = unsafe { raw.get_mut("scatter_add", at, cols.len())? };
                 for (d, x) in d.iter_mut().zip(&x[cols.clone()]) {
                     *d += x;

@@ -39,63 +39,89 @@ macro_rules! lanes {
         #[derive(Clone, Copy)]
         pub(crate) struct $v($raw);
 
-        // SAFETY (every method): only ever built and used inside functions compiled for the
-        // instructions these intrinsics need.
         impl Lanes for $v {
             #[inline(always)]
             fn splat(x: f32) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $splat(x) })
             }
             #[inline(always)]
             fn add(self, b: Self) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $add(self.0, b.0) })
             }
             #[inline(always)]
             fn sub(self, b: Self) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $sub(self.0, b.0) })
             }
             #[inline(always)]
             fn mul(self, b: Self) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $mul(self.0, b.0) })
             }
             #[inline(always)]
             fn div(self, b: Self) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $div(self.0, b.0) })
             }
             #[inline(always)]
             fn neg(self) -> Self {
                 // −0 − x flips the sign of every number, zeros included, as `-x` does.
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $sub($splat(-0.0), self.0) })
             }
             #[inline(always)]
             fn mul_add(self, b: Self, c: Self) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $fma(self.0, b.0, c.0) })
             }
             #[inline(always)]
             fn max(self, b: Self) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $max(self.0, b.0) })
             }
             #[inline(always)]
             fn clamp(self, lo: f32, hi: f32) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $clamp(self.0, $splat(lo), $splat(hi)) })
             }
             #[inline(always)]
             fn floor(self) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $floor(self.0) })
             }
             #[inline(always)]
             fn pow2i(self) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $pow2i(self.0) })
             }
             #[inline(always)]
             fn positive_then(self, b: Self) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $pos(self.0, b.0) })
             }
             #[inline(always)]
             fn ln(self) -> Self {
                 let mut v = [0.0f32; 16];
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 unsafe { $store(v.as_mut_ptr(), self.0) };
                 v = v.map(f32::ln);
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $load(v.as_ptr()) })
             }
         }
@@ -104,18 +130,26 @@ macro_rules! lanes {
             const LANES: usize = $lanes;
             #[inline(always)]
             unsafe fn load(p: *const f32) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $load(p) })
             }
             #[inline(always)]
             unsafe fn store(self, p: *mut f32) {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 unsafe { $store(p, self.0) }
             }
             #[inline(always)]
             unsafe fn load_part(p: *const f32, n: usize) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 $v(unsafe { $load_part(p, n) })
             }
             #[inline(always)]
             unsafe fn store_part(self, p: *mut f32, n: usize) {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
                 unsafe { $store_part(p, n, self.0) }
             }
         }
@@ -161,8 +195,12 @@ pub(crate) mod x86 {
         lanes: 8);
 
     /// The mask of the first `n` of 8 lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
     #[inline(always)]
     unsafe fn first(n: usize) -> __m256i {
+        // SAFETY: the caller's contract.
         unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
     }
 }

@@ -109,6 +109,7 @@ fn helper(shared: &'static Shared, me: usize) {
             // alive until every participant has reported done.
             let job = unsafe { *shared.job.get() };
             // No job would break the team's protocol; it fails the call like a panicking part.
+            // SAFETY: the job outlives this call (as above).
             let ran = job.is_some_and(|job| catch_unwind(AssertUnwindSafe(|| unsafe { &*job }(me, parts))).is_ok());
             if !ran {
                 shared.panicked.store(true, Ordering::Relaxed);
