@@ -152,7 +152,18 @@ impl Op {
     /// Whether the op reads no value but memory the engine provides (gathers, pulls, parameters,
     /// primal values, gradients).
     pub fn is_load(&self) -> bool {
-        self.inputs().is_empty()
+        matches!(
+            self,
+            Op::Gather { .. }
+                | Op::GatherSum { .. }
+                | Op::Pull { .. }
+                | Op::Param { .. }
+                | Op::Primal { .. }
+                | Op::StateGrad { .. }
+                | Op::PushGrad { .. }
+                | Op::Zeros
+                | Op::Stored { .. }
+        )
     }
 
     /// Whether the op is a matrix product (its own kernel; never fused).
@@ -185,6 +196,38 @@ impl Op {
             Op::Concat { .. } => "concat".into(),
             Op::SumCols { .. } => "sum_cols".into(),
             Op::BroadcastCols { cols, .. } => format!("broadcast_cols({cols})"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `is_load` (a plain match, on the engine's hot paths) says what `inputs` says.
+    #[test]
+    fn loads_are_the_ops_without_inputs() {
+        let v = ValueId(0);
+        let ops = [
+            Op::Gather { slot: 0, state: 0 },
+            Op::GatherSum { state: 0 },
+            Op::Pull { input: 0 },
+            Op::Param { param: 0 },
+            Op::Primal { value: v },
+            Op::StateGrad { state: 0 },
+            Op::PushGrad { output: 0 },
+            Op::Zeros,
+            Op::Stored { value: v },
+            Op::MatMul { a: v, b: v, ta: false, tb: true },
+            Op::Unary { op: UnaryOp::Gelu, x: v },
+            Op::Binary { op: BinaryOp::Add, a: v, b: v },
+            Op::Slice { x: v, start: 0, len: 1 },
+            Op::Concat { parts: vec![v, v] },
+            Op::SumCols { x: v },
+            Op::BroadcastCols { x: v, cols: 2 },
+        ];
+        for op in ops {
+            assert_eq!(op.is_load(), op.inputs().is_empty(), "{}", op.name());
         }
     }
 }

@@ -6,7 +6,7 @@
 //! computed, nor are values only they would read (a leaf's forget gates), and `x + 0` is `x`.
 //! Large calls split their vertices between two threads.
 
-use super::memory::{load, Raw};
+use super::memory::{apart, apart_from_rows, load, Raw, Span};
 use super::{bad, elementwise, team};
 use arbor_core::backend::{IndexLoc, Loc, Rows, NO_ROW};
 use arbor_core::error::Result;
@@ -54,6 +54,19 @@ const PARALLEL_VERTICES: usize = 64;
 pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
     if let Some(msg) = k.binding_mismatch(loads.len(), stores.len()) {
         return Err(bad("fused", msg));
+    }
+    // What the kernel stores shares no element with what it loads or stores elsewhere.
+    let block = |l: usize| k.nodes[l].shape.numel();
+    let written = |j: usize| Span::at(stores[j], n * block(k.stores[j]));
+    for (l, rows) in k.loads().zip(loads) {
+        for j in 0..stores.len() {
+            apart_from_rows(raw, "fused", written(j), rows, n, block(l))?;
+        }
+    }
+    for j in 0..stores.len() {
+        for other in j + 1..stores.len() {
+            apart("fused", written(j), written(other))?;
+        }
     }
     let per_vertex: usize = k.nodes.iter().filter(|x| !x.is_param).map(|x| x.shape.numel()).sum();
     let max = if n >= PARALLEL_VERTICES && n * per_vertex >= PARALLEL_ELEMS { usize::MAX } else { 1 };

@@ -6,9 +6,9 @@
 //! other values, products of many rows below AVX-512 ([`direct::suits`]) and every product on an
 //! x86-64 CPU (or [level](super::isa::active)) without AVX2 run on the `gemm` crate.
 
-use super::memory::Raw;
+use super::memory::{Raw, Span};
 use super::{bad, direct, team};
-use arbor_core::backend::Gemm;
+use arbor_core::backend::{Gemm, Loc};
 use arbor_core::error::Result;
 use gemm::Parallelism;
 use std::ops::Range;
@@ -135,9 +135,23 @@ enum Path {
 /// Runs independent products (none writes what another reads or writes), each split between
 /// the team's threads.
 pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) -> Result<()> {
-    let mut paths = Vec::with_capacity(gs.len());
     for g in gs {
         check(raw, g)?;
+    }
+    // Each C is written: it shares no element with any operand of the call but itself.
+    let stored: SmallOperands = gs.iter().map(operands).collect();
+    for (i, ops) in stored.iter().enumerate() {
+        let c = &ops[2];
+        for (j, other) in stored.iter().enumerate() {
+            for (o, x) in other.iter().enumerate() {
+                if (i != j || o < 2) && c.meets(x) {
+                    return Err(bad("gemm", format!("the product written ({c:?}) overlaps an operand ({x:?})")));
+                }
+            }
+        }
+    }
+    let mut paths = Vec::with_capacity(gs.len());
+    for g in gs {
         paths.push(if !direct::suits(super::isa::active(), g.m) || (g.tb && !g.b_fixed) {
             Path::Crate
         } else if g.tb {
@@ -178,6 +192,62 @@ fn run_part(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path], part: usize, parts: usiz
         }
     }
     Ok(())
+}
+
+/// The operands of a call's products (a call has a few).
+type SmallOperands = smallvec::SmallVec<[[Stored; 3]; 4]>;
+
+/// A matrix as stored: `rows` rows of `cols` elements, `ld` apart, from `at`.
+#[derive(Clone, Copy, Debug)]
+struct Stored {
+    at: Loc,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+}
+
+impl Stored {
+    /// Whether the two share an element: exactly when both have one row stride (column slices
+    /// of one matrix, the engine's case), else by the elements between their first and last
+    /// (which may say yes where they only interleave).
+    fn meets(&self, o: &Stored) -> bool {
+        let span = |m: &Stored| Span::at(m.at, extent(m.rows, m.cols, m.ld));
+        if !span(self).meets(span(o)) {
+            return false;
+        }
+        // Buffers hold far fewer than 2^62 elements (their spans were checked), so i64 is exact.
+        let l = self.ld as i64;
+        if self.ld != o.ld || l == 0 || self.cols > self.ld || o.cols > o.ld {
+            return true;
+        }
+        // Element (r, c) of self is (s, d) of o where c − d = δ + t·L, t = s − r: some integer t
+        // with −o.cols < δ + t·L < self.cols, −(self.rows − 1) ≤ t ≤ o.rows − 1.
+        let delta = o.at.offset as i64 - self.at.offset as i64;
+        let (cx, cy) = (self.cols as i64, o.cols as i64);
+        let lo = (-cy - delta + l).div_euclid(l); // ⌈(−cy − δ + 1) / L⌉
+        let hi = (cx - delta - 1).div_euclid(l); // ⌊(cx − δ − 1) / L⌋
+        lo.max(1 - self.rows as i64) <= hi.min(o.rows as i64 - 1)
+    }
+}
+
+/// A, B and C of a product as stored, a batch as one matrix of all its entries' rows (its
+/// entries lie one after another), else as the elements between the first and last.
+fn operands(g: &Gemm) -> [Stored; 3] {
+    let (a_rows, a_cols) = if g.ta { (g.k, g.m) } else { (g.m, g.k) };
+    let (b_rows, b_cols) = if g.tb { (g.n, g.k) } else { (g.k, g.n) };
+    let stored = |at: Loc, (rows, cols): (usize, usize), ld: usize, stride: usize| {
+        if g.batch <= 1 || stride == rows * ld {
+            Stored { at, rows: rows * g.batch.max(1), cols, ld }
+        } else {
+            let len = (g.batch - 1).saturating_mul(stride).saturating_add(extent(rows, cols, ld));
+            Stored { at, rows: 1, cols: len, ld: len }
+        }
+    };
+    [
+        stored(g.a, (a_rows, a_cols), g.lda, g.stride_a),
+        stored(g.b, (b_rows, b_cols), g.ldb, g.stride_b),
+        stored(g.c, (g.m, g.n), g.ldc, g.stride_c),
+    ]
 }
 
 /// An error unless every operand of every batch entry lies in its buffer and the leading
@@ -261,6 +331,31 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Re
 
 #[cfg(test)]
 mod tests {
+    use super::{Loc as At, Stored};
+
+    /// The strided overlap test against element sets, for column slices of one matrix in every
+    /// relative position, and for other strides.
+    #[test]
+    fn stored_matrices_meet_exactly_when_they_share_an_element() {
+        let elements = |m: &Stored| -> std::collections::HashSet<usize> {
+            (0..m.rows).flat_map(|r| (0..m.cols).map(move |c| m.at.offset + r * m.ld + c)).collect()
+        };
+        let at = |offset| At { buf: 0, offset };
+        for ld in [1, 4, 7] {
+            for (x0, y0) in (0..20).flat_map(|x| (0..20).map(move |y| (x, y))) {
+                for (rx, cx, ry, cy) in [(2, 3, 3, 1), (1, ld, 2, ld), (3, 1, 1, 2), (4, ld, 1, 1)] {
+                    let (x, y) = (
+                        Stored { at: at(x0), rows: rx, cols: cx.min(ld), ld },
+                        Stored { at: at(y0), rows: ry, cols: cy.min(ld), ld },
+                    );
+                    let want = !elements(&x).is_disjoint(&elements(&y));
+                    assert_eq!(x.meets(&y), want, "{x:?} {y:?}");
+                }
+            }
+        }
+        let (x, y) = (Stored { at: at(0), rows: 3, cols: 2, ld: 5 }, Stored { at: at(2), rows: 2, cols: 2, ld: 6 });
+        assert!(x.meets(&y), "other strides: by the elements between first and last");
+    }
     use super::{run_part, Path, Raw};
     use crate::cpu::CpuBackend;
     use arbor_core::backend::{Backend, Gemm, Loc, Mem};

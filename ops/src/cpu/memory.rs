@@ -9,8 +9,9 @@ const MAX_BUFFERS: usize = 16;
 
 /// Base pointers and lengths of the buffers of one call.
 ///
-/// The engine's memory plan guarantees that the regions a call writes do not overlap the regions
-/// it reads, which is what makes handing out a mutable and shared slices of one buffer sound.
+/// Every call first checks that the regions it writes share no element with the regions it reads
+/// ([`apart`], and `Stored::meets` for products), which is what makes handing out a mutable and
+/// shared slices of one buffer sound whatever the caller asks for.
 pub(crate) struct Raw<'a> {
     data: [(*mut f32, usize); MAX_BUFFERS],
     index: [(*const u32, usize); MAX_BUFFERS],
@@ -128,14 +129,64 @@ pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: us
     Ok(())
 }
 
+/// The elements `start..end` of buffer `buf`, as one call reads or writes them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Span {
+    buf: usize,
+    start: usize,
+    end: usize,
+}
+
+impl Span {
+    /// `len` elements at `at`.
+    pub(crate) fn at(at: Loc, len: usize) -> Span {
+        Span { buf: at.buf, start: at.offset, end: at.offset.saturating_add(len) }
+    }
+
+    /// Whether the two share an element.
+    pub(crate) fn meets(self, o: Span) -> bool {
+        self.buf == o.buf && self.start < o.end && o.start < self.end
+    }
+}
+
+/// An error naming `op` where `a` and `b` share an element: a call never reads or writes what it
+/// writes elsewhere, which is what lets the backend hand out a mutable slice beside shared ones
+/// (so no caller, however it builds its calls, makes it alias memory).
+pub(crate) fn apart(op: &str, a: Span, b: Span) -> Result<()> {
+    if a.meets(b) {
+        return Err(bad(op, format!("a region written ({a:?}) overlaps another the call reads or writes ({b:?})")));
+    }
+    Ok(())
+}
+
+/// [`apart`] for `write` and every block `rows` reads (or writes) for `n` vertices of `block`
+/// elements: indexed rows one by one, their indices bounds-checked.
+pub(crate) fn apart_from_rows(raw: &Raw<'_>, op: &str, write: Span, rows: &Rows, n: usize, block: usize) -> Result<()> {
+    let row = |data: Loc, i: u32| Span::at(data.offset_by((i as usize).saturating_mul(block)), block);
+    match *rows {
+        Rows::Contiguous(at) => apart(op, write, Span::at(at, n.saturating_mul(block))),
+        Rows::Broadcast(at) => apart(op, write, Span::at(at, block)),
+        Rows::Zeros => Ok(()),
+        Rows::Indexed { data, index } => {
+            raw.index(op, index, n)?.iter().filter(|&&i| i != NO_ROW).try_for_each(|&i| apart(op, write, row(data, i)))
+        }
+        Rows::IndexedSet { data, offsets, index } => {
+            let offs = raw.index(op, offsets, n + 1)?;
+            let (lo, hi) = (offs[0] as usize, offs[n] as usize);
+            let rows = raw.index(op, IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?;
+            rows.iter().filter(|&&i| i != NO_ROW).try_for_each(|&i| apart(op, write, row(data, i)))
+        }
+    }
+}
+
 /// Memory calls over fewer elements than this run on the caller alone.
 pub(crate) const PARALLEL_ELEMS: usize = 1 << 15;
 
 /// Adds each of `n` blocks at `src` into the rows `dst` names for its vertex. Large calls split
 /// the columns between the team's threads (rows may repeat; columns never overlap).
 pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()> {
-    // SAFETY: the source (a gradient of this task) and the destination (children's state
-    // gradients) are different regions.
+    apart_from_rows(raw, "scatter_add", Span::at(src, n * block), dst, n, block)?;
+    // SAFETY: the source and the destination rows share no element (checked above).
     let src = unsafe { raw.get("scatter_add", src, n * block)? };
     let data = match *dst {
         Rows::Indexed { data, .. } | Rows::IndexedSet { data, .. } => data,
@@ -176,4 +227,51 @@ pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: 
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::CpuBackend;
+    use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows};
+    use arbor_core::fusion::Step;
+    use arbor_core::ir::Builder;
+
+    /// Calls whose writes overlap what they read are refused, so safe code cannot make the
+    /// backend alias a mutable slice: a product into its own factor, a fused kernel storing over
+    /// its load, a scatter-add from the rows it adds into, a row sum into its own rows. A product
+    /// written beside its factor, in other columns of the same rows, runs.
+    #[test]
+    fn overlapping_calls_are_refused() {
+        let cpu = CpuBackend::new();
+        let mut data = vec![(0..64).map(|i| i as f32).collect::<Vec<f32>>()];
+        let index = vec![vec![0u32, 1]];
+        let mut mem = Mem { data: &mut data, index: &index };
+        let at = |offset| Loc { buf: 0, offset };
+        // A: 2 × 4 in columns 0..4 of rows 8 apart; B: 4 × 4 at 32.
+        let product = |c: usize| Gemm::single((2, 4, 4), (at(0), 8, false), (at(32), 4, false, false), (at(c), 8));
+        let e = cpu.gemm(&mut mem, &product(2)).unwrap_err().to_string();
+        assert!(e.contains("gemm") && e.contains("overlaps"), "{e}");
+        cpu.gemm(&mut mem, &product(4)).unwrap();
+        let want: f32 = (0..4).map(|p| p as f32 * (32 + p * 4) as f32).sum();
+        assert_eq!(mem.data[0][4], want, "C beside A is computed");
+
+        let f = Builder::new("tanh", 1);
+        let x = f.pull("x", 4);
+        f.push("y", x.tanh());
+        let f = f.build().unwrap();
+        let Some(Step::Fused(k)) = f.inference_plan().phases.iter().flatten().find(|s| matches!(s, Step::Fused(_)))
+        else {
+            panic!("no fused step")
+        };
+        let e = cpu.fused(&mut mem, k, 2, &[Rows::Contiguous(at(0))], &[at(4)]).unwrap_err().to_string();
+        assert!(e.contains("fused") && e.contains("overlaps"), "{e}");
+        cpu.fused(&mut mem, k, 2, &[Rows::Contiguous(at(0))], &[at(8)]).unwrap();
+
+        let rows = Rows::Indexed { data: at(0), index: IndexLoc { buf: 0, offset: 0 } };
+        let e = cpu.scatter_add(&mut mem, at(4), 4, 2, &rows).unwrap_err().to_string();
+        assert!(e.contains("scatter_add") && e.contains("overlaps"), "{e}");
+        cpu.scatter_add(&mut mem, at(8), 4, 2, &rows).unwrap();
+        assert!(cpu.sum_rows(&mut mem, at(0), 4, 4, at(8), false).is_err());
+        cpu.sum_rows(&mut mem, at(0), 4, 4, at(16), false).unwrap();
+    }
 }

@@ -26,7 +26,8 @@ thread_local! {
 /// context allows (`rayon::current_num_threads()`), on a team of spinning threads. Every call's
 /// result is the same, bit for bit, however many threads run it (a call made while another holds
 /// the team runs on one), so results never depend on timing. Its kernels use the vector
-/// instructions [`isa::active`] names.
+/// instructions [`isa::active`] names. A call whose writes overlap what it reads is an error:
+/// no caller can make it alias memory.
 #[derive(Debug, Default)]
 pub struct CpuBackend {
     allocations: AtomicUsize,
@@ -151,11 +152,12 @@ impl Backend for CpuBackend {
         accumulate: bool,
     ) -> Result<()> {
         let raw = Raw::new(mem)?;
+        memory::apart("sum_rows", memory::Span::at(dst, cols), memory::Span::at(src, rows * cols))?;
         let max = if rows * cols >= memory::PARALLEL_ELEMS { usize::MAX } else { 1 };
         team::split(max, |part, parts| {
             let span = team::share(cols, part, parts);
-            // SAFETY: both ranges are checked; the engine never sums a region into itself, and
-            // the parts write disjoint columns of `dst`.
+            // SAFETY: both ranges are checked, and apart (above); the parts write disjoint
+            // columns of `dst`.
             let (s, d) = unsafe {
                 (
                     raw.get("sum_rows", src, rows * cols)?,
