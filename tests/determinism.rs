@@ -10,7 +10,7 @@ use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::layers::LossOn;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::train::Classifier;
-use arbor::{nn, CpuBackend};
+use arbor::{nn, CpuBackend, HostBuffer};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Eight steps of a Tree-LSTM wide enough (32) and minibatches large enough (24 trees) that the
@@ -35,7 +35,8 @@ fn train(data: &[TreeExample], threads: usize) -> Vec<Vec<f32>> {
 fn hold_the_team(stop: &AtomicBool) {
     let (m, n, k) = (96, 256, 128);
     let cpu = CpuBackend::new();
-    let mut data = vec![vec![0.5f32; m * k], vec![0.25f32; k * n], vec![0.0f32; m * n]];
+    let mut data: Vec<HostBuffer> =
+        [vec![0.5f32; m * k], vec![0.25f32; k * n], vec![0.0f32; m * n]].into_iter().map(HostBuffer::from).collect();
     let g = Gemm::single(
         (m, n, k),
         (Loc { buf: 0, offset: 0 }, k, false),

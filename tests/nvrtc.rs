@@ -17,7 +17,7 @@ use arbor::core::rng::Rng;
 use arbor::cuda::cache::KernelCache;
 use arbor::cuda::codegen::{generate, Binding};
 use arbor::cuda::nvrtc::{self, Usage};
-use arbor::{nn, Backend, CpuBackend, Engine, InputGraph, Pull, VertexFn};
+use arbor::{nn, Backend, CpuBackend, Engine, HostBuffer, InputGraph, Pull, VertexFn};
 use common::kernels::{bindings, cells, kernels};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -60,13 +60,13 @@ fn cpu<'a>(mem: &'a mut Mem<'_, Recorder>) -> Mem<'a, CpuBackend> {
 }
 
 impl Backend for Recorder {
-    type Buffer = Vec<f32>;
+    type Buffer = HostBuffer;
     type Index = Vec<u32>;
 
     fn name(&self) -> &'static str {
         "recorder"
     }
-    fn alloc(&self, len: usize) -> arbor::Result<Vec<f32>> {
+    fn alloc(&self, len: usize) -> arbor::Result<HostBuffer> {
         self.cpu.alloc(len)
     }
     fn alloc_index(&self, len: usize) -> arbor::Result<Vec<u32>> {
@@ -75,19 +75,19 @@ impl Backend for Recorder {
     fn allocations(&self) -> usize {
         self.cpu.allocations()
     }
-    fn len(&self, buf: &Vec<f32>) -> usize {
+    fn len(&self, buf: &HostBuffer) -> usize {
         buf.len()
     }
     fn index_len(&self, buf: &Vec<u32>) -> usize {
         buf.len()
     }
-    fn write(&self, buf: &mut Vec<f32>, offset: usize, src: &[f32]) -> arbor::Result<()> {
+    fn write(&self, buf: &mut HostBuffer, offset: usize, src: &[f32]) -> arbor::Result<()> {
         self.cpu.write(buf, offset, src)
     }
     fn write_index(&self, buf: &mut Vec<u32>, offset: usize, src: &[u32]) -> arbor::Result<()> {
         self.cpu.write_index(buf, offset, src)
     }
-    fn read(&self, buf: &Vec<f32>, offset: usize, dst: &mut [f32]) -> arbor::Result<()> {
+    fn read(&self, buf: &HostBuffer, offset: usize, dst: &mut [f32]) -> arbor::Result<()> {
         self.cpu.read(buf, offset, dst)
     }
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> arbor::Result<()> {

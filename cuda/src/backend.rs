@@ -658,6 +658,7 @@ mod tests {
     use super::ColMajor;
     use arbor_core::backend::{Backend, Gemm, Loc, Mem};
     use arbor_core::rng::Rng;
+    use arbor_ops::cpu::HostBuffer;
     use arbor_ops::CpuBackend;
 
     /// BLAS's column-major `C = α·op(A)·op(B) + β·C` for one matrix, written out.
@@ -720,7 +721,7 @@ mod tests {
             };
             let mut fill = |len: usize| (0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<f32>>();
             let data = [fill(batch * sa), fill(batch * sb), fill(batch * sc)];
-            let mut bufs = data.to_vec();
+            let mut bufs: Vec<HostBuffer> = data.iter().cloned().map(HostBuffer::from).collect();
             cpu.gemm(&mut Mem { data: &mut bufs, index: &[] }, &g).unwrap();
 
             let cm = ColMajor::of(&g);

@@ -38,45 +38,55 @@ fn extent(rows: usize, cols: usize, ld: usize) -> usize {
     }
 }
 
-/// Row-major copies of transposed parameters, made on first use. A write to any buffer marks
-/// every copy stale (parameters change only through writes): the next use rewrites it in place,
-/// so a training step makes no new allocation (a fresh one costs page faults every step). A new
-/// buffer drops them all, as addresses may be reused.
+/// Row-major copies of transposed parameters, made on first use, by the source's buffer (its id,
+/// which is never reused), place and shape, and kept with the version of the buffer they were
+/// made from: a buffer changes only through the backend, which moves its version on, so a copy
+/// of another version is stale. The next use rewrites it in place, so a training step makes no
+/// new allocation (a fresh one costs page faults every step).
 #[derive(Debug, Default)]
 pub(crate) struct Transposes(Mutex<Vec<Transposed>>);
 
+/// Which matrix a copy is of: its buffer's id, offset, rows (`n`), columns (`k`), row stride.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Source {
+    buffer: u64,
+    offset: usize,
+    shape: (usize, usize, usize),
+}
+
 #[derive(Debug)]
 struct Transposed {
-    /// Address, rows (`n`), columns (`k`) and row stride of the source.
-    key: (usize, usize, usize, usize),
+    source: Source,
+    /// The version of the source's buffer the copy was made from.
+    version: u64,
     /// The `k × n` transpose, row stride `n`.
     data: Arc<Vec<f32>>,
-    /// Whether `data` holds the source as it is now.
-    fresh: bool,
 }
 
 impl Transposes {
-    /// Forgets every copy.
+    /// Forgets every copy (a new buffer may replace the one a copy was made from; copies still
+    /// in use are made again).
     pub(crate) fn clear(&self) {
         self.lock().clear();
-    }
-
-    /// Marks every copy stale.
-    pub(crate) fn invalidate(&self) {
-        self.lock().iter_mut().for_each(|t| t.fresh = false);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Transposed>> {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The transpose of the `n × k` matrix `b` (row stride `ldb`), as `k × n` row-major.
-    fn of(&self, b: &[f32], (n, k, ldb): (usize, usize, usize)) -> Result<Arc<Vec<f32>>> {
-        let key = (b.as_ptr() as usize, n, k, ldb);
+    /// The transpose of the `n × k` matrix `b` (row stride `ldb`) at `offset` of the buffer with
+    /// stamp `(buffer, version)`, as `k × n` row-major.
+    fn of(
+        &self,
+        b: &[f32],
+        ((buffer, version), offset): ((u64, u64), usize),
+        (n, k, ldb): (usize, usize, usize),
+    ) -> Result<Arc<Vec<f32>>> {
+        let source = Source { buffer, offset, shape: (n, k, ldb) };
         let mut copies = self.lock();
-        let at = copies.iter().position(|t| t.key == key);
+        let at = copies.iter().position(|t| t.source == source);
         if let Some(t) = at.map(|i| &mut copies[i]) {
-            if t.fresh {
+            if t.version == version {
                 return Ok(Arc::clone(&t.data));
             }
         }
@@ -101,7 +111,7 @@ impl Transposes {
             }
         })?;
         let data = Arc::new(data);
-        copies.push(Transposed { key, data: Arc::clone(&data), fresh: true });
+        copies.push(Transposed { source, version, data: Arc::clone(&data) });
         Ok(data)
     }
 }
@@ -157,7 +167,7 @@ pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) ->
         } else if g.tb {
             // SAFETY: range checked above; parameters are not written by compute calls.
             let b = unsafe { raw.get("gemm", g.b, extent(g.n, g.k, g.ldb))? };
-            Path::Direct(Some(transposes.of(b, (g.n, g.k, g.ldb))?))
+            Path::Direct(Some(transposes.of(b, (raw.stamp(g.b.buf), g.b.offset), (g.n, g.k, g.ldb))?))
         } else {
             Path::Direct(None)
         });
@@ -357,7 +367,7 @@ mod tests {
         assert!(x.meets(&y), "other strides: by the elements between first and last");
     }
     use super::{run_part, Path, Raw};
-    use crate::cpu::CpuBackend;
+    use crate::cpu::{CpuBackend, HostBuffer};
     use arbor_core::backend::{Backend, Gemm, Loc, Mem};
 
     /// A product's bits do not depend on how many parts compute it, on the `gemm` crate (whose
@@ -386,13 +396,14 @@ mod tests {
                 g.accumulate = accumulate;
                 for path in paths.iter().filter(|p| !(tb && matches!(p, Path::Direct(_)))) {
                     let product = |parts: usize| {
-                        let mut data = vec![a.clone(), b.clone(), c.clone()];
+                        let mut data: Vec<HostBuffer> =
+                            [&a, &b, &c].into_iter().map(|x| HostBuffer::from(x.clone())).collect();
                         let mut mem = Mem { data: &mut data, index: &[] };
-                        let raw = Raw::new(&mut mem).unwrap();
+                        let raw = Raw::new(&mut mem, [2]).unwrap();
                         for part in 0..parts {
                             run_part(&raw, std::slice::from_ref(&g), std::slice::from_ref(path), part, parts).unwrap();
                         }
-                        data.pop().unwrap()
+                        data.pop().unwrap().into_vec()
                     };
                     let whole = product(1);
                     for parts in 2..=4 {
@@ -423,7 +434,7 @@ mod tests {
             (Loc { buf: 1, offset: 0 }, k, true, true),
             (Loc { buf: 2, offset: 0 }, n),
         );
-        let check = |bufs: &mut Vec<Vec<f32>>, b: &[f32]| {
+        let check = |bufs: &mut Vec<HostBuffer>, b: &[f32]| {
             cpu.gemm(&mut Mem { data: bufs, index: &[] }, &g).unwrap();
             for i in 0..m {
                 for j in 0..n {
@@ -444,10 +455,12 @@ mod tests {
             check(&mut bufs, &b);
             check(&mut bufs, &b);
         }
+        // Changed by a compute call (a fill), not a write.
+        cpu.fill(&mut Mem { data: &mut bufs, index: &[] }, Loc { buf: 1, offset: 0 }, n * k, 0.5).unwrap();
+        check(&mut bufs, &vec![0.5; n * k]);
         // A new buffer holding other values (its address may be the old one's).
-        bufs[1] = cpu.alloc(n * k).unwrap();
         let b: Vec<f32> = (0..n * k).map(|i| value(i + 3, 1.5)).collect();
-        bufs[1].copy_from_slice(&b);
+        bufs[1] = HostBuffer::from(b.clone());
         check(&mut bufs, &b);
     }
 }

@@ -14,6 +14,8 @@ const MAX_BUFFERS: usize = 16;
 /// shared slices of one buffer sound whatever the caller asks for.
 pub(crate) struct Raw<'a> {
     data: [(*mut f32, usize); MAX_BUFFERS],
+    /// Each buffer's id and version (see [`HostBuffer`](super::HostBuffer)).
+    stamps: [(u64, u64); MAX_BUFFERS],
     index: [(*const u32, usize); MAX_BUFFERS],
     _mem: std::marker::PhantomData<&'a mut [f32]>,
 }
@@ -24,19 +26,32 @@ pub(crate) struct Raw<'a> {
 unsafe impl Sync for Raw<'_> {}
 
 impl<'a> Raw<'a> {
-    pub(crate) fn new(mem: &'a mut Mem<'_, CpuBackend>) -> Result<Raw<'a>> {
+    /// The buffers of one call that writes the buffers `written` (their versions move on).
+    pub(crate) fn new(mem: &'a mut Mem<'_, CpuBackend>, written: impl IntoIterator<Item = usize>) -> Result<Raw<'a>> {
         if mem.data.len() > MAX_BUFFERS || mem.index.len() > MAX_BUFFERS {
             return Err(bad("call", format!("more than {MAX_BUFFERS} buffers in one call")));
         }
+        for buf in written {
+            if let Some(b) = mem.data.get_mut(buf) {
+                b.changing();
+            }
+        }
         let mut data = [(std::ptr::null_mut(), 0); MAX_BUFFERS];
-        for (d, b) in data.iter_mut().zip(mem.data.iter_mut()) {
-            *d = (b.as_mut_ptr(), b.len());
+        let mut stamps = [(0, 0); MAX_BUFFERS];
+        for ((d, s), b) in data.iter_mut().zip(&mut stamps).zip(mem.data.iter_mut()) {
+            *d = (b.base(), b.len());
+            *s = b.stamp();
         }
         let mut index = [(std::ptr::null(), 0); MAX_BUFFERS];
         for (d, b) in index.iter_mut().zip(mem.index.iter()) {
             *d = (b.as_ptr(), b.len());
         }
-        Ok(Raw { data, index, _mem: std::marker::PhantomData })
+        Ok(Raw { data, stamps, index, _mem: std::marker::PhantomData })
+    }
+
+    /// The id and version of buffer `buf` (zeros for none).
+    pub(crate) fn stamp(&self, buf: usize) -> (u64, u64) {
+        self.stamps.get(buf).copied().unwrap_or((0, 0))
     }
 
     fn check(&self, op: &str, at: Loc, len: usize) -> Result<*mut f32> {
@@ -231,7 +246,7 @@ pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: 
 
 #[cfg(test)]
 mod tests {
-    use crate::cpu::CpuBackend;
+    use crate::cpu::{CpuBackend, HostBuffer};
     use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows};
     use arbor_core::fusion::Step;
     use arbor_core::ir::Builder;
@@ -243,7 +258,7 @@ mod tests {
     #[test]
     fn overlapping_calls_are_refused() {
         let cpu = CpuBackend::new();
-        let mut data = vec![(0..64).map(|i| i as f32).collect::<Vec<f32>>()];
+        let mut data = vec![HostBuffer::from((0..64).map(|i| i as f32).collect::<Vec<f32>>())];
         let index = vec![vec![0u32, 1]];
         let mut mem = Mem { data: &mut data, index: &index };
         let at = |offset| Loc { buf: 0, offset };

@@ -1,6 +1,7 @@
 //! The CPU backend: host buffers, an AVX-512 product kernel (the `gemm` crate where it does not
 //! apply), and fused kernels run as tight loops.
 
+mod buffer;
 mod direct;
 mod elementwise;
 mod fused;
@@ -14,6 +15,7 @@ mod team;
 use arbor_core::backend::{Backend, Gemm, Loc, Mem, Rows};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
+pub use buffer::HostBuffer;
 use memory::Raw;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -52,17 +54,17 @@ fn span(buf: &[f32], offset: usize, len: usize) -> Result<&[f32]> {
 }
 
 impl Backend for CpuBackend {
-    type Buffer = Vec<f32>;
+    type Buffer = HostBuffer;
     type Index = Vec<u32>;
 
     fn name(&self) -> &'static str {
         "cpu"
     }
 
-    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
+    fn alloc(&self, len: usize) -> Result<HostBuffer> {
         self.allocations.fetch_add(1, Ordering::Relaxed);
         self.transposes.clear();
-        Ok(vec![0.0; len])
+        Ok(HostBuffer::new(vec![0.0; len]))
     }
 
     fn alloc_index(&self, len: usize) -> Result<Vec<u32>> {
@@ -74,7 +76,7 @@ impl Backend for CpuBackend {
         self.allocations.load(Ordering::Relaxed)
     }
 
-    fn len(&self, buf: &Vec<f32>) -> usize {
+    fn len(&self, buf: &HostBuffer) -> usize {
         buf.len()
     }
 
@@ -82,10 +84,10 @@ impl Backend for CpuBackend {
         buf.len()
     }
 
-    fn write(&self, buf: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<()> {
-        self.transposes.invalidate();
+    fn write(&self, buf: &mut HostBuffer, offset: usize, src: &[f32]) -> Result<()> {
         let len = buf.len();
         let dst = buf
+            .changing()
             .get_mut(offset..offset + src.len())
             .ok_or_else(|| bad("write", format!("{} elements at {offset} past a buffer of {len}", src.len())))?;
         dst.copy_from_slice(src);
@@ -101,22 +103,21 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn read(&self, buf: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
+    fn read(&self, buf: &HostBuffer, offset: usize, dst: &mut [f32]) -> Result<()> {
         dst.copy_from_slice(span(buf, offset, dst.len())?);
         Ok(())
     }
 
-    fn read_vec(&self, buf: &Vec<f32>, offset: usize, len: usize) -> Result<Vec<f32>> {
+    fn read_vec(&self, buf: &HostBuffer, offset: usize, len: usize) -> Result<Vec<f32>> {
         Ok(span(buf, offset, len)?.to_vec())
     }
 
-    fn host_mut<'a>(&self, buf: &'a mut Vec<f32>) -> Option<&'a mut [f32]> {
-        self.transposes.invalidate();
-        Some(buf)
+    fn host_mut<'a>(&self, buf: &'a mut HostBuffer) -> Option<&'a mut [f32]> {
+        Some(buf.changing())
     }
 
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()> {
-        let raw = Raw::new(mem)?;
+        let raw = Raw::new(mem, [dst.buf])?;
         let max = if len >= memory::PARALLEL_ELEMS { usize::MAX } else { 1 };
         team::split(max, |part, parts| {
             let span = team::share(len, part, parts);
@@ -127,19 +128,23 @@ impl Backend for CpuBackend {
     }
 
     fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> Result<()> {
-        matmul::gemm_batch(&Raw::new(mem)?, std::slice::from_ref(g), &self.transposes)
+        matmul::gemm_batch(&Raw::new(mem, [g.c.buf])?, std::slice::from_ref(g), &self.transposes)
     }
 
     fn gemm_batch(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
-        matmul::gemm_batch(&Raw::new(mem)?, gs, &self.transposes)
+        matmul::gemm_batch(&Raw::new(mem, gs.iter().map(|g| g.c.buf))?, gs, &self.transposes)
     }
 
     fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
-        fused::run(&Raw::new(mem)?, kernel, n, loads, stores)
+        fused::run(&Raw::new(mem, stores.iter().map(|s| s.buf))?, kernel, n, loads, stores)
     }
 
     fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()> {
-        memory::scatter_add(&Raw::new(mem)?, src, block, n, dst)
+        let written = match *dst {
+            Rows::Indexed { data, .. } | Rows::IndexedSet { data, .. } => Some(data.buf),
+            _ => None,
+        };
+        memory::scatter_add(&Raw::new(mem, written)?, src, block, n, dst)
     }
 
     fn sum_rows(
@@ -151,7 +156,7 @@ impl Backend for CpuBackend {
         dst: Loc,
         accumulate: bool,
     ) -> Result<()> {
-        let raw = Raw::new(mem)?;
+        let raw = Raw::new(mem, [dst.buf])?;
         memory::apart("sum_rows", memory::Span::at(dst, cols), memory::Span::at(src, rows * cols))?;
         let max = if rows * cols >= memory::PARALLEL_ELEMS { usize::MAX } else { 1 };
         team::split(max, |part, parts| {
