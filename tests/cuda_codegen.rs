@@ -145,6 +145,11 @@ fn host_program(g: &Generated) -> String {
             Param::Offsets(k) => ("const unsigned*", format!("O{k}")),
             Param::Index(k) => ("const unsigned*", format!("I{k}")),
             Param::Store(k) => ("float*", format!("S{k}")),
+            Param::Rows(k) => {
+                main.push_str(&format!("    long long R{k};\n    if (fread(&R{k}, 8, 1, stdin) != 1) return 1;\n"));
+                args.push(format!("R{k}"));
+                continue;
+            }
         };
         main.push_str(&format!("    {ty} {name} = take(&len);\n"));
         if matches!(p, Param::Store(_)) {
@@ -178,22 +183,31 @@ fn compile_on_host(dir: &std::path::Path, name: &str, source: &str) -> std::path
     exe
 }
 
-/// The kernel's stores as the generated code computes them, compiled for the host.
-fn on_host(k: &Kernel, g: &Generated, bound: &[Bound], n: usize, dir: &std::path::Path) -> Vec<Vec<f32>> {
-    let exe = compile_on_host(dir, &g.name, &host_program(g));
+/// What the host program of `g` reads on its standard input: `n`, then every parameter (arrays
+/// as a length and the values; row counts as one number).
+fn host_input(k: &Kernel, g: &Generated, bound: &[Bound], n: usize) -> Vec<u8> {
     let mut input: Vec<u8> = (n as i64).to_le_bytes().to_vec();
-    let mut put = |words: Vec<[u8; 4]>| {
+    let put = |input: &mut Vec<u8>, words: Vec<[u8; 4]>| {
         input.extend((words.len() as i64).to_le_bytes());
         input.extend(words.into_iter().flatten());
     };
+    let blocks: Vec<usize> = k.loads().map(|l| k.nodes[l].shape.numel()).collect();
     for p in &g.params {
         match *p {
-            Param::Data(j) => put(bound[j].data.iter().map(|x| x.to_le_bytes()).collect()),
-            Param::Offsets(j) => put(bound[j].offsets.iter().map(|x| x.to_le_bytes()).collect()),
-            Param::Index(j) => put(bound[j].index.iter().map(|x| x.to_le_bytes()).collect()),
-            Param::Store(s) => put(vec![[0; 4]; n * k.nodes[k.stores[s]].shape.numel()]),
+            Param::Rows(j) => input.extend(((bound[j].data.len() / blocks[j].max(1)) as i64).to_le_bytes()),
+            Param::Data(j) => put(&mut input, bound[j].data.iter().map(|x| x.to_le_bytes()).collect()),
+            Param::Offsets(j) => put(&mut input, bound[j].offsets.iter().map(|x| x.to_le_bytes()).collect()),
+            Param::Index(j) => put(&mut input, bound[j].index.iter().map(|x| x.to_le_bytes()).collect()),
+            Param::Store(s) => put(&mut input, vec![[0; 4]; n * k.nodes[k.stores[s]].shape.numel()]),
         }
     }
+    input
+}
+
+/// The kernel's stores as the generated code computes them, compiled for the host.
+fn on_host(k: &Kernel, g: &Generated, bound: &[Bound], n: usize, dir: &std::path::Path) -> Vec<Vec<f32>> {
+    let exe = compile_on_host(dir, &g.name, &host_program(g));
+    let input = host_input(k, g, bound, n);
     let mut child = Command::new(&exe).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("the kernel runs");
     child.stdin.take().unwrap().write_all(&input).unwrap();
     let out = child.wait_with_output().unwrap();
@@ -250,6 +264,37 @@ fn c_array(ty: &str, name: &str, v: &[impl std::fmt::Display]) -> String {
 
 /// The backend's own kernels (scatter-adds by index and by index set, row sums with and without
 /// accumulation, fill), compiled for the host, compute what the CPU backend does.
+/// A gather whose row number lies past the rows its data holds stops the kernel (`abort` in the
+/// host build, `__trap` on the GPU) instead of reading outside the data.
+#[test]
+fn a_gather_past_its_rows_stops_the_kernel() {
+    let f = nn::tree_lstm(5, 4).unwrap();
+    let k = fused(f.forward_plan()).into_iter().next().expect("a forward kernel");
+    let b = bindings(&k, false);
+    let g = generate(&k, &b).unwrap();
+    let n = 5;
+    let mut rng = Rng::new(3);
+    let blocks: Vec<usize> = k.loads().map(|l| k.nodes[l].shape.numel()).collect();
+    let mut bound: Vec<Bound> = b.iter().zip(&blocks).map(|(&b, &block)| bind(b, n, block, &mut rng)).collect();
+    let dir = std::env::temp_dir().join(format!("arbor-gather-{}", std::process::id()));
+    let exe = compile_on_host(&dir, &g.name, &host_program(&g));
+    let run = |bound: &[Bound]| {
+        let mut child = Command::new(&exe).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(&host_input(&k, &g, bound, n)).unwrap();
+        child.wait_with_output().unwrap().status.success()
+    };
+    assert!(run(&bound), "in-range gathers run");
+    let (j, rows) = b
+        .iter()
+        .enumerate()
+        .find(|(_, b)| **b == Binding::Indexed)
+        .map(|(j, _)| (j, bound[j].data.len() / blocks[j]))
+        .expect("an indexed load");
+    bound[j].index[2] = rows as u32;
+    assert!(!run(&bound), "a row number past the data stopped the kernel");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn helper_kernels_compute_what_the_cpu_backend_does() {
     use arbor::cuda::backend::HELPER_BODIES;

@@ -341,8 +341,9 @@ impl CudaBackend {
     }
 }
 
-/// A kernel argument (all passed by value). Gathered rows can only be checked at their start
-/// (the rows an index names are on the device), so their indices must be in range.
+/// A kernel argument (all passed by value). Gathered rows are checked at their start here and,
+/// since the rows an index names are on the device, each row number in the kernel against the
+/// rows its data holds (`arbor_row`: past them the kernel stops, and the call fails).
 enum Arg {
     Ptr(u64),
     I64(i64),
@@ -581,9 +582,18 @@ impl Backend for CudaBackend {
         let c = self.compiled(kernel, loads.iter().map(Binding::of).collect())?;
         let mut args = vec![Arg::I64(n as i64)];
         for p in &c.generated.params {
+            let block = |k: usize| kernel.nodes[load_ops[k]].shape.numel();
             let address = match *p {
+                Param::Rows(k) => {
+                    let (Rows::Indexed { data, .. } | Rows::IndexedSet { data, .. }) = loads[k] else {
+                        return Err(fail("fused", "a row count for an unindexed load"));
+                    };
+                    let len = mem.data.get(data.buf).map_or(0, |b| self.len(b));
+                    args.push(Arg::I64((len.saturating_sub(data.offset) / block(k).max(1)) as i64));
+                    continue;
+                }
                 Param::Data(k) => {
-                    let block = kernel.nodes[load_ops[k]].shape.numel();
+                    let block = block(k);
                     match loads[k] {
                         Rows::Contiguous(at) => self.data(mem, "fused load", at, n * block)?,
                         Rows::Broadcast(at) => self.data(mem, "fused load", at, block)?,

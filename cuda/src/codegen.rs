@@ -54,6 +54,8 @@ pub enum Param {
     Index(usize),
     /// The `n + 1` offsets into the row numbers of load `k` (`const unsigned*`).
     Offsets(usize),
+    /// The rows load `k`'s data holds (`long long`): a row number at or past it stops the kernel.
+    Rows(usize),
     /// Where store `k` writes (`float*`).
     Store(usize),
 }
@@ -88,17 +90,25 @@ pub const PRELUDE: &str = r#"#ifndef ARBOR_PRELUDE
 #define ARBOR_NO_ROW 0xffffffffu
 #ifdef ARBOR_HOST
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 static unsigned arbor_bits(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
 #define ARBOR_DEVICE static
 #define ARBOR_RESTRICT restrict
 #define atomicAdd(p, x) (*(p) += (x))
+#define ARBOR_TRAP() abort()
 #else
 #define ARBOR_DEVICE __device__ static
 #define arbor_bits(x) __float_as_uint(x)
 #define ARBOR_RESTRICT __restrict__
 #define ARBOR_THREAD ((long long)blockIdx.x * blockDim.x + threadIdx.x)
+#define ARBOR_TRAP() __trap()
 #endif
+/* Row number `i` of a gather from data holding `rows` rows; past them the kernel stops. */
+ARBOR_DEVICE unsigned arbor_row(unsigned i, long long rows) {
+    if ((long long)i >= rows) ARBOR_TRAP();
+    return i;
+}
 #endif
 "#;
 
@@ -194,12 +204,12 @@ impl Emitter<'_> {
                     Binding::Broadcast => self.line(&format!("const float {t} = L{n}[{at}];")),
                     Binding::Zeros => self.line(&format!("const float {t} = 0.0f;")),
                     Binding::Indexed => self.line(&format!(
-                        "const float {t} = I{n}[v] == ARBOR_NO_ROW ? 0.0f : L{n}[(long long)I{n}[v] * {block} + {at}];"
+                        "const float {t} = I{n}[v] == ARBOR_NO_ROW ? 0.0f : L{n}[(long long)arbor_row(I{n}[v], R{n}) * {block} + {at}];"
                     )),
                     Binding::IndexedSet => {
                         self.line(&format!("float {t} = 0.0f;"));
                         self.line(&format!(
-                            "for (unsigned q = O{n}[v]; q < O{n}[v + 1]; ++q) {t} += L{n}[(long long)I{n}[q] * {block} + {at}];"
+                            "for (unsigned q = O{n}[v]; q < O{n}[v + 1]; ++q) {t} += L{n}[(long long)arbor_row(I{n}[q], R{n}) * {block} + {at}];"
                         ));
                     }
                 }
@@ -296,6 +306,8 @@ pub fn generate(kernel: &Kernel, bindings: &[Binding]) -> Result<Generated> {
         if matches!(b, Binding::Indexed | Binding::IndexedSet) {
             params.push(Param::Index(n));
             decl.push(format!("const unsigned* ARBOR_RESTRICT I{n}"));
+            params.push(Param::Rows(n));
+            decl.push(format!("long long R{n}"));
         }
     }
     for s in 0..kernel.stores.len() {
