@@ -1,6 +1,6 @@
 //! A built vertex function: its signature (parameters, states, inputs, outputs) and its values.
 
-use super::op::{Op, ValueId};
+use super::op::{load_ops, Op, ValueId};
 use crate::error::ValueDesc;
 use crate::tensor::Shape;
 
@@ -111,15 +111,7 @@ pub(crate) fn infer(op: &Op, nodes: &[Node]) -> Result<(Shape, bool), String> {
         nodes.get(v.index()).ok_or_else(|| format!("value {v} does not exist"))
     };
     match op {
-        Op::Gather { .. }
-        | Op::GatherSum { .. }
-        | Op::Pull { .. }
-        | Op::Param { .. }
-        | Op::Primal { .. }
-        | Op::StateGrad { .. }
-        | Op::PushGrad { .. }
-        | Op::Zeros
-        | Op::Stored { .. } => Err("loads take their shape from the signature".into()),
+        load_ops!() => Err("loads take their shape from the signature".into()),
         Op::MatMul { a, b, ta, tb } => {
             let (a, b) = (get(*a)?, get(*b)?);
             if a.is_param {

@@ -128,19 +128,27 @@ pub enum Op {
     },
 }
 
+/// The pattern of every load op: one that reads no value but memory the engine provides.
+macro_rules! load_ops {
+    () => {
+        $crate::ir::Op::Gather { .. }
+            | $crate::ir::Op::GatherSum { .. }
+            | $crate::ir::Op::Pull { .. }
+            | $crate::ir::Op::Param { .. }
+            | $crate::ir::Op::Primal { .. }
+            | $crate::ir::Op::StateGrad { .. }
+            | $crate::ir::Op::PushGrad { .. }
+            | $crate::ir::Op::Zeros
+            | $crate::ir::Op::Stored { .. }
+    };
+}
+pub(crate) use load_ops;
+
 impl Op {
     /// The values this op reads.
     pub fn inputs(&self) -> SmallVec<[ValueId; 2]> {
         match self {
-            Op::Gather { .. }
-            | Op::GatherSum { .. }
-            | Op::Pull { .. }
-            | Op::Param { .. }
-            | Op::Primal { .. }
-            | Op::StateGrad { .. }
-            | Op::PushGrad { .. }
-            | Op::Zeros
-            | Op::Stored { .. } => SmallVec::new(),
+            load_ops!() => SmallVec::new(),
             Op::MatMul { a, b, .. } | Op::Binary { a, b, .. } => smallvec![*a, *b],
             Op::Unary { x, .. } | Op::Slice { x, .. } | Op::SumCols { x } | Op::BroadcastCols { x, .. } => {
                 smallvec![*x]
@@ -152,18 +160,7 @@ impl Op {
     /// Whether the op reads no value but memory the engine provides (gathers, pulls, parameters,
     /// primal values, gradients).
     pub fn is_load(&self) -> bool {
-        matches!(
-            self,
-            Op::Gather { .. }
-                | Op::GatherSum { .. }
-                | Op::Pull { .. }
-                | Op::Param { .. }
-                | Op::Primal { .. }
-                | Op::StateGrad { .. }
-                | Op::PushGrad { .. }
-                | Op::Zeros
-                | Op::Stored { .. }
-        )
+        matches!(self, load_ops!())
     }
 
     /// Whether the op is a matrix product (its own kernel; never fused).
