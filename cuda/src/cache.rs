@@ -1,4 +1,4 @@
-//! Compiled kernels by [`cache_key`](crate::codegen::cache_key) (source hash and target: GPU
+//! Compiled kernels by [`cache_key`] (source hash and target: GPU
 //! architecture and compiler version): kept in memory for the run, and on disk so that a second
 //! run compiles nothing.
 //!

@@ -1,9 +1,11 @@
 //! Element-wise loops: each op's formula (from [`arbor_core::ir::elementwise`], written once over
-//! [`Lanes`](arbor_core::ir::elementwise::Lanes)) run over whole vectors and then one partial vector, on AVX-512 (16 lanes), AVX2 +
+//! [`Lanes`]) run over whole vectors and then one partial vector, on AVX-512 (16 lanes), AVX2 +
 //! FMA (8 lanes) or NEON (4 lanes), as the [active](super::isa::active) level allows, and one
 //! element at a time elsewhere. Every [`Lanes`] primitive rounds as its `f32` counterpart does,
 //! so every path computes each element with the bits of [`UnaryOp::apply`] and
 //! [`BinaryOp::apply`].
+//!
+//! [`Lanes`]: arbor_core::ir::elementwise::Lanes
 
 use super::isa::{self, Isa};
 use super::simd::Vector;

@@ -1,7 +1,7 @@
 //! Matrix products. Every call is split by output columns between the threads of the
-//! [team](super::team) (or by batch entries, for batched products), so each core reads only its
+//! [team] (or by batch entries, for batched products), so each core reads only its
 //! share of B and keeps it in its own cache from one task to the next. Products run on the
-//! [direct](super::direct) kernel, reading B in place or, when B is a transposed parameter, a
+//! [direct] kernel, reading B in place or, when B is a transposed parameter, a
 //! row-major copy of its transpose made once between parameter writes. Transposed products of
 //! other values, products of many rows below AVX-512 ([`direct::suits`]) and every product on an
 //! x86-64 CPU (or [level](super::isa::active)) without AVX2 run on the `gemm` crate.

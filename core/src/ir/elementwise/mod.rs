@@ -8,7 +8,7 @@
 //! implementation, so a vectorised loop computes bit for bit what [`UnaryOp::apply`] does.
 //!
 //! To add an op, see `CONTRIBUTING.md`: one file here (the op, and the backward-only op its
-//! derivative needs, if any), one line in [`unary_ops!`] or [`binary_ops!`] below, a builder
+//! derivative needs, if any), one line in `unary_ops!` or `binary_ops!` below, a builder
 //! method, and its case in the gradient checks.
 
 mod arith;
@@ -294,7 +294,7 @@ macro_rules! unary_ops {
     };
 }
 
-/// Declares [`BinaryOp`] as [`unary_ops!`] declares [`UnaryOp`].
+/// Declares [`BinaryOp`] as `unary_ops!` declares [`UnaryOp`].
 macro_rules! binary_ops {
     ($($(#[$doc:meta])* $variant:ident => $def:expr;)*) => {
         /// Element-wise ops of two inputs. The `*Grad` ops appear only in derived backward
