@@ -328,6 +328,16 @@ impl MemoryPlan {
         plan
     }
 
+    /// Places a buffer of `len` elements after every other, live for the whole minibatch (the
+    /// engine's distinct pulled rows, and the products and gradients over them); returns its
+    /// offset.
+    pub fn append(&mut self, what: impl Into<String>, len: usize) -> usize {
+        let offset = self.len.next_multiple_of(ALIGN);
+        self.len = offset + len;
+        self.lifetimes.push(Lifetime { what: what.into(), elems: offset..self.len, steps: 0..usize::MAX });
+        offset
+    }
+
     /// Bytes of the arena (f32 elements × 4).
     pub fn bytes(&self) -> usize {
         self.len * 4

@@ -5,7 +5,6 @@
 //! gradients per distinct row first. Rows given one per vertex are compared by content, so
 //! nothing is assumed of where they came from; rows looked up in a table are told apart by id.
 
-use super::sums::Sums;
 use arbor_core::backend::NO_ROW;
 use arbor_core::fusion::Kernel;
 use arbor_core::ir::{Func, Node, Op, ParamGrad, ValueId, VertexFn};
@@ -26,8 +25,7 @@ pub(super) struct Shared {
     pub map: Vec<u32>,
     /// The distinct rows, back to back.
     pub rows: Vec<f32>,
-    /// Where the engine put the distinct rows (in its `SHARED` buffer) and the map (in its
-    /// index buffer).
+    /// Where the engine put the distinct rows (in its arena) and the map (in its index buffer).
     pub rows_at: usize,
     pub map_at: usize,
 }
@@ -138,35 +136,6 @@ pub(super) fn pulled_factor(func: &Func, v: ValueId) -> Option<usize> {
         Op::Pull { input } if func.node(b).is_param && func.node(a).shape.rows() == 1 => Some(input),
         _ => None,
     }
-}
-
-/// Per value of F: a product over a pulled input's distinct rows that only F's fused kernels
-/// read, so it can stay in scratch and be read there by index instead of being copied to every
-/// vertex's row. Not when it is a state or an output, a factor of another product, a value F′
-/// reads, or summed with a sibling product.
-pub(super) fn read_by_index(f: &VertexFn, sums: &Sums) -> Vec<bool> {
-    let fwd = f.forward();
-    let mut ok: Vec<bool> = (0..fwd.nodes.len())
-        .map(|v| {
-            let v = ValueId(v as u32);
-            pulled_factor(fwd, v).is_some() && sums.target(v).is_none() && sums.source(v).is_none()
-        })
-        .collect();
-    let mut not = |v: ValueId| ok[v.index()] = false;
-    f.states().iter().for_each(|s| not(s.value));
-    f.outputs().iter().for_each(|o| not(o.value));
-    for n in &fwd.nodes {
-        if let Op::MatMul { a, b, .. } = n.op {
-            not(a);
-            not(b);
-        }
-    }
-    for n in &f.backward().func.nodes {
-        if let Op::Primal { value } = n.op {
-            not(value);
-        }
-    }
-    ok
 }
 
 /// Whether F or F′ reads the rows of input `input` one per vertex: for anything but the left

@@ -3,7 +3,6 @@
 //! sum), the second product accumulates into the first one's output. The fused kernel after them
 //! then reads one product instead of two and skips one add over the products' full width.
 
-use super::dedup;
 use arbor_core::fusion::{Phase, Plan, Step};
 use arbor_core::ir::{BinaryOp, Op, ValueId, VertexFn};
 
@@ -17,9 +16,10 @@ pub(super) struct Sums {
 }
 
 impl Sums {
-    /// The sums of `f`'s forward function.
-    pub(super) fn new(f: &VertexFn) -> Sums {
-        let target = accumulated_into(f);
+    /// The sums of `f`'s forward function among the products not `claimed` (per value) by
+    /// another pass.
+    pub(super) fn new(f: &VertexFn, claimed: &[bool]) -> Sums {
+        let target = accumulated_into(f, claimed);
         let mut source = vec![None; target.len()];
         for (p2, p1) in target.iter().enumerate() {
             if let Some(p1) = p1 {
@@ -40,8 +40,9 @@ impl Sums {
     }
 }
 
-/// Per value of F: the product it accumulates into instead of its own output, if any.
-fn accumulated_into(f: &VertexFn) -> Vec<Option<ValueId>> {
+/// Per value of F: the product it accumulates into instead of its own output, if any (never a
+/// `claimed` one).
+fn accumulated_into(f: &VertexFn, claimed: &[bool]) -> Vec<Option<ValueId>> {
     let func = f.forward();
     let users = func.users();
     let kept: Vec<ValueId> = f
@@ -67,7 +68,7 @@ fn accumulated_into(f: &VertexFn) -> Vec<Option<ValueId>> {
             };
             let sibling = |p1: ValueId| {
                 p1 != p2
-                    && [p1, p2].iter().all(|&p| func.node(p).op.is_matmul() && dedup::pulled_factor(func, p).is_none())
+                    && [p1, p2].iter().all(|&p| func.node(p).op.is_matmul() && !claimed[p.index()])
                     && private(p2, s)
                     && private(p1, if p1 == q { s } else { q })
                     && func.node(p1).shape == func.node(p2).shape

@@ -1,0 +1,292 @@
+//! The state of one minibatch, rebuilt by every forward pass: its schedule, memory plan and
+//! index layout, what is known on each task, the distinct rows of its pulled inputs, and the
+//! host data the pass uploads. Building it checks every pulled input.
+
+use super::analysis::Analysis;
+use super::dedup::{self, Shared};
+use super::facts::{FactCache, Facts, Loads};
+use super::launch::Uploads;
+use super::Pull;
+use arbor_batching::{MemoryPlan, Schedule};
+use arbor_core::backend::{IndexLoc, Loc, Rows, NO_ROW};
+use arbor_core::error::{Error, Result};
+use arbor_core::ir::{Op, Port, VertexFn};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Where the gather index plan of one minibatch lives in the index buffer.
+#[derive(Default)]
+pub(super) struct IndexLayout {
+    vertices: usize,
+    child_offsets: usize,
+    child_list: usize,
+    pub len: usize,
+}
+
+impl IndexLayout {
+    fn new(arity: usize, s: &Schedule) -> IndexLayout {
+        let n = s.len();
+        let child_offsets = arity * n;
+        let child_list = child_offsets + n + 1;
+        IndexLayout { vertices: n, child_offsets, child_list, len: child_list + s.child_list.len() }
+    }
+
+    /// Where the child rows of slot `slot` for row `row` on are.
+    pub fn slot(&self, slot: usize, row: usize) -> IndexLoc {
+        IndexLoc { buf: 0, offset: slot * self.vertices + row }
+    }
+
+    /// Rows `row..` of a vertex's children, all slots.
+    pub fn set(&self, data: Loc, row: usize) -> Rows {
+        Rows::IndexedSet {
+            data,
+            offsets: IndexLoc { buf: 0, offset: self.child_offsets + row },
+            index: IndexLoc { buf: 0, offset: self.child_list },
+        }
+    }
+}
+
+/// A copy of product rows over distinct pulled rows to the rows of the vertices that pulled them.
+#[derive(Clone, Copy)]
+pub(super) struct SharedCopy {
+    /// The product (`None`: a looked-up input's own rows).
+    pub value: Option<arbor_core::ir::ValueId>,
+    pub from: Loc,
+    pub to: Loc,
+    /// The first vertex row, and where its entry of the map is.
+    pub row: usize,
+    pub map: IndexLoc,
+    pub rows: usize,
+    pub block: usize,
+}
+
+/// One minibatch as the lowering sees it.
+#[derive(Default)]
+pub(super) struct Batch {
+    pub schedule: Schedule,
+    pub memory: MemoryPlan,
+    pub index: IndexLayout,
+    /// Whether the forward pass keeps what a backward pass needs.
+    pub trained: bool,
+    /// Per task, which loads of F are all zeros.
+    pub loads: Vec<Loads>,
+    /// Per task, what is known of F's values.
+    pub fwd_facts: Vec<Arc<Facts>>,
+    /// Per task, what is known of F′'s values (set by the backward pass).
+    pub bwd_facts: Vec<Arc<Facts>>,
+    /// Per input, which rows (in row order) are all zeros (for a lookup, which pull padding).
+    pub pull_zero_rows: Vec<Vec<bool>>,
+    /// Per input, its distinct rows where sharing them pays.
+    pub shared: Vec<Option<Shared>>,
+    /// The part of the arena after the distinct rows where products over them are formed.
+    pub shared_scratch: Range<usize>,
+    /// Per looked-up input whose table gradient is formed per distinct row: where, in the arena.
+    pub table_grad_at: Vec<Option<usize>>,
+    /// Per looked-up input: whether its rows were copied to the vertices in this minibatch.
+    pub gathered: Vec<bool>,
+    /// Products over distinct rows left in scratch by the forward pass, not yet copied out.
+    pub in_scratch: Vec<SharedCopy>,
+}
+
+/// An error unless `got` ports' worth of data came for `want` ports of `f`.
+pub(super) fn check_count(f: &VertexFn, what: &str, want: usize, got: usize) -> Result<()> {
+    if want == got {
+        return Ok(());
+    }
+    Err(Error::input(format!("{what}s of `{}`", f.name()), format!("{want}"), format!("{got}")))
+}
+
+/// An error unless `len` values are one block of `port` for each of `n` vertices.
+pub(super) fn check_rows(what: &str, port: &Port, n: usize, len: usize) -> Result<()> {
+    let block = port.shape.numel();
+    if len == n * block {
+        return Ok(());
+    }
+    Err(Error::input(
+        format!("{what} `{}`", port.name),
+        format!("{} values ({n} vertices × {block})", n * block),
+        format!("{len}"),
+    ))
+}
+
+/// An error unless `ids` names, for each of `n` vertices, a row of `table` (rows as wide as
+/// `port`) or the padding id.
+fn check_lookup(port: &Port, table: &[f32], ids: &[u32], padding: Option<u32>, n: usize) -> Result<()> {
+    let block = port.shape.numel();
+    if ids.len() != n {
+        return Err(Error::input(
+            format!("ids of input `{}`", port.name),
+            format!("{n} (one per vertex)"),
+            format!("{}", ids.len()),
+        ));
+    }
+    if block > 0 && !table.len().is_multiple_of(block) {
+        return Err(Error::input(
+            format!("table of input `{}`", port.name),
+            format!("rows of {block} values"),
+            format!("{} values", table.len()),
+        ));
+    }
+    let rows = table.len().checked_div(block).unwrap_or(usize::MAX);
+    match ids.iter().enumerate().find(|&(_, &id)| Some(id) != padding && id as usize >= rows) {
+        Some((v, id)) => Err(Error::input(
+            format!("id of vertex {v} (merged-vertex order) for input `{}`", port.name),
+            format!("a row of the table (below {rows}) or the padding id"),
+            format!("{id}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Adds a write of rows given in merged-vertex order to the arena at `at` in row order; returns
+/// which rows (in row order) are all zeros.
+pub(super) fn upload_rows(up: &mut Uploads, order: &[u32], at: usize, src: &[f32], block: usize) -> Vec<bool> {
+    let mut zero = Vec::with_capacity(order.len());
+    up.write_with(at, |data| {
+        for &v in order {
+            let row = &src[v as usize * block..(v as usize + 1) * block];
+            zero.push(row.iter().all(|&x| x == 0.0));
+            data.extend_from_slice(row);
+        }
+    });
+    zero
+}
+
+impl Batch {
+    /// Lays out the minibatch `schedule` for `a`'s function, checks `pulls` and adds their
+    /// uploads (and the index buffer's) to `up`; `train` keeps what a backward pass needs.
+    pub(super) fn new(
+        a: &Analysis,
+        facts: &mut FactCache,
+        skip_padding_grads: bool,
+        schedule: Schedule,
+        pulls: &[Pull<'_>],
+        train: bool,
+        up: &mut Uploads,
+    ) -> Result<Batch> {
+        let f = &*a.f;
+        let n = schedule.len();
+        let mut b = Batch {
+            memory: MemoryPlan::new(f, n, schedule.max_task(), train),
+            index: IndexLayout::new(f.arity(), &schedule),
+            schedule,
+            trained: train,
+            ..Batch::default()
+        };
+        up.clear();
+        b.pull_zero_rows = b.place_pulls(f, pulls, up)?;
+        b.share_pulls(a, pulls, up);
+        b.index_contents(f, &mut up.index);
+        b.loads = (0..b.schedule.tasks.len()).map(|t| b.zero_loads(f, t)).collect();
+        b.fwd_facts = b.loads.iter().map(|l| facts.forward(f, l, train, skip_padding_grads)).collect();
+        Ok(b)
+    }
+
+    /// Which loads of F are all zeros on task `t`.
+    fn zero_loads(&self, f: &VertexFn, t: usize) -> Loads {
+        let (s, rows) = (&self.schedule, self.schedule.tasks[t].clone());
+        f.forward()
+            .nodes
+            .iter()
+            .map(|n| match n.op {
+                Op::Gather { slot, .. } => {
+                    s.child_rows.get(slot).is_none_or(|c| c[rows.clone()].iter().all(|&r| r == NO_ROW))
+                }
+                Op::GatherSum { .. } => s.child_offsets[rows.start] == s.child_offsets[rows.end],
+                Op::Pull { input } => self.task_all(t, &self.pull_zero_rows[input]),
+                _ => false,
+            })
+            .collect()
+    }
+
+    /// Whether every row of task `t` is flagged in `rows`.
+    pub fn task_all(&self, t: usize, rows: &[bool]) -> bool {
+        rows[self.schedule.tasks[t].clone()].iter().all(|&z| z)
+    }
+
+    /// Checks every pulled input and adds those given as rows to the uploads. Returns, per input,
+    /// which rows (in row order) are all zeros; for a lookup, which pull the padding id.
+    fn place_pulls(&self, f: &VertexFn, pulls: &[Pull<'_>], up: &mut Uploads) -> Result<Vec<Vec<bool>>> {
+        check_count(f, "input", f.inputs().len(), pulls.len())?;
+        let n = self.schedule.len();
+        let mut zero = Vec::with_capacity(pulls.len());
+        for (i, (pull, port)) in pulls.iter().zip(f.inputs()).enumerate() {
+            zero.push(match *pull {
+                Pull::Rows(rows) => {
+                    check_rows("input", port, n, rows.len())?;
+                    let at = self.memory.pulls[i].offset;
+                    upload_rows(up, &self.schedule.vertex_of_row, at, rows, port.shape.numel())
+                }
+                Pull::Lookup { table, ids, padding } => {
+                    check_lookup(port, table, ids, padding, n)?;
+                    self.schedule.vertex_of_row.iter().map(|&v| Some(ids[v as usize]) == padding).collect()
+                }
+            });
+        }
+        Ok(zero)
+    }
+
+    /// Finds the distinct rows of every looked-up input and of every input a product reads (see
+    /// [`dedup`]), places them in the arena with room after them for the products over them and
+    /// for table gradients formed per distinct row, and adds them to the uploads.
+    fn share_pulls(&mut self, a: &Analysis, pulls: &[Pull<'_>], up: &mut Uploads) {
+        let (n, f) = (self.schedule.len(), &*a.f);
+        let order = &self.schedule.vertex_of_row;
+        self.shared = pulls
+            .iter()
+            .enumerate()
+            .map(|(i, pull)| {
+                let block = f.inputs()[i].shape.numel();
+                match *pull {
+                    Pull::Lookup { table, ids, padding } => Some(dedup::lookup(order, ids, table, block, padding)),
+                    Pull::Rows(rows) if a.pulled_factor[i] => {
+                        let row = |r: usize| &rows[order[r] as usize * block..(order[r] as usize + 1) * block];
+                        dedup::find(n, block, &self.pull_zero_rows[i], row)
+                    }
+                    Pull::Rows(_) => None,
+                }
+            })
+            .collect();
+        let mut map_at = self.index.len;
+        let mut most = 0;
+        for (i, s) in self.shared.iter_mut().enumerate() {
+            if let Some(s) = s {
+                s.rows_at = self.memory.append(format!("distinct rows of input {i}"), s.rows.len());
+                s.map_at = map_at;
+                map_at += n;
+                most = most.max(s.unique);
+                up.write(s.rows_at, s.rows.iter().copied());
+            }
+        }
+        let scratch = self.memory.append("products over distinct rows", most * a.shared_width);
+        self.shared_scratch = scratch..scratch + most * a.shared_width;
+        self.gathered = vec![false; pulls.len()];
+        self.table_grad_at = (0..pulls.len())
+            .map(|i| match &self.shared[i] {
+                Some(s) if s.ids.is_some() && self.trained && a.table_grad_via[i].is_some() => {
+                    let len = s.unique * f.inputs()[i].shape.numel();
+                    Some(self.memory.append(format!("table gradient of input {i}"), len))
+                }
+                _ => None,
+            })
+            .collect();
+    }
+
+    /// The index buffer's contents: the children's rows per slot, the child sets, then the map
+    /// of every input's distinct rows.
+    fn index_contents(&self, f: &VertexFn, out: &mut Vec<u32>) {
+        let s = &self.schedule;
+        let n = s.len();
+        for k in 0..f.arity() {
+            match s.child_rows.get(k) {
+                Some(rows) => out.extend_from_slice(rows),
+                None => out.extend(std::iter::repeat_n(NO_ROW, n)),
+            }
+        }
+        out.extend_from_slice(&s.child_offsets);
+        out.extend_from_slice(&s.child_list);
+        for shared in self.shared.iter().flatten() {
+            out.extend_from_slice(&shared.map);
+        }
+    }
+}

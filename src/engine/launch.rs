@@ -1,0 +1,269 @@
+//! The lowered form of a pass: a plain list of launches (matrix products, fused kernels, row
+//! copies, fills, scatter-adds, row sums) addressed in the engine's buffers. The list prints,
+//! can be checked without a backend, and runs on any backend through [`execute`].
+
+use super::analysis::StepRef;
+use super::dedup;
+use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows};
+use arbor_core::error::Result;
+use arbor_core::fusion::Kernel;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// The engine's buffer that holds every value of a minibatch (see [`MemoryPlan`](arbor_batching::MemoryPlan)).
+pub const ARENA: usize = 0;
+/// The engine's buffer that holds the parameters.
+pub const PARAMS: usize = 1;
+/// The engine's buffer that holds the parameters' gradients.
+pub const GRADS: usize = 2;
+
+/// One operation on the engine's buffers.
+#[derive(Clone, Debug)]
+pub enum Launch {
+    /// Sets `len` elements at `dst` to zero.
+    Fill {
+        /// Where.
+        dst: Loc,
+        /// How many elements.
+        len: usize,
+    },
+    /// One matrix product.
+    Gemm(Gemm),
+    /// Independent matrix products: none writes what another reads or writes.
+    Gemms(Vec<Gemm>),
+    /// A fused kernel over `n` vertices (see [`Backend::fused`]).
+    Fused {
+        /// The step of the vertex function's plan it runs.
+        step: StepRef,
+        /// The kernel: the step's, or the step's with the stores nothing reads left out.
+        kernel: Arc<Kernel>,
+        /// Vertices.
+        n: usize,
+        /// One binding per load of the kernel.
+        loads: Vec<Rows>,
+        /// One place per store of the kernel.
+        stores: Vec<Loc>,
+    },
+    /// Copies `rows` rows of `block` values from `from` (one per row) to `to` onwards.
+    Copy {
+        /// The rows to read.
+        from: Rows,
+        /// Where the first row goes.
+        to: Loc,
+        /// How many rows.
+        rows: usize,
+        /// Values per row.
+        block: usize,
+    },
+    /// Adds `n` blocks from `src` on into the rows `dst` names (see [`Backend::scatter_add`]).
+    ScatterAdd {
+        /// The blocks, back to back.
+        src: Loc,
+        /// Values per block.
+        block: usize,
+        /// How many blocks.
+        n: usize,
+        /// Where each is added.
+        dst: Rows,
+    },
+    /// Adds the sum of `rows` rows of `cols` values at `src` to the `cols` values at `dst`.
+    SumRows {
+        /// The rows.
+        src: Loc,
+        /// How many rows.
+        rows: usize,
+        /// Values per row.
+        cols: usize,
+        /// The sum is added here.
+        dst: Loc,
+    },
+}
+
+/// How many launches of each kind a list holds (products counted one by one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Matrix products.
+    pub products: usize,
+    /// Fused kernels.
+    pub fused: usize,
+    /// Row copies.
+    pub copies: usize,
+    /// Zero fills.
+    pub fills: usize,
+    /// Scatter-adds.
+    pub scatters: usize,
+    /// Row sums.
+    pub row_sums: usize,
+}
+
+impl Counts {
+    /// The counts of `launches`.
+    pub fn of(launches: &[Launch]) -> Counts {
+        let mut c = Counts::default();
+        for l in launches {
+            match l {
+                Launch::Fill { .. } => c.fills += 1,
+                Launch::Gemm(_) => c.products += 1,
+                Launch::Gemms(gs) => c.products += gs.len(),
+                Launch::Fused { .. } => c.fused += 1,
+                Launch::Copy { .. } => c.copies += 1,
+                Launch::ScatterAdd { .. } => c.scatters += 1,
+                Launch::SumRows { .. } => c.row_sums += 1,
+            }
+        }
+        c
+    }
+}
+
+impl Launch {
+    /// Floating-point operations: `2·m·n·k` per matrix product, one per element per fused op
+    /// (copies, fills and sums count none).
+    pub fn flops(&self) -> u64 {
+        match self {
+            Launch::Gemm(g) => gemm_flops(g),
+            Launch::Gemms(gs) => gs.iter().map(gemm_flops).sum(),
+            Launch::Fused { kernel, n, .. } => {
+                (n * kernel.nodes.iter().filter(|x| !x.op.is_load()).map(|x| x.shape.numel()).sum::<usize>()) as u64
+            }
+            _ => 0,
+        }
+    }
+}
+
+fn gemm_flops(g: &Gemm) -> u64 {
+    2 * (g.m * g.n * g.k * g.batch) as u64
+}
+
+/// Host data a pass writes before its launches: rows of the arena, and the whole index buffer.
+#[derive(Default)]
+pub struct Uploads {
+    /// The values, back to back.
+    pub data: Vec<f32>,
+    /// Per write, the arena offset it goes to and its range in `data`.
+    pub writes: Vec<(usize, Range<usize>)>,
+    /// The index buffer's contents (empty: unchanged).
+    pub index: Vec<u32>,
+}
+
+impl Uploads {
+    /// Forgets every write.
+    pub(super) fn clear(&mut self) {
+        self.data.clear();
+        self.writes.clear();
+        self.index.clear();
+    }
+
+    /// Adds a write of `values` to the arena at `at`.
+    pub(super) fn write(&mut self, at: usize, values: impl IntoIterator<Item = f32>) {
+        let start = self.data.len();
+        self.data.extend(values);
+        self.writes.push((at, start..self.data.len()));
+    }
+
+    /// Adds a write to the arena at `at` whose values `fill` appends to the vector it is given.
+    pub(super) fn write_with(&mut self, at: usize, fill: impl FnOnce(&mut Vec<f32>)) {
+        let start = self.data.len();
+        fill(&mut self.data);
+        self.writes.push((at, start..self.data.len()));
+    }
+}
+
+/// Runs `launches` in order on `backend` over `mem`; returns the flops they executed.
+pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &[Launch]) -> Result<u64> {
+    let mut flops = 0;
+    for l in launches {
+        flops += l.flops();
+        match l {
+            Launch::Fill { dst, len } => backend.fill(mem, *dst, *len, 0.0)?,
+            Launch::Gemm(g) => backend.gemm(mem, g)?,
+            Launch::Gemms(gs) => backend.gemm_batch(mem, gs)?,
+            Launch::Fused { kernel, n, loads, stores, .. } => backend.fused(mem, kernel, *n, loads, stores)?,
+            Launch::Copy { from, to, rows, block } => {
+                backend.fused(mem, &dedup::copy_kernel(*block), *rows, std::slice::from_ref(from), &[*to])?
+            }
+            Launch::ScatterAdd { src, block, n, dst } => backend.scatter_add(mem, *src, *block, *n, dst)?,
+            Launch::SumRows { src, rows, cols, dst } => backend.sum_rows(mem, *src, *rows, *cols, *dst, true)?,
+        }
+    }
+    Ok(flops)
+}
+
+/// `buf:offset`, with the engine's buffers named.
+struct At(Loc);
+
+impl fmt::Display for At {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.buf {
+            ARENA => write!(f, "arena+{}", self.0.offset),
+            PARAMS => write!(f, "params+{}", self.0.offset),
+            GRADS => write!(f, "grads+{}", self.0.offset),
+            b => write!(f, "buf{b}+{}", self.0.offset),
+        }
+    }
+}
+
+/// Where rows are read or written, briefly.
+struct RowsAt<'a>(&'a Rows);
+
+impl fmt::Display for RowsAt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ix = |i: &IndexLoc| format!("index+{}", i.offset);
+        match self.0 {
+            Rows::Contiguous(l) => write!(f, "{}", At(*l)),
+            Rows::Broadcast(l) => write!(f, "{} (each)", At(*l)),
+            Rows::Indexed { data, index } => write!(f, "{}[{}]", At(*data), ix(index)),
+            Rows::IndexedSet { data, offsets, .. } => write!(f, "{}[set {}]", At(*data), ix(offsets)),
+            Rows::Zeros => write!(f, "zeros"),
+        }
+    }
+}
+
+fn gemm(f: &mut fmt::Formatter<'_>, g: &Gemm) -> fmt::Result {
+    let t = |x: bool| if x { "ᵀ" } else { "" };
+    let batch = if g.batch > 1 { format!(" ×{}", g.batch) } else { String::new() };
+    let op = if g.accumulate { "+=" } else { "=" };
+    write!(f, "{} {op} {}{} · {}{} ({}×{}×{}{batch})", At(g.c), At(g.a), t(g.ta), At(g.b), t(g.tb), g.m, g.n, g.k)
+}
+
+impl fmt::Display for Launch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Launch::Fill { dst, len } => write!(f, "fill    {} ×{len}", At(*dst)),
+            Launch::Gemm(g) => {
+                write!(f, "product ")?;
+                gemm(f, g)
+            }
+            Launch::Gemms(gs) => {
+                write!(f, "products {}:", gs.len())?;
+                for g in gs {
+                    write!(f, "\n          ")?;
+                    gemm(f, g)?;
+                }
+                Ok(())
+            }
+            Launch::Fused { step, kernel, n, loads, stores } => {
+                write!(
+                    f,
+                    "fused   {} {:?} step {} over {n} rows, {} ops: ",
+                    step.plan.name(),
+                    step.phase,
+                    step.step,
+                    kernel.nodes.len()
+                )?;
+                let loads: Vec<String> = loads.iter().map(|r| RowsAt(r).to_string()).collect();
+                let stores: Vec<String> = stores.iter().map(|l| At(*l).to_string()).collect();
+                write!(f, "{} → {}", loads.join(", "), stores.join(", "))
+            }
+            Launch::Copy { from, to, rows, block } => {
+                write!(f, "copy    {} → {} ({rows} rows of {block})", RowsAt(from), At(*to))
+            }
+            Launch::ScatterAdd { src, block, n, dst } => {
+                write!(f, "scatter {} → {} += ({n} rows of {block})", At(*src), RowsAt(dst))
+            }
+            Launch::SumRows { src, rows, cols, dst } => {
+                write!(f, "sum     {} += Σ rows of {} ({rows} rows of {cols})", At(*dst), At(*src))
+            }
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Lowering of matrix products: F's and F′'s products per run of tasks (narrowed to the columns
+//! that can be non-zero, over a pulled input's distinct rows where they are shared, summed into
+//! a sibling's output where [`sums`](super::sums) says so), and the parameter gradients over all
+//! vertices.
+
+use super::batch::SharedCopy;
+use super::dedup::{self, Shared};
+use super::facts::{self, Cut};
+use super::internal;
+use super::launch::{Launch, ARENA, GRADS, PARAMS};
+use super::lower::{Lowering, Pass};
+use arbor_core::backend::{Gemm, IndexLoc, Loc, Rows};
+use arbor_core::error::Result;
+use arbor_core::ir::{Op, ParamGrad, ValueId};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// One product `C += op(A)·op(B)` with `C` `m × n` and inner dimension `k`: `a` is where A is,
+/// its row stride and whether it is transposed; `b` the same and whether it is a parameter; `c`
+/// where C is and its row stride.
+fn accumulating(
+    mnk: (usize, usize, usize),
+    a: (Loc, usize, bool),
+    b: (Loc, usize, bool, bool),
+    c: (Loc, usize),
+) -> Gemm {
+    Gemm { accumulate: true, ..Gemm::single(mnk, a, b, c) }
+}
+
+impl Lowering {
+    /// Adds the calls of product `v` over the rows `run` (tasks sharing `cut`) to `waves`; an
+    /// all-zero product is filled at once. A product of a pulled input with shared rows runs over
+    /// the distinct rows into scratch from `scratch` on; the copy to the vertices' rows that must
+    /// follow the waves is returned. A product summed `into` a sibling `(p1, add)` writes `p1`'s
+    /// output instead: after every wave so far, adding to it, where `add`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn product(
+        &mut self,
+        pass: Pass,
+        v: ValueId,
+        run: Range<usize>,
+        cut: &Cut,
+        into: Option<(ValueId, bool)>,
+        waves: &mut Vec<Vec<Gemm>>,
+        scratch: &mut usize,
+    ) -> Result<Option<SharedCopy>> {
+        let (add, base) = match into {
+            Some((_, true)) => (true, waves.len()),
+            _ => (false, 0),
+        };
+        let target = into.map(|(p1, _)| self.loc(pass, p1, run.start, run.start)).transpose()?;
+        let mut push = |wave: usize, mut g: Gemm| {
+            g.accumulate |= add;
+            if waves.len() <= base + wave {
+                waves.resize_with(base + wave + 1, Vec::new);
+            }
+            waves[base + wave].push(g);
+        };
+        match cut {
+            Cut::Skip => {}
+            // Summed into a sibling, zeros add nothing (and the kernel reads them as zeros).
+            Cut::Zero if into.is_some() || !self.fills(pass)[v.index()] => {}
+            Cut::Zero => {
+                let dst = self.loc(pass, v, run.start, run.start)?;
+                let len = run.len() * self.func(pass).node(v).shape.numel();
+                self.push(Launch::Fill { dst, len });
+            }
+            Cut::Full => {
+                let (mut g, copy) = self.shared_gemm(pass, v, run, scratch)?;
+                g.c = target.unwrap_or(g.c);
+                push(0, g);
+                return Ok(copy);
+            }
+            Cut::Cols { cols, zero, inner } => {
+                let (mut g, copy) = self.shared_gemm(pass, v, run, scratch)?;
+                g.c = target.unwrap_or(g.c);
+                if !add {
+                    for z in zero {
+                        // A product over an empty inner dimension is zero.
+                        push(0, facts::narrow(&g, z.clone(), 0..0, false));
+                    }
+                }
+                for c in cols {
+                    for (i, k) in inner.iter().enumerate() {
+                        push(i, facts::narrow(&g, c.clone(), k.clone(), i > 0));
+                    }
+                }
+                return Ok(copy);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The call of product `v` over the rows `run`: over the distinct rows of its pulled factor
+    /// into scratch when that input has shared rows (and scratch has room), with the copy that
+    /// must follow it.
+    fn shared_gemm(
+        &mut self,
+        pass: Pass,
+        v: ValueId,
+        run: Range<usize>,
+        scratch: &mut usize,
+    ) -> Result<(Gemm, Option<SharedCopy>)> {
+        let mut g = self.gemm_call(pass, v, run.clone())?;
+        let input = (pass == Pass::Forward).then(|| dedup::pulled_factor(self.func(pass), v)).flatten();
+        let Some((i, &Shared { unique, rows_at, map_at, .. })) =
+            input.and_then(|i| self.b.shared[i].as_ref().map(|s| (i, s)))
+        else {
+            return Ok((g, None));
+        };
+        if *scratch + unique * g.ldc > self.b.shared_scratch.end {
+            // Per vertex after all: a looked-up input's rows must be there.
+            self.gather_lookup(i);
+            return Ok((g, None));
+        }
+        let copy = SharedCopy {
+            value: Some(v),
+            from: Loc { buf: ARENA, offset: *scratch },
+            to: g.c,
+            row: run.start,
+            map: IndexLoc { buf: 0, offset: map_at + run.start },
+            rows: run.len(),
+            block: g.ldc,
+        };
+        *scratch += unique * g.ldc;
+        (g.m, g.a, g.c) = (unique, Loc { buf: ARENA, offset: rows_at }, copy.from);
+        Ok((g, Some(copy)))
+    }
+
+    fn gemm_call(&self, pass: Pass, v: ValueId, rows: Range<usize>) -> Result<Gemm> {
+        let func = self.func(pass);
+        let Op::MatMul { a, b, ta, tb } = func.node(v).op else {
+            return Err(internal(format!("value {v} is not a matrix product")));
+        };
+        let (na, nb, nv) = (func.node(a), func.node(b), func.node(v));
+        let (r0, n) = (rows.start, rows.len());
+        let at = |x: ValueId| self.loc(pass, x, r0, r0);
+        let (ar, ac) = if ta { (na.shape.cols(), na.shape.rows()) } else { (na.shape.rows(), na.shape.cols()) };
+        let mut g = Gemm {
+            m: ar,
+            n: nv.shape.cols(),
+            k: ac,
+            a: at(a)?,
+            lda: na.shape.cols(),
+            ta,
+            b: at(b)?,
+            ldb: nb.shape.cols(),
+            tb,
+            b_fixed: nb.is_param,
+            c: at(v)?,
+            ldc: nv.shape.cols(),
+            accumulate: false,
+            batch: n,
+            stride_a: na.shape.numel(),
+            stride_b: if nb.is_param { 0 } else { nb.shape.numel() },
+            stride_c: nv.shape.numel(),
+        };
+        if nb.is_param && !ta {
+            // One product over the rows of every vertex.
+            g.m = n * ar;
+            g.batch = 1;
+        }
+        Ok(g)
+    }
+
+    /// For a parameter gradient `xᵀ·dy` over the rows `run` whose `x` is a pulled input with
+    /// shared rows: sums `dy` per distinct row into scratch and returns the factors over the
+    /// distinct rows instead (where x's rows are, where the summed dy is, how many rows).
+    fn shared_grad(&mut self, x: ValueId, dy: ValueId, run: &Range<usize>) -> Result<Option<(Loc, Loc, usize)>> {
+        let Some(&Shared { unique, rows_at, map_at, .. }) = self.shared_input(x) else { return Ok(None) };
+        let block = self.func(Pass::Backward).node(dy).shape.numel();
+        let scratch = &self.b.shared_scratch;
+        let sums = Loc { buf: ARENA, offset: scratch.start };
+        if scratch.start + unique * block > scratch.end {
+            return Ok(None);
+        }
+        let src = self.loc(Pass::Backward, dy, run.start, 0)?;
+        self.push(Launch::Fill { dst: sums, len: unique * block });
+        let dst = Rows::Indexed { data: sums, index: IndexLoc { buf: 0, offset: map_at + run.start } };
+        self.push(Launch::ScatterAdd { src, block, n: run.len(), dst });
+        Ok(Some((Loc { buf: ARENA, offset: rows_at }, sums, unique)))
+    }
+
+    /// The shared rows of the input that parameter-gradient factor `x` (a value of F′) reads.
+    fn shared_input(&self, x: ValueId) -> Option<&Shared> {
+        self.pulled_input(x).and_then(|i| self.b.shared[i].as_ref())
+    }
+
+    /// The input that parameter-gradient factor `x` (a value of F′) is, if it is one.
+    fn pulled_input(&self, x: ValueId) -> Option<usize> {
+        let op = match self.func(Pass::Backward).node(x).op {
+            Op::Primal { value } => &self.a.f.forward().node(value).op,
+            ref op => op,
+        };
+        match *op {
+            Op::Pull { input } => Some(input),
+            _ => None,
+        }
+    }
+
+    /// Forms every parameter gradient with one operation per term over all vertices (per run of
+    /// tasks where the term can be non-zero, over the rows and columns where it can be).
+    pub(super) fn param_grads(&mut self) -> Result<()> {
+        let tasks = 0..self.b.schedule.tasks.len();
+        let f = Arc::clone(&self.a.f);
+        let b = f.backward();
+        let func = &b.func;
+        for (j, pg) in b.param_grads.iter().enumerate() {
+            let p = pg.param();
+            // A looked-up input whose table gradient `Σ dy·Wᵀ` is formed here per distinct row.
+            let table = (0..self.b.table_grad_at.len()).find_map(|i| {
+                self.b.table_grad_at[i].filter(|_| self.a.table_grad_via[i] == Some(j)).map(|at| (i, at))
+            });
+            let decl = &f.params()[p];
+            let dst = Loc { buf: GRADS, offset: self.a.param_at[p] };
+            match *pg {
+                ParamGrad::MatMul { x, dy, .. } => {
+                    let (nx, ny) = (func.node(x), func.node(dy));
+                    // Per task, the non-zero columns of x (rows of the gradient) and of dy.
+                    let blocks = |t: usize| {
+                        let f = &self.b.bwd_facts[t];
+                        let (rows, cols) = (f.zero[x.index()].complement(), f.zero[dy.index()].complement());
+                        (!rows.is_empty() && !cols.is_empty()).then(|| (rows.ranges(), cols.ranges()))
+                    };
+                    for (run, blocks) in self.runs(tasks.clone(), blocks) {
+                        let Some((rows, cols)) = blocks else { continue };
+                        let (mut x_at, mut dy_at) =
+                            (self.loc(Pass::Backward, x, run.start, 0)?, self.loc(Pass::Backward, dy, run.start, 0)?);
+                        let mut k = run.len() * nx.shape.rows();
+                        match self.shared_grad(x, dy, &run)? {
+                            Some(shared) => (x_at, dy_at, k) = shared,
+                            None if table.is_some() => {
+                                return Err(internal(format!("no room to sum the gradient of `{}` per row", decl.name)))
+                            }
+                            // Per vertex after all: a looked-up input's rows must be there.
+                            None => {
+                                if let Some(i) = self.pulled_input(x) {
+                                    self.gather_lookup(i);
+                                }
+                            }
+                        }
+                        if let Some((i, at)) = table {
+                            // The table gradient per distinct row: (Σ dy)·Wᵀ.
+                            let (width, w) =
+                                (f.inputs()[i].shape.numel(), Loc { buf: PARAMS, offset: self.a.param_at[p] });
+                            for c in &cols {
+                                self.push(Launch::Gemm(accumulating(
+                                    (k, width, c.len()),
+                                    (dy_at.offset_by(c.start), ny.shape.cols(), false),
+                                    (w.offset_by(c.start), decl.shape.cols(), true, true),
+                                    (Loc { buf: ARENA, offset: at }, width),
+                                )));
+                            }
+                        }
+                        for r in &rows {
+                            for c in &cols {
+                                self.push(Launch::Gemm(accumulating(
+                                    (r.len(), c.len(), k),
+                                    (x_at.offset_by(r.start), nx.shape.cols(), true),
+                                    (dy_at.offset_by(c.start), ny.shape.cols(), false, false),
+                                    (dst.offset_by(r.start * decl.shape.cols() + c.start), decl.shape.cols()),
+                                )));
+                            }
+                        }
+                    }
+                }
+                ParamGrad::SumRows { dy, .. } => {
+                    let period = decl.shape.numel();
+                    let block = func.node(dy).shape.numel();
+                    let zero = |t: usize| self.b.bwd_facts[t].is_zero(dy);
+                    for (run, _) in self.runs(tasks.clone(), zero).into_iter().filter(|(_, z)| !z) {
+                        let src = self.loc(Pass::Backward, dy, run.start, 0)?;
+                        self.push(Launch::SumRows { src, rows: run.len() * block / period, cols: period, dst });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! The lowering alone: a Tree-LSTM minibatch turned into its launch list, printed and counted,
+//! with no backend; then the same list run by an engine.
+
+use arbor::core::rng::Rng;
+use arbor::engine::{Counts, Launch, Lowering, PlanKind};
+use arbor::{nn, CpuBackend, Engine, InputGraph, Pull};
+
+/// Two constituency trees: a 2-leaf one and a 3-leaf one. Three tasks: the 5 leaves, the 2
+/// vertices of height 1, the root of height 2.
+fn minibatch() -> Vec<InputGraph> {
+    vec![
+        InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)]]).unwrap(),
+        InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)], vec![], vec![Some(2), Some(3)]])
+            .unwrap(),
+    ]
+}
+
+/// One 4-wide word per vertex: the same word at every leaf, zeros (no word) inside.
+fn words() -> Vec<f32> {
+    let leaf = [true, true, false, true, true, false, true, false];
+    leaf.iter().flat_map(|&l| [if l { 0.5 } else { 0.0 }; 4]).collect()
+}
+
+fn print(launches: &[Launch]) -> String {
+    let text: Vec<String> = launches.iter().map(Launch::to_string).collect();
+    println!("{}\n{:?}\n", text.join("\n"), Counts::of(launches));
+    text.join("\n")
+}
+
+/// The products of a list, one by one.
+fn products(launches: &[Launch]) -> Vec<arbor::core::backend::Gemm> {
+    launches
+        .iter()
+        .flat_map(|l| match l {
+            Launch::Gemm(g) => vec![*g],
+            Launch::Gemms(gs) => gs.clone(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+#[test]
+fn a_tree_lstm_minibatch_lowers_to_the_expected_launches() {
+    let graphs = minibatch();
+    let refs: Vec<&InputGraph> = graphs.iter().collect();
+    let x = words();
+    let mut l = Lowering::new(nn::tree_lstm(4, 6).unwrap());
+    l.set_skip_padding_grads(true);
+
+    for (train, plan) in [(false, PlanKind::Inference), (true, PlanKind::Forward)] {
+        let launches = l.forward(&refs, &[Pull::Rows(&x)], train).unwrap().to_vec();
+        let text = print(&launches);
+        // Leaves: the input product (one distinct word, so one row; its other columns are
+        // zero-width), then the cell. Each of the two inner tasks: the children's gather, the
+        // two child products (the second adding into the first), the cell.
+        assert_eq!(Counts::of(&launches), Counts { products: 6, fused: 5, ..Counts::default() }, "{text}");
+        let input = products(&launches)[1];
+        assert_eq!((input.m, input.n, input.k), (1, 18, 4), "the input product runs over the one distinct word");
+        let summed = products(&launches).iter().filter(|g| g.accumulate).count();
+        assert_eq!(summed, 2, "one child product per inner task adds into its sibling's output");
+        let rows: Vec<usize> = launches
+            .iter()
+            .filter_map(|k| match k {
+                Launch::Fused { step, n, .. } => {
+                    assert_eq!(step.plan, plan);
+                    Some(*n)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(rows, [5, 2, 2, 1, 1], "kernels over the leaves, then the gather and the cell per task");
+    }
+
+    let g = vec![0.1f32; 8 * 6];
+    let launches = l.backward(None, &[&g]).unwrap().to_vec();
+    let text = print(&launches);
+    // Zeroed first: the two state gradients and the parameter gradients, and later the sums of
+    // the input's output gradient per distinct word. Per inner task (root first): the cell's
+    // backward, the two child products, four scatters to the children (h and c of two slots);
+    // then the leaves' cell, the input gradient product, the bias's row sum, the two child
+    // weights' gradients over all inner vertices, and the input weight's over the one word.
+    let want = Counts { products: 8, fused: 3, fills: 4, scatters: 9, row_sums: 1, copies: 0 };
+    assert_eq!(Counts::of(&launches), want, "{text}");
+    assert!(launches[..3].iter().all(|k| matches!(k, Launch::Fill { .. })), "{text}");
+    let input_grad = products(&launches).last().copied().unwrap();
+    assert_eq!((input_grad.m, input_grad.n, input_grad.k), (4, 18, 1), "summed per distinct word: k = 1");
+}
+
+#[test]
+fn the_engine_runs_the_list_the_lowering_prints() {
+    let graphs = minibatch();
+    let refs: Vec<&InputGraph> = graphs.iter().collect();
+    let x = words();
+    let f = nn::tree_lstm(4, 6).unwrap();
+    let mut l = Lowering::new(f.clone());
+    let expected: Vec<String> =
+        l.forward(&refs, &[Pull::Rows(&x)], true).unwrap().iter().map(Launch::to_string).collect();
+    let flops: u64 = l.launches().iter().map(Launch::flops).sum();
+    let params = f.init_params(&mut Rng::new(3));
+    let mut e = Engine::new(CpuBackend::new(), f, &params).unwrap();
+    e.forward(&refs, &[Pull::Rows(&x)]).unwrap();
+    let ran: Vec<String> = e.lowering().launches().iter().map(Launch::to_string).collect();
+    assert_eq!(ran, expected);
+    assert_eq!(e.flops(), flops);
+    assert!(flops > 0);
+}
