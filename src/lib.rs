@@ -21,7 +21,7 @@ pub use arbor_core::graph::InputGraph;
 pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
 pub use arbor_core::{Error, Result, Shape};
 pub use arbor_cuda as cuda;
-pub use arbor_ops::cpu::{isa, HostBuffer};
+pub use arbor_ops::cpu::{budget as cpu_thread_budget, isa, with_threads as with_cpu_threads, HostBuffer};
 pub use arbor_ops::CpuBackend;
 pub use engine::{Engine, Gradients, Planned, Planner, Pull, SparseGrad};
 

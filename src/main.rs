@@ -13,7 +13,7 @@ use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::train::{cross_validate, Classifier, GraphTraining};
-use arbor::trainer::{fit_threads, on_threads, Event, Run, Settings, Splits, Summary};
+use arbor::trainer::{fit_threads, on_threads, train_steps, Event, Run, Settings, Splits, Summary};
 use arbor::{Backend, Error, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -717,9 +717,7 @@ fn on_mpi<T>(timeout: Duration, work: impl FnOnce(&mut dyn Collective) -> Result
     let mut coll = arbor::dist::mpi::MpiCollective::init(timeout)?;
     let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    // Fails only if the pool is already running, in which case it keeps its size.
-    let _ = rayon::ThreadPoolBuilder::new().num_threads((cores / local.max(1)).max(1)).build_global();
-    match work(&mut coll) {
+    match arbor::with_cpu_threads((cores / local.max(1)).max(1), || work(&mut coll)) {
         Ok(t) => Ok(t),
         Err(e) => {
             eprintln!("arbor: {e}");
@@ -879,49 +877,12 @@ fn bench_bar(args: &BenchArgs, len: usize) -> ProgressBar {
     bar(len, format!("bench {} {mode}", args.model.model().name()))
 }
 
-/// Times `args.sentences` of `examples` through `model` (after a warm-up of three minibatches);
-/// returns the seconds and the floating-point operations the engine executed.
-fn measure<B: Backend>(
-    mut model: Classifier<B>,
-    args: &BenchArgs,
-    examples: &[&TreeExample],
-    loss_on: LossOn,
-) -> Result<(f64, f64)> {
-    let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
-    // Training schedules each minibatch while the one before it runs (`Classifier::train_batches`).
-    let mut run = |model: &mut Classifier<B>, examples: &[&TreeExample], pb: Option<&ProgressBar>| -> Result<()> {
-        let batches: Vec<Vec<&TreeExample>> = examples.chunks(args.batch).map(<[_]>::to_vec).collect();
-        match args.mode {
-            Mode::Train => model.train_batches(&batches, loss_on, &mut opt, None, &mut |_, trees| {
-                if let Some(pb) = pb {
-                    pb.inc(trees as u64);
-                }
-            }),
-            Mode::Infer => batches.iter().try_for_each(|batch| {
-                infer_batch(model, batch)?;
-                if let Some(pb) = pb {
-                    pb.inc(batch.len() as u64);
-                }
-                Ok(())
-            }),
-        }
-    };
-    let warmup = args.sentences.min(args.batch * 3);
-    run(&mut model, &examples[..warmup], None)?;
-    let pb = bench_bar(args, examples.len());
-    let flops_before = model.engine.flops();
-    let start = Instant::now();
-    run(&mut model, examples, Some(&pb))?;
-    let seconds = start.elapsed().as_secs_f64();
-    pb.finish_and_clear();
-    Ok((seconds, (model.engine.flops() - flops_before) as f64))
-}
-
-/// One bench worker's pass over `batches`: in training, a data-parallel step on every minibatch;
-/// in inference, every `args.workers`-th minibatch from its rank on.
-fn worker_pass(
-    model: &mut Classifier,
-    coll: &mut ThreadCollective,
+/// One bench worker's pass over `batches`: in training, the data-parallel steps of `arbor train`
+/// ([`train_steps`]) on every minibatch; in inference, every `args.workers`-th minibatch from
+/// its rank on.
+fn worker_pass<B: Backend>(
+    model: &mut Classifier<B>,
+    coll: &mut dyn Collective,
     opt: &mut Optimizer,
     args: &BenchArgs,
     loss_on: LossOn,
@@ -929,38 +890,47 @@ fn worker_pass(
     pb: Option<&ProgressBar>,
 ) -> Result<()> {
     let me = coll.rank();
-    for (k, batch) in batches.iter().enumerate() {
-        match args.mode {
-            Mode::Train => {
-                arbor::dist::data_parallel::step(model, coll, batch, loss_on, opt, None)?;
-            }
-            Mode::Infer if k % args.workers == me => infer_batch(model, batch)?,
-            Mode::Infer => continue,
-        }
-        // In training every worker steps on every minibatch: the first one counts it.
+    // In training every worker steps on every minibatch: the first one counts it.
+    let count = |trees: usize| {
         if let Some(pb) = pb.filter(|_| args.mode == Mode::Infer || me == 0) {
-            pb.inc(batch.len() as u64);
+            pb.inc(trees as u64);
+        }
+    };
+    match args.mode {
+        Mode::Train => train_steps(model, opt, coll, batches, loss_on, None, &mut |_, trees| {
+            count(trees);
+            Ok(true)
+        }),
+        Mode::Infer => {
+            for (k, batch) in batches.iter().enumerate().filter(|(k, _)| k % args.workers == me) {
+                let _ = k;
+                infer_batch(model, batch)?;
+                count(batch.len());
+            }
+            Ok(())
         }
     }
-    Ok(())
 }
 
-/// [`measure`] with `args.workers` replicas of `model` on threads (see `BenchArgs::workers`):
-/// each warms up, the workers meet, and the time runs until the last one is done.
-fn measure_workers(
-    model: Classifier,
+/// Times `args.sentences` of `examples` through `args.workers` replicas of `model` on threads
+/// (see `BenchArgs::workers`), or through `model` alone on another backend: each warms up on
+/// three minibatches, the workers meet, and the time runs until the last one is done. Returns
+/// the seconds and the floating-point operations the engines executed.
+fn measure<B: Backend>(
+    replicas: Vec<Classifier<B>>,
     args: &BenchArgs,
     examples: &[&TreeExample],
     loss_on: LossOn,
-) -> Result<(f64, f64)> {
-    let mut replicas: Vec<Classifier> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
-    replicas.insert(0, model);
+) -> Result<(f64, f64)>
+where
+    Classifier<B>: Send,
+{
     let batches: Vec<Vec<&TreeExample>> = examples.chunks(args.batch).map(<[_]>::to_vec).collect();
     let warmup = batches.len().min(3);
     let pb = bench_bar(args, examples.len());
     let timed = on_threads(replicas, arbor::dist::DEFAULT_TIMEOUT, 0, &mut |_| {}, |mut model, coll, _| {
         let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
-        let mut pass = |model: &mut Classifier, coll: &mut ThreadCollective, batches, pb| {
+        let mut pass = |model: &mut Classifier<B>, coll: &mut ThreadCollective, batches, pb| {
             worker_pass(model, coll, &mut opt, args, loss_on, batches, pb)
         };
         pass(&mut model, coll, &batches[..warmup], None)?;
@@ -978,12 +948,14 @@ fn measure_workers(
 }
 
 fn bench(args: &BenchArgs) -> Result<()> {
-    if let Some(t) = args.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t.max(1))
-            .build_global()
-            .map_err(|e| Error::input("--threads", "a thread pool", e.to_string()))?;
+    match args.threads {
+        Some(t) => arbor::with_cpu_threads(t, || bench_on(args)),
+        None => bench_on(args),
     }
+}
+
+/// [`bench`] within its thread budget.
+fn bench_on(args: &BenchArgs) -> Result<()> {
     if args.workers == 0 || args.workers > 1 && args.device == Device::Cuda {
         return Err(Error::input("--workers", "at least 1, and 1 with --device cuda", args.workers.to_string()));
     }
@@ -1024,13 +996,9 @@ fn bench(args: &BenchArgs) -> Result<()> {
     let (seconds, flops, gpu) = match args.device {
         Device::Cpu => {
             let model = Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?;
-            // On a pool thread, as `arbor train` runs: the backend's parallel calls then start
-            // on a thread of the pool instead of handing off from outside it.
-            let (seconds, flops) = if args.workers > 1 {
-                measure_workers(model, args, &examples, loss_on)?
-            } else {
-                rayon::scope(|_| measure(model, args, &examples, loss_on))?
-            };
+            let mut replicas: Vec<Classifier> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
+            replicas.insert(0, model);
+            let (seconds, flops) = measure(replicas, args, &examples, loss_on)?;
             (seconds, flops, None)
         }
         Device::Cuda => {
@@ -1047,7 +1015,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
             if args.precision == PrecisionArg::F16 {
                 model.loss_scale = Some(LossScaler::dynamic());
             }
-            let (seconds, flops) = measure(model, args, &examples, loss_on)?;
+            let (seconds, flops) = measure(vec![model], args, &examples, loss_on)?;
             (seconds, flops, Some(name))
         }
     };
@@ -1061,7 +1029,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
             "device": if args.device == Device::Cuda { "cuda" } else { "cpu" },
             "gpu": gpu,
             "precision": format!("{:?}", args.precision).to_lowercase(),
-            "threads": rayon::current_num_threads(),
+            "threads": arbor::cpu_thread_budget(),
             "cpu_isa": arbor::isa::active().name(),
             "workers": args.workers,
             "batch": args.batch,

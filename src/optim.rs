@@ -4,6 +4,7 @@
 
 use crate::layers::SparseGrad;
 use arbor_ops::cpu::host::{for_each_on_team, vectorised};
+use std::collections::BTreeMap;
 
 /// Which update rule.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -54,29 +55,30 @@ pub struct Slot {
     pub v: Vec<f32>,
 }
 
-/// An optimizer over any number of tensors (slots).
+/// An optimizer over any number of tensors, each with its own state under the tensor's name (as
+/// checkpoints name it: `cell.W`, `classifier.bias`, `embedding`, …).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Optimizer {
     /// Settings.
     pub config: Config,
     /// Steps taken (for Adam's bias correction).
     pub steps: u64,
-    /// State per slot.
-    pub slots: Vec<Slot>,
+    /// State per tensor, by name.
+    pub slots: BTreeMap<String, Slot>,
 }
 
 impl Optimizer {
     /// An optimizer with no state yet.
     pub fn new(config: Config) -> Optimizer {
-        Optimizer { config, steps: 0, slots: Vec::new() }
+        Optimizer { config, steps: 0, slots: BTreeMap::new() }
     }
 
-    /// The state as named tensors (`opt.<slot>.m`, `opt.<slot>.v`), for checkpoints.
+    /// The state as named tensors (`opt.<tensor>.m`, `opt.<tensor>.v`), for checkpoints.
     pub fn tensors(&self) -> Vec<crate::checkpoint::Named> {
         let mut out = Vec::new();
-        for (i, s) in self.slots.iter().enumerate() {
-            out.push((format!("opt.{i}.m"), vec![s.m.len()], s.m.clone()));
-            out.push((format!("opt.{i}.v"), vec![s.v.len()], s.v.clone()));
+        for (name, s) in &self.slots {
+            out.push((format!("opt.{name}.m"), vec![s.m.len()], s.m.clone()));
+            out.push((format!("opt.{name}.v"), vec![s.v.len()], s.v.clone()));
         }
         out
     }
@@ -85,10 +87,10 @@ impl Optimizer {
     pub fn restore(&mut self, ck: &crate::checkpoint::Checkpoint, steps: u64) -> arbor_core::Result<()> {
         self.steps = steps;
         self.slots.clear();
-        let mut i = 0;
-        while let (Ok(m), Ok(v)) = (ck.tensor(&format!("opt.{i}.m")), ck.tensor(&format!("opt.{i}.v"))) {
-            self.slots.push(Slot { m: m.to_vec(), v: v.to_vec() });
-            i += 1;
+        for (key, _, m) in &ck.tensors {
+            let Some(name) = key.strip_prefix("opt.").and_then(|k| k.strip_suffix(".m")) else { continue };
+            let v = ck.tensor(&format!("opt.{name}.v"))?;
+            self.slots.insert(name.to_string(), Slot { m: m.clone(), v: v.to_vec() });
         }
         Ok(())
     }
@@ -98,12 +100,12 @@ impl Optimizer {
         self.steps += 1;
     }
 
-    fn slot(&mut self, slot: usize, len: usize) -> &mut Slot {
-        if self.slots.len() <= slot {
-            self.slots.resize_with(slot + 1, Slot::default);
-        }
+    fn slot(&mut self, name: &str, len: usize) -> &mut Slot {
         let adam = matches!(self.config.rule, Rule::Adam | Rule::AdamW);
-        let s = &mut self.slots[slot];
+        if !self.slots.contains_key(name) {
+            self.slots.insert(name.to_string(), Slot::default());
+        }
+        let s = self.slots.get_mut(name).expect("inserted above");
         if s.m.len() != len || s.v.len() != len {
             // State the rule updates is written out now, so its memory is mapped once here
             // rather than page by page as an embedding's rows are first touched (as DyNet and
@@ -114,23 +116,23 @@ impl Optimizer {
         s
     }
 
-    /// Updates dense parameters `p` with gradient `g`, using state `slot`.
-    pub fn dense(&mut self, slot: usize, p: &mut [f32], g: &[f32]) {
+    /// Updates the dense tensor `name` (values `p`) with gradient `g`.
+    pub fn dense(&mut self, name: &str, p: &mut [f32], g: &[f32]) {
         let c = self.config;
         let t = self.steps.max(1);
-        let s = self.slot(slot, p.len());
+        let s = self.slot(name, p.len());
         let pieces = p.chunks_mut(PIECE).zip(g.chunks(PIECE)).zip(s.m.chunks_mut(PIECE)).zip(s.v.chunks_mut(PIECE));
         for_each_on_team(pieces.map(|(((p, g), m), v)| (p, g, m, v)).collect(), |(p, g, m, v)| {
             vectorised(|| update(c, t, p, g, m, v))
         });
     }
 
-    /// Updates the rows of an embedding table (`dim` wide) that `g` touches, using state `slot`
-    /// (kept for every row, so a row's history survives minibatches that skip it).
-    pub fn sparse(&mut self, slot: usize, table: &mut [f32], dim: usize, g: &SparseGrad) {
+    /// Updates the rows that `g` touches of the embedding table `name` (`dim` wide), with state
+    /// kept for every row, so a row's history survives minibatches that skip it.
+    pub fn sparse(&mut self, name: &str, table: &mut [f32], dim: usize, g: &SparseGrad) {
         let c = self.config;
         let t = self.steps.max(1);
-        let s = self.slot(slot, table.len());
+        let s = self.slot(name, table.len());
         let vocab = table.len() / dim.max(1);
         if dim == 0 || !g.rows.windows(2).all(|w| w[0] < w[1]) || g.rows.last().is_some_and(|&r| r as usize >= vocab) {
             // Not the documented form (ascending, each once, in range): row by row, in order.

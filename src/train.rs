@@ -208,29 +208,15 @@ impl<B: Backend> Classifier<B> {
         clip: Option<f32>,
         done: &mut dyn FnMut(&StepStats, usize),
     ) -> Result<()> {
-        let planner = self.engine.planner();
-        let plan = |k: usize| {
-            let graphs: Option<Vec<&InputGraph>> = batches.get(k).map(|b| b.iter().map(|e| &e.graph).collect());
-            graphs.map(|g| planner.plan(&g)).transpose()
-        };
-        let mut next = plan(0)?;
-        let plan = &plan;
-        std::thread::scope(|scope| {
-            for (k, examples) in batches.iter().enumerate() {
-                let planner_error = |got: String| Error::input("the minibatch planner thread", "a finished plan", got);
-                let ahead = std::thread::Builder::new()
-                    .name("arbor-planner".into())
-                    .spawn_scoped(scope, move || plan(k + 1))
-                    .map_err(|e| planner_error(format!("no thread: {e}")))?;
-                let b = batch(examples);
-                let targets = loss_on.select(&b.graphs, &b.labels)?;
-                let planned = next.take();
-                let out = self.output_pass_planned(&b.graphs, &b.words, Readout::Vertices(&targets), None, planned)?;
-                let stats = self.finish_step(out, opt, clip)?;
-                done(&stats, examples.len());
-                next = ahead.join().map_err(|_| planner_error("a panic".into()))??;
-            }
-            Ok(())
+        let graphs = |k: usize| Ok(batches[k].iter().map(|e| &e.graph).collect());
+        crate::trainer::each_step(&self.engine.planner(), batches.len(), &graphs, &mut |k, planned| {
+            let b = batch(&batches[k]);
+            let targets = loss_on.select(&b.graphs, &b.labels)?;
+            let out =
+                self.output_pass_planned(&b.graphs, &b.words, Readout::Vertices(&targets), None, Some(planned))?;
+            let stats = self.finish_step(out, opt, clip)?;
+            done(&stats, batches[k].len());
+            Ok(true)
         })
     }
 
@@ -280,8 +266,8 @@ impl<B: Backend> Classifier<B> {
     }
 
     /// [`Classifier::output_pass`], with the minibatch already scheduled when `planned` is given
-    /// (for the same `graphs`).
-    fn output_pass_planned(
+    /// (for the same `graphs`, by this engine's [`Planner`](crate::Planner)).
+    pub fn output_pass_planned(
         &mut self,
         graphs: &[&InputGraph],
         ids: &[u32],
@@ -388,8 +374,10 @@ impl<B: Backend> Classifier<B> {
             clip_grad_norm(&mut all, max);
         }
         let (out, embed) = (&mut self.out, &mut self.embed);
+        let names: Vec<String> = self.engine.function().params().iter().map(|p| format!("cell.{}", p.name)).collect();
         self.engine.update_params(|params| {
-            let dense = params.into_iter().zip(&grads.cell).map(|(p, g)| (p, g.as_slice())).collect();
+            let dense =
+                names.into_iter().zip(params).zip(&grads.cell).map(|((n, p), g)| (n, p, g.as_slice())).collect();
             update(opt, dense, Some((out, &grads.classifier)), Some((embed, &grads.embedding)));
         })?;
         Ok(true)
@@ -474,28 +462,27 @@ impl<B: Backend> Classifier<B> {
     }
 }
 
-/// One optimizer step over a model's parameters, in a fixed order of optimizer state: the dense
-/// tensors (each with its gradient), then the output layer's weight and bias, then the rows of
-/// the embedding that its gradient touches.
+/// One optimizer step over a model's parameters, each tensor's state kept under its name (as
+/// [`Classifier::tensors`] names it): the dense tensors, the output layer's weight and bias,
+/// and the rows of the embedding that its gradient touches.
 pub(crate) fn update(
     opt: &mut Optimizer,
-    dense: Vec<(&mut [f32], &[f32])>,
+    dense: Vec<(String, &mut [f32], &[f32])>,
     out: Option<(&mut SoftmaxClassifier, &ClassifierGrads)>,
     embed: Option<(&mut Embedding, &SparseGrad)>,
 ) {
     opt.begin_step();
-    let n = dense.len();
-    for (i, (p, g)) in dense.into_iter().enumerate() {
-        opt.dense(i, p, g);
+    for (name, p, g) in dense {
+        opt.dense(&name, p, g);
     }
     if let Some((out, g)) = out {
         let (w, b) = out.params_mut();
-        opt.dense(n, w, &g.weight);
-        opt.dense(n + 1, b, &g.bias);
+        opt.dense("classifier.weight", w, &g.weight);
+        opt.dense("classifier.bias", b, &g.bias);
     }
     if let Some((e, g)) = embed {
         let dim = e.dim();
-        opt.sparse(n + 2, e.table_mut(), dim, g);
+        opt.sparse("embedding", e.table_mut(), dim, g);
     }
 }
 
@@ -579,13 +566,20 @@ pub fn cross_validate(
         let start = std::time::Instant::now();
         for epoch in 0..cfg.epochs {
             rng.shuffle(&mut train);
-            for chunk in train.chunks(cfg.batch.max(1)) {
-                let examples: Vec<_> = chunk.iter().map(|&i| &data.graphs[i]).collect();
-                let b = graph_batch(&examples, cfg.steps);
+            // Unrolled up front, so the loop schedules each minibatch while the one before runs.
+            let batches: Vec<GraphBatch> = train
+                .chunks(cfg.batch.max(1))
+                .map(|chunk| graph_batch(&chunk.iter().map(|&i| &data.graphs[i]).collect::<Vec<_>>(), cfg.steps))
+                .collect();
+            let graphs = |k: usize| Ok(batches[k].graphs.iter().collect());
+            crate::trainer::each_step(&model.engine.planner(), batches.len(), &graphs, &mut |k, planned| {
+                let b = &batches[k];
                 let refs: Vec<&InputGraph> = b.graphs.iter().collect();
                 let readout = Readout::MeanPool { groups: &b.groups, targets: &b.targets };
-                model.step(&refs, &b.ids, readout, &mut opt, cfg.clip)?;
-            }
+                let out = model.output_pass_planned(&refs, &b.ids, readout, None, Some(planned))?;
+                model.finish_step(out, &mut opt, cfg.clip)?;
+                Ok(true)
+            })?;
             seen += train.len();
             progress(k, epoch);
         }

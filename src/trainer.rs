@@ -9,9 +9,11 @@
 use crate::checkpoint::{Checkpoint, Persister};
 use crate::data::TreeExample;
 use crate::dist::{data_parallel, Collective, ThreadCollective};
+use crate::engine::{Planned, Planner};
 use crate::layers::LossOn;
 use crate::optim::Optimizer;
-use crate::train::Classifier;
+use crate::train::{Classifier, StepStats};
+use crate::{Backend, InputGraph};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 use serde_json::{json, Value};
@@ -234,27 +236,46 @@ impl Run {
                 total,
             });
             let (mut loss, mut steps) = (0.0f64, 0usize);
-            for chunk in order.chunks(batch).skip(self.pos.step_in_epoch) {
-                if done(self.pos.steps) {
-                    stopped = true;
-                    break;
-                }
-                let examples: Vec<&TreeExample> = chunk.iter().map(|&i| &data.train[i]).collect();
+            let batches: Vec<Vec<&TreeExample>> = order
+                .chunks(batch)
+                .skip(self.pos.step_in_epoch)
+                .map(|chunk| chunk.iter().map(|&i| &data.train[i]).collect())
+                .collect();
+            if !batches.is_empty() && done(self.pos.steps) {
+                stopped = true;
+            }
+            let (rank, size) = (coll.rank(), coll.size());
+            let graphs = |k: usize| data_parallel::share_graphs(&batches[k], rank, size, plan.loss_on);
+            let planner = self.model.engine.planner();
+            let count = if stopped { 0 } else { batches.len() };
+            each_step(&planner, count, &graphs, &mut |k, planned| {
                 let start = Instant::now();
-                let stats =
-                    data_parallel::step(&mut self.model, coll, &examples, plan.loss_on, &mut self.opt, plan.clip)?;
+                let examples = &batches[k];
+                let stats = data_parallel::step(
+                    &mut self.model,
+                    coll,
+                    examples,
+                    plan.loss_on,
+                    &mut self.opt,
+                    plan.clip,
+                    Some(planned),
+                )?;
                 summary.train_seconds += start.elapsed().as_secs_f64();
-                summary.sentences += chunk.len();
+                summary.sentences += examples.len();
                 loss += f64::from(stats.loss);
                 steps += 1;
                 self.pos.step_in_epoch += 1;
                 self.pos.steps += 1;
-                events(Event::Trees(chunk.len()));
+                events(Event::Trees(examples.len()));
                 let due = plan.checkpoint_every.is_some_and(|n| n > 0 && self.pos.steps.is_multiple_of(n));
                 if let (true, true, Some(dir)) = (lead, due, &plan.checkpoint) {
                     persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
                 }
-            }
+                if k + 1 < batches.len() && done(self.pos.steps) {
+                    stopped = true;
+                }
+                Ok(!stopped)
+            })?;
             if stopped {
                 break;
             }
@@ -289,6 +310,64 @@ impl Run {
     }
 }
 
+/// The one loop over minibatches that every trainer runs (`arbor train` and `arbor bench
+/// --mode train` through [`train_steps`], [`Run::fit`], [`Classifier::train_batches`],
+/// [`cross_validate`](crate::train::cross_validate)): while `step` runs minibatch `k` with its
+/// schedule, minibatch `k + 1`'s graphs (`graphs(k + 1)`, the part of it this worker's engine
+/// runs) are checked and scheduled on a helper thread. Stops after a step that returns `false`.
+pub fn each_step<'g>(
+    planner: &Planner,
+    count: usize,
+    graphs: &(dyn Fn(usize) -> Result<Vec<&'g InputGraph>> + Sync),
+    step: &mut dyn FnMut(usize, Planned<'g>) -> Result<bool>,
+) -> Result<()> {
+    let plan = |k: usize| planner.plan(&graphs(k)?);
+    let plan = &plan;
+    let planner_error = |got: &str| Error::input("the minibatch planner thread", "a finished plan", got);
+    let mut next = if count > 0 { Some(plan(0)?) } else { None };
+    std::thread::scope(|scope| {
+        for k in 0..count {
+            let ahead = (k + 1 < count)
+                .then(|| {
+                    std::thread::Builder::new().name("arbor-planner".into()).spawn_scoped(scope, move || plan(k + 1))
+                })
+                .transpose()
+                .map_err(|e| planner_error(&format!("no thread: {e}")))?;
+            let planned = next.take().ok_or_else(|| planner_error("no plan"))?;
+            let go = step(k, planned)?;
+            next = match ahead {
+                Some(h) => Some(h.join().map_err(|_| planner_error("a panic"))??),
+                None => None,
+            };
+            if !go {
+                break;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Data-parallel training steps ([`data_parallel::step`]) on `batches` (the same on every
+/// worker), through [`each_step`]: what `arbor train` runs per epoch and `arbor bench --mode
+/// train` times. `after` hears each step's numbers and its tree count and says whether to go on.
+#[allow(clippy::too_many_arguments)]
+pub fn train_steps<B: Backend>(
+    model: &mut Classifier<B>,
+    opt: &mut Optimizer,
+    coll: &mut dyn Collective,
+    batches: &[Vec<&TreeExample>],
+    loss_on: LossOn,
+    clip: Option<f32>,
+    after: &mut dyn FnMut(&StepStats, usize) -> Result<bool>,
+) -> Result<()> {
+    let (rank, size) = (coll.rank(), coll.size());
+    let graphs = |k: usize| data_parallel::share_graphs(&batches[k], rank, size, loss_on);
+    each_step(&model.engine.planner(), batches.len(), &graphs, &mut |k, planned| {
+        let stats = data_parallel::step(model, coll, &batches[k], loss_on, opt, clip, Some(planned))?;
+        after(&stats, batches[k].len())
+    })
+}
+
 /// The order of an epoch over `len` examples, drawn from `rng`.
 pub fn epoch_order(len: usize, rng: &mut Rng) -> Vec<usize> {
     let mut order: Vec<usize> = (0..len).collect();
@@ -305,8 +384,8 @@ fn root_cause(errors: Vec<Error>) -> Error {
 }
 
 /// Runs `work` once per state, each on its own thread as one worker of a [`ThreadCollective`]
-/// group (worker `i` gets `states[i]`), with an equal share of the cores for its matrix
-/// products. Worker `reporter`'s events reach `events` on this thread. Returns every worker's
+/// group (worker `i` gets `states[i]`), with an equal share of the calling thread's CPU threads
+/// ([`cpu_thread_budget`](crate::cpu_thread_budget)) for its backend calls and updates. Worker `reporter`'s events reach `events` on this thread. Returns every worker's
 /// result in rank order; if any failed, the error that caused the others'.
 pub fn on_threads<S: Send, T: Send>(
     states: Vec<S>,
@@ -316,13 +395,7 @@ pub fn on_threads<S: Send, T: Send>(
     work: impl Fn(S, &mut ThreadCollective, &mut dyn FnMut(Event)) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
     let workers = states.len().max(1);
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let pool = |rank: usize| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads((cores / workers).max(1))
-            .build()
-            .map_err(|e| Error::Worker { rank, msg: format!("cannot start a thread pool: {e}") })
-    };
+    let share = (crate::cpu_thread_budget() / workers).max(1);
     let (tx, rx) = std::sync::mpsc::channel();
     let work = &work;
     let results: Vec<Result<T>> = std::thread::scope(|s| {
@@ -339,7 +412,7 @@ pub fn on_threads<S: Send, T: Send>(
                             let _ = tx.send(e);
                         }
                     };
-                    pool(rank)?.install(|| work(state, &mut coll, &mut report))
+                    crate::with_cpu_threads(share, || work(state, &mut coll, &mut report))
                 })
             })
             .collect();

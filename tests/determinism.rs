@@ -17,8 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// backend splits its products and fused kernels between `threads` threads; the parameters after
 /// them.
 fn train(data: &[TreeExample], threads: usize) -> Vec<Vec<f32>> {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-    pool.install(|| {
+    arbor::with_cpu_threads(threads, || {
         let mut rng = Rng::new(17);
         let cell = nn::tree_lstm(32, 32).unwrap();
         let mut m = Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut rng).unwrap();
@@ -43,8 +42,7 @@ fn hold_the_team(stop: &AtomicBool) {
         (Loc { buf: 1, offset: 0 }, n, false, false),
         (Loc { buf: 2, offset: 0 }, n),
     );
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-    pool.install(|| {
+    arbor::with_cpu_threads(2, || {
         while !stop.load(Ordering::Relaxed) {
             cpu.gemm(&mut Mem { data: &mut data, index: &[] }, &g).unwrap();
         }

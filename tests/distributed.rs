@@ -38,7 +38,7 @@ fn data_parallel(start: &Classifier, workers: usize, batches: &[Vec<&TreeExample
     on_threads(states, Duration::from_secs(30), 0, &mut |_| {}, |mut m, coll, _| {
         let mut o = Optimizer::new(opt);
         for b in batches {
-            data_parallel::step(&mut m, coll, b, LossOn::All, &mut o, Some(5.0))?;
+            data_parallel::step(&mut m, coll, b, LossOn::All, &mut o, Some(5.0), None)?;
         }
         Ok(m)
     })

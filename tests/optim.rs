@@ -12,7 +12,7 @@ fn minimise(rule: Rule, lr: f32, steps: usize) -> f32 {
     for _ in 0..steps {
         let g: Vec<f32> = p.iter().zip(&target).map(|(p, t)| 2.0 * (p - t)).collect();
         opt.begin_step();
-        opt.dense(0, &mut p, &g);
+        opt.dense("w", &mut p, &g);
     }
     p.iter().zip(&target).map(|(p, t)| (p - t).abs()).fold(0.0, f32::max)
 }
@@ -31,7 +31,7 @@ fn adam_first_step_is_lr_times_sign() {
     let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.1));
     let mut p = [1.0f32, 1.0];
     opt.begin_step();
-    opt.dense(0, &mut p, &[0.5, -3.0]);
+    opt.dense("w", &mut p, &[0.5, -3.0]);
     assert!((p[0] - 0.9).abs() < 1e-5 && (p[1] - 1.1).abs() < 1e-5, "{p:?}");
 }
 
@@ -42,7 +42,7 @@ fn weight_decay_is_decoupled_in_adamw() {
     let mut opt = Optimizer::new(c);
     let mut p = [2.0f32];
     opt.begin_step();
-    opt.dense(0, &mut p, &[0.0]);
+    opt.dense("w", &mut p, &[0.0]);
     // Zero gradient: only the decay acts, p ← p − lr·wd·p.
     assert!((p[0] - 1.9).abs() < 1e-6, "{p:?}");
 }
@@ -53,13 +53,13 @@ fn sparse_updates_touch_only_their_rows_and_keep_row_state() {
     let mut table = vec![0.0f32; 3 * 2];
     let g = SparseGrad { rows: vec![1], values: vec![1.0, -1.0] };
     opt.begin_step();
-    opt.sparse(0, &mut table, 2, &g);
+    opt.sparse("table", &mut table, 2, &g);
     assert_eq!(table[0..2], [0.0, 0.0]);
     assert_eq!(table[4..6], [0.0, 0.0]);
     assert!((table[2] + 1.0).abs() < 1e-6 && (table[3] - 1.0).abs() < 1e-6, "{table:?}");
     // The second update of row 1 is damped by its own history: 1/√2.
     opt.begin_step();
-    opt.sparse(0, &mut table, 2, &g);
+    opt.sparse("table", &mut table, 2, &g);
     assert!((table[2] + 1.0 + 1.0 / 2f32.sqrt()).abs() < 1e-5, "{table:?}");
 }
 
@@ -111,8 +111,8 @@ fn large_and_sparse_updates_match_the_element_by_element_rule() {
             let values: Vec<f32> = (0..rows.len() * dim).map(|i| value(i, step + 10)).collect();
             let sparse = SparseGrad { rows: rows.clone(), values: values.clone() };
             opt.begin_step();
-            opt.dense(0, &mut p, &g);
-            opt.sparse(1, &mut table, dim, &sparse);
+            opt.dense("w", &mut p, &g);
+            opt.sparse("table", &mut table, dim, &sparse);
             for i in 0..n {
                 reference(&c, step as i32, &mut rp[i], g[i], &mut m[i], &mut v[i]);
             }
@@ -136,6 +136,30 @@ fn sparse_rows_out_of_order_or_repeated_update_in_turn() {
     let mut table = vec![0.0f32; 3 * 2];
     let g = SparseGrad { rows: vec![2, 0, 2], values: vec![1.0, 1.0, 2.0, 2.0, 3.0, 3.0] };
     opt.begin_step();
-    opt.sparse(0, &mut table, 2, &g);
+    opt.sparse("table", &mut table, 2, &g);
     assert_eq!(table, [-2.0, -2.0, 0.0, 0.0, -4.0, -4.0]);
+}
+
+#[test]
+fn state_follows_the_tensor_name_not_the_call_order() {
+    let cfg = Config::new(Rule::Adam, 0.1);
+    let (mut a, mut b) = (Optimizer::new(cfg), Optimizer::new(cfg));
+    let (mut pa, mut qa) = (vec![1.0f32, 2.0], vec![3.0f32]);
+    let (mut pb, mut qb) = (pa.clone(), qa.clone());
+    for step in 0..4 {
+        let (gp, gq) = ([0.5, -1.0 - step as f32], [2.0 * step as f32]);
+        a.begin_step();
+        a.dense("p", &mut pa, &gp);
+        a.dense("q", &mut qa, &gq);
+        b.begin_step();
+        b.dense("q", &mut qb, &gq);
+        b.dense("p", &mut pb, &gp);
+    }
+    assert_eq!((pa, qa), (pb, qb));
+    let names: Vec<String> = a.tensors().into_iter().map(|(n, _, _)| n).collect();
+    assert_eq!(names, ["opt.p.m", "opt.p.v", "opt.q.m", "opt.q.v"]);
+    let ck = arbor::checkpoint::Checkpoint { tensors: a.tensors(), meta: serde_json::Value::Null };
+    let mut c = Optimizer::new(cfg);
+    c.restore(&ck, a.steps).unwrap();
+    assert_eq!(c, a);
 }

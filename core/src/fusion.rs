@@ -13,7 +13,7 @@
 //! the number of products on their longest path, each group a single fused [`Kernel`] that reads
 //! its inputs once and writes only the values used outside it.
 
-use crate::ir::{Func, Node, Op, ValueId, VertexFn};
+use crate::ir::{Backward, Declaration, Func, Node, Op, ValueId};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -115,27 +115,26 @@ fn addressable(op: &Op) -> bool {
 impl Plan {
     /// The plan of a function's forward pass: it stores the states, the pushed outputs and every
     /// value the backward pass reads.
-    pub fn forward(f: &VertexFn) -> Plan {
-        Plan::forward_keeping(f, &f.backward().saved)
+    pub(crate) fn forward(f: &Declaration, backward: &Backward) -> Plan {
+        Plan::forward_keeping(f, &backward.saved)
     }
 
     /// The plan of a function's forward pass for inference: it stores only the states and the
     /// pushed outputs, nothing for a backward pass.
-    pub fn inference(f: &VertexFn) -> Plan {
+    pub(crate) fn inference(f: &Declaration) -> Plan {
         Plan::forward_keeping(f, &[])
     }
 
-    fn forward_keeping(f: &VertexFn, keep: &[ValueId]) -> Plan {
-        let rec_out: Vec<ValueId> = f.states().iter().filter(|s| s.gathered).map(|s| s.value).collect();
-        let mut roots: Vec<ValueId> = f.states().iter().map(|s| s.value).collect();
-        roots.extend(f.outputs().iter().map(|o| o.value));
+    fn forward_keeping(f: &Declaration, keep: &[ValueId]) -> Plan {
+        let rec_out: Vec<ValueId> = f.states.iter().filter(|s| s.gathered).map(|s| s.value).collect();
+        let mut roots: Vec<ValueId> = f.states.iter().map(|s| s.value).collect();
+        roots.extend(f.outputs.iter().map(|o| o.value));
         roots.extend(keep);
-        Plan::new(f.forward(), |op| matches!(op, Op::Gather { .. } | Op::GatherSum { .. }), &rec_out, &roots)
+        Plan::new(&f.forward, |op| matches!(op, Op::Gather { .. } | Op::GatherSum { .. }), &rec_out, &roots)
     }
 
     /// The plan of a function's backward pass (its derived F').
-    pub fn backward(f: &VertexFn) -> Plan {
-        let b = f.backward();
+    pub(crate) fn backward(b: &Backward) -> Plan {
         let rec_out: Vec<ValueId> = b.child_grads.iter().map(|c| c.value).collect();
         let mut roots = rec_out.clone();
         roots.extend(b.pull_grads.iter().flatten().copied());

@@ -10,9 +10,11 @@
 
 use super::collective::{Collective, Values};
 use crate::data::TreeExample;
+use crate::engine::Planned;
 use crate::layers::{ClassifierGrads, LossOn, SparseGrad};
 use crate::optim::Optimizer;
 use crate::train::{batch, Classifier, StepGrads, StepStats};
+use crate::{Backend, InputGraph};
 use arbor_core::error::{Error, Result};
 use std::ops::Range;
 use std::sync::Arc;
@@ -67,6 +69,18 @@ pub(crate) fn split(examples: &[&TreeExample], n: usize, loss_on: LossOn) -> Res
     Ok((targets, shard(&weights, n)))
 }
 
+/// The graphs of worker `rank`'s share (of `size` workers) of a minibatch: what its engine runs.
+pub fn share_graphs<'a>(
+    examples: &[&'a TreeExample],
+    rank: usize,
+    size: usize,
+    loss_on: LossOn,
+) -> Result<Vec<&'a InputGraph>> {
+    let (_, shares) = split(examples, size, loss_on)?;
+    let mine = shares.get(rank).cloned().unwrap_or_default();
+    Ok(examples[mine].iter().map(|e| &e.graph).collect())
+}
+
 /// The sum of sparse gradients, added in the order given; rows ascending.
 pub fn merge(parts: &[SparseGrad], dim: usize) -> SparseGrad {
     let views: Vec<(&[u32], &[f32])> = parts.iter().map(|g| (g.rows.as_slice(), g.values.as_slice())).collect();
@@ -107,16 +121,18 @@ fn head(g: &ClassifierGrads, s: &StepStats) -> Vec<f32> {
 
 /// One data-parallel optimizer step of `model` on the minibatch `examples` (the same on every
 /// worker): this worker's share forward and backward, gradients summed across `coll`, then the
-/// same update on every replica. Returns the whole minibatch's numbers. The summed gradients
+/// same update on every replica; `planned`, when given, is this worker's share already scheduled
+/// ([`share_graphs`]). Returns the whole minibatch's numbers. The summed gradients
 /// are new vectors every step: a program running many steps on threads wants its allocator to
 /// keep freed memory mapped (the `arbor` CLI sets glibc's thresholds so).
-pub fn step(
-    model: &mut Classifier,
+pub fn step<B: Backend>(
+    model: &mut Classifier<B>,
     coll: &mut dyn Collective,
     examples: &[&TreeExample],
     loss_on: LossOn,
     opt: &mut Optimizer,
     clip: Option<f32>,
+    planned: Option<Planned<'_>>,
 ) -> Result<StepStats> {
     let (denom, shares) = split(examples, coll.size(), loss_on)?;
     let mine = &examples[shares[coll.rank()].clone()];
@@ -128,7 +144,7 @@ pub fn step(
     } else {
         let targets = loss_on.select(&local.graphs, &local.labels)?;
         let readout = crate::train::Readout::Vertices(&targets);
-        Some(model.output_pass(&local.graphs, &local.words, readout, Some(denom))?)
+        Some(model.output_pass_planned(&local.graphs, &local.words, readout, Some(denom), planned)?)
     };
     let (stats, classifier, push_grad) = match pass {
         Some(out) => (out.stats, out.classifier, Some((out.push_grad, out.push_rows))),

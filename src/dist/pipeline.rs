@@ -411,8 +411,12 @@ impl Stage {
                 .layers
                 .iter_mut()
                 .zip(&acc.cell)
-                .flat_map(|(layer, grads)| layer.params.iter_mut().zip(grads))
-                .map(|(p, g)| (p.as_mut_slice(), g.as_slice()))
+                .enumerate()
+                .flat_map(|(l, (layer, grads))| {
+                    let names = layer.f.params().iter().map(move |p| format!("layer{l}.{}", p.name));
+                    names.zip(layer.params.iter_mut()).zip(grads)
+                })
+                .map(|((n, p), g)| (n, p.as_mut_slice(), g.as_slice()))
                 .collect();
             let out = self.part.out.as_mut().zip(acc.classifier.as_ref());
             update(&mut self.opt, dense, out, self.part.embed.as_mut().map(|e| (e, &acc.embedding)));

@@ -6,10 +6,10 @@
 //! of every pulled input, and, for every parameter use, the per-vertex rows from which the engine
 //! forms the parameter gradient in one batched operation over all vertices.
 
+use super::declaration::Declaration;
 use super::elementwise::Derive;
 use super::func::Func;
 use super::op::{BinaryOp, Op, UnaryOp, ValueId};
-use super::vertex_fn::VertexFn;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 
@@ -77,7 +77,7 @@ enum Contrib {
 }
 
 struct Deriver<'a> {
-    f: &'a VertexFn,
+    f: &'a Declaration,
     out: Func,
     primal: HashMap<ValueId, ValueId>,
     zeros: HashMap<(usize, usize), ValueId>,
@@ -87,7 +87,7 @@ impl Deriver<'_> {
     fn emit(&mut self, op: Op) -> Result<ValueId> {
         let name = op.name();
         self.out.push(op).map_err(|reason| Error::Shape {
-            function: format!("{} (backward)", self.f.name()),
+            function: format!("{} (backward)", self.f.name),
             op: name,
             inputs: vec![],
             reason,
@@ -104,7 +104,7 @@ impl Deriver<'_> {
         if let Some(&p) = self.primal.get(&v) {
             return p;
         }
-        let n = self.f.forward().node(v).clone();
+        let n = self.f.forward.node(v).clone();
         let op = match n.op {
             Op::Param { param } => Op::Param { param },
             _ => Op::Primal { value: v },
@@ -188,19 +188,19 @@ impl Derive for Deriver<'_> {
 }
 
 /// Derives F' from F.
-pub(crate) fn derive(f: &VertexFn) -> Result<Backward> {
-    let fwd = f.forward();
+pub(crate) fn derive(f: &Declaration) -> Result<Backward> {
+    let fwd = &f.forward;
     let mut d = Deriver { f, out: Func::default(), primal: HashMap::new(), zeros: HashMap::new() };
     let mut contribs: Vec<Vec<Contrib>> = (0..fwd.nodes.len()).map(|_| Vec::new()).collect();
-    let mut back = Backward { pull_grads: vec![None; f.inputs().len()], ..Backward::default() };
+    let mut back = Backward { pull_grads: vec![None; f.inputs.len()], ..Backward::default() };
 
-    for (s, st) in f.states().iter().enumerate() {
+    for (s, st) in f.states.iter().enumerate() {
         if st.gathered {
             let g = d.load(Op::StateGrad { state: s }, st.shape.clone(), false);
             contribs[st.value.index()].push(Contrib::Full(g));
         }
     }
-    for (o, out) in f.outputs().iter().enumerate() {
+    for (o, out) in f.outputs.iter().enumerate() {
         let g = d.load(Op::PushGrad { output: o }, out.shape.clone(), false);
         contribs[out.value.index()].push(Contrib::Full(g));
     }
@@ -237,7 +237,7 @@ pub(crate) fn derive(f: &VertexFn) -> Result<Backward> {
             Op::Binary { op, a, b } => {
                 let Some((da, db)) = op.derivative(&mut d, a, b, v, g)? else {
                     return Err(Error::Shape {
-                        function: f.name().into(),
+                        function: f.name.clone(),
                         op: op.name().into(),
                         inputs: vec![],
                         reason: "backward-only ops cannot be differentiated".into(),

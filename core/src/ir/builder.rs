@@ -15,6 +15,7 @@
 //! assert_eq!(cell.params().len(), 3);
 //! ```
 
+use super::declaration::Declaration;
 use super::func::{Func, Init, Node, ParamDecl, Port, StateDecl};
 use super::op::{BinaryOp, Op, UnaryOp, ValueId};
 use super::vertex_fn::VertexFn;
@@ -256,7 +257,7 @@ impl Builder {
             };
             states.push(StateDecl { name: s.name, shape: s.shape, value, gathered: s.gathered });
         }
-        VertexFn::new(
+        VertexFn::new(Declaration::new(
             self.name,
             self.arity,
             inner.variadic,
@@ -265,7 +266,7 @@ impl Builder {
             states,
             inner.inputs,
             inner.outputs,
-        )
+        )?)
     }
 }
 

@@ -3,6 +3,7 @@
 mod autodiff;
 mod builder;
 mod columns;
+mod declaration;
 pub mod elementwise;
 mod func;
 pub mod interp;
@@ -12,6 +13,7 @@ mod vertex_fn;
 pub use autodiff::{Backward, ChildGrad, ParamGrad};
 pub use builder::{Builder, Var};
 pub use columns::Cols;
+pub(crate) use declaration::Declaration;
 pub use func::{Func, Init, Node, ParamDecl, Port, StateDecl};
 pub use op::{BinaryOp, Op, UnaryOp, ValueId};
 pub use vertex_fn::VertexFn;

@@ -1,9 +1,10 @@
 //! A built, checked vertex function with its derived backward function and kernel plans.
 
 use super::autodiff::{self, Backward};
+use super::declaration::Declaration;
 use super::func::{Func, Init, ParamDecl, Port, StateDecl};
 use super::op::{Op, ValueId};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fusion::Plan;
 use crate::rng::Rng;
 use std::fmt;
@@ -11,14 +12,7 @@ use std::fmt;
 /// A vertex function F: declared once, checked, differentiated and planned at build time.
 #[derive(Clone, Debug)]
 pub struct VertexFn {
-    name: String,
-    arity: usize,
-    variadic: bool,
-    forward: Func,
-    params: Vec<ParamDecl>,
-    states: Vec<StateDecl>,
-    inputs: Vec<Port>,
-    outputs: Vec<Port>,
+    decl: Declaration,
     backward: Backward,
     forward_plan: Plan,
     inference_plan: Plan,
@@ -26,82 +20,37 @@ pub struct VertexFn {
 }
 
 impl VertexFn {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        name: String,
-        arity: usize,
-        variadic: bool,
-        forward: Func,
-        params: Vec<ParamDecl>,
-        states: Vec<StateDecl>,
-        inputs: Vec<Port>,
-        outputs: Vec<Port>,
-    ) -> Result<VertexFn> {
-        let roots: Vec<ValueId> = states.iter().map(|s| s.value).chain(outputs.iter().map(|o| o.value)).collect();
-        if roots.is_empty() {
-            return Err(Error::NoOutput { function: name });
-        }
-        let users = forward.users();
-        let mut is_root = vec![false; forward.nodes.len()];
-        for r in &roots {
-            is_root[r.index()] = true;
-        }
-        // Values are topologically ordered, so one reverse sweep finds everything the roots use.
-        let mut live = is_root;
-        for i in (0..forward.nodes.len()).rev() {
-            if live[i] {
-                for x in forward.nodes[i].op.inputs() {
-                    live[x.index()] = true;
-                }
-            }
-        }
-        if let Some(i) = live.iter().position(|l| !l) {
-            let value = forward.describe(ValueId(i as u32), &params);
-            return Err(if users[i].is_empty() {
-                Error::Unused { function: name, value }
-            } else {
-                Error::Dead { function: name, value }
-            });
-        }
-        let mut f = VertexFn {
-            name,
-            arity,
-            variadic,
-            forward,
-            params,
-            states,
-            inputs,
-            outputs,
-            backward: Backward::default(),
-            forward_plan: Plan::default(),
-            inference_plan: Plan::default(),
-            backward_plan: Plan::default(),
-        };
-        f.backward = autodiff::derive(&f)?;
-        f.forward_plan = Plan::forward(&f);
-        f.inference_plan = Plan::inference(&f);
-        f.backward_plan = Plan::backward(&f);
-        Ok(f)
+    /// Derives the backward function of a checked declaration and plans the kernels of both:
+    /// each step reads only the finished declaration and what the steps before it produced.
+    pub(crate) fn new(decl: Declaration) -> Result<VertexFn> {
+        let backward = autodiff::derive(&decl)?;
+        Ok(VertexFn {
+            forward_plan: Plan::forward(&decl, &backward),
+            inference_plan: Plan::inference(&decl),
+            backward_plan: Plan::backward(&backward),
+            decl,
+            backward,
+        })
     }
 
     /// The function's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.decl.name
     }
 
     /// Number of ordered child slots `gather(k)` may read.
     pub fn arity(&self) -> usize {
-        self.arity
+        self.decl.arity
     }
 
     /// The most children a vertex may have: `None` when the function uses `gather_sum`.
     pub fn max_children(&self) -> Option<usize> {
-        (!self.variadic).then_some(self.arity)
+        (!self.decl.variadic).then_some(self.decl.arity)
     }
 
     /// The forward IR.
     pub fn forward(&self) -> &Func {
-        &self.forward
+        &self.decl.forward
     }
 
     /// The derived backward function.
@@ -126,27 +75,27 @@ impl VertexFn {
 
     /// Declared parameters, in declaration order.
     pub fn params(&self) -> &[ParamDecl] {
-        &self.params
+        &self.decl.params
     }
 
     /// Scattered states, in order of first mention.
     pub fn states(&self) -> &[StateDecl] {
-        &self.states
+        &self.decl.states
     }
 
     /// Pulled inputs.
     pub fn inputs(&self) -> &[Port] {
-        &self.inputs
+        &self.decl.inputs
     }
 
     /// Pushed outputs.
     pub fn outputs(&self) -> &[Port] {
-        &self.outputs
+        &self.decl.outputs
     }
 
     /// Index of the parameter named `name`.
     pub fn param_index(&self, name: &str) -> Option<usize> {
-        self.params.iter().position(|p| p.name == name)
+        self.decl.params.iter().position(|p| p.name == name)
     }
 
     /// Floating-point operations per vertex: `(forward, backward)`. Matrix products count
@@ -178,12 +127,13 @@ impl VertexFn {
                 super::ParamGrad::SumRows { dy, .. } => b.func.node(dy).shape.numel() as u64,
             })
             .sum();
-        (count(&self.forward), count(&b.func) + param_grads)
+        (count(&self.decl.forward), count(&b.func) + param_grads)
     }
 
     /// Fresh parameter values drawn from their initialisers with `rng`, in declaration order.
     pub fn init_params(&self, rng: &mut Rng) -> Vec<Vec<f32>> {
-        self.params
+        self.decl
+            .params
             .iter()
             .map(|p| {
                 let n = p.shape.numel();
@@ -205,14 +155,14 @@ impl fmt::Display for VertexFn {
         writeln!(
             f,
             "vertex function `{}` (arity {}{})",
-            self.name,
-            self.arity,
-            if self.variadic { ", gather_sum" } else { "" }
+            self.decl.name,
+            self.decl.arity,
+            if self.decl.variadic { ", gather_sum" } else { "" }
         )?;
-        for (i, n) in self.forward.nodes.iter().enumerate() {
+        for (i, n) in self.decl.forward.nodes.iter().enumerate() {
             let v = ValueId(i as u32);
             let ins: Vec<String> = n.op.inputs().iter().map(ToString::to_string).collect();
-            writeln!(f, "  {} ({})", self.forward.describe(v, &self.params), ins.join(", "))?;
+            writeln!(f, "  {} ({})", self.decl.forward.describe(v, &self.decl.params), ins.join(", "))?;
         }
         writeln!(f, "forward plan:\n{}", self.forward_plan)?;
         write!(f, "backward plan:\n{}", self.backward_plan)

@@ -18,14 +18,16 @@ use arbor_core::fusion::Kernel;
 pub use buffer::HostBuffer;
 use memory::Raw;
 use std::sync::atomic::{AtomicUsize, Ordering};
+pub use team::{budget, with_threads};
 
 thread_local! {
     /// Grow-only f64 accumulators for row sums.
     static SUMS: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The CPU backend. Calls large enough to gain from it are split between the cores the calling
-/// context allows (`rayon::current_num_threads()`), on a team of spinning threads. Every call's
+/// The CPU backend. Calls large enough to gain from it are split between the cores allowed (by
+/// [`CpuBackend::with_threads`], else by the calling thread's budget, [`with_threads`],
+/// else every core), on a team of spinning threads. Every call's
 /// result is the same, bit for bit, however many threads run it (a call made while another holds
 /// the team runs on one), so results never depend on timing. Its kernels use the vector
 /// instructions [`isa::active`] names. A call whose writes overlap what it reads is an error:
@@ -34,12 +36,36 @@ thread_local! {
 pub struct CpuBackend {
     allocations: AtomicUsize,
     transposes: matmul::Transposes,
+    /// Threads per call (0: the calling thread's budget).
+    threads: usize,
 }
 
 impl CpuBackend {
-    /// A CPU backend.
+    /// A CPU backend whose calls use the calling thread's budget of threads (every core unless
+    /// [`with_threads`] says otherwise).
     pub fn new() -> CpuBackend {
         CpuBackend::default()
+    }
+
+    /// A CPU backend whose calls use at most `n` threads (at least 1), wherever they are made.
+    pub fn with_threads(n: usize) -> CpuBackend {
+        CpuBackend { threads: n.max(1), ..CpuBackend::default() }
+    }
+
+    /// The most threads one of its calls may use.
+    pub fn threads(&self) -> usize {
+        match self.threads {
+            0 => team::budget(),
+            n => n,
+        }
+    }
+
+    /// Runs `f` within this backend's thread budget.
+    fn within<T>(&self, f: impl FnOnce() -> T) -> T {
+        match self.threads {
+            0 => f(),
+            n => team::with_threads(n, f),
+        }
     }
 }
 
@@ -119,24 +145,29 @@ impl Backend for CpuBackend {
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()> {
         let raw = Raw::new(mem, [dst.buf])?;
         let max = if len >= memory::PARALLEL_ELEMS { usize::MAX } else { 1 };
-        team::split(max, |part, parts| {
-            let span = team::share(len, part, parts);
-            // SAFETY: `Raw::get_mut` checks the range; the parts write disjoint ranges.
-            unsafe { raw.get_mut("fill", dst.offset_by(span.start), span.len())? }.fill(value);
-            Ok(())
+        self.within(|| {
+            team::split(max, |part, parts| {
+                let span = team::share(len, part, parts);
+                // SAFETY: `Raw::get_mut` checks the range; the parts write disjoint ranges.
+                unsafe { raw.get_mut("fill", dst.offset_by(span.start), span.len())? }.fill(value);
+                Ok(())
+            })
         })
     }
 
     fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> Result<()> {
-        matmul::gemm_batch(&Raw::new(mem, [g.c.buf])?, std::slice::from_ref(g), &self.transposes)
+        let raw = Raw::new(mem, [g.c.buf])?;
+        self.within(|| matmul::gemm_batch(&raw, std::slice::from_ref(g), &self.transposes))
     }
 
     fn gemm_batch(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
-        matmul::gemm_batch(&Raw::new(mem, gs.iter().map(|g| g.c.buf))?, gs, &self.transposes)
+        let raw = Raw::new(mem, gs.iter().map(|g| g.c.buf))?;
+        self.within(|| matmul::gemm_batch(&raw, gs, &self.transposes))
     }
 
     fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
-        fused::run(&Raw::new(mem, stores.iter().map(|s| s.buf))?, kernel, n, loads, stores)
+        let raw = Raw::new(mem, stores.iter().map(|s| s.buf))?;
+        self.within(|| fused::run(&raw, kernel, n, loads, stores))
     }
 
     fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()> {
@@ -144,7 +175,8 @@ impl Backend for CpuBackend {
             Rows::Indexed { data, .. } | Rows::IndexedSet { data, .. } => Some(data.buf),
             _ => None,
         };
-        memory::scatter_add(&Raw::new(mem, written)?, src, block, n, dst)
+        let raw = Raw::new(mem, written)?;
+        self.within(|| memory::scatter_add(&raw, src, block, n, dst))
     }
 
     fn sum_rows(
@@ -159,33 +191,35 @@ impl Backend for CpuBackend {
         let raw = Raw::new(mem, [dst.buf])?;
         memory::apart("sum_rows", memory::Span::at(dst, cols), memory::Span::at(src, rows * cols))?;
         let max = if rows * cols >= memory::PARALLEL_ELEMS { usize::MAX } else { 1 };
-        team::split(max, |part, parts| {
-            let span = team::share(cols, part, parts);
-            // SAFETY: both ranges are checked, and apart (above); the parts write disjoint
-            // columns of `dst`.
-            let (s, d) = unsafe {
-                (
-                    raw.get("sum_rows", src, rows * cols)?,
-                    raw.get_mut("sum_rows", dst.offset_by(span.start), span.len())?,
-                )
-            };
-            // Accumulate in f64: these sums run over every vertex of a minibatch.
-            SUMS.with(|acc| {
-                let acc = &mut *acc.borrow_mut();
-                acc.clear();
-                acc.extend(d.iter().map(|&x| if accumulate { f64::from(x) } else { 0.0 }));
-                host::vectorised(|| {
-                    for row in s.chunks_exact(cols.max(1)) {
-                        for (a, &x) in acc.iter_mut().zip(&row[span.clone()]) {
-                            *a += f64::from(x);
+        self.within(|| {
+            team::split(max, |part, parts| {
+                let span = team::share(cols, part, parts);
+                // SAFETY: both ranges are checked, and apart (above); the parts write disjoint
+                // columns of `dst`.
+                let (s, d) = unsafe {
+                    (
+                        raw.get("sum_rows", src, rows * cols)?,
+                        raw.get_mut("sum_rows", dst.offset_by(span.start), span.len())?,
+                    )
+                };
+                // Accumulate in f64: these sums run over every vertex of a minibatch.
+                SUMS.with(|acc| {
+                    let acc = &mut *acc.borrow_mut();
+                    acc.clear();
+                    acc.extend(d.iter().map(|&x| if accumulate { f64::from(x) } else { 0.0 }));
+                    host::vectorised(|| {
+                        for row in s.chunks_exact(cols.max(1)) {
+                            for (a, &x) in acc.iter_mut().zip(&row[span.clone()]) {
+                                *a += f64::from(x);
+                            }
                         }
+                    });
+                    for (d, a) in d.iter_mut().zip(acc.iter()) {
+                        *d = *a as f32;
                     }
                 });
-                for (d, a) in d.iter_mut().zip(acc.iter()) {
-                    *d = *a as f32;
-                }
-            });
-            Ok(())
+                Ok(())
+            })
         })
     }
 }

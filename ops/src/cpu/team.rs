@@ -3,12 +3,14 @@
 //! takes well under a microsecond, where waking a sleeping thread (as a thread pool's join does
 //! after any pause) takes tens of microseconds — longer than many of a minibatch's calls.
 //!
-//! One team serves the process. A call uses as many threads as the calling context allows
-//! (`rayon::current_num_threads()`, which the trainers set per worker); a call made while another
-//! thread holds the team, or from inside one of its parts, runs on the caller alone.
+//! One team serves the process. A call uses as many threads as its thread's budget allows
+//! ([`with_threads`], which the trainers set per worker, and
+//! [`CpuBackend::with_threads`](super::CpuBackend::with_threads) per backend; every core
+//! otherwise); a call made while another thread holds the team, or from inside one of its parts,
+//! runs on the caller alone.
 
 use arbor_core::error::Error;
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -119,14 +121,41 @@ fn helper(shared: &'static Shared, me: usize) {
     }
 }
 
-/// Threads a call made now could use: the calling context's share of the cores, at most the
-/// team's size, and 1 while another call holds the team.
+thread_local! {
+    /// This thread's budget of threads per call (0: every core).
+    static BUDGET: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Runs `f` with every CPU backend call and optimizer update made on this thread using at most
+/// `n` threads (at least 1): a trainer's share of the cores per worker.
+pub fn with_threads<T>(n: usize, f: impl FnOnce() -> T) -> T {
+    /// Puts the budget back, also when `f` panics.
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BUDGET.set(self.0);
+        }
+    }
+    let _restore = Restore(BUDGET.replace(n.max(1)));
+    f()
+}
+
+/// Threads a call on this thread may use at most: its budget ([`with_threads`]), else every core.
+pub fn budget() -> usize {
+    match BUDGET.get() {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    }
+}
+
+/// Threads a call made now could use: the thread's budget, at most the team's size, and 1 while
+/// another call holds the team.
 pub(crate) fn threads() -> usize {
     let t = team();
     if t.busy.load(Ordering::Relaxed) {
         return 1;
     }
-    rayon::current_num_threads().clamp(1, t.helpers.len() + 1)
+    budget().clamp(1, t.helpers.len() + 1)
 }
 
 /// Runs `f(part, parts)` for every part of `0..parts`, each on its own thread (part 0 on the

@@ -1,0 +1,64 @@
+//! A declared forward function, checked: its IR and its ports, before anything is derived from
+//! it. Autodiff and fusion read only this (and each other's results), never a half-built
+//! [`VertexFn`](super::VertexFn).
+
+use super::func::{Func, ParamDecl, Port, StateDecl};
+use super::op::ValueId;
+use crate::error::{Error, Result};
+
+/// F as the builder declared it: every value feeds a state or an output.
+#[derive(Clone, Debug)]
+pub(crate) struct Declaration {
+    pub name: String,
+    pub arity: usize,
+    pub variadic: bool,
+    pub forward: Func,
+    pub params: Vec<ParamDecl>,
+    pub states: Vec<StateDecl>,
+    pub inputs: Vec<Port>,
+    pub outputs: Vec<Port>,
+}
+
+impl Declaration {
+    /// Checks that the function scatters or pushes something and that every value it computes
+    /// is used on the way there.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        name: String,
+        arity: usize,
+        variadic: bool,
+        forward: Func,
+        params: Vec<ParamDecl>,
+        states: Vec<StateDecl>,
+        inputs: Vec<Port>,
+        outputs: Vec<Port>,
+    ) -> Result<Declaration> {
+        let roots: Vec<ValueId> = states.iter().map(|s| s.value).chain(outputs.iter().map(|o| o.value)).collect();
+        if roots.is_empty() {
+            return Err(Error::NoOutput { function: name });
+        }
+        let users = forward.users();
+        let mut is_root = vec![false; forward.nodes.len()];
+        for r in &roots {
+            is_root[r.index()] = true;
+        }
+        // Values are topologically ordered, so one reverse sweep finds everything the roots use.
+        let mut live = is_root;
+        for i in (0..forward.nodes.len()).rev() {
+            if live[i] {
+                for x in forward.nodes[i].op.inputs() {
+                    live[x.index()] = true;
+                }
+            }
+        }
+        if let Some(i) = live.iter().position(|l| !l) {
+            let value = forward.describe(ValueId(i as u32), &params);
+            return Err(if users[i].is_empty() {
+                Error::Unused { function: name, value }
+            } else {
+                Error::Dead { function: name, value }
+            });
+        }
+        Ok(Declaration { name, arity, variadic, forward, params, states, inputs, outputs })
+    }
+}
