@@ -2,9 +2,9 @@
 //!
 //! A pass happens in two steps. [`Lowering`] turns the minibatch into a plain list of
 //! [`Launch`]es (products, fused kernels, copies, fills, scatter-adds, row sums) and the host
-//! data they start from, reading the per-function [`analysis`] and the per-minibatch
-//! [`batch`] state; it needs no backend, so the list can be printed and tested. [`Engine`] then
-//! uploads that data and runs the list on its backend.
+//! data they start from, reading the per-function analysis (`analysis.rs`) and the minibatch's
+//! state (`batch.rs`); it needs no backend, so the list can be printed and tested. [`Engine`]
+//! then uploads that data and runs the list on its backend.
 //!
 //! Memory: one arena holds every buffer of the minibatch where the [`MemoryPlan`] puts it (pulled
 //! inputs, stored values of F and F', output and state gradients, distinct pulled rows), each ordered by task so a task

@@ -140,10 +140,11 @@ pub fn with_threads<T>(n: usize, f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// Threads a call on this thread may use at most: its budget ([`with_threads`]), else every core.
+/// Threads a call on this thread may use at most: its budget ([`with_threads`]), else every core
+/// (the team's size, counted once).
 pub fn budget() -> usize {
     match BUDGET.get() {
-        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        0 => team().helpers.len() + 1,
         n => n,
     }
 }

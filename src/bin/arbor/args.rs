@@ -1,0 +1,276 @@
+//! The command line: subcommands and their flags.
+
+use arbor::dist::schedule::Kind;
+use arbor::nn::Model;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "arbor", version, about = "Deep learning on trees, sequences and graphs")]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Train a model. With no --data, trains the binary Tree-LSTM on the built-in synthetic treebank.
+    Train(Box<TrainArgs>),
+    /// Evaluate a checkpoint on the test split of its data.
+    Eval(EvalArgs),
+    /// Measure training or inference throughput on SST (or synthetic trees).
+    Bench(BenchArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub(crate) enum Mode {
+    /// Forward, backward, and the optimizer update.
+    Train,
+    /// Forward only (inference mode: nothing kept for backward).
+    Infer,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
+pub(crate) enum PrecisionArg {
+    F32,
+    Tf32,
+    Bf16,
+    F16,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub(crate) enum Device {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Parser)]
+pub(crate) struct BenchArgs {
+    /// The model (ggnn is benchmarked by `arbor train --model ggnn`).
+    #[arg(long, value_enum, default_value = "tree-lstm")]
+    pub(crate) model: ModelArg,
+    /// An SST directory; without it, the synthetic treebank (balanced binary trees for tree-fc).
+    #[arg(long)]
+    pub(crate) data: Option<PathBuf>,
+    /// Trees per minibatch.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) batch: usize,
+    /// Hidden state width.
+    #[arg(long, default_value_t = 150)]
+    pub(crate) hidden: usize,
+    /// Word vector width.
+    #[arg(long, default_value_t = 300)]
+    pub(crate) embed: usize,
+    /// Training sentences in the timed run (the first N, cycled if needed).
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) sentences: usize,
+    /// What to time.
+    #[arg(long, value_enum, default_value = "train")]
+    pub(crate) mode: Mode,
+    /// Where the loss is taken (train mode).
+    #[arg(long, value_enum, default_value = "root")]
+    pub(crate) loss: Loss,
+    /// The compute device.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub(crate) device: Device,
+    /// Worker threads for matrix products (default: all cores).
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// Workers (CPU only), each a model replica on its own share of the cores. Training: every
+    /// minibatch is split between them and their gradients summed (as `arbor train --workers`);
+    /// inference: they take whole minibatches in turn.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) workers: usize,
+    /// Matrix-product inputs on the GPU: f32, tf32, bf16 or f16 (f16 training scales the loss);
+    /// accumulation is always f32.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub(crate) precision: PrecisionArg,
+    /// Leaves of each synthetic tree for tree-fc without --data.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) leaves: usize,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum ModelArg {
+    /// Binary constituency Tree-LSTM (Tai et al. 2015).
+    TreeLstm,
+    /// Child-sum Tree-LSTM.
+    ChildSum,
+    /// An LSTM over each sentence as a chain (loss at the last word).
+    VarLstm,
+    /// Tree-FC: one fully connected layer over the children (the Cavs benchmark cell).
+    TreeFc,
+    /// Gated graph network for graph classification (TU data sets such as MUTAG).
+    Ggnn,
+}
+
+impl ModelArg {
+    pub(crate) fn model(self) -> Model {
+        match self {
+            ModelArg::TreeLstm => Model::TreeLstm,
+            ModelArg::ChildSum => Model::ChildSum,
+            ModelArg::VarLstm => Model::VarLstm,
+            ModelArg::TreeFc | ModelArg::Ggnn => Model::TreeFc,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub(crate) enum Loss {
+    /// Loss on every tree's root.
+    Root,
+    /// Loss on every vertex (every phrase).
+    All,
+}
+
+impl Loss {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Loss::Root => "root",
+            Loss::All => "all",
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum Opt {
+    Adagrad,
+    Adam,
+    Adamw,
+    Sgd,
+}
+
+#[derive(Parser)]
+pub(crate) struct TrainArgs {
+    /// The model.
+    #[arg(long, value_enum, default_value = "tree-lstm")]
+    pub(crate) model: ModelArg,
+    /// An SST directory (train.txt, dev.txt, test.txt); without it, the synthetic treebank.
+    #[arg(long)]
+    pub(crate) data: Option<PathBuf>,
+    /// Passes over the training set (default 5; 100 per fold for ggnn).
+    #[arg(long)]
+    pub(crate) epochs: Option<usize>,
+    /// Cross-validation folds (ggnn).
+    #[arg(long, default_value_t = 10)]
+    pub(crate) folds: usize,
+    /// Message-passing steps (ggnn).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) steps: usize,
+    /// Trees per minibatch.
+    #[arg(long, default_value_t = 25)]
+    pub(crate) batch: usize,
+    /// Hidden state width (default 64; 32 for ggnn).
+    #[arg(long)]
+    pub(crate) hidden: Option<usize>,
+    /// Word vector (or node-label vector) width (default 32; 16 for ggnn).
+    #[arg(long)]
+    pub(crate) embed: Option<usize>,
+    /// Where the loss is taken.
+    #[arg(long, value_enum, default_value = "all")]
+    pub(crate) loss: Loss,
+    /// The optimizer.
+    #[arg(long, value_enum, default_value = "adam")]
+    pub(crate) optimizer: Opt,
+    /// Learning rate (default 0.01; 0.005 for ggnn).
+    #[arg(long)]
+    pub(crate) lr: Option<f32>,
+    /// Weight decay.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) weight_decay: f32,
+    /// Clip the joint gradient norm to this value (0: no clipping).
+    #[arg(long, default_value_t = 5.0)]
+    pub(crate) clip: f32,
+    /// Lowercase words (SST only).
+    #[arg(long)]
+    pub(crate) lowercase: bool,
+    /// Initialise word vectors from a GloVe text file (its width must equal --embed).
+    #[arg(long)]
+    pub(crate) embeddings: Option<PathBuf>,
+    /// Random seed.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Keep checkpoints here: `best/` (best dev accuracy) and `last/` (end of the last epoch).
+    #[arg(long)]
+    pub(crate) checkpoint: Option<PathBuf>,
+    /// Continue from a checkpoint written by --checkpoint (its `last/` folder, or the folder itself).
+    #[arg(long)]
+    pub(crate) resume: Option<PathBuf>,
+    /// Write the loss and dev-accuracy curves to this SVG file.
+    #[arg(long)]
+    pub(crate) plot: Option<PathBuf>,
+    /// Also write `last/` every this many steps (CheckFreq: snapshot in memory, persist in the
+    /// background).
+    #[arg(long)]
+    pub(crate) checkpoint_every: Option<u64>,
+    /// Stop after this many optimizer steps in all (writing `last/` there with --checkpoint).
+    #[arg(long)]
+    pub(crate) max_steps: Option<u64>,
+    /// Data-parallel workers (threads of this process), each with a share of every minibatch.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) workers: usize,
+    /// Run as one rank of an MPI job (`mpirun -np N arbor train ... --distributed mpi`).
+    #[arg(long, value_enum)]
+    pub(crate) distributed: Option<Distributed>,
+    /// Layers of the vertex function, stacked: layer k+1 pulls the row layer k pushed at the
+    /// same vertex.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) layers: usize,
+    /// Pipeline stages (threads, or MPI ranks), each holding a contiguous share of the layers.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) stages: usize,
+    /// The pipeline schedule.
+    #[arg(long, value_enum, default_value = "1f1b")]
+    pub(crate) schedule: ScheduleArg,
+    /// Micro-batches per minibatch in a pipeline (balanced by vertex count).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) micro_batches: usize,
+    /// Seconds a worker waits for a peer before the run ends with an error.
+    #[arg(long, default_value_t = 120.0)]
+    pub(crate) timeout: f64,
+    /// Pause inside each checkpoint write, in milliseconds (for crash tests).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub(crate) persist_pause_ms: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum ScheduleArg {
+    /// 1F1B with a flush after every minibatch (equals accumulating the micro-batches).
+    #[value(name = "1f1b")]
+    OneFOneB,
+    /// PipeDream-2BW: no flush, two weight versions, gradients one step stale.
+    #[value(name = "2bw")]
+    TwoBw,
+}
+
+impl ScheduleArg {
+    pub(crate) fn kind(self) -> Kind {
+        match self {
+            ScheduleArg::OneFOneB => Kind::OneFOneBFlush,
+            ScheduleArg::TwoBw => Kind::TwoBw,
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ScheduleArg::OneFOneB => "1f1b",
+            ScheduleArg::TwoBw => "2bw",
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum Distributed {
+    /// MPI processes (needs a build with `--features mpi`).
+    Mpi,
+}
+
+#[derive(Parser)]
+pub(crate) struct EvalArgs {
+    /// A checkpoint folder (as written by `train --checkpoint`; `best/` is used if present).
+    #[arg(long)]
+    pub(crate) checkpoint: PathBuf,
+    /// The data directory (default: the one the checkpoint was trained on).
+    #[arg(long)]
+    pub(crate) data: Option<PathBuf>,
+}

@@ -1,0 +1,220 @@
+//! `arbor bench`: throughput of training or inference, as JSON on the last stdout line.
+
+use crate::args::*;
+use crate::{bar, load};
+use arbor::core::rng::Rng;
+use arbor::cuda::Precision;
+use arbor::data::{synthetic, TreeExample, PAD};
+use arbor::dist::{Collective, ThreadCollective};
+use arbor::layers::LossOn;
+use arbor::loss_scale::LossScaler;
+use arbor::nn::Model;
+use arbor::optim::{Config, Optimizer, Rule};
+use arbor::train::Classifier;
+use arbor::trainer::{on_threads, train_steps};
+use arbor::{Backend, Error, Result};
+use indicatif::ProgressBar;
+use serde_json::json;
+use std::time::Instant;
+
+/// Peak resident memory of this process in MiB (Linux), or 0 where unknown.
+pub(crate) fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Infers `batch` and predicts each tree's root class (what inference is timed on).
+pub(crate) fn infer_batch<B: Backend>(model: &mut Classifier<B>, batch: &[&TreeExample]) -> Result<()> {
+    let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
+    let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
+    let (mut roots, mut base) = (Vec::with_capacity(batch.len()), 0);
+    for e in batch {
+        roots.extend(e.graph.roots().into_iter().map(|r| base + r));
+        base += e.graph.len();
+    }
+    let h = model.infer_rows(&graphs, &ids, &roots)?;
+    for k in 0..roots.len() {
+        model.out.predict_row(&h, k)?;
+    }
+    Ok(())
+}
+
+/// The bench's progress bar.
+pub(crate) fn bench_bar(args: &BenchArgs, len: usize) -> ProgressBar {
+    let mode = if args.mode == Mode::Train { "train" } else { "infer" };
+    bar(len, format!("bench {} {mode}", args.model.model().name()))
+}
+
+/// One bench worker's pass over `batches`: in training, the data-parallel steps of `arbor train`
+/// ([`train_steps`]) on every minibatch; in inference, every `args.workers`-th minibatch from
+/// its rank on.
+pub(crate) fn worker_pass<B: Backend>(
+    model: &mut Classifier<B>,
+    coll: &mut dyn Collective,
+    opt: &mut Optimizer,
+    args: &BenchArgs,
+    loss_on: LossOn,
+    batches: &[Vec<&TreeExample>],
+    pb: Option<&ProgressBar>,
+) -> Result<()> {
+    let me = coll.rank();
+    // In training every worker steps on every minibatch: the first one counts it.
+    let count = |trees: usize| {
+        if let Some(pb) = pb.filter(|_| args.mode == Mode::Infer || me == 0) {
+            pb.inc(trees as u64);
+        }
+    };
+    match args.mode {
+        Mode::Train => train_steps(model, opt, coll, batches, loss_on, None, &mut |_, trees| {
+            count(trees);
+            Ok(true)
+        }),
+        Mode::Infer => {
+            for batch in batches.iter().skip(me).step_by(args.workers) {
+                infer_batch(model, batch)?;
+                count(batch.len());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Times `args.sentences` of `examples` through `args.workers` replicas of `model` on threads
+/// (see `BenchArgs::workers`), or through `model` alone on another backend: each warms up on
+/// three minibatches, the workers meet, and the time runs until the last one is done. Returns
+/// the seconds and the floating-point operations the engines executed.
+pub(crate) fn measure<B: Backend>(
+    replicas: Vec<Classifier<B>>,
+    args: &BenchArgs,
+    examples: &[&TreeExample],
+    loss_on: LossOn,
+) -> Result<(f64, f64)>
+where
+    Classifier<B>: Send,
+{
+    let batches: Vec<Vec<&TreeExample>> = examples.chunks(args.batch).map(<[_]>::to_vec).collect();
+    let warmup = batches.len().min(3);
+    let pb = bench_bar(args, examples.len());
+    let timed = on_threads(replicas, arbor::dist::DEFAULT_TIMEOUT, 0, &mut |_| {}, |mut model, coll, _| {
+        let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
+        let mut pass = |model: &mut Classifier<B>, coll: &mut ThreadCollective, batches, pb| {
+            worker_pass(model, coll, &mut opt, args, loss_on, batches, pb)
+        };
+        pass(&mut model, coll, &batches[..warmup], None)?;
+        let mut meet = [0.0f32];
+        coll.all_reduce_sum(&mut meet)?;
+        let flops_before = model.engine.flops();
+        let start = Instant::now();
+        pass(&mut model, coll, &batches, Some(&pb))?;
+        Ok((start, model.engine.flops() - flops_before))
+    })?;
+    let seconds = timed.iter().map(|(start, _)| start.elapsed()).max().unwrap_or_default().as_secs_f64();
+    pb.finish_and_clear();
+    // Training replicas repeat the same minibatches' shares: their flops add up to one pass.
+    Ok((seconds, timed.iter().map(|&(_, flops)| flops as f64).sum()))
+}
+
+pub(crate) fn bench(args: &BenchArgs) -> Result<()> {
+    match args.threads {
+        Some(t) => arbor::with_cpu_threads(t, || bench_on(args)),
+        None => bench_on(args),
+    }
+}
+
+/// [`bench`] within its thread budget.
+pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
+    if args.workers == 0 || args.workers > 1 && args.device == Device::Cuda {
+        return Err(Error::input("--workers", "at least 1, and 1 with --device cuda", args.workers.to_string()));
+    }
+    if args.device == Device::Cpu && args.precision != PrecisionArg::F32 {
+        return Err(Error::input(
+            "--precision",
+            "f32 on the CPU (reduced precision is for --device cuda)",
+            format!("{:?}", args.precision).to_lowercase(),
+        ));
+    }
+    let model_kind = args.model.model();
+    if matches!(args.model, ModelArg::Ggnn) || args.batch == 0 || args.sentences == 0 {
+        return Err(Error::input(
+            "arguments",
+            "a tree or sequence model, --batch and --sentences above 0",
+            format!("{} {} {}", model_kind.name(), args.batch, args.sentences),
+        ));
+    }
+    let (pool, vocab, classes) = match (&args.data, model_kind) {
+        (None, Model::TreeFc) => {
+            // Every vertex pulls the same (non-padding) word; the label only feeds the loss.
+            let graph = arbor::InputGraph::balanced_binary(args.leaves);
+            let n = graph.len();
+            let ex = TreeExample { graph, words: vec![2; n], labels: vec![0; n] };
+            (vec![ex], synthetic::vocab().len(), synthetic::CLASSES)
+        }
+        _ => {
+            let d = load(args.data.as_deref(), 1, false, model_kind)?;
+            (d.train, d.vocab.len(), d.classes)
+        }
+    };
+    let examples: Vec<&TreeExample> = pool.iter().cycle().take(args.sentences).collect();
+    let cell = model_kind.cell(args.embed, args.hidden)?;
+    let (fwd_flops, bwd_flops) = cell.flops_per_vertex();
+    let nominal_per_vertex = fwd_flops + if args.mode == Mode::Train { bwd_flops } else { 0 };
+    let mut rng = Rng::new(1);
+    let loss_on = if args.loss == Loss::All && !model_kind.chains() { LossOn::All } else { LossOn::Root };
+    let (seconds, flops, gpu) = match args.device {
+        Device::Cpu => {
+            let model = Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?;
+            let mut replicas: Vec<Classifier> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
+            replicas.insert(0, model);
+            let (seconds, flops) = measure(replicas, args, &examples, loss_on)?;
+            (seconds, flops, None)
+        }
+        Device::Cuda => {
+            let gpu = arbor::cuda::CudaBackend::new(0)
+                .map_err(|e| Error::input("--device cuda", "a usable CUDA device", e.to_string()))?;
+            let name = gpu.description().to_string();
+            gpu.set_precision(match args.precision {
+                PrecisionArg::F32 => Precision::F32,
+                PrecisionArg::Tf32 => Precision::Tf32,
+                PrecisionArg::Bf16 => Precision::Bf16,
+                PrecisionArg::F16 => Precision::F16,
+            });
+            let mut model = Classifier::on(gpu, cell, vocab, Some(PAD), classes, &mut rng)?;
+            if args.precision == PrecisionArg::F16 {
+                model.loss_scale = Some(LossScaler::dynamic());
+            }
+            let (seconds, flops) = measure(vec![model], args, &examples, loss_on)?;
+            (seconds, flops, Some(name))
+        }
+    };
+    let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
+    let nominal = vertices as f64 * nominal_per_vertex as f64;
+    println!(
+        "{}",
+        json!({
+            "model": model_kind.name(),
+            "mode": if args.mode == Mode::Train { "train" } else { "infer" },
+            "device": if args.device == Device::Cuda { "cuda" } else { "cpu" },
+            "gpu": gpu,
+            "precision": format!("{:?}", args.precision).to_lowercase(),
+            "threads": arbor::cpu_thread_budget(),
+            "cpu_isa": arbor::isa::active().name(),
+            "workers": args.workers,
+            "batch": args.batch,
+            "hidden": args.hidden,
+            "embed": args.embed,
+            "loss": if loss_on == LossOn::All { "all" } else { "root" },
+            "sentences": args.sentences,
+            "seconds": (seconds * 1e4).round() / 1e4,
+            "sent_per_s": (args.sentences as f64 / seconds).round(),
+            "vertices_per_s": (vertices as f64 / seconds).round(),
+            "gflops": (flops / seconds / 1e7).round() / 100.0,
+            "nominal_gflops": (nominal / seconds / 1e7).round() / 100.0,
+            "peak_rss_mb": (peak_rss_mb() * 10.0).round() / 10.0,
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,485 @@
+//! `arbor train` (trees and sequences data-parallel or pipelined, graphs by cross-validation)
+//! and `arbor eval`.
+
+use crate::args::*;
+use crate::{bar, load, meta_usize, Data};
+use arbor::checkpoint::Checkpoint;
+use arbor::core::rng::Rng;
+use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD};
+use arbor::dist::pipeline::{PipeSettings, Stack, Stage};
+use arbor::dist::Collective;
+use arbor::layers::LossOn;
+use arbor::nn::Model;
+use arbor::optim::{Config, Optimizer, Rule};
+use arbor::plot::{self, Series};
+use arbor::train::{cross_validate, Classifier, GraphTraining};
+use arbor::trainer::{fit_threads, on_threads, Event, Run, Settings, Splits, Summary};
+use arbor::{Error, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The sizes and rates of a run: the flags, or the model's defaults.
+pub(crate) struct Sizes {
+    pub(crate) epochs: usize,
+    pub(crate) hidden: usize,
+    pub(crate) embed: usize,
+    pub(crate) lr: f32,
+}
+
+impl Sizes {
+    pub(crate) fn of(args: &TrainArgs) -> Sizes {
+        let graph = matches!(args.model, ModelArg::Ggnn);
+        Sizes {
+            epochs: args.epochs.unwrap_or(if graph { 100 } else { 5 }),
+            hidden: args.hidden.unwrap_or(if graph { 32 } else { 64 }),
+            embed: args.embed.unwrap_or(if graph { 16 } else { 32 }),
+            lr: args.lr.unwrap_or(if graph { 0.005 } else { 0.01 }),
+        }
+    }
+}
+
+pub(crate) fn optimizer(args: &TrainArgs, lr: f32) -> Config {
+    let rule = match args.optimizer {
+        Opt::Adagrad => Rule::Adagrad,
+        Opt::Adam => Rule::Adam,
+        Opt::Adamw => Rule::AdamW,
+        Opt::Sgd => Rule::Sgd { momentum: 0.9 },
+    };
+    Config { weight_decay: args.weight_decay, ..Config::new(rule, lr) }
+}
+
+/// A training run's progress on stderr: a bar per epoch and a line per finished epoch, whose
+/// curves are also drawn to `plot`.
+pub(crate) struct Progress<'a> {
+    pub(crate) epochs: usize,
+    pub(crate) plot: Option<&'a Path>,
+    pub(crate) bar: Option<ProgressBar>,
+    pub(crate) loss: Vec<f64>,
+    pub(crate) dev: Vec<f64>,
+}
+
+impl Progress<'_> {
+    pub(crate) fn on(&mut self, e: Event) {
+        match e {
+            Event::EpochStart { epoch, done, total } => {
+                let b = bar(total, format!("epoch {epoch}/{}", self.epochs));
+                b.set_position(done as u64);
+                self.bar = Some(b);
+            }
+            Event::Trees(n) => {
+                if let Some(b) = &self.bar {
+                    b.inc(n as u64);
+                }
+            }
+            Event::EpochEnd { epoch, loss, dev } => {
+                self.finish();
+                eprintln!("epoch {epoch}: loss {loss:.4}, dev root accuracy {dev:.4}");
+                self.loss.push(loss);
+                self.dev.push(dev);
+                if let Some(path) = self.plot {
+                    let series = [
+                        Series { name: "training loss", values: &self.loss },
+                        Series { name: "dev root accuracy", values: &self.dev },
+                    ];
+                    if let Err(e) = plot::write_svg(path, &series) {
+                        eprintln!("arbor: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// What every way of training a tree or sequence model starts from.
+pub(crate) struct Setup<'a> {
+    pub(crate) args: &'a TrainArgs,
+    pub(crate) sizes: Sizes,
+    pub(crate) kind: Model,
+    pub(crate) data: Data,
+    pub(crate) rng: Rng,
+    pub(crate) loss_on: LossOn,
+    pub(crate) timeout: Duration,
+}
+
+impl Setup<'_> {
+    pub(crate) fn splits(&self) -> Splits<'_> {
+        Splits { train: &self.data.train, dev: &self.data.dev, test: &self.data.test }
+    }
+
+    /// Fills an embedding table from --embeddings, if given (the padding row stays zero).
+    pub(crate) fn pretrained(&self, table: &mut [f32]) -> Result<()> {
+        let Some(file) = &self.args.embeddings else { return Ok(()) };
+        let embed = self.sizes.embed;
+        let found = glove::read_into(file, &self.data.vocab, embed, table)?;
+        table[PAD as usize * embed..(PAD as usize + 1) * embed].fill(0.0);
+        eprintln!("arbor: {found} of {} words have vectors in {}", self.data.vocab.len(), file.display());
+        Ok(())
+    }
+
+    pub(crate) fn announce(&self, how: &str) {
+        let d = &self.data;
+        eprintln!(
+            "arbor: training {} on {} ({} train / {} dev / {} test trees, vocabulary {}, {how})",
+            self.kind.name(),
+            d.name,
+            d.train.len(),
+            d.dev.len(),
+            d.test.len(),
+            d.vocab.len(),
+        );
+    }
+}
+
+pub(crate) fn plural(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
+pub(crate) fn train(args: &TrainArgs) -> Result<()> {
+    let sizes = Sizes::of(args);
+    let Sizes { epochs, hidden, embed, .. } = sizes;
+    if args.batch == 0 || epochs == 0 || hidden == 0 || embed == 0 || args.layers == 0 || args.stages == 0 {
+        return Err(Error::input(
+            "arguments",
+            "--batch, --epochs, --hidden, --embed, --layers and --stages above 0",
+            format!("{} {epochs} {hidden} {embed} {} {}", args.batch, args.layers, args.stages),
+        ));
+    }
+    if matches!(args.model, ModelArg::Ggnn) {
+        return train_graphs(args, &sizes);
+    }
+    let kind = args.model.model();
+    let data = load(args.data.as_deref(), args.seed, args.lowercase, kind)?;
+    let loss_on = match (args.loss, kind.chains()) {
+        // A chain has one label: the sentence's.
+        (Loss::Root, _) | (_, true) => LossOn::Root,
+        (Loss::All, false) => LossOn::All,
+    };
+    let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| {
+        Error::input("--timeout", "a number of seconds from 0 to about 1.8e19", args.timeout.to_string())
+    })?;
+    let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
+    let mut progress = Progress { epochs, plot: args.plot.as_deref(), bar: None, loss: Vec::new(), dev: Vec::new() };
+    let mut events = |e: Event| progress.on(e);
+    let report = if args.layers > 1 || args.stages > 1 {
+        train_pipeline(setup, &mut events)?
+    } else {
+        train_data_parallel(setup, &mut events)?
+    };
+    progress.finish();
+    if let Some(Value::Object(fields)) = report {
+        let mut summary = json!({
+            "model": kind.name(),
+            "data": load_name(args),
+            "epochs": epochs,
+            "batch": args.batch,
+            "hidden": hidden,
+            "embed": embed,
+        });
+        if let Some(m) = summary.as_object_mut() {
+            m.extend(fields);
+        }
+        println!("{summary}");
+    }
+    Ok(())
+}
+
+/// The data set's name as the summary spells it.
+pub(crate) fn load_name(args: &TrainArgs) -> String {
+    args.data.as_ref().map_or_else(|| "synthetic".into(), |d| d.display().to_string())
+}
+
+/// The summary's numbers of a finished run.
+pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f64) -> Value {
+    json!({
+        "steps": steps,
+        "train_seconds": (summary.train_seconds * 1000.0).round() / 1000.0,
+        "sent_per_s": (summary.sentences as f64 / summary.train_seconds.max(1e-9)).round(),
+        "dev_acc": best_dev,
+        "test_acc": test_acc,
+    })
+}
+
+/// Trains one model data-parallel (one worker, threads, or MPI ranks); returns the summary's
+/// fields on the worker that reports them.
+pub(crate) fn train_data_parallel(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
+    let args = setup.args;
+    let Sizes { epochs, hidden, embed, lr } = setup.sizes;
+    let cell = setup.kind.cell(embed, hidden)?;
+    let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
+    let mut model = Classifier::new(cell, vocab, Some(PAD), classes, &mut setup.rng)?;
+    setup.pretrained(model.embed.table_mut())?;
+    let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &setup.rng);
+    let data = &setup.data;
+    let plan = Settings {
+        epochs,
+        batch: args.batch,
+        loss_on: setup.loss_on,
+        clip: (args.clip > 0.0).then_some(args.clip),
+        checkpoint: args.checkpoint.clone(),
+        checkpoint_every: args.checkpoint_every,
+        max_steps: args.max_steps,
+        persist_pause: Duration::from_millis(args.persist_pause_ms),
+        meta: json!({
+            "model": setup.kind.name(), "embed": embed, "hidden": hidden, "classes": classes,
+            "data": data.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": data.vocab.words(),
+            "batch": args.batch, "loss": args.loss.name(), "optimizer": format!("{:?}", optimizer(args, lr)),
+            "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
+        }),
+    };
+    if let Some(dir) = &args.resume {
+        let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
+        run.resume(&Checkpoint::load(&dir)?, &plan.meta)?;
+        eprintln!("arbor: resuming from {} at epoch {}, step {}", dir.display(), run.pos.epoch, run.pos.steps);
+    }
+    let (summary, lead, workers) = match args.distributed {
+        None => {
+            setup.announce(&plural(args.workers, "worker"));
+            let summary = fit_threads(&mut run, args.workers, setup.timeout, setup.splits(), &plan, events)?;
+            (summary, true, args.workers)
+        }
+        Some(Distributed::Mpi) => on_mpi(setup.timeout, |coll| {
+            let (rank, size) = (coll.rank(), coll.size());
+            if rank == 0 {
+                setup.announce(&plural(size, "MPI rank"));
+            }
+            let mut quiet = |_: Event| {};
+            let events: &mut dyn FnMut(Event) = if rank == 0 { events } else { &mut quiet };
+            Ok((run.fit(setup.splits(), &plan, coll, events)?, rank == 0, size))
+        })?,
+    };
+    let mut report = outcome(&summary, run.pos.steps, run.best_dev, run.test_acc);
+    report["workers"] = json!(workers);
+    Ok(lead.then_some(report))
+}
+
+/// Trains a stacked model of --layers layers, cut into --stages pipeline stages (threads, or the
+/// ranks of an MPI job); returns the summary's fields on the last stage.
+pub(crate) fn train_pipeline(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
+    let args = setup.args;
+    let unsupported = [
+        ("--checkpoint", args.checkpoint.is_some()),
+        ("--resume", args.resume.is_some()),
+        ("--checkpoint-every", args.checkpoint_every.is_some()),
+        ("--workers above 1", args.workers > 1),
+    ];
+    if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
+        return Err(Error::input(
+            "a stacked (--layers above 1) or pipelined (--stages above 1) run",
+            "no checkpoints and no data-parallel workers (not supported with pipelines yet)",
+            *flag,
+        ));
+    }
+    let Sizes { epochs, hidden, embed, lr } = setup.sizes;
+    let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
+    let mut stack = Stack::new(setup.kind, args.layers, embed, hidden, vocab, Some(PAD), classes, &mut setup.rng)?;
+    if let Some(e) = &mut stack.embed {
+        setup.pretrained(e.table_mut())?;
+    }
+    let plan = PipeSettings {
+        kind: args.schedule.kind(),
+        micro_batches: args.micro_batches,
+        epochs,
+        batch: args.batch,
+        loss_on: setup.loss_on,
+        clip: (args.clip > 0.0).then_some(args.clip),
+        max_steps: args.max_steps,
+    };
+    plan.check(args.stages)?;
+    let stages: Vec<Stage> = stack
+        .split(args.stages)?
+        .into_iter()
+        .map(|part| Stage::new(part, Optimizer::new(optimizer(args, lr)), setup.rng.clone()))
+        .collect();
+    let how = |on: &str| {
+        format!(
+            "{} in {} on {on}, {} schedule, {}",
+            plural(args.layers, "layer"),
+            plural(args.stages, "stage"),
+            args.schedule.name(),
+            plural(args.micro_batches, "micro-batch")
+        )
+    };
+    let finish = |stage: &Stage, summary: &Summary| {
+        let mut report = outcome(summary, stage.version as u64, stage.best_dev, stage.test_acc);
+        report["layers"] = json!(args.layers);
+        report["stages"] = json!(args.stages);
+        report["schedule"] = json!(args.schedule.name());
+        report["micro_batches"] = json!(args.micro_batches);
+        report
+    };
+    match args.distributed {
+        None => {
+            setup.announce(&how("threads"));
+            let last = stages.len() - 1;
+            let results = on_threads(stages, setup.timeout, last, events, |mut stage, coll, report| {
+                let summary = stage.fit(setup.splits(), &plan, coll, report)?;
+                Ok(finish(&stage, &summary))
+            })?;
+            Ok(results.into_iter().last())
+        }
+        Some(Distributed::Mpi) => on_mpi(setup.timeout, |coll| {
+            let (rank, size) = (coll.rank(), coll.size());
+            if size != args.stages {
+                return Err(Error::input(
+                    "--distributed mpi with --stages",
+                    format!("one MPI rank per stage ({})", args.stages),
+                    plural(size, "rank"),
+                ));
+            }
+            let last = rank + 1 == size;
+            if last {
+                setup.announce(&how("MPI ranks"));
+            }
+            let mut stage =
+                stages.into_iter().nth(rank).ok_or_else(|| Error::Worker { rank, msg: "no stage".into() })?;
+            let mut quiet = |_: Event| {};
+            let events: &mut dyn FnMut(Event) = if last { events } else { &mut quiet };
+            let summary = stage.fit(setup.splits(), &plan, coll, events)?;
+            Ok(last.then(|| finish(&stage, &summary)))
+        }),
+    }
+}
+
+/// Runs `work` as this process's rank of an MPI job (`mpirun -np N arbor ...`), with the
+/// machine's cores shared among its ranks. On an error the message is printed and the whole job
+/// is aborted: finalizing MPI would wait for peers that may be dead or hung.
+#[cfg(feature = "mpi")]
+pub(crate) fn on_mpi<T>(timeout: Duration, work: impl FnOnce(&mut dyn Collective) -> Result<T>) -> Result<T> {
+    let mut coll = arbor::dist::mpi::MpiCollective::init(timeout)?;
+    let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    match arbor::with_cpu_threads((cores / local.max(1)).max(1), || work(&mut coll)) {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            eprintln!("arbor: {e}");
+            coll.abort(1)
+        }
+    }
+}
+
+/// Without MPI support compiled in, `--distributed mpi` is refused.
+#[cfg(not(feature = "mpi"))]
+pub(crate) fn on_mpi<T>(_: Duration, _: impl FnOnce(&mut dyn Collective) -> Result<T>) -> Result<T> {
+    Err(Error::input(
+        "--distributed mpi",
+        "an arbor built with MPI support (cargo build --release --features mpi)",
+        "a build without it",
+    ))
+}
+
+/// The name of the TU data set in `dir` (the prefix of its `NAME_A.txt`).
+pub(crate) fn tu_name(dir: &Path) -> Result<String> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| Error::Io { path: dir.display().to_string(), msg: e.to_string() })?;
+    entries.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix("_A.txt").map(String::from)).next().ok_or_else(
+        || Error::Io { path: dir.display().to_string(), msg: "no NAME_A.txt here: not a TU data set".into() },
+    )
+}
+
+pub(crate) fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
+    let epochs = sizes.epochs;
+    let tree_only = [
+        ("--checkpoint", args.checkpoint.is_some()),
+        ("--resume", args.resume.is_some()),
+        ("--plot", args.plot.is_some()),
+        ("--embeddings", args.embeddings.is_some()),
+    ];
+    if let Some((flag, _)) = tree_only.iter().find(|(_, set)| *set) {
+        return Err(Error::input(
+            "--model ggnn",
+            "the cross-validation flags (--folds, --steps, sizes, optimizer)",
+            format!("{flag}, which applies to tree and sequence models only"),
+        ));
+    }
+    let dir = args.data.as_deref().ok_or_else(|| {
+        Error::input("--model ggnn", "--data DIR with a TU data set (e.g. ../shared/data/mutag)", "no --data")
+    })?;
+    let name = tu_name(dir)?;
+    let data = tu::read(dir, &name)?;
+    eprintln!(
+        "arbor: {}-fold cross-validation of ggnn on {name} ({} graphs, {} node labels, {} classes)",
+        args.folds,
+        data.graphs.len(),
+        data.node_label_count,
+        data.classes
+    );
+    let cfg = GraphTraining {
+        steps: args.steps,
+        features: sizes.embed,
+        hidden: sizes.hidden,
+        epochs,
+        batch: args.batch,
+        folds: args.folds,
+        seed: args.seed,
+        optimizer: optimizer(args, sizes.lr),
+        clip: (args.clip > 0.0).then_some(args.clip),
+    };
+    let pb = ProgressBar::new((args.folds * epochs) as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} epochs, eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let start = Instant::now();
+    let result = cross_validate(&data, &cfg, &mut |fold, _| {
+        pb.set_message(format!("fold {}/{}", fold + 1, args.folds));
+        pb.inc(1);
+    })?;
+    pb.finish_and_clear();
+    for (k, a) in result.fold_acc.iter().enumerate() {
+        eprintln!("fold {}: held-out accuracy {a:.4}", k + 1);
+    }
+    println!(
+        "{}",
+        json!({
+            "model": "ggnn", "data": dir.display().to_string(), "folds": result.fold_acc.len(), "epochs": epochs,
+            "steps": args.steps, "hidden": sizes.hidden, "embed": sizes.embed,
+            "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
+            "graphs_per_s": result.graphs_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
+        })
+    );
+    Ok(())
+}
+
+pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
+    let dir =
+        if args.checkpoint.join("best").is_dir() { args.checkpoint.join("best") } else { args.checkpoint.clone() };
+    let ck = Checkpoint::load(&dir)?;
+    let meta = &ck.meta;
+    let model_kind = Model::from_name(meta["model"].as_str().unwrap_or_default())?;
+    let (embed, hidden, classes) =
+        (meta_usize(meta, "embed")?, meta_usize(meta, "hidden")?, meta_usize(meta, "classes")?);
+    let lowercase = meta["lowercase"].as_bool().unwrap_or(false);
+    let words: Vec<String> = meta["vocab"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
+        .unwrap_or_default();
+    let trained_on = meta["data"].as_str().unwrap_or("synthetic");
+    let data_dir = args.data.clone().or_else(|| (trained_on != "synthetic").then(|| PathBuf::from(trained_on)));
+    let test = match &data_dir {
+        None => synthetic::generate(500, 12, meta_usize(meta, "seed")? as u64 + 2_000_003),
+        Some(dir) => {
+            let mut vocab = Vocab::from_words(&words, lowercase);
+            sst::read(&dir.join("test.txt"), &mut vocab, false)?
+        }
+    };
+    let test: Vec<TreeExample> =
+        if model_kind.chains() { test.iter().map(TreeExample::to_chain).collect() } else { test };
+    let mut model =
+        Classifier::new(model_kind.cell(embed, hidden)?, words.len(), Some(PAD), classes, &mut Rng::new(0))?;
+    model.restore(&ck)?;
+    let acc = model.accuracy(&test, 256)?;
+    println!(
+        "{}",
+        json!({"model": model_kind.name(), "checkpoint": dir.display().to_string(), "test_acc": acc, "trees": test.len()})
+    );
+    Ok(())
+}
