@@ -154,7 +154,8 @@ pub fn step<B: Backend>(
             (StepStats::default(), zeros, None)
         }
     };
-    let mut bucket0 = head(&classifier, &stats);
+    // One worker: nothing to sum, so the output layer's gradients stay where they are.
+    let mut bucket0 = if many { head(&classifier, &stats) } else { Vec::new() };
     if many {
         coll.start_all_reduce(&bucket0)?;
     }
@@ -192,10 +193,14 @@ pub fn step<B: Backend>(
         (cell, embedding)
     };
 
-    let (nw, nb) = (classifier.weight.len(), classifier.bias.len());
-    let s = &bucket0[nw + nb..];
-    let stats = StepStats { loss: s[0], correct: s[1] as usize, count: s[2] as usize, vertices: s[3] as usize };
-    let classifier = ClassifierGrads { weight: bucket0[..nw].to_vec(), bias: bucket0[nw..nw + nb].to_vec() };
+    let (stats, classifier) = if many {
+        let (nw, nb) = (classifier.weight.len(), classifier.bias.len());
+        let s = &bucket0[nw + nb..];
+        let stats = StepStats { loss: s[0], correct: s[1] as usize, count: s[2] as usize, vertices: s[3] as usize };
+        (stats, ClassifierGrads { weight: bucket0[..nw].to_vec(), bias: bucket0[nw..nw + nb].to_vec() })
+    } else {
+        (stats, classifier)
+    };
     let mut grads = StepGrads { stats, cell, classifier, embedding };
     model.apply(&mut grads, opt, clip)?;
     Ok(grads.stats)
