@@ -10,7 +10,7 @@ use super::Pull;
 use arbor_batching::{MemoryPlan, Schedule};
 use arbor_core::backend::{IndexLoc, Loc, Rows, NO_ROW};
 use arbor_core::error::{Error, Result};
-use arbor_core::ir::{Op, Port, VertexFn};
+use arbor_core::ir::{Op, Port, ValueId, VertexFn};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -50,7 +50,7 @@ impl IndexLayout {
 #[derive(Clone, Copy)]
 pub(super) struct SharedCopy {
     /// The product (`None`: a looked-up input's own rows).
-    pub value: Option<arbor_core::ir::ValueId>,
+    pub value: Option<ValueId>,
     pub from: Loc,
     pub to: Loc,
     /// The first vertex row, and where its entry of the map is.
@@ -255,7 +255,7 @@ impl Batch {
                 s.map_at = map_at;
                 map_at += n;
                 most = most.max(s.unique);
-                up.write(s.rows_at, s.rows.iter().copied());
+                up.write_with(s.rows_at, |data| data.extend_from_slice(&s.rows));
             }
         }
         let scratch = self.memory.append("products over distinct rows", most * a.shared_width);

@@ -154,13 +154,6 @@ impl Uploads {
         self.index.clear();
     }
 
-    /// Adds a write of `values` to the arena at `at`.
-    pub(super) fn write(&mut self, at: usize, values: impl IntoIterator<Item = f32>) {
-        let start = self.data.len();
-        self.data.extend(values);
-        self.writes.push((at, start..self.data.len()));
-    }
-
     /// Adds a write to the arena at `at` whose values `fill` appends to the vector it is given.
     pub(super) fn write_with(&mut self, at: usize, fill: impl FnOnce(&mut Vec<f32>)) {
         let start = self.data.len();
