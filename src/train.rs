@@ -117,14 +117,6 @@ impl Classifier {
     ) -> Result<Classifier> {
         Classifier::on(CpuBackend::new(), cell, vocab, padding, classes, rng)
     }
-
-    /// A copy with the same function, sizes and learned values, on its own engine (a replica for
-    /// another worker).
-    pub fn replica(&self) -> Result<Classifier> {
-        let mut engine = Engine::new(CpuBackend::new(), self.engine.function().clone(), &self.engine.params()?)?;
-        engine.set_skip_padding_grads(self.embed.padding().is_some());
-        Ok(Classifier { embed: self.embed.clone(), engine, out: self.out.clone(), loss_scale: self.loss_scale })
-    }
 }
 
 impl<B: Backend> Classifier<B> {
@@ -156,6 +148,15 @@ impl<B: Backend> Classifier<B> {
         // The padding row's gradient is dropped by the embedding, so the engine need not form it.
         engine.set_skip_padding_grads(padding.is_some());
         Ok(Classifier { embed, engine, out: SoftmaxClassifier::new(hidden, classes, rng), loss_scale: None })
+    }
+
+    /// A copy with the same function, sizes and learned values, on its own engine and a
+    /// [replica](Backend::replica) of this one's backend (a replica for another worker).
+    pub fn replica(&self) -> Result<Classifier<B>> {
+        let backend = self.engine.backend().replica()?;
+        let mut engine = Engine::new(backend, self.engine.function().clone(), &self.engine.params()?)?;
+        engine.set_skip_padding_grads(self.embed.padding().is_some());
+        Ok(Classifier { embed: self.embed.clone(), engine, out: self.out.clone(), loss_scale: self.loss_scale })
     }
 
     /// One optimizer step on a minibatch of trees (or chains); `clip` bounds the joint gradient norm.
@@ -209,7 +210,7 @@ impl<B: Backend> Classifier<B> {
         done: &mut dyn FnMut(&StepStats, usize),
     ) -> Result<()> {
         let graphs = |k: usize| Ok(batches[k].iter().map(|e| &e.graph).collect());
-        crate::trainer::each_step(&self.engine.planner(), batches.len(), &graphs, &mut |k, planned| {
+        crate::trainer::plan_each(&self.engine.planner(), batches.len(), &graphs, &mut |k, planned| {
             let b = batch(&batches[k]);
             let targets = loss_on.select(&b.graphs, &b.labels)?;
             let out =
@@ -572,7 +573,7 @@ pub fn cross_validate(
                 .map(|chunk| graph_batch(&chunk.iter().map(|&i| &data.graphs[i]).collect::<Vec<_>>(), cfg.steps))
                 .collect();
             let graphs = |k: usize| Ok(batches[k].graphs.iter().collect());
-            crate::trainer::each_step(&model.engine.planner(), batches.len(), &graphs, &mut |k, planned| {
+            crate::trainer::plan_each(&model.engine.planner(), batches.len(), &graphs, &mut |k, planned| {
                 let b = &batches[k];
                 let refs: Vec<&InputGraph> = b.graphs.iter().collect();
                 let readout = Readout::MeanPool { groups: &b.groups, targets: &b.targets };

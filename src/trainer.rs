@@ -13,7 +13,7 @@ use crate::engine::{Planned, Planner};
 use crate::layers::LossOn;
 use crate::optim::Optimizer;
 use crate::train::{Classifier, StepStats};
-use crate::{Backend, InputGraph};
+use crate::{Backend, CpuBackend, InputGraph};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 use serde_json::{json, Value};
@@ -106,10 +106,11 @@ pub struct Summary {
     pub dev_curve: Vec<f64>,
 }
 
-/// Everything a run carries from step to step, and so everything a checkpoint holds.
-pub struct Run {
+/// Everything a run carries from step to step, and so everything a checkpoint holds; the model
+/// runs its vertex function on `B` (the CPU unless said otherwise).
+pub struct Run<B: Backend = CpuBackend> {
     /// The model.
-    pub model: Classifier,
+    pub model: Classifier<B>,
     /// The optimizer and its state.
     pub opt: Optimizer,
     /// Where the data iterator stands.
@@ -124,15 +125,15 @@ fn meta_error(key: &str, got: &Value) -> Error {
     Error::input("checkpoint metadata", format!("`{key}`"), got.to_string())
 }
 
-impl Run {
+impl<B: Backend> Run<B> {
     /// A fresh run whose first epoch's order is drawn from `rng`.
-    pub fn new(model: Classifier, opt: Optimizer, rng: &Rng) -> Run {
+    pub fn new(model: Classifier<B>, opt: Optimizer, rng: &Rng) -> Run<B> {
         let pos = Position { epoch: 1, step_in_epoch: 0, epoch_rng: rng.state(), steps: 0 };
         Run { model, opt, pos, best_dev: 0.0, test_acc: 0.0 }
     }
 
     /// A copy for another worker.
-    pub fn replica(&self) -> Result<Run> {
+    pub fn replica(&self) -> Result<Run<B>> {
         Ok(Run { model: self.model.replica()?, opt: self.opt.clone(), ..*self })
     }
 
@@ -248,7 +249,7 @@ impl Run {
             let graphs = |k: usize| data_parallel::share_graphs(&batches[k], rank, size, plan.loss_on);
             let planner = self.model.engine.planner();
             let count = if stopped { 0 } else { batches.len() };
-            each_step(&planner, count, &graphs, &mut |k, planned| {
+            plan_each(&planner, count, &graphs, &mut |k, planned| {
                 let start = Instant::now();
                 let examples = &batches[k];
                 let stats = data_parallel::step(
@@ -310,19 +311,18 @@ impl Run {
     }
 }
 
-/// The one loop over minibatches that every trainer runs (`arbor train` and `arbor bench
-/// --mode train` through [`train_steps`], [`Run::fit`], [`Classifier::train_batches`],
-/// [`cross_validate`](crate::train::cross_validate)): while `step` runs minibatch `k` with its
-/// schedule, minibatch `k + 1`'s graphs (`graphs(k + 1)`, the part of it this worker's engine
-/// runs) are checked and scheduled on a helper thread. Stops after a step that returns `false`.
-pub fn each_step<'g>(
-    planner: &Planner,
+/// The one loop over steps that every trainer runs (`arbor train` and `arbor bench --mode
+/// train` through [`train_steps`], [`Run::fit`], [`Classifier::train_batches`],
+/// [`cross_validate`](crate::train::cross_validate), and a pipeline stage's passes): while
+/// `step` runs step `k` with what `prepare(k)` made of it, `prepare(k + 1)` runs on a helper
+/// thread — for a minibatch, checking and scheduling its graphs ([`plan_each`]). Stops after a
+/// step that returns `false`.
+pub fn each_step<P: Send>(
     count: usize,
-    graphs: &(dyn Fn(usize) -> Result<Vec<&'g InputGraph>> + Sync),
-    step: &mut dyn FnMut(usize, Planned<'g>) -> Result<bool>,
+    prepare: &(dyn Fn(usize) -> Result<P> + Sync),
+    step: &mut dyn FnMut(usize, P) -> Result<bool>,
 ) -> Result<()> {
-    let plan = |k: usize| planner.plan(&graphs(k)?);
-    let plan = &plan;
+    let plan = prepare;
     let planner_error = |got: &str| Error::input("the minibatch planner thread", "a finished plan", got);
     let mut next = if count > 0 { Some(plan(0)?) } else { None };
     std::thread::scope(|scope| {
@@ -347,6 +347,17 @@ pub fn each_step<'g>(
     })
 }
 
+/// [`each_step`] over `count` minibatches whose graphs (the part this worker's engine runs) are
+/// `graphs(k)`, each checked and scheduled by `planner` ahead of its step.
+pub fn plan_each<'g>(
+    planner: &Planner,
+    count: usize,
+    graphs: &(dyn Fn(usize) -> Result<Vec<&'g InputGraph>> + Sync),
+    step: &mut dyn FnMut(usize, Planned<'g>) -> Result<bool>,
+) -> Result<()> {
+    each_step(count, &|k| planner.plan(&graphs(k)?), step)
+}
+
 /// Data-parallel training steps ([`data_parallel::step`]) on `batches` (the same on every
 /// worker), through [`each_step`]: what `arbor train` runs per epoch and `arbor bench --mode
 /// train` times. `after` hears each step's numbers and its tree count and says whether to go on.
@@ -362,7 +373,7 @@ pub fn train_steps<B: Backend>(
 ) -> Result<()> {
     let (rank, size) = (coll.rank(), coll.size());
     let graphs = |k: usize| data_parallel::share_graphs(&batches[k], rank, size, loss_on);
-    each_step(&model.engine.planner(), batches.len(), &graphs, &mut |k, planned| {
+    plan_each(&model.engine.planner(), batches.len(), &graphs, &mut |k, planned| {
         let stats = data_parallel::step(model, coll, &batches[k], loss_on, opt, clip, Some(planned))?;
         after(&stats, batches[k].len())
     })
@@ -436,16 +447,19 @@ pub fn on_threads<S: Send, T: Send>(
 /// Trains `run` data-parallel on `workers` threads of this process; returns worker 0's summary,
 /// with `run` holding the result. A worker that fails or stops answering for `timeout` ends the
 /// run with an error.
-pub fn fit_threads(
-    run: &mut Run,
+pub fn fit_threads<B: Backend>(
+    run: &mut Run<B>,
     workers: usize,
     timeout: Duration,
     data: Splits<'_>,
     plan: &Settings,
     events: &mut dyn FnMut(Event),
-) -> Result<Summary> {
-    let mut replicas: Vec<Run> = (1..workers.max(1)).map(|_| run.replica()).collect::<Result<_>>()?;
-    let runs: Vec<&mut Run> = std::iter::once(run).chain(replicas.iter_mut()).collect();
+) -> Result<Summary>
+where
+    Run<B>: Send,
+{
+    let mut replicas: Vec<Run<B>> = (1..workers.max(1)).map(|_| run.replica()).collect::<Result<_>>()?;
+    let runs: Vec<&mut Run<B>> = std::iter::once(run).chain(replicas.iter_mut()).collect();
     let summaries = on_threads(runs, timeout, 0, events, |run, coll, report| run.fit(data, plan, coll, report))?;
     Ok(summaries.into_iter().next().unwrap_or_default())
 }

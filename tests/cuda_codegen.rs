@@ -295,6 +295,38 @@ fn a_gather_past_its_rows_stops_the_kernel() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The scatter-add helpers stop (`abort` on the host, `__trap` on the GPU) on a row number past
+/// their destination's rows, or an index set reaching past its index, and run when all are in
+/// range.
+#[test]
+fn a_scatter_past_its_rows_stops_the_kernel() {
+    use arbor::cuda::backend::HELPER_BODIES;
+    use arbor::cuda::codegen::PRELUDE;
+    let dir = std::env::temp_dir().join(format!("arbor-scatter-bounds-{}", std::process::id()));
+    // Two source rows of width 2 into a destination of 3 rows; sets of the second call: {0, 1}, {2}.
+    let program = |index: [u32; 2], last_offset: u32| {
+        format!(
+            "#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}\n\
+             int main(void) {{\n\
+             const float src[4] = {{1, 2, 3, 4}}; float data[6] = {{0}};\n\
+             const unsigned index[2] = {{{}, {}}}; const unsigned offsets[3] = {{0, 2, {last_offset}}};\n\
+             for (long long t = 0; t < 4; ++t) arbor_scatter_indexed_body(t, src, 2, 2, data, 3, index);\n\
+             for (long long t = 0; t < 4; ++t) arbor_scatter_set_body(t, src, 2, 2, data, 3, offsets, index, 2);\n\
+             return 0;\n}}\n",
+            index[0], index[1]
+        )
+    };
+    let runs = |name: &str, index: [u32; 2], last: u32| {
+        let exe = compile_on_host(&dir, name, &program(index, last));
+        Command::new(&exe).output().expect("the helpers run").status.success()
+    };
+    assert!(runs("in_range", [2, 0], 2), "in-range scatters run");
+    assert!(runs("no_row", [NO_ROW, 1], 2), "a missing row is skipped");
+    assert!(!runs("past_rows", [3, 0], 2), "a row number past the destination stopped the kernel");
+    assert!(!runs("past_index", [0, 1], 3), "an index set past its index stopped the kernel");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn helper_kernels_compute_what_the_cpu_backend_does() {
     use arbor::cuda::backend::HELPER_BODIES;
@@ -319,8 +351,8 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
     c += &c_array("float", "d1", &[0.5f32; 3]);
     c += &format!(
         "int main(void) {{\n\
-         for (long long t = 0; t < {nb}; ++t) arbor_scatter_indexed_body(t, src, {block}, {n}, a, index);\n\
-         for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, b, offsets, set);\n\
+         for (long long t = 0; t < {nb}; ++t) arbor_scatter_indexed_body(t, src, {block}, {n}, a, {rows}, index);\n\
+         for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, b, {rows}, offsets, set, {sets});\n\
          for (long long t = 0; t < {block}; ++t) arbor_sum_rows_body(t, s, {rows}, {block}, d0, 0);\n\
          for (long long t = 0; t < {block}; ++t) arbor_sum_rows_body(t, s, {rows}, {block}, d1, 1);\n\
          for (long long t = 0; t < {rb}; ++t) arbor_fill_body(t, s, {rb}, 2.5f);\n\
@@ -329,6 +361,7 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
          return 0;\n}}\n",
         nb = n * block,
         rb = rows * block,
+        sets = set.len(),
     );
     let dir = std::env::temp_dir().join(format!("arbor-helpers-{}", std::process::id()));
     let exe = compile_on_host(&dir, "helpers", &c);

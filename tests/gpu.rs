@@ -135,3 +135,58 @@ fn sst_training_on_the_gpu_reaches_the_cpu_bar() {
     // The bar of tests/training.rs for the same run on the CPU.
     assert!(acc >= 0.40, "fine-grained test root accuracy {acc}");
 }
+
+/// `arbor train --device cuda`'s path: `Run::fit` with the vertex function on the GPU, over two
+/// data-parallel workers (each on a replica of the backend), follows the same run on the CPU
+/// epoch for epoch (mean losses within 1e-2 relative, dev accuracies within 0.02), and its
+/// parameters then score the same on the CPU.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_training_run_on_the_gpu_follows_the_cpu_run() {
+    use arbor::data::{synthetic, PAD};
+    use arbor::layers::LossOn;
+    use arbor::optim::{Config, Optimizer, Rule};
+    use arbor::train::Classifier;
+    use arbor::trainer::{fit_threads, Run, Settings, Splits};
+    let (train, dev) = (synthetic::generate(300, 10, 5), synthetic::generate(100, 10, 6));
+    let splits = Splits { train: &train, dev: &dev, test: &dev };
+    let settings = Settings {
+        epochs: 2,
+        batch: 16,
+        loss_on: LossOn::All,
+        clip: Some(5.0),
+        checkpoint: None,
+        checkpoint_every: None,
+        max_steps: None,
+        persist_pause: std::time::Duration::ZERO,
+        meta: serde_json::json!({}),
+    };
+    fn fit<B: Backend>(backend: B, splits: Splits<'_>, settings: &Settings) -> (Run<B>, arbor::trainer::Summary)
+    where
+        Run<B>: Send,
+    {
+        let mut rng = Rng::new(2);
+        let cell = nn::tree_lstm(16, 16).unwrap();
+        let model =
+            Classifier::on(backend, cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut rng).unwrap();
+        let mut run = Run::new(model, Optimizer::new(Config::new(Rule::Adam, 0.01)), &rng);
+        let summary = fit_threads(&mut run, 2, arbor::dist::DEFAULT_TIMEOUT, splits, settings, &mut |_| {}).unwrap();
+        (run, summary)
+    }
+    let (mut gpu, on_gpu) = fit(CudaBackend::new(0).unwrap(), splits, &settings);
+    let (_, on_cpu) = fit(CpuBackend::new(), splits, &settings);
+    close("loss curve", &to_f32(&on_gpu.loss_curve), &to_f32(&on_cpu.loss_curve), 1e-2);
+    close("dev curve", &to_f32(&on_gpu.dev_curve), &to_f32(&on_cpu.dev_curve), 0.01);
+    assert!(on_gpu.loss_curve[1] < on_gpu.loss_curve[0], "loss did not fall: {:?}", on_gpu.loss_curve);
+    let ck = gpu.snapshot(&serde_json::json!({}), false).unwrap();
+    let mut rng = Rng::new(0);
+    let cell = nn::tree_lstm(16, 16).unwrap();
+    let mut cpu = Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut rng).unwrap();
+    cpu.restore(&ck).unwrap();
+    let (a, b) = (gpu.model.accuracy(&dev, 64).unwrap(), cpu.accuracy(&dev, 64).unwrap());
+    assert!((a - b).abs() <= 0.02, "GPU accuracy {a}, the same parameters on the CPU {b}");
+}
+
+fn to_f32(v: &[f64]) -> Vec<f32> {
+    v.iter().map(|&x| x as f32).collect()
+}

@@ -30,8 +30,14 @@ fn report(line: &str) {
 
 /// Whether NVRTC can be loaded; says once when it cannot. With `ARBOR_REQUIRE_NVRTC` set (as
 /// `.ci/run` sets it) a missing NVRTC fails the test instead.
+///
+/// On a machine with a CUDA driver, NVRTC serves modules it compiled before from the driver's
+/// compute cache, and then ptxas reports nothing (no registers, no spills): the first call turns
+/// that cache off for this process (`CUDA_CACHE_DISABLE=1`), before any test compiles.
 fn have_nvrtc() -> bool {
     static SAID: std::sync::Once = std::sync::Once::new();
+    static UNCACHED: std::sync::Once = std::sync::Once::new();
+    UNCACHED.call_once(|| std::env::set_var("CUDA_CACHE_DISABLE", "1"));
     let have = nvrtc::is_available();
     assert!(
         have || std::env::var_os("ARBOR_REQUIRE_NVRTC").is_none(),
@@ -65,6 +71,9 @@ impl Backend for Recorder {
 
     fn name(&self) -> &'static str {
         "recorder"
+    }
+    fn replica(&self) -> arbor::Result<Recorder> {
+        Ok(Recorder::default())
     }
     fn alloc(&self, len: usize) -> arbor::Result<HostBuffer> {
         self.cpu.alloc(len)

@@ -157,6 +157,11 @@ pub trait Backend {
 
     /// A short name for messages (`cpu`, `cuda:0`).
     fn name(&self) -> &'static str;
+    /// Another backend like this one (same device, same settings) with no buffers yet: the
+    /// backend of a replica for another worker.
+    fn replica(&self) -> Result<Self>
+    where
+        Self: Sized;
     /// A zeroed buffer of `len` elements.
     fn alloc(&self, len: usize) -> Result<Self::Buffer>;
     /// A zeroed index buffer of `len` elements.

@@ -34,18 +34,23 @@ pub const HELPER_BODIES: &str = r#"
 ARBOR_DEVICE void arbor_fill_body(long long t, float* p, long long n, float value) {
     if (t < n) p[t] = value;
 }
+/* Scatter-adds check every row number against the `rows` their data holds, and every index
+   set against the `len` entries of its index (`arbor_row`: past them the kernel stops). */
 ARBOR_DEVICE void arbor_scatter_indexed_body(long long t, const float* src, long long block, long long n,
-                                             float* data, const unsigned* index) {
+                                             float* data, long long rows, const unsigned* index) {
     if (t >= n * block) return;
     unsigned i = index[t / block];
-    if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)i * block + t % block], src[t]);
+    if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)arbor_row(i, rows) * block + t % block], src[t]);
 }
 ARBOR_DEVICE void arbor_scatter_set_body(long long t, const float* src, long long block, long long n, float* data,
-                                         const unsigned* offsets, const unsigned* index) {
+                                         long long rows, const unsigned* offsets, const unsigned* index,
+                                         long long len) {
     if (t >= n * block) return;
     long long v = t / block;
-    for (unsigned q = offsets[v]; q < offsets[v + 1]; ++q)
-        if (index[q] != ARBOR_NO_ROW) atomicAdd(&data[(long long)index[q] * block + t % block], src[t]);
+    for (unsigned q = offsets[v]; q < offsets[v + 1]; ++q) {
+        unsigned i = index[arbor_row(q, len)];
+        if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)arbor_row(i, rows) * block + t % block], src[t]);
+    }
 }
 /* f32 to bfloat16 bits, rounded to nearest even (NaN stays NaN). */
 ARBOR_DEVICE unsigned short arbor_bf16(float x) {
@@ -89,13 +94,14 @@ const HELPERS: [(&str, &str, &str); 6] = [
     ("arbor_fill", "float* p, long long n, float value", "p, n, value"),
     (
         "arbor_scatter_indexed",
-        "const float* src, long long block, long long n, float* data, const unsigned* index",
-        "src, block, n, data, index",
+        "const float* src, long long block, long long n, float* data, long long rows, const unsigned* index",
+        "src, block, n, data, rows, index",
     ),
     (
         "arbor_scatter_set",
-        "const float* src, long long block, long long n, float* data, const unsigned* offsets, const unsigned* index",
-        "src, block, n, data, offsets, index",
+        "const float* src, long long block, long long n, float* data, long long rows, const unsigned* offsets, \
+         const unsigned* index, long long len",
+        "src, block, n, data, rows, offsets, index, len",
     ),
     ("arbor_to_bf16", "const float* src, long long n, unsigned short* dst", "src, n, dst"),
     ("arbor_to_f16", "const float* src, long long n, unsigned short* dst", "src, n, dst"),
@@ -301,6 +307,13 @@ impl CudaBackend {
         self.region(mem.data, op, (at.buf, at.offset), len)
     }
 
+    /// How many rows of `block` values the buffer holds from `data` on: the bound a gather or
+    /// scatter checks each row number against on the device.
+    fn rows_held(&self, mem: &Mem<'_, Self>, data: Loc, block: usize) -> i64 {
+        let len = mem.data.get(data.buf).map_or(0, |b| self.len(b));
+        (len.saturating_sub(data.offset) / block.max(1)) as i64
+    }
+
     /// The device address of `len` indices at `at`.
     fn index(&self, mem: &Mem<'_, Self>, op: &str, at: IndexLoc, len: usize) -> Result<u64> {
         self.region(mem.index, op, (at.buf, at.offset), len)
@@ -436,6 +449,12 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn replica(&self) -> Result<CudaBackend> {
+        let other = CudaBackend::new(self.ctx.ordinal())?;
+        other.precision.set(self.precision.get());
+        Ok(other)
     }
 
     fn alloc(&self, len: usize) -> Result<DeviceBuffer<f32>> {
@@ -588,8 +607,7 @@ impl Backend for CudaBackend {
                     let (Rows::Indexed { data, .. } | Rows::IndexedSet { data, .. }) = loads[k] else {
                         return Err(fail("fused", "a row count for an unindexed load"));
                     };
-                    let len = mem.data.get(data.buf).map_or(0, |b| self.len(b));
-                    args.push(Arg::I64((len.saturating_sub(data.offset) / block(k).max(1)) as i64));
+                    args.push(Arg::I64(self.rows_held(mem, data, block(k))));
                     continue;
                 }
                 Param::Data(k) => {
@@ -629,6 +647,7 @@ impl Backend for CudaBackend {
                 "arbor_scatter_indexed",
                 vec![
                     Arg::Ptr(self.data(mem, "scatter_add", data, block)?),
+                    Arg::I64(self.rows_held(mem, data, block)),
                     Arg::Ptr(self.index(mem, "scatter_add", index, n)?),
                 ],
             ),
@@ -636,8 +655,12 @@ impl Backend for CudaBackend {
                 "arbor_scatter_set",
                 vec![
                     Arg::Ptr(self.data(mem, "scatter_add", data, block)?),
+                    Arg::I64(self.rows_held(mem, data, block)),
                     Arg::Ptr(self.index(mem, "scatter_add", offsets, n + 1)?),
                     Arg::Ptr(self.index(mem, "scatter_add", index, 0)?),
+                    Arg::I64(
+                        mem.index.get(index.buf).map_or(0, |b| self.index_len(b).saturating_sub(index.offset)) as i64
+                    ),
                 ],
             ),
             _ => return Err(fail("scatter_add", "destination must be indexed rows")),

@@ -13,12 +13,12 @@ use super::collective::{Collective, Mailbox};
 use super::data_parallel::{merge, split};
 use super::schedule::{self, Kind, Op};
 use crate::data::TreeExample;
-use crate::engine::{Engine, Pull};
+use crate::engine::{Engine, Planned, Planner, Pull};
 use crate::layers::{ClassifierGrads, Embedding, LossOn, SoftmaxClassifier, SparseGrad};
 use crate::nn::Model;
 use crate::optim::{clip_to, sum_squares, Optimizer};
 use crate::train::{batch, update, StepStats};
-use crate::trainer::{epoch_order, Event, Splits, Summary};
+use crate::trainer::{each_step, epoch_order, Event, Splits, Summary};
 use crate::{CpuBackend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
@@ -313,12 +313,20 @@ impl Stage {
         }
     }
 
-    fn forward(&mut self, mail: &mut Mailbox<'_>, mb: &Micro<'_>, k: usize) -> Result<()> {
+    /// The forward pass of a micro-batch in slot `k`, through each layer's engine with its
+    /// schedule from `plans` (one per layer; none for an empty micro-batch).
+    fn forward(&mut self, mail: &mut Mailbox<'_>, mb: &Micro<'_>, k: usize, plans: Vec<Planned<'_>>) -> Result<()> {
         self.load(k)?;
         let mut x = self.input(mail, &mb.words, ACT)?;
         if !mb.words.is_empty() {
-            for e in &mut self.engines[k] {
-                x = e.forward(&mb.graphs, &[Pull::Rows(&x)])?.swap_remove(0);
+            if plans.len() != self.engines[k].len() {
+                return Err(Error::Worker {
+                    rank: mail.rank(),
+                    msg: format!("{} schedules for {} layers", plans.len(), self.engines[k].len()),
+                });
+            }
+            for (e, plan) in self.engines[k].iter_mut().zip(plans) {
+                x = e.forward_planned(plan, &[Pull::Rows(&x)], None)?.swap_remove(0);
             }
         }
         let Some(out) = &self.part.out else { return mail.send_f32(mail.rank() + 1, ACT, &x) };
@@ -499,23 +507,38 @@ impl Stage {
         }
         let micro = micro_batches(minibatches, m, plan.loss_on)?;
         let base = self.version;
-        for op in schedule::ops(plan.kind, rank, stages, minibatches.len(), m) {
-            match op {
-                Op::Forward(j) => {
-                    // Minibatch t runs on W(t) after a flush, on W(t−1) under 2BW.
-                    self.catch_up(mail, base + (j / m).saturating_sub(plan.kind.lag()), plan.clip)?;
-                    self.forward(mail, &micro[j], j % slots)?;
-                }
-                Op::Backward(j) => {
-                    if let Some((trees, stats)) = self.backward(mail, &micro[j], j % slots, plan.clip.is_some())? {
-                        if self.part.out.is_some() {
-                            done(trees, stats);
+        let ops = schedule::ops(plan.kind, rank, stages, minibatches.len(), m);
+        // The steps of the loop: each forward pass with the backward passes after it (and any
+        // backward passes before the first forward), its micro-batch scheduled ahead.
+        let starts: Vec<usize> = (0..ops.len()).filter(|&i| i == 0 || matches!(ops[i], Op::Forward(_))).collect();
+        let planners: Vec<Vec<Planner>> =
+            self.engines.iter().map(|s| s.iter().map(Engine::planner).collect()).collect();
+        let prepare = |u: usize| match ops[starts[u]] {
+            Op::Forward(j) if !micro[j].words.is_empty() => {
+                planners[j % slots].iter().map(|p| p.plan(&micro[j].graphs)).collect::<Result<Vec<_>>>()
+            }
+            _ => Ok(Vec::new()),
+        };
+        each_step(starts.len(), &prepare, &mut |u, mut plans| {
+            let end = starts.get(u + 1).copied().unwrap_or(ops.len());
+            for &op in &ops[starts[u]..end] {
+                match op {
+                    Op::Forward(j) => {
+                        // Minibatch t runs on W(t) after a flush, on W(t−1) under 2BW.
+                        self.catch_up(mail, base + (j / m).saturating_sub(plan.kind.lag()), plan.clip)?;
+                        self.forward(mail, &micro[j], j % slots, std::mem::take(&mut plans))?;
+                    }
+                    Op::Backward(j) => {
+                        if let Some((trees, stats)) = self.backward(mail, &micro[j], j % slots, plan.clip.is_some())? {
+                            if self.part.out.is_some() {
+                                done(trees, stats);
+                            }
                         }
                     }
                 }
             }
-        }
-        Ok(())
+            Ok(true)
+        })
     }
 
     /// Root accuracy over `data`, run through the pipeline in inference mode; every stage must

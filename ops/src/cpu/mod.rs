@@ -87,6 +87,10 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn replica(&self) -> Result<CpuBackend> {
+        Ok(CpuBackend { threads: self.threads, ..CpuBackend::default() })
+    }
+
     fn alloc(&self, len: usize) -> Result<HostBuffer> {
         self.allocations.fetch_add(1, Ordering::Relaxed);
         self.transposes.clear();

@@ -76,7 +76,7 @@ pub(crate) struct BenchArgs {
     /// Worker threads for matrix products (default: all cores).
     #[arg(long)]
     pub(crate) threads: Option<usize>,
-    /// Workers (CPU only), each a model replica on its own share of the cores. Training: every
+    /// Workers, each a model replica (on its own share of the cores, or on the same GPU). Training: every
     /// minibatch is split between them and their gradients summed (as `arbor train --workers`);
     /// inference: they take whole minibatches in turn.
     #[arg(long, default_value_t = 1)]
@@ -209,6 +209,9 @@ pub(crate) struct TrainArgs {
     /// Data-parallel workers (threads of this process), each with a share of every minibatch.
     #[arg(long, default_value_t = 1)]
     pub(crate) workers: usize,
+    /// Where the vertex function runs (tree and sequence models without pipeline stages).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub(crate) device: Device,
     /// Run as one rank of an MPI job (`mpirun -np N arbor train ... --distributed mpi`).
     #[arg(long, value_enum)]
     pub(crate) distributed: Option<Distributed>,
@@ -273,4 +276,7 @@ pub(crate) struct EvalArgs {
     /// The data directory (default: the one the checkpoint was trained on).
     #[arg(long)]
     pub(crate) data: Option<PathBuf>,
+    /// Where the vertex function runs.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub(crate) device: Device,
 }

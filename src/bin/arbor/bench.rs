@@ -84,11 +84,11 @@ pub(crate) fn worker_pass<B: Backend>(
 }
 
 /// Times `args.sentences` of `examples` through `args.workers` replicas of `model` on threads
-/// (see `BenchArgs::workers`), or through `model` alone on another backend: each warms up on
-/// three minibatches, the workers meet, and the time runs until the last one is done. Returns
-/// the seconds and the floating-point operations the engines executed.
+/// (see `BenchArgs::workers`), each with a [replica](Backend::replica) of its backend: each
+/// warms up on three minibatches, the workers meet, and the time runs until the last one is
+/// done. Returns the seconds and the floating-point operations the engines executed.
 pub(crate) fn measure<B: Backend>(
-    replicas: Vec<Classifier<B>>,
+    model: Classifier<B>,
     args: &BenchArgs,
     examples: &[&TreeExample],
     loss_on: LossOn,
@@ -96,6 +96,8 @@ pub(crate) fn measure<B: Backend>(
 where
     Classifier<B>: Send,
 {
+    let mut replicas: Vec<Classifier<B>> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
+    replicas.insert(0, model);
     let batches: Vec<Vec<&TreeExample>> = examples.chunks(args.batch).map(<[_]>::to_vec).collect();
     let warmup = batches.len().min(3);
     let pb = bench_bar(args, examples.len());
@@ -127,8 +129,8 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<()> {
 
 /// [`bench`] within its thread budget.
 pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
-    if args.workers == 0 || args.workers > 1 && args.device == Device::Cuda {
-        return Err(Error::input("--workers", "at least 1, and 1 with --device cuda", args.workers.to_string()));
+    if args.workers == 0 {
+        return Err(Error::input("--workers", "at least 1", "0"));
     }
     if args.device == Device::Cpu && args.precision != PrecisionArg::F32 {
         return Err(Error::input(
@@ -167,14 +169,11 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
     let (seconds, flops, gpu) = match args.device {
         Device::Cpu => {
             let model = Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?;
-            let mut replicas: Vec<Classifier> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
-            replicas.insert(0, model);
-            let (seconds, flops) = measure(replicas, args, &examples, loss_on)?;
+            let (seconds, flops) = measure(model, args, &examples, loss_on)?;
             (seconds, flops, None)
         }
         Device::Cuda => {
-            let gpu = arbor::cuda::CudaBackend::new(0)
-                .map_err(|e| Error::input("--device cuda", "a usable CUDA device", e.to_string()))?;
+            let gpu = crate::cuda_backend()?;
             let name = gpu.description().to_string();
             gpu.set_precision(match args.precision {
                 PrecisionArg::F32 => Precision::F32,
@@ -186,7 +185,7 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
             if args.precision == PrecisionArg::F16 {
                 model.loss_scale = Some(LossScaler::dynamic());
             }
-            let (seconds, flops) = measure(vec![model], args, &examples, loss_on)?;
+            let (seconds, flops) = measure(model, args, &examples, loss_on)?;
             (seconds, flops, Some(name))
         }
     };

@@ -44,6 +44,11 @@ fn main() {
     }
 }
 
+/// The first CUDA device, for `--device cuda`.
+pub(crate) fn cuda_backend() -> Result<arbor::cuda::CudaBackend> {
+    arbor::cuda::CudaBackend::new(0).map_err(|e| Error::input("--device cuda", "a usable CUDA device", e.to_string()))
+}
+
 pub(crate) struct Data {
     pub(crate) name: String,
     pub(crate) train: Vec<TreeExample>,

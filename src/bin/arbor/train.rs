@@ -14,7 +14,7 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::train::{cross_validate, Classifier, GraphTraining};
 use arbor::trainer::{fit_threads, on_threads, Event, Run, Settings, Splits, Summary};
-use arbor::{Error, Result};
+use arbor::{Backend, CpuBackend, Error, Result, VertexFn};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -207,14 +207,33 @@ pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f6
     })
 }
 
-/// Trains one model data-parallel (one worker, threads, or MPI ranks); returns the summary's
-/// fields on the worker that reports them.
-pub(crate) fn train_data_parallel(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
+/// Trains one model data-parallel (one worker, threads, or MPI ranks) on `--device`; returns the
+/// summary's fields on the worker that reports them.
+pub(crate) fn train_data_parallel(setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
+    match setup.args.device {
+        Device::Cpu => train_data_parallel_on(CpuBackend::new(), setup, events),
+        Device::Cuda => {
+            let gpu = crate::cuda_backend()?;
+            eprintln!("arbor: on {}", gpu.description());
+            train_data_parallel_on(gpu, setup, events)
+        }
+    }
+}
+
+/// [`train_data_parallel`] with the vertex function on `backend` (and each worker's replica of it).
+fn train_data_parallel_on<B: Backend>(
+    backend: B,
+    mut setup: Setup<'_>,
+    events: &mut dyn FnMut(Event),
+) -> Result<Option<Value>>
+where
+    Run<B>: Send,
+{
     let args = setup.args;
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
     let cell = setup.kind.cell(embed, hidden)?;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
-    let mut model = Classifier::new(cell, vocab, Some(PAD), classes, &mut setup.rng)?;
+    let mut model = Classifier::on(backend, cell, vocab, Some(PAD), classes, &mut setup.rng)?;
     setup.pretrained(model.embed.table_mut())?;
     let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &setup.rng);
     let data = &setup.data;
@@ -269,11 +288,12 @@ pub(crate) fn train_pipeline(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)
         ("--resume", args.resume.is_some()),
         ("--checkpoint-every", args.checkpoint_every.is_some()),
         ("--workers above 1", args.workers > 1),
+        ("--device cuda", args.device == Device::Cuda),
     ];
     if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
         return Err(Error::input(
             "a stacked (--layers above 1) or pipelined (--stages above 1) run",
-            "no checkpoints and no data-parallel workers (not supported with pipelines yet)",
+            "no checkpoints, no data-parallel workers and the CPU (not supported with pipelines yet)",
             *flag,
         ));
     }
@@ -391,6 +411,7 @@ pub(crate) fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         ("--resume", args.resume.is_some()),
         ("--plot", args.plot.is_some()),
         ("--embeddings", args.embeddings.is_some()),
+        ("--device cuda", args.device == Device::Cuda),
     ];
     if let Some((flag, _)) = tree_only.iter().find(|(_, set)| *set) {
         return Err(Error::input(
@@ -449,6 +470,20 @@ pub(crate) fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     Ok(())
 }
 
+/// The root accuracy on `test` of the classifier around `cell` restored from `ck`, on `backend`.
+fn accuracy<B: Backend>(
+    backend: B,
+    cell: VertexFn,
+    ck: &Checkpoint,
+    vocab: usize,
+    classes: usize,
+    test: &[TreeExample],
+) -> Result<f64> {
+    let mut model = Classifier::on(backend, cell, vocab, Some(PAD), classes, &mut Rng::new(0))?;
+    model.restore(ck)?;
+    model.accuracy(test, 256)
+}
+
 pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
     let dir =
         if args.checkpoint.join("best").is_dir() { args.checkpoint.join("best") } else { args.checkpoint.clone() };
@@ -473,10 +508,11 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
     };
     let test: Vec<TreeExample> =
         if model_kind.chains() { test.iter().map(TreeExample::to_chain).collect() } else { test };
-    let mut model =
-        Classifier::new(model_kind.cell(embed, hidden)?, words.len(), Some(PAD), classes, &mut Rng::new(0))?;
-    model.restore(&ck)?;
-    let acc = model.accuracy(&test, 256)?;
+    let cell = model_kind.cell(embed, hidden)?;
+    let acc = match args.device {
+        Device::Cpu => accuracy(CpuBackend::new(), cell, &ck, words.len(), classes, &test)?,
+        Device::Cuda => accuracy(crate::cuda_backend()?, cell, &ck, words.len(), classes, &test)?,
+    };
     println!(
         "{}",
         json!({"model": model_kind.name(), "checkpoint": dir.display().to_string(), "test_acc": acc, "trees": test.len()})
