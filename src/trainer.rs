@@ -315,8 +315,9 @@ impl<B: Backend> Run<B> {
 /// train` through [`train_steps`], [`Run::fit`], [`Classifier::train_batches`],
 /// [`cross_validate`](crate::train::cross_validate), and a pipeline stage's passes): while
 /// `step` runs step `k` with what `prepare(k)` made of it, `prepare(k + 1)` runs on a helper
-/// thread — for a minibatch, checking and scheduling its graphs ([`plan_each`]). Stops after a
-/// step that returns `false`.
+/// thread — for a minibatch, checking and scheduling its graphs ([`plan_each`]) — when this
+/// thread's CPU budget leaves a core for it (more than one thread), else right after step `k`.
+/// Stops after a step that returns `false`.
 pub fn each_step<P: Send>(
     count: usize,
     prepare: &(dyn Fn(usize) -> Result<P> + Sync),
@@ -325,9 +326,12 @@ pub fn each_step<P: Send>(
     let plan = prepare;
     let planner_error = |got: &str| Error::input("the minibatch planner thread", "a finished plan", got);
     let mut next = if count > 0 { Some(plan(0)?) } else { None };
+    // Preparing ahead needs a core the step leaves idle: a worker held to one thread (every core
+    // taken by workers) prepares each step right before it instead.
+    let spare_core = crate::cpu_thread_budget() > 1;
     std::thread::scope(|scope| {
         for k in 0..count {
-            let ahead = (k + 1 < count)
+            let ahead = (spare_core && k + 1 < count)
                 .then(|| {
                     std::thread::Builder::new().name("arbor-planner".into()).spawn_scoped(scope, move || plan(k + 1))
                 })
@@ -337,6 +341,7 @@ pub fn each_step<P: Send>(
             let go = step(k, planned)?;
             next = match ahead {
                 Some(h) => Some(h.join().map_err(|_| planner_error("a panic"))??),
+                None if go && k + 1 < count => Some(plan(k + 1)?),
                 None => None,
             };
             if !go {

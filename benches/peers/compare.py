@@ -1,8 +1,12 @@
 """Runs `arbor bench` and the DyNet script alternately (A B A B …) on the same settings and prints
 the median throughput ratio. Needs `cargo build --release` and `benches/peers/setup.sh` first.
+With `--before BINARY` (an older arbor build) every round runs before, arbor, DyNet, and the
+summary adds the before/DyNet and arbor/before ratios: a change measured against the peer and
+against itself in one run.
 
 usage: compare.py --model tree-lstm|var-lstm --batch B --hidden H --embed E --sentences N
                   --mode train|infer [--loss root|all] [--pairs 3] [--data DIR] [--arbor BINARY]
+                  [--before BINARY]
 Prints one JSON line per pair (to stderr) and a final JSON summary (stdout).
 """
 import argparse
@@ -25,16 +29,19 @@ ap.add_argument("--pairs", type=int, default=3)
 ap.add_argument("--threads", type=int, default=0, help="arbor threads (0: all cores)")
 ap.add_argument("--workers", type=int, default=1, help="arbor workers, each on its share of the cores")
 ap.add_argument("--arbor", default=os.path.join(root, "target", "release", "arbor"), help="the arbor binary")
+ap.add_argument("--before", help="an older arbor binary, run in every round too")
 ap.add_argument("--data", default=os.environ.get("ARBOR_DATA", os.path.join(root, "..", "shared", "data")) + "/sst")
 a = ap.parse_args()
 
 common = ["--model", a.model, "--batch", str(a.batch), "--hidden", str(a.hidden), "--embed", str(a.embed),
           "--sentences", str(a.sentences), "--mode", a.mode, "--loss", a.loss, "--data", a.data]
-arbor_cmd = [a.arbor, "bench"] + common
+flags = []
 if a.threads:
-    arbor_cmd += ["--threads", str(a.threads)]
+    flags += ["--threads", str(a.threads)]
 if a.workers > 1:
-    arbor_cmd += ["--workers", str(a.workers)]
+    flags += ["--workers", str(a.workers)]
+arbor_cmd = [a.arbor, "bench"] + common + flags
+before_cmd = a.before and [a.before, "bench"] + common + flags
 dynet_cmd = [os.path.join(root, "target", "peers-venv", "bin", "python"),
              os.path.join(root, "benches", "peers", "dynet_models.py")] + common
 
@@ -44,15 +51,32 @@ def run(cmd):
     return json.loads(out.strip().splitlines()[-1])
 
 
-arbor, dynet = [], []
+arbor, dynet, before = [], [], []
 for i in range(a.pairs):
+    line = {"pair": i + 1}
+    if before_cmd:
+        before.append(run(before_cmd)["sent_per_s"])
+        line["before"] = before[-1]
     x, y = run(arbor_cmd), run(dynet_cmd)
     arbor.append(x["sent_per_s"])
     dynet.append(y["sent_per_s"])
-    print(json.dumps({"pair": i + 1, "arbor": x["sent_per_s"], "dynet": y["sent_per_s"]}), file=sys.stderr)
-ratios = [x / y for x, y in zip(arbor, dynet)]
-print(json.dumps({
+    line.update({"arbor": x["sent_per_s"], "dynet": y["sent_per_s"]})
+    print(json.dumps(line), file=sys.stderr)
+
+
+def median_ratio(xs, ys):
+    return round(statistics.median([x / y for x, y in zip(xs, ys)]), 3)
+
+
+summary = {
     "model": a.model, "mode": a.mode, "workers": a.workers, "batch": a.batch, "hidden": a.hidden, "embed": a.embed, "loss": a.loss,
     "sentences": a.sentences, "pairs": a.pairs, "arbor_sent_per_s": statistics.median(arbor),
-    "dynet_sent_per_s": statistics.median(dynet), "median_ratio": round(statistics.median(ratios), 2),
-}))
+    "dynet_sent_per_s": statistics.median(dynet), "median_ratio": median_ratio(arbor, dynet),
+}
+if before:
+    summary.update({
+        "before_sent_per_s": statistics.median(before),
+        "before_vs_dynet": median_ratio(before, dynet),
+        "after_vs_before": median_ratio(arbor, before),
+    })
+print(json.dumps(summary))
