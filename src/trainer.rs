@@ -399,8 +399,8 @@ fn root_cause(errors: Vec<Error>) -> Error {
     errors.into_iter().nth(first).unwrap_or(Error::Worker { rank: 0, msg: "failed".into() })
 }
 
-/// Runs `work` once per state, each on its own thread as one worker of a [`ThreadCollective`]
-/// group (worker `i` gets `states[i]`), with an equal share of the calling thread's CPU threads
+/// Runs `work` once per state, each on its own thread (one worker alone on this thread) as one
+/// worker of a [`ThreadCollective`] group (worker `i` gets `states[i]`), with an equal share of the calling thread's CPU threads
 /// ([`cpu_thread_budget`](crate::cpu_thread_budget)) for its backend calls and updates. Worker `reporter`'s events reach `events` on this thread. Returns every worker's
 /// result in rank order; if any failed, the error that caused the others'.
 pub fn on_threads<S: Send, T: Send>(
@@ -412,6 +412,19 @@ pub fn on_threads<S: Send, T: Send>(
 ) -> Result<Vec<T>> {
     let workers = states.len().max(1);
     let share = (crate::cpu_thread_budget() / workers).max(1);
+    if states.len() == 1 {
+        // One worker runs on this thread: no thread to start, and its memory comes from the
+        // allocator's main arena like the rest of the program's.
+        let no_worker = || Error::Worker { rank: 0, msg: "no worker".into() };
+        let mut coll = ThreadCollective::group(1, timeout).pop().ok_or_else(no_worker)?;
+        let state = states.into_iter().next().ok_or_else(no_worker)?;
+        let mut quiet = |_: Event| {};
+        let events: &mut dyn FnMut(Event) = if reporter == 0 { events } else { &mut quiet };
+        let run = std::panic::AssertUnwindSafe(|| crate::with_cpu_threads(share, || work(state, &mut coll, events)));
+        let done =
+            std::panic::catch_unwind(run).unwrap_or_else(|_| Err(Error::Worker { rank: 0, msg: "panicked".into() }));
+        return done.map(|t| vec![t]);
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     let work = &work;
     let results: Vec<Result<T>> = std::thread::scope(|s| {
