@@ -323,9 +323,8 @@ pub fn each_step<P: Send>(
     prepare: &(dyn Fn(usize) -> Result<P> + Sync),
     step: &mut dyn FnMut(usize, P) -> Result<bool>,
 ) -> Result<()> {
-    let plan = prepare;
     let planner_error = |got: &str| Error::input("the minibatch planner thread", "a finished plan", got);
-    let mut next = if count > 0 { Some(plan(0)?) } else { None };
+    let mut next = if count > 0 { Some(prepare(0)?) } else { None };
     // Preparing ahead needs a core the step leaves idle: a worker held to one thread (every core
     // taken by workers) prepares each step right before it instead.
     let spare_core = crate::cpu_thread_budget() > 1;
@@ -333,7 +332,7 @@ pub fn each_step<P: Send>(
         for k in 0..count {
             let ahead = (spare_core && k + 1 < count)
                 .then(|| {
-                    std::thread::Builder::new().name("arbor-planner".into()).spawn_scoped(scope, move || plan(k + 1))
+                    std::thread::Builder::new().name("arbor-planner".into()).spawn_scoped(scope, move || prepare(k + 1))
                 })
                 .transpose()
                 .map_err(|e| planner_error(&format!("no thread: {e}")))?;
@@ -341,7 +340,7 @@ pub fn each_step<P: Send>(
             let go = step(k, planned)?;
             next = match ahead {
                 Some(h) => Some(h.join().map_err(|_| planner_error("a panic"))??),
-                None if go && k + 1 < count => Some(plan(k + 1)?),
+                None if go && k + 1 < count => Some(prepare(k + 1)?),
                 None => None,
             };
             if !go {
