@@ -106,7 +106,9 @@ mod fuzz {
                 }
                 std::fs::write(dir.join(format!("F_{name}.txt")), t.into_iter().collect::<String>()).unwrap();
             }
-            match tu::read(&dir, "F") {
+            let read = tu::read(&dir, "F");
+            std::fs::remove_dir_all(&dir).unwrap();
+            match read {
                 Ok(d) => {
                     for g in &d.graphs {
                         prop_assert_eq!(g.neighbours.len(), g.node_labels.len());

@@ -7,10 +7,10 @@
 
 use super::dedup;
 use super::facts;
+use super::fnv::FnvMap;
 use super::sums::Sums;
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::ir::{Op, ParamGrad, ValueId, VertexFn};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Which plan of the vertex function a fused kernel comes from.
@@ -65,7 +65,7 @@ pub(super) struct Analysis {
     /// Per value of F and of F′: written as zeros where known to be zero (see [`facts::must_fill`]).
     pub must_fill: (Vec<bool>, Vec<bool>),
     /// Every fused step of the three plans.
-    pub kernels: HashMap<StepRef, Arc<Kernel>>,
+    pub kernels: FnvMap<StepRef, Arc<Kernel>>,
     /// Products of F accumulating into a sibling's output.
     pub sums: Sums,
     /// Per value of F: a product over distinct rows that fused kernels may read where it was
@@ -112,7 +112,7 @@ impl Analysis {
         }
         let sums = Sums::new(&f, &claimed);
         let by_index = read_by_index(&f, &claimed, &sums);
-        let mut kernels = HashMap::new();
+        let mut kernels = FnvMap::default();
         for plan in [PlanKind::Forward, PlanKind::Inference, PlanKind::Backward] {
             for phase in [Phase::Prologue, Phase::Recurrent, Phase::Epilogue] {
                 for (step, s) in plan.of(&f).phases[phase as usize].iter().enumerate() {

@@ -5,12 +5,11 @@
 //! gradients per distinct row first. Rows given one per vertex are compared by content, so
 //! nothing is assumed of where they came from; rows looked up in a table are told apart by id.
 
+use super::fnv::FnvMap;
 use arbor_core::backend::NO_ROW;
 use arbor_core::fusion::Kernel;
 use arbor_core::ir::{Func, Node, Op, ParamGrad, ValueId, VertexFn};
 use arbor_core::Shape;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 /// Distinct rows are worth sharing only when they are at most this fraction of the non-zero rows.
 const WORTHWHILE: f64 = 0.9;
@@ -37,7 +36,7 @@ pub(super) fn find<'a>(n: usize, block: usize, zero: &[bool], row: impl Fn(usize
         return None;
     }
     // Per hash, the first distinct row with it; further ones with the same hash chain on.
-    let mut first: HashMap<u64, u32, BuildHasherDefault<Prehashed>> = HashMap::default();
+    let mut first: FnvMap<u64, u32> = FnvMap::default();
     first.reserve(nonzero);
     let mut next: Vec<u32> = Vec::new();
     let mut map = vec![NO_ROW; n];
@@ -106,26 +105,6 @@ fn key(x: &[f32]) -> u64 {
         .iter()
         .step_by(step)
         .fold(0xcbf2_9ce4_8422_2325, |h: u64, &v| (h ^ u64::from(v)).wrapping_mul(0x1000_0000_01b3))
-}
-
-/// A hasher for keys that are hashes already.
-#[derive(Default)]
-struct Prehashed(u64);
-
-impl Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x1000_0000_01b3);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
 }
 
 /// The pulled input read (untransposed, one row per vertex) as the left factor of a product with

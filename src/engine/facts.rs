@@ -5,10 +5,10 @@
 //! gradient) share their facts, so a minibatch analyses only a handful of patterns; the
 //! [`FactCache`] keeps them across minibatches.
 
+use super::fnv::FnvMap;
 use arbor_core::backend::Gemm;
 use arbor_core::fusion::{Kernel, Phase};
 use arbor_core::ir::{Cols, Func, Op, ValueId, VertexFn};
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -19,12 +19,16 @@ pub(crate) struct Facts {
     pub(crate) need: Vec<Cols>,
     /// Per value, whether any value of the function reads it.
     read: Vec<bool>,
+    /// Per value, how it runs if it is a matrix product ([`Cut::Full`] for other values).
+    cuts: Vec<Cut>,
 }
 
 impl Facts {
     fn new(func: &Func, zero: Vec<Cols>, need: Vec<Cols>) -> Facts {
         let read = func.users().iter().map(|u| !u.is_empty()).collect();
-        Facts { zero, need, read }
+        let mut facts = Facts { zero, need, read, cuts: Vec::new() };
+        facts.cuts = (0..func.nodes.len()).map(|v| facts.find_cut(func, ValueId(v as u32))).collect();
+        facts
     }
 
     /// Whether value `v` is all zeros.
@@ -43,8 +47,12 @@ impl Facts {
         self.need[v.index()].is_empty() && !self.read[v.index()]
     }
 
-    /// How the product `v` (of `func`) runs on this task.
-    pub(crate) fn cut(&self, func: &Func, v: ValueId) -> Cut {
+    /// How the product `v` runs on this task.
+    pub(crate) fn cut(&self, v: ValueId) -> &Cut {
+        &self.cuts[v.index()]
+    }
+
+    fn find_cut(&self, func: &Func, v: ValueId) -> Cut {
         let Op::MatMul { a, b, ta, .. } = func.node(v).op else { return Cut::Full };
         if self.unused(v) {
             return Cut::Skip;
@@ -153,29 +161,22 @@ pub(crate) type Loads = Vec<bool>;
 /// Facts by load pattern, kept across minibatches.
 #[derive(Default)]
 pub(crate) struct FactCache {
-    forward: HashMap<ForwardTask, Arc<Facts>>,
-    backward: HashMap<BackwardTask, Arc<Facts>>,
-}
-
-/// What F's facts on a task depend on: whether it trains, and which of F's loads are zero.
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct ForwardTask {
-    train: bool,
-    zero_loads: Loads,
-}
-
-/// What F′'s facts on a task depend on: which loads of F and of F′ are zero.
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct BackwardTask {
-    forward_zero_loads: Loads,
-    zero_loads: Loads,
+    /// F's facts by which of F's loads are zero, for inference and for training.
+    forward: [FnvMap<Loads, Arc<Facts>>; 2],
+    /// F′'s facts by which loads of F, then of F′, are zero (one pattern after the other).
+    backward: FnvMap<Loads, Arc<Facts>>,
+    /// The key of the last backward lookup.
+    key: Loads,
 }
 
 impl FactCache {
     /// F's facts on a task whose F loads `loads` are zero; `train` adds what F' will need of it.
     pub(crate) fn forward(&mut self, f: &VertexFn, loads: &Loads, train: bool, skip_padding: bool) -> Arc<Facts> {
-        let key = ForwardTask { train, zero_loads: loads.clone() };
-        Arc::clone(self.forward.entry(key).or_insert_with(|| {
+        let cache = &mut self.forward[usize::from(train)];
+        if let Some(facts) = cache.get(loads) {
+            return Arc::clone(facts);
+        }
+        Arc::clone(cache.entry(loads.clone()).or_insert_with(|| {
             let zero = forward_zeros(f, loads);
             let mut need: Vec<Cols> = f.forward().nodes.iter().map(|n| Cols::none(n.shape.cols())).collect();
             for v in f.states().iter().map(|s| s.value).chain(f.outputs().iter().map(|o| o.value)) {
@@ -205,9 +206,14 @@ impl FactCache {
         grad_loads: &Loads,
         skip_padding: bool,
     ) -> Arc<Facts> {
-        let key = BackwardTask { forward_zero_loads: loads.clone(), zero_loads: grad_loads.clone() };
+        self.key.clear();
+        self.key.extend_from_slice(loads);
+        self.key.extend_from_slice(grad_loads);
+        if let Some(facts) = self.backward.get(&self.key) {
+            return Arc::clone(facts);
+        }
         Arc::clone(
-            self.backward.entry(key).or_insert_with(|| {
+            self.backward.entry(self.key.clone()).or_insert_with(|| {
                 Arc::new(backward_facts(f, &forward_zeros(f, loads), loads, grad_loads, skip_padding))
             }),
         )
@@ -215,7 +221,7 @@ impl FactCache {
 
     /// Forgets everything (the padding setting changed).
     pub(crate) fn clear(&mut self) {
-        self.forward.clear();
+        self.forward.iter_mut().for_each(FnvMap::clear);
         self.backward.clear();
     }
 }

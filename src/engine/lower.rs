@@ -5,6 +5,7 @@
 use super::analysis::{Analysis, PlanKind, StepRef};
 use super::batch::{self, Batch, SharedCopy};
 use super::facts::{self, Cut, FactCache, Facts, Loads};
+use super::fnv::FnvMap;
 use super::launch::{Launch, Uploads, ARENA, PARAMS};
 use super::{check_graphs, check_vertices, internal, lock, Planned, Planner, Pull};
 use arbor_batching::{Policy, Region, Schedule, Scheduler};
@@ -13,7 +14,6 @@ use arbor_core::error::{Error, Result};
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::graph::InputGraph;
 use arbor_core::ir::{Func, Op, ValueId, VertexFn};
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -39,7 +39,7 @@ pub struct Lowering {
     pub(super) a: Analysis,
     scheduler: Arc<Mutex<Scheduler>>,
     facts: FactCache,
-    pruned: HashMap<PrunedKernel, Arc<Kernel>>,
+    pruned: FnvMap<PrunedKernel, Arc<Kernel>>,
     skip_padding_grads: bool,
     pub(super) b: Batch,
     launches: Vec<Launch>,
@@ -57,7 +57,7 @@ impl Lowering {
             a: Analysis::new(f),
             scheduler: Arc::default(),
             facts: FactCache::default(),
-            pruned: HashMap::new(),
+            pruned: FnvMap::default(),
             skip_padding_grads: false,
             b: Batch::default(),
             launches: Vec::new(),
@@ -349,8 +349,7 @@ impl Lowering {
                                 Some(p1) => Some((p1, self.computed_alone(pass, p1, &tasks)?)),
                                 None => None,
                             };
-                            let func = self.func(pass);
-                            for (run, cut) in self.runs(tasks.clone(), |t| self.facts(pass, t).cut(func, v)) {
+                            for (run, cut) in self.runs(tasks.clone(), |t| self.facts(pass, t).cut(v).clone()) {
                                 copies.extend(self.product(pass, v, run, &cut, into, &mut waves, &mut scratch)?);
                             }
                         }
@@ -388,7 +387,7 @@ impl Lowering {
         if tasks.len() != 1 {
             return Err(internal(format!("a product summed into {p1} runs over {} tasks at once", tasks.len())));
         }
-        Ok(matches!(self.facts(pass, tasks.start).cut(self.func(pass), p1), Cut::Full | Cut::Cols { .. }))
+        Ok(matches!(self.facts(pass, tasks.start).cut(p1), Cut::Full | Cut::Cols { .. }))
     }
 
     /// Whether `v` is the gradient of a looked-up input that this minibatch forms per distinct

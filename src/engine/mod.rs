@@ -16,6 +16,7 @@ mod analysis;
 mod batch;
 mod dedup;
 mod facts;
+mod fnv;
 mod launch;
 mod lower;
 mod products;
