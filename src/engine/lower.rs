@@ -7,6 +7,7 @@ use super::batch::{self, Batch, SharedCopy};
 use super::facts::{self, Cut, FactCache, Facts, Loads};
 use super::fnv::FnvMap;
 use super::launch::{Launch, Uploads, ARENA, PARAMS};
+use super::products::Waves;
 use super::{check_graphs, check_vertices, internal, lock, Planned, Planner, Pull};
 use arbor_batching::{Policy, Region, Schedule, Scheduler};
 use arbor_core::backend::{Gemm, IndexLoc, Loc, Rows};
@@ -43,7 +44,19 @@ pub struct Lowering {
     skip_padding_grads: bool,
     pub(super) b: Batch,
     launches: Vec<Launch>,
+    /// Emptied vectors of earlier launches, reused by the next pass's (no allocation per pass).
+    spare: Spare,
     pub(super) uploads: Uploads,
+}
+
+/// Emptied vectors of launches, kept for reuse.
+#[derive(Default)]
+struct Spare {
+    loads: Vec<Vec<Rows>>,
+    stores: Vec<Vec<Loc>>,
+    gemms: Vec<Vec<Gemm>>,
+    /// The waves of products of a step (see [`Lowering::phase`]), emptied.
+    waves: Waves,
 }
 
 impl Lowering {
@@ -61,6 +74,7 @@ impl Lowering {
             skip_padding_grads: false,
             b: Batch::default(),
             launches: Vec::new(),
+            spare: Spare::default(),
             uploads: Uploads::default(),
         }
     }
@@ -141,7 +155,7 @@ impl Lowering {
 
     /// The forward pass over a checked, scheduled minibatch.
     pub(super) fn forward_scheduled(&mut self, schedule: Schedule, pulls: &[Pull<'_>], train: bool) -> Result<()> {
-        self.launches.clear();
+        self.clear_launches();
         let skip = self.skip_padding_grads;
         self.b = Batch::new(&self.a, &mut self.facts, skip, schedule, pulls, train, &mut self.uploads)?;
         for i in 0..self.b.shared.len() {
@@ -172,7 +186,7 @@ impl Lowering {
             ));
         }
         let f = Arc::clone(&self.a.f);
-        self.launches.clear();
+        self.clear_launches();
         self.uploads.clear();
         let push_zero = self.upload_push_grads(rows, push_grads)?;
         let b = f.backward();
@@ -324,6 +338,26 @@ impl Lowering {
         self.launches.push(launch);
     }
 
+    /// Empties the launch list, keeping its vectors for the next pass.
+    fn clear_launches(&mut self) {
+        let spare = &mut self.spare;
+        for launch in self.launches.drain(..) {
+            match launch {
+                Launch::Fused { mut loads, mut stores, .. } => {
+                    loads.clear();
+                    stores.clear();
+                    spare.loads.push(loads);
+                    spare.stores.push(stores);
+                }
+                Launch::Gemms(mut gemms) => {
+                    gemms.clear();
+                    spare.gemms.push(gemms);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Lowers the steps of `phase` of `plan` (`kind`) over the rows of `tasks` (one task for the
     /// recurrent phase). A matrix product known to be zero on a run of tasks becomes a zero fill
     /// there.
@@ -333,7 +367,7 @@ impl Lowering {
         }
         // Products run in waves: the first part of every product (and its zero columns), then
         // the parts that add further inner ranges to it.
-        let mut waves: Vec<Vec<Gemm>> = Vec::new();
+        let mut waves = std::mem::take(&mut self.spare.waves);
         for (i, step) in plan.phases[phase as usize].iter().enumerate() {
             match step {
                 Step::Gemms(vs) => {
@@ -358,11 +392,7 @@ impl Lowering {
                     if !copies.is_empty() {
                         self.settle_scratch(|_| true);
                     }
-                    for wave in &mut waves {
-                        if !wave.is_empty() {
-                            self.launches.push(Launch::Gemms(std::mem::take(wave)));
-                        }
-                    }
+                    waves.launch(&mut self.spare.gemms, &mut self.launches);
                     for c in copies {
                         match c.value {
                             Some(v) if pass == Pass::Forward && self.a.by_index[v.index()] => self.b.in_scratch.push(c),
@@ -373,6 +403,8 @@ impl Lowering {
                 Step::Fused(_) => self.kernel(pass, StepRef { plan: kind, phase, step: i }, tasks.clone())?,
             }
         }
+        waves.restart();
+        self.spare.waves = waves;
         Ok(())
     }
 
@@ -460,7 +492,7 @@ impl Lowering {
         if kernel.stores.is_empty() {
             return Ok(());
         }
-        let mut loads = Vec::new();
+        let mut loads = self.spare.loads.pop().unwrap_or_default();
         for i in kernel.loads() {
             let v = kernel.values[i];
             let ix = &self.b.index;
@@ -489,7 +521,10 @@ impl Lowering {
                 _ => Rows::Contiguous(self.loc(pass, v, r0, r0)?),
             });
         }
-        let stores = kernel.stores.iter().map(|&i| self.loc(pass, kernel.values[i], r0, r0)).collect::<Result<_>>()?;
+        let mut stores = self.spare.stores.pop().unwrap_or_default();
+        for &i in &kernel.stores {
+            stores.push(self.loc(pass, kernel.values[i], r0, r0)?);
+        }
         self.launches.push(Launch::Fused { step, kernel, n, loads, stores });
         Ok(())
     }

@@ -27,6 +27,44 @@ fn accumulating(
     Gemm { accumulate: true, ..Gemm::single(mnk, a, b, c) }
 }
 
+/// The products of one step of a phase, in waves: the products of a wave are independent of
+/// each other, and each wave runs after the one before. Emptied waves keep their vectors.
+#[derive(Default)]
+pub(super) struct Waves {
+    waves: Vec<Vec<Gemm>>,
+    /// Waves in use since the phase began.
+    len: usize,
+}
+
+impl Waves {
+    /// Waves in use since the phase began.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds `g` to wave `wave`.
+    pub fn push(&mut self, wave: usize, g: Gemm) {
+        if self.waves.len() <= wave {
+            self.waves.resize_with(wave + 1, Vec::new);
+        }
+        self.len = self.len.max(wave + 1);
+        self.waves[wave].push(g);
+    }
+
+    /// Adds a launch of each wave in use that holds products to `launches`, in order; the waves
+    /// keep emptied vectors from `spare` instead.
+    pub fn launch(&mut self, spare: &mut Vec<Vec<Gemm>>, launches: &mut Vec<Launch>) {
+        for wave in self.waves[..self.len].iter_mut().filter(|w| !w.is_empty()) {
+            launches.push(Launch::Gemms(std::mem::replace(wave, spare.pop().unwrap_or_default())));
+        }
+    }
+
+    /// Starts a new phase (every wave is empty by then).
+    pub fn restart(&mut self) {
+        self.len = 0;
+    }
+}
+
 impl Lowering {
     /// Adds the calls of product `v` over the rows `run` (tasks sharing `cut`) to `waves`; an
     /// all-zero product is filled at once. A product of a pulled input with shared rows runs over
@@ -41,7 +79,7 @@ impl Lowering {
         run: Range<usize>,
         cut: &Cut,
         into: Option<(ValueId, bool)>,
-        waves: &mut Vec<Vec<Gemm>>,
+        waves: &mut Waves,
         scratch: &mut usize,
     ) -> Result<Option<SharedCopy>> {
         let (add, base) = match into {
@@ -51,10 +89,7 @@ impl Lowering {
         let target = into.map(|(p1, _)| self.loc(pass, p1, run.start, run.start)).transpose()?;
         let mut push = |wave: usize, mut g: Gemm| {
             g.accumulate |= add;
-            if waves.len() <= base + wave {
-                waves.resize_with(base + wave + 1, Vec::new);
-            }
-            waves[base + wave].push(g);
+            waves.push(base + wave, g);
         };
         match cut {
             Cut::Skip => {}
