@@ -545,9 +545,19 @@ fn graph_batch(examples: &[&crate::data::tu::GraphExample], steps: usize) -> Gra
     b
 }
 
-/// Trains a fresh gated graph network per fold and reports held-out accuracy; `progress` is told
-/// `(fold, epoch)` after every epoch.
+/// Trains a fresh gated graph network per fold on the CPU and reports held-out accuracy;
+/// `progress` is told `(fold, epoch)` after every epoch.
 pub fn cross_validate(
+    data: &crate::data::tu::TuDataset,
+    cfg: &GraphTraining,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<CvResult> {
+    cross_validate_on(&CpuBackend::new(), data, cfg, progress)
+}
+
+/// [`cross_validate`] with each fold's model on a replica of `backend` ([`Backend::replica`]).
+pub fn cross_validate_on<B: Backend>(
+    backend: &B,
     data: &crate::data::tu::TuDataset,
     cfg: &GraphTraining,
     progress: &mut dyn FnMut(usize, usize),
@@ -562,7 +572,7 @@ pub fn cross_validate(
         let held: Vec<usize> = order.iter().copied().skip(k).step_by(folds).collect();
         let mut train: Vec<usize> = order.iter().copied().filter(|i| !held.contains(i)).collect();
         let cell = crate::nn::ggnn(cfg.features, cfg.hidden)?;
-        let mut model = Classifier::new(cell, data.node_label_count, None, data.classes, &mut rng)?;
+        let mut model = Classifier::on(backend.replica()?, cell, data.node_label_count, None, data.classes, &mut rng)?;
         let mut opt = Optimizer::new(cfg.optimizer);
         let start = std::time::Instant::now();
         for epoch in 0..cfg.epochs {

@@ -11,6 +11,7 @@ use arbor::layers::LossOn;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::trainer::on_threads;
+use arbor::{Backend, CpuBackend};
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -94,11 +95,24 @@ fn optimizer() -> Config {
 
 /// Trains `stack` cut into `stages` stages (one thread each) on `minibatches`; returns the parts.
 fn pipelined(stages: usize, minibatches: &[Vec<&TreeExample>], plan: &PipeSettings) -> Vec<Stack> {
-    let parts: Vec<Stage> = stack()
+    pipelined_on(CpuBackend::new(), stages, minibatches, plan)
+}
+
+/// [`pipelined`] with every stage's engines on replicas of `backend`.
+fn pipelined_on<B: Backend>(
+    backend: B,
+    stages: usize,
+    minibatches: &[Vec<&TreeExample>],
+    plan: &PipeSettings,
+) -> Vec<Stack>
+where
+    Stage<B>: Send,
+{
+    let parts: Vec<Stage<B>> = stack()
         .split(stages)
         .expect("split")
         .into_iter()
-        .map(|p| Stage::new(p, Optimizer::new(optimizer()), Rng::new(0)))
+        .map(|p| Stage::on(backend.replica().expect("a replica"), p, Optimizer::new(optimizer()), Rng::new(0)))
         .collect();
     on_threads(parts, Duration::from_secs(60), stages - 1, &mut |_| {}, |mut stage, coll, _| {
         stage.train(minibatches, plan, coll, &mut |_, _| {})?;
@@ -117,9 +131,9 @@ fn max_relative(a: &[f32], b: &[f32]) -> f64 {
     (d / n).sqrt()
 }
 
-/// 1F1B with a flush over two stages equals accumulating the same micro-batches on one worker:
-/// bitwise without clipping, and to 1e-6 with the joint norm clipped (the norm's partial sums
-/// are added in another order).
+/// 1F1B with a flush over two stages equals accumulating the same micro-batches on one worker
+/// (whose backend is held to one thread): bitwise without clipping, and to 1e-6 with the joint
+/// norm clipped (the norm's partial sums are added in another order).
 #[test]
 fn one_f_one_b_equals_accumulation() {
     let data = synthetic::generate(120, 10, 5);
@@ -127,7 +141,7 @@ fn one_f_one_b_equals_accumulation() {
     for (clip, exact) in [(None, true), (Some(0.5), false)] {
         let p = plan(Kind::OneFOneBFlush, 3, clip);
         let two = values(&pipelined(2, &batches, &p));
-        let one = values(&pipelined(1, &batches, &p));
+        let one = values(&pipelined_on(CpuBackend::with_threads(1), 1, &batches, &p));
         assert_ne!(one, values(&[stack()]), "training changed nothing");
         if exact {
             assert!(two == one, "1F1B differs from accumulation by {}", max_relative(&two, &one));

@@ -1,8 +1,8 @@
 """Runs `arbor bench` and the DyNet script alternately (A B A B …) on the same settings and prints
 the median throughput ratio. Needs `cargo build --release` and `benches/peers/setup.sh` first.
-With `--before BINARY` (an older arbor build) every round runs before, arbor, DyNet, and the
-summary adds the before/DyNet and arbor/before ratios: a change measured against the peer and
-against itself in one run.
+With `--before BINARY` (an older arbor build) every round runs both arbor builds (taking turns at
+going first), then DyNet, and the summary adds the before/DyNet and arbor/before ratios: a change
+measured against the peer and against itself in one run.
 
 usage: compare.py --model tree-lstm|var-lstm --batch B --hidden H --embed E --sentences N
                   --mode train|infer [--loss root|all] [--pairs 3] [--data DIR] [--arbor BINARY]
@@ -54,10 +54,15 @@ def run(cmd):
 arbor, dynet, before = [], [], []
 for i in range(a.pairs):
     line = {"pair": i + 1}
-    if before_cmd:
+    # The two arbor builds take turns at going first, so neither always follows DyNet.
+    if before_cmd and i % 2 == 0:
         before.append(run(before_cmd)["sent_per_s"])
+    x = run(arbor_cmd)
+    if before_cmd and i % 2 == 1:
+        before.append(run(before_cmd)["sent_per_s"])
+    if before_cmd:
         line["before"] = before[-1]
-    x, y = run(arbor_cmd), run(dynet_cmd)
+    y = run(dynet_cmd)
     arbor.append(x["sent_per_s"])
     dynet.append(y["sent_per_s"])
     line.update({"arbor": x["sent_per_s"], "dynet": y["sent_per_s"]})

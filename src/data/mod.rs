@@ -1,6 +1,8 @@
-//! Data sets: vocabularies, tree examples, readers for SST and the built-in synthetic treebank.
+//! Data sets: vocabularies, tree examples, readers for SST, SICK, TU graph sets and GloVe, and the
+//! built-in synthetic treebank.
 
 pub mod glove;
+pub mod sick;
 pub mod sst;
 pub mod synthetic;
 pub mod tu;

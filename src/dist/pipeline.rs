@@ -19,7 +19,7 @@ use crate::nn::Model;
 use crate::optim::{clip_to, sum_squares, Optimizer};
 use crate::train::{batch, update, StepStats};
 use crate::trainer::{each_step, epoch_order, Event, Splits, Summary};
-use crate::{CpuBackend, InputGraph, VertexFn};
+use crate::{Backend, CpuBackend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 use std::collections::VecDeque;
@@ -210,8 +210,8 @@ impl Accum {
 pub struct MinibatchGrads(Accum);
 
 /// A worker's part of a pipeline: its layers, their optimizer state, and the engines of the
-/// micro-batches in flight.
-pub struct Stage {
+/// micro-batches in flight, each on a replica of the stage's backend.
+pub struct Stage<B: Backend = CpuBackend> {
     /// The layers this stage holds (the newest weights).
     pub part: Stack,
     /// The optimizer of this stage's parameters.
@@ -224,7 +224,8 @@ pub struct Stage {
     pub test_acc: f64,
     /// The RNG state the next epoch's order is drawn from.
     pub order: Rng,
-    engines: Vec<Vec<Engine<CpuBackend>>>,
+    backend: B,
+    engines: Vec<Vec<Engine<B>>>,
     loaded: Vec<Option<usize>>,
     push_grads: Vec<Vec<f32>>,
     acc: Option<Accum>,
@@ -232,9 +233,18 @@ pub struct Stage {
 }
 
 impl Stage {
-    /// A stage holding `part`, updated by `opt`; epochs are shuffled by `order`.
+    /// A stage holding `part`, updated by `opt`, on the CPU; epochs are shuffled by `order`.
     pub fn new(part: Stack, opt: Optimizer, order: Rng) -> Stage {
+        Stage::on(CpuBackend::new(), part, opt, order)
+    }
+}
+
+impl<B: Backend> Stage<B> {
+    /// A stage holding `part`, updated by `opt`, whose engines run on replicas of `backend`
+    /// ([`Backend::replica`]); epochs are shuffled by `order`.
+    pub fn on(backend: B, part: Stack, opt: Optimizer, order: Rng) -> Stage<B> {
         Stage {
+            backend,
             part,
             opt,
             version: 0,
@@ -259,7 +269,7 @@ impl Stage {
                     .iter()
                     .enumerate()
                     .map(|(k, l)| {
-                        let mut e = Engine::new(CpuBackend::new(), l.f.clone(), &l.params)?;
+                        let mut e = Engine::new(self.backend.replica()?, l.f.clone(), &l.params)?;
                         // Padding rows of the embedding get no gradient, so layer 0 need not form it.
                         e.set_skip_padding_grads(k == 0 && skip_padding);
                         Ok(e)

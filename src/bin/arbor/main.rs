@@ -44,9 +44,12 @@ fn main() {
     }
 }
 
-/// The first CUDA device, for `--device cuda`.
+/// The first CUDA device, for `--device cuda` (named on stderr).
 pub(crate) fn cuda_backend() -> Result<arbor::cuda::CudaBackend> {
-    arbor::cuda::CudaBackend::new(0).map_err(|e| Error::input("--device cuda", "a usable CUDA device", e.to_string()))
+    let gpu = arbor::cuda::CudaBackend::new(0)
+        .map_err(|e| Error::input("--device cuda", "a usable CUDA device", e.to_string()))?;
+    eprintln!("arbor: on {}", gpu.description());
+    Ok(gpu)
 }
 
 pub(crate) struct Data {

@@ -12,7 +12,7 @@ use arbor::layers::LossOn;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
-use arbor::train::{cross_validate, Classifier, GraphTraining};
+use arbor::train::{cross_validate, cross_validate_on, Classifier, GraphTraining};
 use arbor::trainer::{fit_threads, on_threads, Event, Run, Settings, Splits, Summary};
 use arbor::{Backend, CpuBackend, Error, Result, VertexFn};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -212,11 +212,7 @@ pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f6
 pub(crate) fn train_data_parallel(setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
     match setup.args.device {
         Device::Cpu => train_data_parallel_on(CpuBackend::new(), setup, events),
-        Device::Cuda => {
-            let gpu = crate::cuda_backend()?;
-            eprintln!("arbor: on {}", gpu.description());
-            train_data_parallel_on(gpu, setup, events)
-        }
+        Device::Cuda => train_data_parallel_on(crate::cuda_backend()?, setup, events),
     }
 }
 
@@ -280,23 +276,38 @@ where
 }
 
 /// Trains a stacked model of --layers layers, cut into --stages pipeline stages (threads, or the
-/// ranks of an MPI job); returns the summary's fields on the last stage.
-pub(crate) fn train_pipeline(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
+/// ranks of an MPI job) on `--device`; returns the summary's fields on the last stage.
+pub(crate) fn train_pipeline(setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
     let args = setup.args;
     let unsupported = [
         ("--checkpoint", args.checkpoint.is_some()),
         ("--resume", args.resume.is_some()),
         ("--checkpoint-every", args.checkpoint_every.is_some()),
         ("--workers above 1", args.workers > 1),
-        ("--device cuda", args.device == Device::Cuda),
     ];
     if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
         return Err(Error::input(
             "a stacked (--layers above 1) or pipelined (--stages above 1) run",
-            "no checkpoints, no data-parallel workers and the CPU (not supported with pipelines yet)",
+            "no checkpoints and no data-parallel workers (not supported with pipelines yet)",
             *flag,
         ));
     }
+    match args.device {
+        Device::Cpu => train_pipeline_on(CpuBackend::new(), setup, events),
+        Device::Cuda => train_pipeline_on(crate::cuda_backend()?, setup, events),
+    }
+}
+
+/// [`train_pipeline`] with every stage's engines on replicas of `backend`.
+fn train_pipeline_on<B: Backend>(
+    backend: B,
+    mut setup: Setup<'_>,
+    events: &mut dyn FnMut(Event),
+) -> Result<Option<Value>>
+where
+    Stage<B>: Send,
+{
+    let args = setup.args;
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
     let mut stack = Stack::new(setup.kind, args.layers, embed, hidden, vocab, Some(PAD), classes, &mut setup.rng)?;
@@ -313,11 +324,11 @@ pub(crate) fn train_pipeline(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)
         max_steps: args.max_steps,
     };
     plan.check(args.stages)?;
-    let stages: Vec<Stage> = stack
+    let stages: Vec<Stage<B>> = stack
         .split(args.stages)?
         .into_iter()
-        .map(|part| Stage::new(part, Optimizer::new(optimizer(args, lr)), setup.rng.clone()))
-        .collect();
+        .map(|part| Ok(Stage::on(backend.replica()?, part, Optimizer::new(optimizer(args, lr)), setup.rng.clone())))
+        .collect::<Result<_>>()?;
     let how = |on: &str| {
         format!(
             "{} in {} on {on}, {} schedule, {}",
@@ -327,7 +338,7 @@ pub(crate) fn train_pipeline(mut setup: Setup<'_>, events: &mut dyn FnMut(Event)
             plural(args.micro_batches, "micro-batch")
         )
     };
-    let finish = |stage: &Stage, summary: &Summary| {
+    let finish = |stage: &Stage<B>, summary: &Summary| {
         let mut report = outcome(summary, stage.version as u64, stage.best_dev, stage.test_acc);
         report["layers"] = json!(args.layers);
         report["stages"] = json!(args.stages);
@@ -411,7 +422,6 @@ pub(crate) fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         ("--resume", args.resume.is_some()),
         ("--plot", args.plot.is_some()),
         ("--embeddings", args.embeddings.is_some()),
-        ("--device cuda", args.device == Device::Cuda),
     ];
     if let Some((flag, _)) = tree_only.iter().find(|(_, set)| *set) {
         return Err(Error::input(
@@ -450,10 +460,14 @@ pub(crate) fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             .progress_chars("=> "),
     );
     let start = Instant::now();
-    let result = cross_validate(&data, &cfg, &mut |fold, _| {
+    let mut progress = |fold: usize, _| {
         pb.set_message(format!("fold {}/{}", fold + 1, args.folds));
         pb.inc(1);
-    })?;
+    };
+    let result = match args.device {
+        Device::Cpu => cross_validate(&data, &cfg, &mut progress)?,
+        Device::Cuda => cross_validate_on(&crate::cuda_backend()?, &data, &cfg, &mut progress)?,
+    };
     pb.finish_and_clear();
     for (k, a) in result.fold_acc.iter().enumerate() {
         eprintln!("fold {}: held-out accuracy {a:.4}", k + 1);

@@ -1,0 +1,163 @@
+//! SICK sentence relatedness (Marelli et al. 2014) as Tai et al. (2015) prepared it: a split is a
+//! folder of files with one line per sentence pair — `a.toks` and `b.toks` (tokens separated by
+//! spaces), `a.parents` and `b.parents` (each token's head, 1-based, `0` for the root: a
+//! dependency tree) and `sim.txt` (the relatedness score, 1 to 5). Each token is a vertex whose
+//! children are its dependents, in sentence order; dependency trees are n-ary.
+
+use super::Vocab;
+use crate::core::error::{Error, Result};
+use crate::core::graph::InputGraph;
+use std::path::Path;
+
+/// The lowest relatedness score.
+pub const MIN_SCORE: f32 = 1.0;
+/// The highest relatedness score.
+pub const MAX_SCORE: f32 = 5.0;
+/// Score classes 1..=5 of the target distribution.
+pub const CLASSES: usize = 5;
+
+/// One sentence: its dependency tree and a word id per token.
+#[derive(Clone, Debug)]
+pub struct Sentence {
+    /// Token `i` is vertex `i`; its children are its dependents.
+    pub graph: InputGraph,
+    /// Word id per token.
+    pub words: Vec<u32>,
+    /// The root token (the head of the sentence).
+    pub root: usize,
+}
+
+/// A sentence pair and its relatedness score.
+#[derive(Clone, Debug)]
+pub struct Pair {
+    /// Sentence A.
+    pub a: Sentence,
+    /// Sentence B.
+    pub b: Sentence,
+    /// Relatedness, from 1 (unrelated) to 5 (the same meaning).
+    pub score: f32,
+}
+
+/// The three splits of a SICK folder, with a vocabulary grown on the training split.
+pub struct Splits {
+    /// Training pairs.
+    pub train: Vec<Pair>,
+    /// Development pairs.
+    pub dev: Vec<Pair>,
+    /// Test pairs.
+    pub test: Vec<Pair>,
+    /// The vocabulary.
+    pub vocab: Vocab,
+}
+
+/// Reads `DIR/train`, `DIR/dev` and `DIR/test`.
+pub fn read_splits(dir: &Path, lowercase: bool) -> Result<Splits> {
+    let mut vocab = Vocab::new(lowercase);
+    let train = read(&dir.join("train"), &mut vocab, true)?;
+    let dev = read(&dir.join("dev"), &mut vocab, false)?;
+    let test = read(&dir.join("test"), &mut vocab, false)?;
+    Ok(Splits { train, dev, test, vocab })
+}
+
+/// Reads the pairs of one split folder. With `grow`, new words enter `vocab`; otherwise they map
+/// to `<unk>`. Errors name the file and line: files of different lengths, a token count that
+/// differs from its parent count, a head out of range, no root or several, a cycle, a score that
+/// is not a number from 1 to 5.
+pub fn read(dir: &Path, vocab: &mut Vocab, grow: bool) -> Result<Vec<Pair>> {
+    let names = ["a.toks", "a.parents", "b.toks", "b.parents", "sim.txt"];
+    let mut files = Vec::with_capacity(names.len());
+    for name in names {
+        let path = dir.join(name);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::Io { path: path.display().to_string(), msg: e.to_string() })?;
+        files.push((path.display().to_string(), text));
+    }
+    let lines: Vec<Vec<&str>> = files.iter().map(|(_, text)| text.lines().collect()).collect();
+    let pairs = lines[0].len();
+    if let Some(k) = (1..names.len()).find(|&k| lines[k].len() != pairs) {
+        return Err(Error::Parse {
+            file: files[k].0.clone(),
+            line: lines[k].len().min(pairs) + 1,
+            msg: format!("{} lines where {} has {pairs}: one line per pair in every file", lines[k].len(), names[0]),
+        });
+    }
+    let mut out = Vec::with_capacity(pairs);
+    for (i, &a_toks) in lines[0].iter().enumerate() {
+        let at = |k: usize| (files[k].0.as_str(), i + 1);
+        let a = sentence(a_toks, lines[1][i], at(0), at(1), vocab, grow)?;
+        let b = sentence(lines[2][i], lines[3][i], at(2), at(3), vocab, grow)?;
+        let score = parse_score(lines[4][i], at(4))?;
+        out.push(Pair { a, b, score });
+    }
+    Ok(out)
+}
+
+fn parse_error((file, line): (&str, usize), msg: String) -> Error {
+    Error::Parse { file: file.into(), line, msg }
+}
+
+/// A sentence from its tokens line and its parents line (each with its file and line number).
+fn sentence(
+    toks: &str,
+    parents: &str,
+    toks_at: (&str, usize),
+    parents_at: (&str, usize),
+    vocab: &mut Vocab,
+    grow: bool,
+) -> Result<Sentence> {
+    let tokens: Vec<&str> = toks.split_whitespace().collect();
+    if tokens.is_empty() {
+        return Err(parse_error(toks_at, "an empty sentence".into()));
+    }
+    let n = tokens.len();
+    let mut heads = Vec::with_capacity(n);
+    for (t, field) in parents.split_whitespace().enumerate() {
+        match field.parse::<usize>() {
+            Ok(h) if h <= n && h != t + 1 => heads.push(h),
+            _ => {
+                return Err(parse_error(
+                    parents_at,
+                    format!("head `{field}` of token {}: expected 0 (the root) or another token, 1 to {n}", t + 1),
+                ))
+            }
+        }
+    }
+    if heads.len() != n {
+        return Err(parse_error(parents_at, format!("{} heads for {n} tokens", heads.len())));
+    }
+    let roots: Vec<usize> = (0..n).filter(|&t| heads[t] == 0).collect();
+    let [root] = roots[..] else {
+        let which: Vec<String> = roots.iter().map(|t| (t + 1).to_string()).collect();
+        return Err(parse_error(
+            parents_at,
+            format!("{} roots (tokens [{}]): expected one", roots.len(), which.join(", ")),
+        ));
+    };
+    let parents: Vec<Option<usize>> = heads.iter().map(|&h| h.checked_sub(1)).collect();
+    let graph = InputGraph::from_parents(&parents).map_err(|e| parse_error(parents_at, format!("not a tree: {e}")))?;
+    let words = tokens.iter().map(|w| if grow { vocab.add(w) } else { vocab.get(w) }).collect();
+    Ok(Sentence { graph, words, root })
+}
+
+fn parse_score(field: &str, at: (&str, usize)) -> Result<f32> {
+    match field.trim().parse::<f32>() {
+        Ok(s) if (MIN_SCORE..=MAX_SCORE).contains(&s) => Ok(s),
+        _ => Err(parse_error(at, format!("score `{field}`: expected a number from {MIN_SCORE} to {MAX_SCORE}"))),
+    }
+}
+
+/// The sparse target distribution of a score over the classes 1..=5 (Tai et al. 2015): the
+/// probability mass sits on the two classes around the score, so its expectation is the score.
+pub fn target_distribution(score: f32) -> [f32; CLASSES] {
+    let score = score.clamp(MIN_SCORE, MAX_SCORE);
+    let low = score.floor();
+    let mut p = [0.0; CLASSES];
+    let k = (low - MIN_SCORE) as usize;
+    if low == score {
+        p[k] = 1.0;
+    } else {
+        p[k] = low + 1.0 - score;
+        p[k + 1] = score - low;
+    }
+    p
+}
