@@ -236,6 +236,22 @@ fn gelu_cell() -> VertexFn {
     f.build().unwrap()
 }
 
+/// A cell with the ops a model's head needs: pair features `[|h₀ − h₁|, h₀ ⊙ h₁]`, a scalar
+/// gate broadcast over the row, the constant `1 − g`, and a pushed log-softmax.
+fn head_ops_cell() -> VertexFn {
+    let f = Builder::new("head-ops", 2);
+    let x = f.pull("x", 4);
+    let (h0, h1) = (f.gather(0, "h", 4), f.gather(1, "h", 4));
+    let w = f.param("W", [8, 4], Init::Xavier);
+    let v = f.param("v", [4, 1], Init::Xavier);
+    let pair = (h0 - h1).abs().concat(h0 * h1);
+    let g = x.matmul(v).sigmoid().broadcast_cols(4);
+    let h = (g * pair.matmul(w) + (1.0 - g) * x).tanh();
+    f.scatter("h", h);
+    f.push("log_p", h.log_softmax());
+    f.build().unwrap()
+}
+
 #[test]
 fn tree_lstm_on_a_fixed_forest() {
     check(nn::tree_lstm(5, 4).unwrap(), 1, 6, 30, false);
@@ -265,6 +281,15 @@ fn var_lstm_on_chains_and_tree_fc_on_a_forest() {
 fn gelu_cell_on_a_forest_and_a_dag() {
     for (seed, dag) in [(11, false), (12, true)] {
         check(gelu_cell(), seed, 12, 40, dag);
+    }
+}
+
+/// The head ops (abs, constants, broadcast columns, concat, log-softmax) batched, fused and
+/// vectorised equal the reference, zeros of missing children included.
+#[test]
+fn head_ops_cell_on_a_forest_and_a_dag() {
+    for (seed, dag) in [(13, false), (14, true)] {
+        check(head_ops_cell(), seed, 12, 40, dag);
     }
 }
 

@@ -282,6 +282,7 @@ fn kernel(func: &Func, members: &BTreeMap<usize, Member>) -> Kernel {
             Op::Slice { x, start, len } => Op::Slice { x: remap(&x), start, len },
             Op::Concat { parts } => Op::Concat { parts: parts.iter().map(remap).collect() },
             Op::SumCols { x } => Op::SumCols { x: remap(&x) },
+            Op::MaxCols { x } => Op::MaxCols { x: remap(&x) },
             Op::BroadcastCols { x, cols } => Op::BroadcastCols { x: remap(&x), cols },
             load => load,
         };

@@ -357,6 +357,77 @@ fn sum_cols() {
     check(&f, &[true]);
 }
 
+#[test]
+fn abs() {
+    // Inputs have magnitude ≥ 0.1 > ε (as for relu), so no difference straddles the kink.
+    let f = unary_fn("abs", |x| x.abs());
+    let case = Case::random(&f, 10, &[true]);
+    let vals = forward_vals(&f, &case);
+    let want: Vec<f32> = case.pulls[0].iter().map(|x| x.abs()).collect();
+    assert_close(output(&f, &vals, "y"), &want);
+    check(&f, &[true]);
+}
+
+/// Constants: `x + c`, `c − x`, `c · x` and `x − c` (no parameter, no gradient of its own).
+#[test]
+fn constants() {
+    let f = unary_fn("constants", |x| (1.0 - x) * (x + 2.0) - 0.5 * x.tanh() - 3.0);
+    let case = Case::random(&f, 11, &[true]);
+    let vals = forward_vals(&f, &case);
+    let want: Vec<f32> = case.pulls[0].iter().map(|&x| (1.0 - x) * (x + 2.0) - 0.5 * x.tanh() - 3.0).collect();
+    assert_close(output(&f, &vals, "y"), &want);
+    check(&f, &[true]);
+}
+
+/// A one-column gate broadcast over a row, and a row sum broadcast back.
+#[test]
+fn broadcast_cols() {
+    let f = Builder::new("broadcast-cols", 1);
+    let x = f.pull("x", [2, 3]);
+    let h = f.gather(0, "h", [2, 3]);
+    let gate = x.slice(0, 1).sigmoid();
+    f.push("y", gate.broadcast_cols(3) * h);
+    f.scatter("h", x - x.sum_cols().broadcast_cols(3).scale(1.0 / 3.0));
+    let f = f.build().unwrap();
+
+    let case = Case::random(&f, 12, &[true]);
+    let vals = forward_vals(&f, &case);
+    let (x, h) = (&case.pulls[0], &case.children[0].as_ref().unwrap()[0]);
+    let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
+    let want: Vec<f32> = (0..6).map(|i| sig(x[i / 3 * 3]) * h[i]).collect();
+    assert_close(output(&f, &vals, "y"), &want);
+    check(&f, &[true]);
+}
+
+/// Softmax and log-softmax of each row against the formula (one row with values large enough
+/// to overflow `e^x` unshifted), and their gradients (the shift by the row's maximum has none,
+/// and needs none).
+#[test]
+fn softmax_and_log_softmax() {
+    let f = Builder::new("softmax", 1);
+    let x = f.pull("x", [2, 4]);
+    let h = f.gather(0, "h", [2, 4]);
+    f.push("log_p", x.log_softmax());
+    f.push("p", x.softmax());
+    f.scatter("h", (h + x.sum_cols().broadcast_cols(4)).softmax().scale(2.0));
+    let f = f.build().unwrap();
+
+    let mut case = Case::random(&f, 13, &[true]);
+    case.pulls[0][4..].copy_from_slice(&[100.0, 101.0, 99.5, 100.25]);
+    let vals = forward_vals(&f, &case);
+    let x: Vec<f64> = case.pulls[0].iter().map(|&v| f64::from(v)).collect();
+    let mut want_log = Vec::new();
+    for row in x.chunks(4) {
+        let m = row.iter().copied().fold(f64::MIN, f64::max);
+        let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+        want_log.extend(row.iter().map(|v| (v - lse) as f32));
+    }
+    assert_close(output(&f, &vals, "log_p"), &want_log);
+    let want_p: Vec<f32> = want_log.iter().map(|l| l.exp()).collect();
+    assert_close(output(&f, &vals, "p"), &want_p);
+    check(&f, &[true]);
+}
+
 /// A 3-ary function reading `h` from every slot and `c` from slot 1 only.
 fn three_ary() -> VertexFn {
     let f = Builder::new("gather3", 3);

@@ -243,6 +243,17 @@ impl Emitter<'_> {
                 self.close("");
                 t
             }
+            Op::MaxCols { x } => {
+                let w = k.nodes[x.index()].shape.cols();
+                let first = self.value(x.index(), "0", depth + 1)?;
+                let (t, c) = (self.temp(), self.temp());
+                self.line(&format!("float {t} = {first};"));
+                self.open(&format!("for (long long {c} = 1; {c} < {w}; ++{c})"));
+                let x = self.value(x.index(), &c, depth + 1)?;
+                self.line(&format!("{t} = fmaxf({t}, {x});"));
+                self.close("");
+                t
+            }
             Op::Concat { parts } => {
                 let t = self.temp();
                 self.line(&format!("float {t};"));

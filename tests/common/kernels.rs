@@ -42,7 +42,8 @@ pub fn cells() -> Vec<VertexFn> {
 }
 
 /// A cell that uses every element-wise op of one input (and, in its backward function, every
-/// backward-only op), so each op's CUDA expression is generated, compiled and run.
+/// backward-only op) and every row reduction and broadcast, so each op's CUDA code is generated,
+/// compiled and run.
 fn every_op() -> VertexFn {
     let f = Builder::new("every-op", 2);
     let x = f.pull("x", 4);
@@ -50,7 +51,8 @@ fn every_op() -> VertexFn {
     let w = f.param("W", [4, 4], Init::Xavier);
     let a = x.matmul(w) + h0;
     let positive = a.sigmoid() + h1.exp();
-    let y = a.gelu() * a.tanh() - a.relu().scale(0.5) + positive.log() / positive;
+    let gate = (1.0 - a.abs().sum_cols().sigmoid()).broadcast_cols(4);
+    let y = a.gelu() * a.tanh() - a.relu().scale(0.5) + positive.log() / positive + gate * a.log_softmax();
     f.scatter("h", -y);
     f.push("y", y);
     f.build().unwrap()

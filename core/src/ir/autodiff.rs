@@ -265,13 +265,17 @@ pub(crate) fn derive(f: &Declaration) -> Result<Backward> {
                 let gx = d.emit(Op::BroadcastCols { x: g, cols })?;
                 contribs[x.index()].push(Contrib::Full(gx));
             }
+            Op::BroadcastCols { x, .. } => {
+                let gx = d.emit(Op::SumCols { x: g })?;
+                contribs[x.index()].push(Contrib::Full(gx));
+            }
             Op::Param { .. }
             | Op::Primal { .. }
             | Op::StateGrad { .. }
             | Op::PushGrad { .. }
             | Op::Zeros
             | Op::Stored { .. }
-            | Op::BroadcastCols { .. } => {}
+            | Op::MaxCols { .. } => {}
         }
     }
     let mut saved: Vec<ValueId> = d.primal.keys().filter(|v| !fwd.node(**v).is_param).copied().collect();

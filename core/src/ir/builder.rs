@@ -338,6 +338,75 @@ impl<'b> Var<'b> {
     pub fn sum_cols(self) -> Var<'b> {
         self.b.op(Op::SumCols { x: self.id })
     }
+
+    /// Element-wise `|x|`.
+    pub fn abs(self) -> Var<'b> {
+        self.unary(UnaryOp::Abs)
+    }
+
+    /// `x + c` for a constant `c` (not trained); also written `self + c`, and `c - self` for
+    /// `1 − z` and the like.
+    pub fn offset(self, c: f32) -> Var<'b> {
+        self.unary(UnaryOp::Offset(c))
+    }
+
+    /// A one-column value repeated to `cols` columns: `[r × 1] → [r × cols]`, e.g. a scalar gate
+    /// scaling a row.
+    pub fn broadcast_cols(self, cols: usize) -> Var<'b> {
+        self.b.op(Op::BroadcastCols { x: self.id, cols })
+    }
+
+    /// The largest value of each row, `[r × c] → [r × 1]`, **without a gradient** (autodiff
+    /// treats it as a constant): for shifting a softmax or a log-sum-exp, whose values the shift
+    /// does not change. Not a max pooling.
+    pub fn detached_max_cols(self) -> Var<'b> {
+        self.b.op(Op::MaxCols { x: self.id })
+    }
+
+    /// `self` and `rhs` side by side, column-wise (see [`Builder::concat`] for more parts).
+    pub fn concat(self, rhs: Var<'b>) -> Var<'b> {
+        self.b.concat(&[self, rhs])
+    }
+
+    /// The log-softmax of each row: `x − log Σ_j e^{x_j}`, computed after shifting by the row's
+    /// largest value, so large values do not overflow.
+    pub fn log_softmax(self) -> Var<'b> {
+        let cols = self.shape().cols();
+        let shifted = self - self.detached_max_cols().broadcast_cols(cols);
+        shifted - shifted.exp().sum_cols().log().broadcast_cols(cols)
+    }
+
+    /// The softmax of each row: `e^{x_j} / Σ_k e^{x_k}` (as `exp` of [`Var::log_softmax`]).
+    pub fn softmax(self) -> Var<'b> {
+        self.log_softmax().exp()
+    }
+}
+
+/// Arithmetic with a constant: `x + c`, `x − c`, `x · c`, `c + x`, `c − x`, `c · x`.
+macro_rules! constant_operators {
+    ($($trait:ident, $method:ident, |$x:ident, $c:ident| $var_op_c:expr, $c_op_var:expr;)*) => {$(
+        impl<'b> ops::$trait<f32> for Var<'b> {
+            type Output = Var<'b>;
+            fn $method(self, $c: f32) -> Var<'b> {
+                let $x = self;
+                $var_op_c
+            }
+        }
+
+        impl<'b> ops::$trait<Var<'b>> for f32 {
+            type Output = Var<'b>;
+            fn $method(self, $x: Var<'b>) -> Var<'b> {
+                let $c = self;
+                $c_op_var
+            }
+        }
+    )*};
+}
+
+constant_operators! {
+    Add, add, |x, c| x.offset(c), x.offset(c);
+    Sub, sub, |x, c| x.offset(-c), (-x).offset(c);
+    Mul, mul, |x, c| x.scale(c), x.scale(c);
 }
 
 macro_rules! binary_operator {

@@ -142,7 +142,7 @@ impl Func {
                     }
                     c
                 }
-                Op::SumCols { x } | Op::BroadcastCols { x, .. } => Cols::all_if(at(x).is_full(), w),
+                Op::SumCols { x } | Op::MaxCols { x } | Op::BroadcastCols { x, .. } => Cols::all_if(at(x).is_full(), w),
                 Op::Gather { .. }
                 | Op::GatherSum { .. }
                 | Op::Pull { .. }
@@ -203,7 +203,7 @@ impl Func {
                         col += w;
                     }
                 }
-                Op::SumCols { x } | Op::BroadcastCols { x, .. } => ask(*x, &all(*x), 0),
+                Op::SumCols { x } | Op::MaxCols { x } | Op::BroadcastCols { x, .. } => ask(*x, &all(*x), 0),
                 _ => {}
             }
         }

@@ -176,7 +176,8 @@ pub(crate) fn infer(op: &Op, nodes: &[Node]) -> Result<(Shape, bool), String> {
             }
             Ok((Shape::mat(rows.unwrap_or(1), cols), false))
         }
-        Op::SumCols { x } => {
+        Op::MaxCols { x } if get(*x)?.shape.cols() == 0 => Err("max_cols of a value without columns".into()),
+        Op::SumCols { x } | Op::MaxCols { x } => {
             let x = get(*x)?;
             if x.is_param {
                 return Err("cannot reduce a parameter inside a vertex function".into());
@@ -185,6 +186,9 @@ pub(crate) fn infer(op: &Op, nodes: &[Node]) -> Result<(Shape, bool), String> {
         }
         Op::BroadcastCols { x, cols } => {
             let x = get(*x)?;
+            if x.is_param {
+                return Err("cannot broadcast a parameter inside a vertex function".into());
+            }
             if x.shape.cols() != 1 {
                 return Err("broadcast_cols takes one column".into());
             }

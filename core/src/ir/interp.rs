@@ -81,6 +81,10 @@ fn eval(node: &Node, func: &Func, vals: &[Vec<f32>]) -> Vec<f32> {
             let w = func.node(*x).shape.cols();
             (0..r).map(|i| val(x)[i * w..(i + 1) * w].iter().sum()).collect()
         }
+        Op::MaxCols { x } => {
+            let w = func.node(*x).shape.cols();
+            (0..r).map(|i| val(x)[i * w..(i + 1) * w].iter().copied().reduce(f32::max).unwrap_or(f32::NAN)).collect()
+        }
         Op::BroadcastCols { x, cols } => (0..r).flat_map(|i| vec![val(x)[i]; *cols]).collect(),
         load => unreachable!("load {} is resolved by the caller", load.name()),
     }

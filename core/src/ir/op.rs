@@ -119,7 +119,13 @@ pub enum Op {
         /// Input.
         x: ValueId,
     },
-    /// Backward only: a `[r × 1]` column repeated to `[r × cols]`.
+    /// The largest of each row's columns: `[r × c] → [r × 1]`. No gradient flows through it: it
+    /// shifts softmaxes and log-sum-exps, whose values the shift does not change.
+    MaxCols {
+        /// Input.
+        x: ValueId,
+    },
+    /// A `[r × 1]` column repeated to `[r × cols]`.
     BroadcastCols {
         /// Input.
         x: ValueId,
@@ -150,9 +156,11 @@ impl Op {
         match self {
             load_ops!() => SmallVec::new(),
             Op::MatMul { a, b, .. } | Op::Binary { a, b, .. } => smallvec![*a, *b],
-            Op::Unary { x, .. } | Op::Slice { x, .. } | Op::SumCols { x } | Op::BroadcastCols { x, .. } => {
-                smallvec![*x]
-            }
+            Op::Unary { x, .. }
+            | Op::Slice { x, .. }
+            | Op::SumCols { x }
+            | Op::MaxCols { x }
+            | Op::BroadcastCols { x, .. } => smallvec![*x],
             Op::Concat { parts } => parts.iter().copied().collect(),
         }
     }
@@ -187,11 +195,13 @@ impl Op {
                 (true, true) => "matmul(aᵀ,bᵀ)".into(),
             },
             Op::Unary { op: UnaryOp::Scale(s), .. } => format!("scale({s})"),
+            Op::Unary { op: UnaryOp::Offset(c), .. } => format!("offset({c})"),
             Op::Unary { op, .. } => op.name().into(),
             Op::Binary { op, .. } => op.name().into(),
             Op::Slice { start, len, .. } => format!("slice({start}..{})", start + len),
             Op::Concat { .. } => "concat".into(),
             Op::SumCols { .. } => "sum_cols".into(),
+            Op::MaxCols { .. } => "max_cols".into(),
             Op::BroadcastCols { cols, .. } => format!("broadcast_cols({cols})"),
         }
     }

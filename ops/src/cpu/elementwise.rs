@@ -195,6 +195,8 @@ mod tests {
             UnaryOp::Exp,
             UnaryOp::Log,
             UnaryOp::Gelu,
+            UnaryOp::Abs,
+            UnaryOp::Offset(-1.5),
         ];
         let binaries = [
             BinaryOp::Add,
@@ -205,6 +207,7 @@ mod tests {
             BinaryOp::TanhGrad,
             BinaryOp::ReluGrad,
             BinaryOp::GeluGrad,
+            BinaryOp::AbsGrad,
         ];
         for level in Isa::ALL.into_iter().filter(|&l| l <= Isa::detected()) {
             for n in [0, 1, 3, 7, 8, 9, 15, 16, 17, 150, 161] {

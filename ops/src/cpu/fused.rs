@@ -276,6 +276,14 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
                     }
                 }
             }
+            Op::MaxCols { x } => {
+                let (w, x) = (k.nodes[x.index()].shape.cols(), reg(*x));
+                for (r, out) in out.chunks_exact_mut(block).enumerate() {
+                    for (o, i) in out.iter_mut().zip(x.row(r).chunks_exact(w)) {
+                        *o = i.iter().copied().reduce(f32::max).unwrap_or(f32::NAN);
+                    }
+                }
+            }
             Op::BroadcastCols { x, cols } => {
                 let x = reg(*x);
                 for (r, out) in out.chunks_exact_mut(block).enumerate() {
@@ -368,7 +376,7 @@ fn is_zero(op: &Op, block: usize, zero: &[bool], load: Option<Rows>) -> bool {
         _ if load.is_some() => matches!(load, Some(Rows::Zeros)),
         Op::Unary { op, x } if op.keeps_zero() => z(x),
         Op::Binary { op, a, b } => op.zeros().of(z(a), z(b)),
-        Op::Slice { x, .. } | Op::SumCols { x } | Op::BroadcastCols { x, .. } => z(x),
+        Op::Slice { x, .. } | Op::SumCols { x } | Op::MaxCols { x } | Op::BroadcastCols { x, .. } => z(x),
         Op::Concat { parts } => parts.iter().all(z),
         _ => block == 0,
     }

@@ -33,7 +33,7 @@ pub(crate) trait Vector: Lanes {
 /// `clamp` must keep a NaN second operand.
 macro_rules! lanes {
     ($v:ident, $raw:ty, splat: $splat:expr, add: $add:expr, sub: $sub:expr, mul: $mul:expr, div: $div:expr,
-     fma: $fma:expr, max: $max:expr, clamp: $clamp:expr, floor: $floor:expr, pow2i: $pow2i:expr,
+     fma: $fma:expr, abs: $abs:expr, max: $max:expr, clamp: $clamp:expr, floor: $floor:expr, pow2i: $pow2i:expr,
      positive: $pos:expr, load: $load:expr, store: $store:expr, load_part: $load_part:expr,
      store_part: $store_part:expr, lanes: $lanes:expr) => {
         #[derive(Clone, Copy)]
@@ -82,6 +82,12 @@ macro_rules! lanes {
                 // SAFETY: values of this type exist only in code compiled for its instructions;
                 // pointers are the caller's contract.
                 $v(unsafe { $fma(self.0, b.0, c.0) })
+            }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                // SAFETY: values of this type exist only in code compiled for its instructions;
+                // pointers are the caller's contract.
+                $v(unsafe { $abs(self.0) })
             }
             #[inline(always)]
             fn max(self, b: Self) -> Self {
@@ -163,7 +169,7 @@ pub(crate) mod x86 {
 
     lanes!(V16, __m512,
         splat: _mm512_set1_ps, add: _mm512_add_ps, sub: _mm512_sub_ps, mul: _mm512_mul_ps, div: _mm512_div_ps,
-        fma: _mm512_fmadd_ps,
+        fma: _mm512_fmadd_ps, abs: _mm512_abs_ps,
         // `max_ps(x, y)` is `y` where either is NaN.
         max: _mm512_max_ps, clamp: |x, lo, hi| _mm512_min_ps(hi, _mm512_max_ps(lo, x)),
         floor: _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>,
@@ -180,7 +186,7 @@ pub(crate) mod x86 {
 
     lanes!(V8, __m256,
         splat: _mm256_set1_ps, add: _mm256_add_ps, sub: _mm256_sub_ps, mul: _mm256_mul_ps, div: _mm256_div_ps,
-        fma: _mm256_fmadd_ps,
+        fma: _mm256_fmadd_ps, abs: |x| _mm256_andnot_ps(_mm256_set1_ps(-0.0), x),
         max: _mm256_max_ps, clamp: |x, lo, hi| _mm256_min_ps(hi, _mm256_max_ps(lo, x)),
         floor: _mm256_floor_ps,
         pow2i: |n| {
@@ -212,7 +218,7 @@ pub(crate) mod neon {
 
     lanes!(V4, float32x4_t,
         splat: vdupq_n_f32, add: vaddq_f32, sub: vsubq_f32, mul: vmulq_f32, div: vdivq_f32,
-        fma: |a, b, c| vfmaq_f32(c, a, b),
+        fma: |a, b, c| vfmaq_f32(c, a, b), abs: vabsq_f32,
         // `maxnm` takes the number where one is NaN, as `f32::max` does; `min`/`max` keep NaN.
         max: vmaxnmq_f32, clamp: |x, lo, hi| vminq_f32(hi, vmaxq_f32(lo, x)),
         floor: vrndmq_f32,

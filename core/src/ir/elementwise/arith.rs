@@ -1,4 +1,4 @@
-//! Negation, scaling and the four arithmetic operations.
+//! Negation, scaling, constant offsets and the four arithmetic operations.
 
 use super::{c_float, Binary, Derive, Lanes, Unary, UnaryOp, Zeros};
 use crate::error::Result;
@@ -40,6 +40,25 @@ impl Unary for Scale {
     }
     fn derivative(self, d: &mut dyn Derive, _: ValueId, _: ValueId, g: ValueId) -> Result<ValueId> {
         d.unary(UnaryOp::Scale(self.0), g)
+    }
+}
+
+/// `x + c`: a constant, not a parameter (`1 − z` is `z.neg().offset(1.0)`, or `1.0 - z`).
+#[derive(Clone, Copy, Debug)]
+pub struct Offset(pub f32);
+
+impl Unary for Offset {
+    const NAME: &'static str = "offset";
+    const KEEPS_ZERO: bool = false;
+    #[inline(always)]
+    fn apply<L: Lanes>(self, x: L) -> L {
+        x.add(L::splat(self.0))
+    }
+    fn cuda(self, x: &str) -> String {
+        format!("{x} + {}", c_float(self.0))
+    }
+    fn derivative(self, _: &mut dyn Derive, _: ValueId, _: ValueId, g: ValueId) -> Result<ValueId> {
+        Ok(g)
     }
 }
 

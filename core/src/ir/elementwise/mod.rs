@@ -11,6 +11,7 @@
 //! derivative needs, if any), one line in `unary_ops!` or `binary_ops!` below, a builder
 //! method, and its case in the gradient checks.
 
+mod abs;
 mod arith;
 mod exp;
 mod gelu;
@@ -40,6 +41,8 @@ pub trait Lanes: Copy {
     fn div(self, b: Self) -> Self;
     /// `−self` (the sign flipped).
     fn neg(self) -> Self;
+    /// `|self|` (the sign cleared, so `−0` gives `+0` and NaN stays NaN; [`f32::abs`]).
+    fn abs(self) -> Self;
     /// `self · b + c` with one rounding ([`f32::mul_add`]).
     fn mul_add(self, b: Self, c: Self) -> Self;
     /// The larger of `self` and `b`; `b` where `self` is NaN ([`f32::max`]; a NaN `b` is never
@@ -81,6 +84,10 @@ impl Lanes for f32 {
     #[inline(always)]
     fn neg(self) -> f32 {
         -self
+    }
+    #[inline(always)]
+    fn abs(self) -> f32 {
+        f32::abs(self)
     }
     #[inline(always)]
     fn mul_add(self, b: f32, c: f32) -> f32 {
@@ -382,6 +389,10 @@ unary_ops! {
     Log => log::Log;
     /// `x·Φ(x)` in the tanh form of Hendrycks and Gimpel
     Gelu => gelu::Gelu;
+    /// `|x|`
+    Abs => abs::Abs;
+    /// `x + c` (a constant offset)
+    Offset(c: f32) => arith::Offset(c);
 }
 
 binary_ops! {
@@ -401,6 +412,8 @@ binary_ops! {
     ReluGrad => relu::ReluGrad;
     /// `dy · gelu'(x)`: the GELU's derivative from its input `a = x`, `b = dy`.
     GeluGrad => gelu::GeluGrad;
+    /// `dy · sign(x)`: the absolute value's derivative from its input `a = x`, `b = dy`.
+    AbsGrad => abs::AbsGrad;
 }
 
 #[cfg(test)]
@@ -443,8 +456,13 @@ mod tests {
             let got = f64::from(BinaryOp::GeluGrad.apply(x, 1.0));
             assert!((got - slope).abs() < 1e-5, "gelu'({x}) = {got}, differences {slope}");
         }
-        for op in [UnaryOp::Neg, UnaryOp::Scale(3.0), UnaryOp::Tanh, UnaryOp::Relu, UnaryOp::Gelu] {
+        for op in [UnaryOp::Neg, UnaryOp::Scale(3.0), UnaryOp::Tanh, UnaryOp::Relu, UnaryOp::Gelu, UnaryOp::Abs] {
             assert!(op.keeps_zero() && op.apply(0.0f32) == 0.0, "{op:?}");
         }
+        assert!(!UnaryOp::Offset(1.0).keeps_zero() && UnaryOp::Offset(1.0).apply(0.0f32) == 1.0);
+        for (x, abs, slope) in [(-2.5f32, 2.5f32, -1.0f32), (0.0, 0.0, 0.0), (3.0, 3.0, 1.0)] {
+            assert_eq!((UnaryOp::Abs.apply(x), BinaryOp::AbsGrad.apply(x, 1.0)), (abs, slope));
+        }
+        assert!(UnaryOp::Abs.apply(f32::NAN).is_nan(), "NaN stays NaN");
     }
 }
