@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod dist;
 pub mod engine;
+pub mod head;
 pub mod layers;
 pub mod loss_scale;
 pub mod nn;

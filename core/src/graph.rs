@@ -69,6 +69,12 @@ impl InputGraph {
         Ok(g)
     }
 
+    /// `n` vertices without edges, each its own root: the examples a head runs over, one vertex
+    /// each.
+    pub fn isolated(n: usize) -> InputGraph {
+        InputGraph { children: vec![SmallVec::new(); n], order: (0..n as u32).collect() }
+    }
+
     /// A chain (a sequence): vertex `i` has vertex `i − 1` as its only child; the last is the root.
     pub fn chain(len: usize) -> InputGraph {
         let children = (0..len).map(|i| if i == 0 { SmallVec::new() } else { SmallVec::from_slice(&[i as u32 - 1]) });

@@ -1,0 +1,163 @@
+//! Heads and losses: what turns the rows vertex functions pushed into a loss per example,
+//! declared in the same IR as a cell and differentiated the same way.
+//!
+//! A head is a function of arity 0 (no children, no states) built with [`Builder`](crate::Builder):
+//! its pulls are the rows read out of the cells (a root's `h`, one per graph of an example: two
+//! for a sentence pair) and the targets; it pushes a one-value output named `loss`, and may push
+//! more (a prediction). [`Head`] runs it once per example of a minibatch, batched over the
+//! examples, on any backend, with its fused kernels generated like a cell's. The loss functions
+//! below build the usual losses from head ops; a loss of one's own is head ops ending in one value.
+//!
+//! ```
+//! use arbor::head::{kl_divergence, Head};
+//! use arbor::{Builder, CpuBackend, Init};
+//! use arbor::core::rng::Rng;
+//!
+//! // Tai et al.'s relatedness head: pair features of two roots, 50 sigmoid units, a softmax over
+//! // the scores 1..5 and the KL divergence to the target distribution.
+//! let f = Builder::new("relatedness", 0);
+//! let (ha, hb, p) = (f.pull("ha", 8), f.pull("hb", 8), f.pull("target", 5));
+//! let features = (ha - hb).abs().concat(ha * hb);
+//! let w = f.param("W", [16, 50], Init::Xavier);
+//! let b = f.param("b", [1, 50], Init::Zeros);
+//! let v = f.param("V", [50, 5], Init::Xavier);
+//! let log_q = (features.matmul(w) + b).sigmoid().matmul(v).log_softmax();
+//! f.push("loss", kl_divergence(log_q, p));
+//! let f = f.build()?;
+//! let params = f.init_params(&mut Rng::new(0));
+//! let mut head = Head::new(CpuBackend::new(), f, &params)?;
+//! // Two examples.
+//! let (ha, hb) = (vec![0.1; 2 * 8], vec![0.2; 2 * 8]);
+//! let target = [0.0, 0.0, 0.0, 0.5, 0.5, 1.0, 0.0, 0.0, 0.0, 0.0];
+//! let losses = head.forward(&[&ha, &hb, &target])?.swap_remove(0);
+//! let grads = head.backward(0.5)?; // the mean over the two examples
+//! assert_eq!((losses.len(), grads.pulls[0].len()), (2, 2 * 8));
+//! # Ok::<(), arbor::Error>(())
+//! ```
+
+use crate::engine::{Engine, Gradients, Pull};
+use crate::{Backend, InputGraph, Var, VertexFn};
+use arbor_core::error::{Error, Result};
+
+/// A tiny value added under logarithms of targets, so that `0 · log 0` reads as 0.
+const TINY: f32 = 1e-12;
+
+/// A head function and its parameters on a backend, run over the examples of a minibatch.
+pub struct Head<B: Backend> {
+    engine: Engine<B>,
+    /// Which pushed output is the loss.
+    loss: usize,
+    /// The examples of the last pass, as one graph of isolated vertices.
+    examples: InputGraph,
+}
+
+impl<B: Backend> Head<B> {
+    /// A head running `f` on `backend` with `params` (in `f.params()` order). `f` must take no
+    /// children and push a one-value output named `loss`.
+    pub fn new(backend: B, f: VertexFn, params: &[Vec<f32>]) -> Result<Head<B>> {
+        let wrong = |got: String| {
+            Error::input(format!("head `{}`", f.name()), "a function of arity 0 pushing a one-value `loss`", got)
+        };
+        if f.arity() != 0 || !f.states().is_empty() {
+            return Err(wrong(format!("arity {} and {} states", f.arity(), f.states().len())));
+        }
+        let loss =
+            f.outputs().iter().position(|o| o.name == "loss").ok_or_else(|| wrong("no output named `loss`".into()))?;
+        if f.outputs()[loss].shape.numel() != 1 {
+            return Err(wrong(format!("a `loss` of shape {}", f.outputs()[loss].shape)));
+        }
+        let engine = Engine::new(backend, f, params)?;
+        Ok(Head { engine, loss, examples: InputGraph::isolated(0) })
+    }
+
+    /// Runs the head over a minibatch, keeping what [`Head::backward`] needs: input `i` of the
+    /// function gets `inputs[i]`, one block per example. Returns every pushed output (the loss
+    /// among them), one block per example.
+    pub fn forward(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
+        self.examples = InputGraph::isolated(self.count(inputs)?);
+        let pulls: Vec<Pull<'_>> = inputs.iter().map(|&rows| Pull::Rows(rows)).collect();
+        self.engine.forward(&[&self.examples], &pulls)
+    }
+
+    /// [`Head::forward`] for inference: keeps nothing for a backward pass.
+    pub fn infer(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
+        let examples = InputGraph::isolated(self.count(inputs)?);
+        let pulls: Vec<Pull<'_>> = inputs.iter().map(|&rows| Pull::Rows(rows)).collect();
+        self.engine.infer(&[&examples], &pulls)
+    }
+
+    /// The gradients of `scale · Σ loss` over the examples of the last [`Head::forward`]
+    /// (`scale = 1 / examples` for the mean loss): per input, its rows' gradients; per
+    /// parameter, its gradient.
+    pub fn backward(&mut self, scale: f32) -> Result<Gradients> {
+        let n = self.examples.len();
+        let grads: Vec<Vec<f32>> = self
+            .engine
+            .function()
+            .outputs()
+            .iter()
+            .enumerate()
+            .map(|(k, o)| if k == self.loss { vec![scale; n] } else { vec![0.0; n * o.shape.numel()] })
+            .collect();
+        let refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
+        self.engine.backward(&refs)
+    }
+
+    /// The engine that runs the head (its parameters, its function).
+    pub fn engine(&mut self) -> &mut Engine<B> {
+        &mut self.engine
+    }
+
+    /// The number of examples `inputs` hold: the same for every input, else an error.
+    fn count(&self, inputs: &[&[f32]]) -> Result<usize> {
+        let f = self.engine.function();
+        let ports = f.inputs();
+        if inputs.len() != ports.len() {
+            return Err(Error::input(
+                format!("inputs of head `{}`", f.name()),
+                ports.len().to_string(),
+                inputs.len().to_string(),
+            ));
+        }
+        let per_input: Vec<usize> =
+            inputs.iter().zip(ports).map(|(rows, p)| rows.len() / p.shape.numel().max(1)).collect();
+        let n = per_input.first().copied().unwrap_or(0);
+        for ((rows, p), &count) in inputs.iter().zip(ports).zip(&per_input) {
+            if count != n || rows.len() != n * p.shape.numel() {
+                return Err(Error::input(
+                    format!("input `{}` of head `{}`", p.name, f.name()),
+                    format!("{n} blocks of {} values (one per example)", p.shape.numel()),
+                    format!("{} values", rows.len()),
+                ));
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// `−Σ_j target_j · log_softmax(logits)_j`: softmax cross-entropy to a target distribution (a
+/// one-hot row for a class label). One value per example.
+pub fn softmax_cross_entropy<'b>(logits: Var<'b>, target: Var<'b>) -> Var<'b> {
+    -(target * logits.log_softmax()).sum_cols()
+}
+
+/// `Σ_j p_j · (log p_j − log_q_j)`: the KL divergence from the distribution `q` (given as its
+/// logarithm, e.g. a `log_softmax`) to the target distribution `p`, `0 · log 0` read as 0. One
+/// value per example.
+pub fn kl_divergence<'b>(log_q: Var<'b>, p: Var<'b>) -> Var<'b> {
+    (p * ((p + TINY).log() - log_q)).sum_cols()
+}
+
+/// `Σ_j (prediction_j − target_j)² / width`: the mean squared error over a row. One value per
+/// example.
+pub fn mean_squared_error<'b>(prediction: Var<'b>, target: Var<'b>) -> Var<'b> {
+    let d = prediction - target;
+    (d * d).sum_cols().scale(1.0 / prediction.shape().cols() as f32)
+}
+
+/// `Σ_j max(z_j, 0) − z_j·t_j + log(1 + e^{−|z_j|})`: binary cross-entropy of sigmoid
+/// probabilities given by their logits `z`, against targets `t` in `[0, 1]` (computed without
+/// overflow for large `|z|`). One value per example.
+pub fn binary_cross_entropy<'b>(logits: Var<'b>, target: Var<'b>) -> Var<'b> {
+    (logits.relu() - logits * target + ((-logits.abs()).exp() + 1.0).log()).sum_cols()
+}
