@@ -58,6 +58,33 @@ pub fn child_sum_tree_lstm(embed: usize, hidden: usize, max_children: usize) -> 
     f.build()
 }
 
+/// The child-sum Tree-LSTM of Tai et al. (2015) for any number of children (dependency trees):
+/// [`child_sum_tree_lstm`]'s function with the same parameters, on trees. A vertex's forget gate
+/// at its parent, `f = σ(x_parent·W_f + h·U_f + b_f)`, needs the parent's input, so each vertex
+/// also pulls `x_parent` (zeros at a root) and scatters `fc = f ⊙ c`; the parent sums `h` and
+/// `fc` over however many children it has (`gather_sum`). On a DAG a vertex with several
+/// parents would see only one of their inputs: feed trees.
+pub fn child_sum_tree_lstm_nary(embed: usize, hidden: usize) -> Result<VertexFn> {
+    let f = Builder::new("child-sum-tree-lstm-nary", 0);
+    let (x, x_parent) = (f.pull("x", embed), f.pull("x_parent", embed));
+    let (sum_h, sum_fc) = (f.gather_sum("h", hidden), f.gather_sum("fc", hidden));
+    let w = f.param("W", [embed, 3 * hidden], Init::Xavier);
+    let u = f.param("U", [hidden, 3 * hidden], Init::Xavier);
+    let b = f.param("b", [1, 3 * hidden], Init::Zeros);
+    let wf = f.param("Wf", [embed, hidden], Init::Xavier);
+    let uf = f.param("Uf", [hidden, hidden], Init::Xavier);
+    let bf = f.param("bf", [1, hidden], Init::Zeros);
+    let gates = x.matmul(w) + sum_h.matmul(u) + b;
+    let gate = |k: usize| gates.slice(k * hidden, hidden);
+    let (i, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).tanh());
+    let c = i * uu + sum_fc;
+    let h = o * c.tanh();
+    f.scatter("h", h);
+    f.scatter("fc", (x_parent.matmul(wf) + h.matmul(uf) + bf).sigmoid() * c);
+    f.push("h", h);
+    f.build()
+}
+
 /// An LSTM cell over a chain (Var-LSTM: a sentence as a chain graph, each vertex gathering its
 /// predecessor). Pulls `x`, gathers and scatters `h` and `c`, pushes `h`.
 pub fn var_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {

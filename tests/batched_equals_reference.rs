@@ -293,6 +293,63 @@ fn head_ops_cell_on_a_forest_and_a_dag() {
     }
 }
 
+/// The n-ary child-sum cell batched equals the reference on random forests, and equals the
+/// capped child-sum cell with the same parameters when every vertex pulls its parent's input:
+/// outputs, parameter gradients, and input gradients (a vertex's own plus what its children send
+/// back through `x_parent`).
+#[test]
+fn nary_child_sum_equals_the_capped_cell() {
+    check(nn::child_sum_tree_lstm_nary(5, 4).unwrap(), 21, 8, 30, false);
+    let (embed, hidden) = (5, 4);
+    let capped = nn::child_sum_tree_lstm(embed, hidden, 3).unwrap();
+    let nary = nn::child_sum_tree_lstm_nary(embed, hidden).unwrap();
+    let mut rng = Rng::new(22);
+    let params: Vec<Vec<f32>> = capped
+        .init_params(&mut rng)
+        .into_iter()
+        .map(|p| p.iter().map(|x| x + rng.range(-0.1, 0.1)).collect())
+        .collect();
+    let gs: Vec<InputGraph> = (0..6)
+        .map(|_| {
+            let n = 1 + rng.below(20);
+            InputGraph::random(&mut rng, n, 3, false)
+        })
+        .collect();
+    let mut parent = Vec::new();
+    for g in &gs {
+        let start = parent.len();
+        parent.resize(start + g.len(), None);
+        for v in 0..g.len() {
+            for &c in g.children(v).iter().filter(|&&c| c != arbor::core::graph::NO_CHILD) {
+                parent[start + c as usize] = Some(start + v);
+            }
+        }
+    }
+    let x = random_rows(&mut rng, parent.len() * embed);
+    let row = |v: usize| &x[v * embed..(v + 1) * embed];
+    let x_parent: Vec<f32> = parent.iter().flat_map(|p| p.map_or(vec![0.0; embed], |p| row(p).to_vec())).collect();
+    let dh = random_rows(&mut rng, parent.len() * hidden);
+    let refs: Vec<&InputGraph> = gs.iter().collect();
+    let mut a = Engine::new(CpuBackend::new(), capped, &params).unwrap();
+    let mut b = Engine::new(CpuBackend::new(), nary, &params).unwrap();
+    let ha = a.forward(&refs, &[Pull::Rows(&x)]).unwrap();
+    let hb = b.forward(&refs, &[Pull::Rows(&x), Pull::Rows(&x_parent)]).unwrap();
+    assert_close("h", &hb[0], &ha[0]);
+    let (ga, gb) = (a.backward(&[&dh]).unwrap(), b.backward(&[&dh]).unwrap());
+    for (p, (gb, ga)) in gb.params.iter().zip(&ga.params).enumerate() {
+        assert_close(&format!("parameter {p}"), gb, ga);
+    }
+    let mut dx = gb.pulls[0].clone();
+    for (v, p) in parent.iter().enumerate() {
+        if let Some(p) = *p {
+            for j in 0..embed {
+                dx[p * embed + j] += gb.pulls[1][v * embed + j];
+            }
+        }
+    }
+    assert_close("x", &dx, &ga.pulls[0]);
+}
+
 #[test]
 fn chained_products_without_fused_steps_between() {
     let f = Builder::new("chain", 2);
