@@ -1,6 +1,6 @@
 //! Ready-made vertex functions.
 
-use arbor_core::ir::{Builder, Init, VertexFn};
+use arbor_core::ir::{Builder, Init, Var, VertexFn};
 use arbor_core::Result;
 
 /// The binary (N-ary, N = 2) Tree-LSTM cell of Tai et al. (2015), with a forget gate per child.
@@ -39,12 +39,7 @@ pub fn child_sum_tree_lstm(embed: usize, hidden: usize, max_children: usize) -> 
     let f = Builder::new("child-sum-tree-lstm", max_children);
     let x = f.pull("x", embed);
     let kids: Vec<_> = (0..max_children).map(|k| (f.gather(k, "h", hidden), f.gather(k, "c", hidden))).collect();
-    let w = f.param("W", [embed, 3 * hidden], Init::Xavier);
-    let u = f.param("U", [hidden, 3 * hidden], Init::Xavier);
-    let b = f.param("b", [1, 3 * hidden], Init::Zeros);
-    let wf = f.param("Wf", [embed, hidden], Init::Xavier);
-    let uf = f.param("Uf", [hidden, hidden], Init::Xavier);
-    let bf = f.param("bf", [1, hidden], Init::Zeros);
+    let [w, u, b, wf, uf, bf] = child_sum_params(&f, embed, hidden);
     let sum_h = kids.iter().skip(1).fold(kids[0].0, |s, k| s + k.0);
     let gates = x.matmul(w) + sum_h.matmul(u) + b;
     let gate = |k: usize| gates.slice(k * hidden, hidden);
@@ -58,6 +53,19 @@ pub fn child_sum_tree_lstm(embed: usize, hidden: usize, max_children: usize) -> 
     f.build()
 }
 
+/// The parameters of both child-sum cells, in their order: `W`, `U`, `b` (gates `i, o, u`) and
+/// `Wf`, `Uf`, `bf` (the forget gate).
+fn child_sum_params(f: &Builder, embed: usize, hidden: usize) -> [Var<'_>; 6] {
+    [
+        f.param("W", [embed, 3 * hidden], Init::Xavier),
+        f.param("U", [hidden, 3 * hidden], Init::Xavier),
+        f.param("b", [1, 3 * hidden], Init::Zeros),
+        f.param("Wf", [embed, hidden], Init::Xavier),
+        f.param("Uf", [hidden, hidden], Init::Xavier),
+        f.param("bf", [1, hidden], Init::Zeros),
+    ]
+}
+
 /// The child-sum Tree-LSTM of Tai et al. (2015) for any number of children (dependency trees):
 /// [`child_sum_tree_lstm`]'s function with the same parameters, on trees. A vertex's forget gate
 /// at its parent, `f = σ(x_parent·W_f + h·U_f + b_f)`, needs the parent's input, so each vertex
@@ -68,12 +76,7 @@ pub fn child_sum_tree_lstm_nary(embed: usize, hidden: usize) -> Result<VertexFn>
     let f = Builder::new("child-sum-tree-lstm-nary", 0);
     let (x, x_parent) = (f.pull("x", embed), f.pull("x_parent", embed));
     let (sum_h, sum_fc) = (f.gather_sum("h", hidden), f.gather_sum("fc", hidden));
-    let w = f.param("W", [embed, 3 * hidden], Init::Xavier);
-    let u = f.param("U", [hidden, 3 * hidden], Init::Xavier);
-    let b = f.param("b", [1, 3 * hidden], Init::Zeros);
-    let wf = f.param("Wf", [embed, hidden], Init::Xavier);
-    let uf = f.param("Uf", [hidden, hidden], Init::Xavier);
-    let bf = f.param("bf", [1, hidden], Init::Zeros);
+    let [w, u, b, wf, uf, bf] = child_sum_params(&f, embed, hidden);
     let gates = x.matmul(w) + sum_h.matmul(u) + b;
     let gate = |k: usize| gates.slice(k * hidden, hidden);
     let (i, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).tanh());
