@@ -103,9 +103,14 @@ impl<B: Backend> Head<B> {
         self.engine.backward(&refs)
     }
 
-    /// The engine that runs the head (its parameters, its function).
+    /// The engine that runs the head (its parameters).
     pub fn engine(&mut self) -> &mut Engine<B> {
         &mut self.engine
+    }
+
+    /// The head function.
+    pub fn function(&self) -> &VertexFn {
+        self.engine.function()
     }
 
     /// The number of examples `inputs` hold: the same for every input, else an error.

@@ -9,6 +9,8 @@ pub mod engine;
 pub mod head;
 pub mod layers;
 pub mod loss_scale;
+pub mod metrics;
+pub mod model;
 pub mod nn;
 pub mod optim;
 pub mod plot;

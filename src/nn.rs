@@ -200,3 +200,19 @@ pub fn ggnn(features: usize, hidden: usize) -> Result<VertexFn> {
     f.push("h", h);
     f.build()
 }
+
+/// The relatedness head of Tai et al. (2015) over a sentence pair's roots (`hidden` wide each):
+/// `[|h_a − h_b|, h_a ⊙ h_b]`, `units` sigmoid units, a softmax over `classes` scores. Pulls
+/// `ha`, `hb` and the target distribution; pushes the KL divergence to it as `loss` and the
+/// predicted distribution as `q` (the expected score is `Σ_k k·q_k` over scores `1..=classes`).
+pub fn relatedness_head(hidden: usize, units: usize, classes: usize) -> Result<VertexFn> {
+    let f = Builder::new("relatedness", 0);
+    let (ha, hb, p) = (f.pull("ha", hidden), f.pull("hb", hidden), f.pull("target", classes));
+    let w = f.param("W", [2 * hidden, units], Init::Xavier);
+    let b = f.param("b", [1, units], Init::Zeros);
+    let v = f.param("V", [units, classes], Init::Xavier);
+    let log_q = ((ha - hb).abs().concat(ha * hb).matmul(w) + b).sigmoid().matmul(v).log_softmax();
+    f.push("loss", crate::head::kl_divergence(log_q, p));
+    f.push("q", log_q.exp());
+    f.build()
+}

@@ -7,6 +7,7 @@
 use super::Vocab;
 use crate::core::error::{Error, Result};
 use crate::core::graph::InputGraph;
+use crate::model::{Example, Tree};
 use std::path::Path;
 
 /// The lowest relatedness score.
@@ -36,6 +37,21 @@ pub struct Pair {
     pub b: Sentence,
     /// Relatedness, from 1 (unrelated) to 5 (the same meaning).
     pub score: f32,
+}
+
+impl Sentence {
+    /// The sentence as a model reads it: its tree, its words, its root.
+    pub fn tree(&self) -> Tree<'_> {
+        Tree { graph: &self.graph, words: &self.words, root: self.root }
+    }
+}
+
+impl Pair {
+    /// The pair as a model reads it: both trees, and the target distribution of its score
+    /// ([`target_distribution`]).
+    pub fn example(&self) -> Example<'_> {
+        Example { trees: vec![self.a.tree(), self.b.tree()], target: target_distribution(self.score).to_vec() }
+    }
 }
 
 /// The three splits of a SICK folder, with a vocabulary grown on the training split.
@@ -144,6 +160,11 @@ fn parse_score(field: &str, at: (&str, usize)) -> Result<f32> {
         Ok(s) if (MIN_SCORE..=MAX_SCORE).contains(&s) => Ok(s),
         _ => Err(parse_error(at, format!("score `{field}`: expected a number from {MIN_SCORE} to {MAX_SCORE}"))),
     }
+}
+
+/// The expected score `Σ_k k·q_k` of a distribution `q` over the classes 1..=5.
+pub fn expected_score(q: &[f32]) -> f64 {
+    q.iter().enumerate().map(|(k, &q)| (k as f64 + f64::from(MIN_SCORE)) * f64::from(q)).sum()
 }
 
 /// The sparse target distribution of a score over the classes 1..=5 (Tai et al. 2015): the
