@@ -6,6 +6,7 @@
 //! example, then the example's target row; it pushes its `loss` and whatever else a caller
 //! reads (a prediction).
 
+use crate::checkpoint::{Checkpoint, Named};
 use crate::dist::data_parallel::merge;
 use crate::engine::{Engine, Pull, SparseGrad};
 use crate::head::Head;
@@ -156,6 +157,53 @@ impl<B: Backend> Model<B> {
         let dim = self.embedding.dim();
         opt.sparse("embedding", self.embedding.table_mut(), dim, &words);
         Ok(outputs)
+    }
+
+    /// Every learned tensor under its name (`embedding`, `cell.<name>`, `head.<name>`), for a
+    /// checkpoint.
+    pub fn tensors(&mut self) -> Result<Vec<Named>> {
+        let mut out = vec![(
+            "embedding".to_string(),
+            vec![self.embedding.vocab(), self.embedding.dim()],
+            self.embedding.table().to_vec(),
+        )];
+        for (of, engine) in [("cell", &self.cells), ("head", &*self.head.engine())] {
+            for (decl, values) in engine.function().params().iter().zip(engine.params()?) {
+                out.push((format!("{of}.{}", decl.name), decl.shape.dims().to_vec(), values));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Takes every learned tensor from `ck` (as [`Model::tensors`] names them); an error names
+    /// a missing tensor or one of another size, and changes nothing.
+    pub fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
+        let table = ck.tensor("embedding")?;
+        let sized = |name: &str, values: &[f32], len: usize| {
+            if values.len() == len {
+                Ok(values.to_vec())
+            } else {
+                Err(Error::input(
+                    format!("checkpoint tensor `{name}`"),
+                    format!("{len} values"),
+                    values.len().to_string(),
+                ))
+            }
+        };
+        let table = sized("embedding", table, self.embedding.table().len())?;
+        let mut params = Vec::new();
+        for (of, f) in [("cell", self.cells.function()), ("head", self.head.function())] {
+            let mut these = Vec::new();
+            for decl in f.params() {
+                let name = format!("{of}.{}", decl.name);
+                these.push(sized(&name, ck.tensor(&name)?, decl.shape.numel())?);
+            }
+            params.push(these);
+        }
+        self.cells.set_params(&params[0])?;
+        self.head.engine().set_params(&params[1])?;
+        self.embedding.table_mut().copy_from_slice(&table);
+        Ok(())
     }
 
     /// Checks `batch` and lays it out for the cells.

@@ -194,3 +194,35 @@ fn the_instruction_set_switch_is_checked_and_reported() {
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(v["cpu_isa"], "baseline");
 }
+
+/// `arbor train --model sick` keeps the epoch of the best dev Pearson, ends with its test
+/// Pearson, Spearman and MSE, and `arbor eval` of its checkpoint gives the same numbers; flags it
+/// does not take are refused.
+#[test]
+fn sick_trains_and_its_checkpoint_evaluates_the_same() {
+    let data = arbor::data::data_dir().join("sick");
+    let data = data.to_str().expect("a UTF-8 data path");
+    let ck = std::env::temp_dir().join(format!("arbor-cli-sick-{}", std::process::id()));
+    let ck = ck.to_str().unwrap();
+    let args = ["train", "--model", "sick", "--data", data, "--epochs", "2", "--hidden", "16", "--embed", "16"];
+    let out = arbor(&[&args[..], &["--max-steps", "30", "--checkpoint", ck]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let last = |out: &std::process::Output| -> serde_json::Value {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        serde_json::from_str(stdout.lines().last().expect("a summary line")).expect("the last line is JSON")
+    };
+    let trained = last(&out);
+    assert_eq!((trained["model"].as_str(), trained["steps"].as_u64()), (Some("sick"), Some(30)));
+    assert!(trained["test_pearson"].as_f64().is_some_and(|p| p > 0.0 && p <= 1.0), "{trained}");
+    let out = arbor(&["eval", "--checkpoint", ck]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let evaluated = last(&out);
+    for key in ["test_pearson", "test_spearman", "test_mse"] {
+        assert_eq!(evaluated[key], trained[key], "{key}: {evaluated} after {trained}");
+    }
+    assert_eq!(evaluated["pairs"], 4927);
+    std::fs::remove_dir_all(ck).ok();
+    let out = arbor(&[&args[..], &["--workers", "2"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--model sick") && err.contains("--workers above 1"), "{err}");
+}

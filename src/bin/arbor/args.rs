@@ -102,13 +102,16 @@ pub(crate) enum ModelArg {
     TreeFc,
     /// Gated graph network for graph classification (TU data sets such as MUTAG).
     Ggnn,
+    /// Sentence-pair relatedness on SICK: a child-sum Tree-LSTM over each dependency tree and
+    /// the relatedness head of Tai et al. 2015
+    Sick,
 }
 
 impl ModelArg {
     pub(crate) fn model(self) -> Model {
         match self {
             ModelArg::TreeLstm => Model::TreeLstm,
-            ModelArg::ChildSum => Model::ChildSum,
+            ModelArg::ChildSum | ModelArg::Sick => Model::ChildSum,
             ModelArg::VarLstm => Model::VarLstm,
             ModelArg::TreeFc | ModelArg::Ggnn => Model::TreeFc,
         }

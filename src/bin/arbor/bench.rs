@@ -140,7 +140,7 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
         ));
     }
     let model_kind = args.model.model();
-    if matches!(args.model, ModelArg::Ggnn) || args.batch == 0 || args.sentences == 0 {
+    if matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) || args.batch == 0 || args.sentences == 0 {
         return Err(Error::input(
             "arguments",
             "a tree or sequence model, --batch and --sentences above 0",

@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod sick;
 mod train;
 
 use arbor::data::{sst, synthetic, TreeExample, Vocab};

@@ -30,12 +30,17 @@ pub(crate) struct Sizes {
 
 impl Sizes {
     pub(crate) fn of(args: &TrainArgs) -> Sizes {
-        let graph = matches!(args.model, ModelArg::Ggnn);
+        // Per model: epochs, hidden, embed, learning rate (SICK: the sizes of Tai et al.).
+        let (epochs, hidden, embed, lr) = match args.model {
+            ModelArg::Ggnn => (100, 32, 16, 0.005),
+            ModelArg::Sick => (10, 150, 300, 0.01),
+            _ => (5, 64, 32, 0.01),
+        };
         Sizes {
-            epochs: args.epochs.unwrap_or(if graph { 100 } else { 5 }),
-            hidden: args.hidden.unwrap_or(if graph { 32 } else { 64 }),
-            embed: args.embed.unwrap_or(if graph { 16 } else { 32 }),
-            lr: args.lr.unwrap_or(if graph { 0.005 } else { 0.01 }),
+            epochs: args.epochs.unwrap_or(epochs),
+            hidden: args.hidden.unwrap_or(hidden),
+            embed: args.embed.unwrap_or(embed),
+            lr: args.lr.unwrap_or(lr),
         }
     }
 }
@@ -53,14 +58,21 @@ pub(crate) fn optimizer(args: &TrainArgs, lr: f32) -> Config {
 /// A training run's progress on stderr: a bar per epoch and a line per finished epoch, whose
 /// curves are also drawn to `plot`.
 pub(crate) struct Progress<'a> {
-    pub(crate) epochs: usize,
-    pub(crate) plot: Option<&'a Path>,
-    pub(crate) bar: Option<ProgressBar>,
-    pub(crate) loss: Vec<f64>,
-    pub(crate) dev: Vec<f64>,
+    epochs: usize,
+    plot: Option<&'a Path>,
+    /// What the dev score is (`dev root accuracy`, `dev Pearson`).
+    dev_name: &'static str,
+    bar: Option<ProgressBar>,
+    loss: Vec<f64>,
+    dev: Vec<f64>,
 }
 
-impl Progress<'_> {
+impl<'a> Progress<'a> {
+    /// The progress of `epochs` epochs whose dev score is `dev_name`, drawn to `plot` if given.
+    pub(crate) fn new(epochs: usize, plot: Option<&'a Path>, dev_name: &'static str) -> Progress<'a> {
+        Progress { epochs, plot, dev_name, bar: None, loss: Vec::new(), dev: Vec::new() }
+    }
+
     pub(crate) fn on(&mut self, e: Event) {
         match e {
             Event::EpochStart { epoch, done, total } => {
@@ -75,13 +87,13 @@ impl Progress<'_> {
             }
             Event::EpochEnd { epoch, loss, dev } => {
                 self.finish();
-                eprintln!("epoch {epoch}: loss {loss:.4}, dev root accuracy {dev:.4}");
+                eprintln!("epoch {epoch}: loss {loss:.4}, {} {dev:.4}", self.dev_name);
                 self.loss.push(loss);
                 self.dev.push(dev);
                 if let Some(path) = self.plot {
                     let series = [
                         Series { name: "training loss", values: &self.loss },
-                        Series { name: "dev root accuracy", values: &self.dev },
+                        Series { name: self.dev_name, values: &self.dev },
                     ];
                     if let Err(e) = plot::write_svg(path, &series) {
                         eprintln!("arbor: {e}");
@@ -152,8 +164,10 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
             format!("{} {epochs} {hidden} {embed} {} {}", args.batch, args.layers, args.stages),
         ));
     }
-    if matches!(args.model, ModelArg::Ggnn) {
-        return train_graphs(args, &sizes);
+    match args.model {
+        ModelArg::Ggnn => return train_graphs(args, &sizes),
+        ModelArg::Sick => return crate::sick::train(args, &sizes),
+        _ => {}
     }
     let kind = args.model.model();
     let data = load(args.data.as_deref(), args.seed, args.lowercase, kind)?;
@@ -166,7 +180,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         Error::input("--timeout", "a number of seconds from 0 to about 1.8e19", args.timeout.to_string())
     })?;
     let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
-    let mut progress = Progress { epochs, plot: args.plot.as_deref(), bar: None, loss: Vec::new(), dev: Vec::new() };
+    let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev root accuracy");
     let mut events = |e: Event| progress.on(e);
     let report = if args.layers > 1 || args.stages > 1 {
         train_pipeline(setup, &mut events)?
@@ -502,6 +516,9 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
     let dir =
         if args.checkpoint.join("best").is_dir() { args.checkpoint.join("best") } else { args.checkpoint.clone() };
     let ck = Checkpoint::load(&dir)?;
+    if ck.meta["model"] == "sick" {
+        return crate::sick::eval(args, &dir, &ck);
+    }
     let meta = &ck.meta;
     let model_kind = Model::from_name(meta["model"].as_str().unwrap_or_default())?;
     let (embed, hidden, classes) =
