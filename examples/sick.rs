@@ -9,11 +9,10 @@
 use arbor::core::rng::Rng;
 use arbor::data::sick::{self, Pair};
 use arbor::data::PAD;
-use arbor::head::Head;
 use arbor::layers::Embedding;
 use arbor::model::{Example, Feed, Model};
 use arbor::optim::{Config, Optimizer, Rule};
-use arbor::{metrics, nn, CpuBackend, Engine};
+use arbor::{metrics, nn, CpuBackend};
 
 /// Pearson's correlation of the model's expected scores with the gold scores of `pairs`.
 fn pearson(model: &mut Model<CpuBackend>, pairs: &[Pair]) -> arbor::Result<f64> {
@@ -34,10 +33,8 @@ fn main() -> arbor::Result<()> {
     let mut rng = Rng::new(1);
     let words = Embedding::new(data.vocab.len(), embed, 0.1, &mut rng).with_padding(PAD);
     let (cell, head) = (nn::child_sum_tree_lstm_nary(embed, hidden)?, nn::relatedness_head(hidden, 50, sick::CLASSES)?);
-    let (cell_params, head_params) = (cell.init_params(&mut rng), head.init_params(&mut rng));
-    let cells = Engine::new(CpuBackend::new(), cell, &cell_params)?;
-    let head = Head::new(CpuBackend::new(), head, &head_params)?;
-    let mut model = Model::new(words, cells, vec![Feed::Words, Feed::ParentWords], head)?;
+    let feeds = vec![Feed::Words, Feed::ParentWords];
+    let mut model = Model::init(&CpuBackend::new(), words, cell, feeds, head, &mut rng)?;
     let mut opt = Optimizer::new(Config { weight_decay: 1e-4, ..Config::new(Rule::Adagrad, 0.05) });
     let mut train: Vec<&Pair> = data.train.iter().take(limit).collect();
     let (mut best_dev, mut test) = (f64::MIN, f64::NAN);

@@ -12,8 +12,9 @@ use crate::engine::{Engine, Pull, SparseGrad};
 use crate::head::Head;
 use crate::layers::Embedding;
 use crate::optim::{clip_grad_norm, Optimizer};
-use crate::{Backend, InputGraph};
+use crate::{Backend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
+use arbor_core::rng::Rng;
 
 /// What feeds an input of the vertex function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +101,21 @@ impl<B: Backend> Model<B> {
             ));
         }
         Ok(Model { embedding, cells, feeds, head })
+    }
+
+    /// A model of `cell` and `head` with fresh parameters drawn from `rng`, each on a replica of
+    /// `backend` (see [`Model::new`] for what must fit).
+    pub fn init(
+        backend: &B,
+        embedding: Embedding,
+        cell: VertexFn,
+        feeds: Vec<Feed>,
+        head: VertexFn,
+        rng: &mut Rng,
+    ) -> Result<Model<B>> {
+        let (cp, hp) = (cell.init_params(rng), head.init_params(rng));
+        let cells = Engine::new(backend.replica()?, cell, &cp)?;
+        Model::new(embedding, cells, feeds, Head::new(backend.replica()?, head, &hp)?)
     }
 
     /// Graphs per example (the head's readouts).

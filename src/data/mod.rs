@@ -115,6 +115,11 @@ impl TreeExample {
         self.graph.len() - 1
     }
 
+    /// The tree as a [`Model`](crate::model::Model) reads it: its graph, its words, its root.
+    pub fn tree(&self) -> crate::model::Tree<'_> {
+        crate::model::Tree { graph: &self.graph, words: &self.words, root: self.root() }
+    }
+
     /// The sentence as a chain: the leaves' words in order, each labelled with the root's label
     /// (the chain's root is its last word).
     pub fn to_chain(&self) -> TreeExample {

@@ -10,12 +10,11 @@ use arbor::checkpoint::Checkpoint;
 use arbor::core::rng::Rng;
 use arbor::data::sick::{self, Pair};
 use arbor::data::{Vocab, PAD};
-use arbor::head::Head;
 use arbor::layers::Embedding;
 use arbor::model::{Example, Feed, Model};
 use arbor::optim::Optimizer;
 use arbor::trainer::Event;
-use arbor::{metrics, nn, Backend, CpuBackend, Engine, Error, Result};
+use arbor::{metrics, nn, Backend, CpuBackend, Error, Result};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Instant;
@@ -28,9 +27,7 @@ fn pair_model<B: Backend>(backend: &B, vocab: usize, embed: usize, hidden: usize
     let words = Embedding::new(vocab, embed, 0.1, rng).with_padding(PAD);
     let (cell, head) =
         (nn::child_sum_tree_lstm_nary(embed, hidden)?, nn::relatedness_head(hidden, UNITS, sick::CLASSES)?);
-    let (cp, hp) = (cell.init_params(rng), head.init_params(rng));
-    let cells = Engine::new(backend.replica()?, cell, &cp)?;
-    Model::new(words, cells, vec![Feed::Words, Feed::ParentWords], Head::new(backend.replica()?, head, &hp)?)
+    Model::init(backend, words, cell, vec![Feed::Words, Feed::ParentWords], head, rng)
 }
 
 /// Pearson's and Spearman's correlations and the mean squared error of the model's expected
