@@ -1,7 +1,9 @@
 //! The CUDA backend against the CPU backend: the Tree-LSTM, child-sum and gated-graph cells,
 //! forward and backward on random forests and DAGs (f32: 1e-4 relative; TF32, bf16 and f16
-//! products: 2e-2), and no device allocation after warm-up. These need a CUDA device (`cargo test --test gpu -- --ignored`);
-//! without one, only the check that opening a device fails cleanly runs.
+//! products: 2e-2), no device allocation after warm-up, and whole runs (data-parallel training,
+//! pipelines, cross-validation, a pair model with a head) against the same runs on the CPU.
+//! These need a CUDA device (`cargo test --test gpu -- --ignored`); without one, only the check
+//! that opening a device fails cleanly runs.
 
 use arbor::core::rng::Rng;
 use arbor::cuda::{CudaBackend, Precision};
@@ -273,5 +275,41 @@ fn cross_validation_on_the_gpu_follows_the_cpu() {
     assert!(gpu.mean >= 0.75, "cross-validated accuracy on the GPU {} ({:?})", gpu.mean, gpu.fold_acc);
     for (k, (g, c)) in gpu.fold_acc.iter().zip(&cpu.fold_acc).enumerate() {
         assert!((g - c).abs() <= 0.1, "fold {k}: GPU {g}, CPU {c}");
+    }
+}
+
+/// The SICK pair model (`arbor::model::Model`: the n-ary child-sum cell and the relatedness
+/// head) on the GPU follows the same model on the CPU: its losses and score distributions
+/// before training within 1e-4, and after ten training steps on the same pairs within 1e-3.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_pair_model_on_the_gpu_follows_the_cpu() {
+    use arbor::data::{sick, PAD};
+    use arbor::layers::Embedding;
+    use arbor::model::{Example, Feed, Model};
+    use arbor::optim::{Config, Optimizer, Rule};
+    let data = sick::read_splits(&arbor::data::data_dir().join("sick"), true).expect("SICK data (ARBOR_DATA)");
+    fn model<B: Backend>(backend: &B, vocab: usize) -> Model<B> {
+        let mut rng = Rng::new(7);
+        let words = Embedding::new(vocab, 16, 0.1, &mut rng).with_padding(PAD);
+        let (cell, head) =
+            (nn::child_sum_tree_lstm_nary(16, 12).unwrap(), nn::relatedness_head(12, 10, sick::CLASSES).unwrap());
+        Model::init(backend, words, cell, vec![Feed::Words, Feed::ParentWords], head, &mut rng).unwrap()
+    }
+    let (mut gpu, mut cpu) =
+        (model(&CudaBackend::new(0).unwrap(), data.vocab.len()), model(&CpuBackend::new(), data.vocab.len()));
+    let dev: Vec<Example<'_>> = data.dev.iter().take(100).map(sick::Pair::example).collect();
+    for (a, b) in gpu.infer(&dev).unwrap().iter().zip(&cpu.infer(&dev).unwrap()) {
+        close("before training", a, b, 1e-4);
+    }
+    let (mut og, mut oc) =
+        (Optimizer::new(Config::new(Rule::Adagrad, 0.05)), Optimizer::new(Config::new(Rule::Adagrad, 0.05)));
+    for batch in data.train.chunks(25).take(10) {
+        let examples: Vec<Example<'_>> = batch.iter().map(sick::Pair::example).collect();
+        gpu.step(&examples, &mut og, Some(5.0)).unwrap();
+        cpu.step(&examples, &mut oc, Some(5.0)).unwrap();
+    }
+    for (a, b) in gpu.infer(&dev).unwrap().iter().zip(&cpu.infer(&dev).unwrap()) {
+        close("after ten steps", a, b, 1e-3);
     }
 }
