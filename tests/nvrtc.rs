@@ -140,10 +140,15 @@ fn engine_kernels(f: &VertexFn, seed: u64) -> Vec<(String, Kernel, Vec<Binding>)
     let params = f.init_params(&mut rng);
     let arity = if f.max_children().is_none() { 0 } else { f.arity() };
     let dag = arity == 0;
+    // A function of no children (a head) runs over vertices without edges.
     let graphs: Vec<InputGraph> = (0..24)
         .map(|_| {
             let n = 1 + rng.below(30);
-            InputGraph::random(&mut rng, n, arity, dag)
+            if f.max_children() == Some(0) {
+                InputGraph::isolated(n)
+            } else {
+                InputGraph::random(&mut rng, n, arity, dag)
+            }
         })
         .collect();
     let refs: Vec<&InputGraph> = graphs.iter().collect();

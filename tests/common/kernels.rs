@@ -29,7 +29,7 @@ pub fn kernels(f: &VertexFn) -> Vec<(String, Kernel)> {
     all.into_iter().chain(pruned).collect()
 }
 
-/// One small instance of every cell of the zoo.
+/// One small instance of every cell (and head) of the zoo.
 pub fn cells() -> Vec<VertexFn> {
     vec![
         nn::tree_lstm(5, 4).unwrap(),
@@ -37,6 +37,8 @@ pub fn cells() -> Vec<VertexFn> {
         nn::var_lstm(5, 4).unwrap(),
         nn::tree_fc(5, 4).unwrap(),
         nn::ggnn(3, 4).unwrap(),
+        nn::child_sum_tree_lstm_nary(5, 4).unwrap(),
+        nn::relatedness_head(4, 3, 5).unwrap(),
         every_op(),
     ]
 }
