@@ -16,13 +16,7 @@ use arbor::{metrics, nn, CpuBackend};
 
 /// Pearson's correlation of the model's expected scores with the gold scores of `pairs`.
 fn pearson(model: &mut Model<CpuBackend>, pairs: &[Pair]) -> arbor::Result<f64> {
-    let mut got = Vec::new();
-    for chunk in pairs.chunks(256) {
-        let q = model.infer(&chunk.iter().map(Pair::example).collect::<Vec<_>>())?.swap_remove(1);
-        got.extend(q.chunks(sick::CLASSES).map(sick::expected_score));
-    }
-    let gold: Vec<f64> = pairs.iter().map(|p| f64::from(p.score)).collect();
-    Ok(metrics::pearson(&got, &gold))
+    Ok(metrics::pearson(&sick::predict(model, pairs)?, &sick::gold(pairs)))
 }
 
 fn main() -> arbor::Result<()> {

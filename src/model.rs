@@ -125,27 +125,40 @@ impl<B: Backend> Model<B> {
 
     /// The head's pushed outputs over `batch`, one block per example (inference).
     pub fn infer(&mut self, batch: &[Example<'_>]) -> Result<Vec<Vec<f32>>> {
+        let (_, inputs) = self.read_out(batch, false)?;
+        self.head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())
+    }
+
+    /// Runs the cells over `batch` (keeping what a backward pass needs when `train`); returns
+    /// the layout and the head's inputs: per graph slot, the read-out rows of every example, then
+    /// the targets.
+    fn read_out<'a>(&mut self, batch: &[Example<'a>], train: bool) -> Result<(Layout<'a>, Vec<Vec<f32>>)> {
         let layout = self.layout(batch)?;
         let pulls = pulls(&self.embedding, &self.feeds, &layout);
-        let h = self.cells.infer_rows(&layout.graphs, &pulls, &layout.roots)?.swap_remove(0);
-        let inputs = self.head_inputs(&h, batch);
-        let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-        self.head.infer(&refs)
+        let h = if train {
+            self.cells.forward_rows(&layout.graphs, &pulls, &layout.roots)?
+        } else {
+            self.cells.infer_rows(&layout.graphs, &pulls, &layout.roots)?
+        }
+        .swap_remove(0);
+        let k = self.graphs_per_example();
+        let width = h.len() / layout.roots.len().max(1);
+        let mut inputs: Vec<Vec<f32>> =
+            (0..k).map(|slot| h.chunks(width).skip(slot).step_by(k).flatten().copied().collect()).collect();
+        inputs.push(batch.iter().flat_map(|e| e.target.iter().copied()).collect());
+        Ok((layout, inputs))
     }
 
     /// One training step on `batch`: the mean loss's gradients of every parameter and word
     /// vector, clipped to norm `clip` if given, applied by `opt` under the names `cell.<name>`,
     /// `head.<name>` and `embedding`. Returns the head's outputs (the losses among them).
     pub fn step(&mut self, batch: &[Example<'_>], opt: &mut Optimizer, clip: Option<f32>) -> Result<Vec<Vec<f32>>> {
-        let layout = self.layout(batch)?;
-        let pulls = pulls(&self.embedding, &self.feeds, &layout);
-        let h = self.cells.forward_rows(&layout.graphs, &pulls, &layout.roots)?.swap_remove(0);
-        let inputs = self.head_inputs(&h, batch);
-        let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-        let outputs = self.head.forward(&refs)?;
+        let (layout, inputs) = self.read_out(batch, true)?;
+        let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         let mut hg = self.head.backward(1.0 / batch.len().max(1) as f32)?;
-        let (k, width) = (self.graphs_per_example(), h.len() / layout.roots.len().max(1));
-        let mut dh = vec![0.0; h.len()];
+        let k = self.graphs_per_example();
+        let width = inputs[0].len() / batch.len().max(1);
+        let mut dh = vec![0.0; layout.roots.len() * width];
         for (slot, g) in hg.pulls.iter().take(k).enumerate() {
             for (e, row) in g.chunks(width).enumerate() {
                 dh[(e * k + slot) * width..][..width].copy_from_slice(row);
@@ -160,8 +173,7 @@ impl<B: Backend> Model<B> {
             clip_grad_norm(&mut all, max);
         }
         opt.begin_step();
-        let names =
-            |f: &crate::VertexFn, of: &str| f.params().iter().map(|p| format!("{of}.{}", p.name)).collect::<Vec<_>>();
+        let names = |f: &VertexFn, of: &str| f.params().iter().map(|p| tensor_name(of, &p.name)).collect::<Vec<_>>();
         let cell_names = names(self.cells.function(), "cell");
         self.cells.update_params(|ps| {
             ps.into_iter().zip(&cg.params).zip(&cell_names).for_each(|((p, g), n)| opt.dense(n, p, g));
@@ -185,7 +197,7 @@ impl<B: Backend> Model<B> {
         )];
         for (of, engine) in [("cell", &self.cells), ("head", &*self.head.engine())] {
             for (decl, values) in engine.function().params().iter().zip(engine.params()?) {
-                out.push((format!("{of}.{}", decl.name), decl.shape.dims().to_vec(), values));
+                out.push((tensor_name(of, &decl.name), decl.shape.dims().to_vec(), values));
             }
         }
         Ok(out)
@@ -211,7 +223,7 @@ impl<B: Backend> Model<B> {
         for (of, f) in [("cell", self.cells.function()), ("head", self.head.function())] {
             let mut these = Vec::new();
             for decl in f.params() {
-                let name = format!("{of}.{}", decl.name);
+                let name = tensor_name(of, &decl.name);
                 these.push(sized(&name, ck.tensor(&name)?, decl.shape.numel())?);
             }
             params.push(these);
@@ -258,16 +270,6 @@ impl<B: Backend> Model<B> {
         }
         Ok(l)
     }
-
-    /// The head's inputs: per graph slot, the read-out rows of every example; then the targets.
-    fn head_inputs(&self, h: &[f32], batch: &[Example<'_>]) -> Vec<Vec<f32>> {
-        let k = self.graphs_per_example();
-        let width = h.len() / (k * batch.len()).max(1);
-        let mut inputs: Vec<Vec<f32>> =
-            (0..k).map(|slot| h.chunks(width).skip(slot).step_by(k).flatten().copied().collect()).collect();
-        inputs.push(batch.iter().flat_map(|e| e.target.iter().copied()).collect());
-        inputs
-    }
 }
 
 /// The cells' inputs over `l`, as `feeds` say.
@@ -279,4 +281,9 @@ fn pulls<'a>(embedding: &'a Embedding, feeds: &[Feed], l: &'a Layout<'_>) -> Vec
             Feed::ParentWords => embedding.pull(&l.parent_words),
         })
         .collect()
+}
+
+/// A parameter's name in checkpoints and optimizer state: `cell.W`, `head.b`, ….
+fn tensor_name(of: &str, param: &str) -> String {
+    format!("{of}.{param}")
 }

@@ -20,11 +20,7 @@ fn pair_model(vocab: usize, embed: usize, hidden: usize, rng: &mut Rng) -> Model
 
 /// Pearson's correlation of the expected scores with the gold ones.
 fn pearson(model: &mut Model<CpuBackend>, pairs: &[Pair]) -> f64 {
-    let examples: Vec<Example<'_>> = pairs.iter().map(Pair::example).collect();
-    let q = model.infer(&examples).unwrap().swap_remove(1);
-    let got: Vec<f64> = q.chunks(sick::CLASSES).map(sick::expected_score).collect();
-    let gold: Vec<f64> = pairs.iter().map(|p| f64::from(p.score)).collect();
-    metrics::pearson(&got, &gold)
+    metrics::pearson(&sick::predict(model, pairs).unwrap(), &sick::gold(pairs))
 }
 
 /// Three epochs over the SICK training pairs (embed and hidden 64, Adagrad 0.05, batch 25,

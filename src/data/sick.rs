@@ -7,7 +7,8 @@
 use super::Vocab;
 use crate::core::error::{Error, Result};
 use crate::core::graph::InputGraph;
-use crate::model::{Example, Tree};
+use crate::model::{Example, Model, Tree};
+use crate::Backend;
 use std::path::Path;
 
 /// The lowest relatedness score.
@@ -163,8 +164,25 @@ fn parse_score(field: &str, at: (&str, usize)) -> Result<f32> {
 }
 
 /// The expected score `Σ_k k·q_k` of a distribution `q` over the classes 1..=5.
-pub fn expected_score(q: &[f32]) -> f64 {
+fn expected_score(q: &[f32]) -> f64 {
     q.iter().enumerate().map(|(k, &q)| (k as f64 + f64::from(MIN_SCORE)) * f64::from(q)).sum()
+}
+
+/// The expected scores that a model whose head is
+/// [`relatedness_head`](crate::nn::relatedness_head) (its second output the score distribution)
+/// predicts for `pairs`, 256 pairs at a time.
+pub fn predict<B: Backend>(model: &mut Model<B>, pairs: &[Pair]) -> Result<Vec<f64>> {
+    let mut scores = Vec::with_capacity(pairs.len());
+    for chunk in pairs.chunks(256) {
+        let q = model.infer(&chunk.iter().map(Pair::example).collect::<Vec<_>>())?.swap_remove(1);
+        scores.extend(q.chunks(CLASSES).map(expected_score));
+    }
+    Ok(scores)
+}
+
+/// The gold scores of `pairs`.
+pub fn gold(pairs: &[Pair]) -> Vec<f64> {
+    pairs.iter().map(|p| f64::from(p.score)).collect()
 }
 
 /// The sparse target distribution of a score over the classes 1..=5 (Tai et al. 2015): the

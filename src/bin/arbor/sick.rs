@@ -33,12 +33,7 @@ fn pair_model<B: Backend>(backend: &B, vocab: usize, embed: usize, hidden: usize
 /// Pearson's and Spearman's correlations and the mean squared error of the model's expected
 /// scores on `pairs`.
 fn scores<B: Backend>(model: &mut Model<B>, pairs: &[Pair]) -> Result<Value> {
-    let mut got = Vec::with_capacity(pairs.len());
-    for chunk in pairs.chunks(256) {
-        let q = model.infer(&chunk.iter().map(Pair::example).collect::<Vec<_>>())?.swap_remove(1);
-        got.extend(q.chunks(sick::CLASSES).map(sick::expected_score));
-    }
-    let gold: Vec<f64> = pairs.iter().map(|p| f64::from(p.score)).collect();
+    let (got, gold) = (sick::predict(model, pairs)?, sick::gold(pairs));
     Ok(json!({
         "pearson": metrics::pearson(&got, &gold),
         "spearman": metrics::spearman(&got, &gold),
