@@ -47,8 +47,11 @@ pub struct Head<B: Backend> {
     engine: Engine<B>,
     /// Which pushed output is the loss.
     loss: usize,
-    /// The examples of the last pass, as one graph of isolated vertices.
-    examples: InputGraph,
+    /// One example: a graph of one vertex (a minibatch of examples is as many of them, so
+    /// dropout masks are keyed by the example).
+    one: InputGraph,
+    /// The examples of the last [`Head::forward`].
+    examples: usize,
 }
 
 impl<B: Backend> Head<B> {
@@ -67,30 +70,30 @@ impl<B: Backend> Head<B> {
             return Err(wrong(format!("a `loss` of shape {}", f.outputs()[loss].shape)));
         }
         let engine = Engine::new(backend, f, params)?;
-        Ok(Head { engine, loss, examples: InputGraph::isolated(0) })
+        Ok(Head { engine, loss, one: InputGraph::isolated(1), examples: 0 })
     }
 
     /// Runs the head over a minibatch, keeping what [`Head::backward`] needs: input `i` of the
     /// function gets `inputs[i]`, one block per example. Returns every pushed output (the loss
     /// among them), one block per example.
     pub fn forward(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
-        self.examples = InputGraph::isolated(self.count(inputs)?);
+        self.examples = self.count(inputs)?;
         let pulls: Vec<Pull<'_>> = inputs.iter().map(|&rows| Pull::Rows(rows)).collect();
-        self.engine.forward(&[&self.examples], &pulls)
+        self.engine.forward(&vec![&self.one; self.examples], &pulls)
     }
 
     /// [`Head::forward`] for inference: keeps nothing for a backward pass.
     pub fn infer(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
-        let examples = InputGraph::isolated(self.count(inputs)?);
+        let examples = self.count(inputs)?;
         let pulls: Vec<Pull<'_>> = inputs.iter().map(|&rows| Pull::Rows(rows)).collect();
-        self.engine.infer(&[&examples], &pulls)
+        self.engine.infer(&vec![&self.one; examples], &pulls)
     }
 
     /// The gradients of `scale · Σ loss` over the examples of the last [`Head::forward`]
     /// (`scale = 1 / examples` for the mean loss): per input, its rows' gradients; per
     /// parameter, its gradient.
     pub fn backward(&mut self, scale: f32) -> Result<Gradients> {
-        let n = self.examples.len();
+        let n = self.examples;
         let grads: Vec<Vec<f32>> = self
             .engine
             .function()

@@ -14,12 +14,14 @@ pub mod model;
 pub mod nn;
 pub mod optim;
 pub mod plot;
+pub mod readout;
 pub mod train;
 pub mod trainer;
 
 pub use arbor_batching as batching;
 pub use arbor_core as core;
 pub use arbor_core::backend::Backend;
+pub use arbor_core::dropout::DropoutKey;
 pub use arbor_core::graph::InputGraph;
 pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
 pub use arbor_core::{Error, Result, Shape};

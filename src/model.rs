@@ -2,9 +2,9 @@
 //! over every graph of the minibatch at once, and a [`Head`] over rows read out of it, trained
 //! with no gradient written by hand. A sentence pair (SICK) is two trees and a target row.
 //!
-//! The head pulls, in order, the root row of the cell's first pushed output for each graph of an
-//! example, then the example's target row; it pushes its `loss` and whatever else a caller
-//! reads (a prediction).
+//! The head pulls, in order, one row of the cell's first pushed output for each graph of an
+//! example (the root's row, or a pooling over the graph's vertices: see [`Readout`]), then the
+//! example's target row; it pushes its `loss` and whatever else a caller reads (a prediction).
 
 use crate::checkpoint::{Checkpoint, Named};
 use crate::dist::data_parallel::merge;
@@ -12,6 +12,7 @@ use crate::engine::{Engine, Pull, SparseGrad};
 use crate::head::Head;
 use crate::layers::Embedding;
 use crate::optim::{clip_grad_norm, Optimizer};
+use crate::readout::{Pooled, Readout};
 use crate::{Backend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
@@ -57,6 +58,8 @@ pub struct Model<B: Backend> {
     pub feeds: Vec<Feed>,
     /// The head.
     pub head: Head<B>,
+    /// How each graph's row is read out for the head ([`Readout::Root`] unless set).
+    pub readout: Readout,
 }
 
 /// A minibatch laid out for the cells' engine.
@@ -100,7 +103,7 @@ impl<B: Backend> Model<B> {
                 format!("{:?}", reads.iter().map(|p| p.shape.numel()).collect::<Vec<_>>()),
             ));
         }
-        Ok(Model { embedding, cells, feeds, head })
+        Ok(Model { embedding, cells, feeds, head, readout: Readout::Root })
     }
 
     /// A model of `cell` and `head` with fresh parameters drawn from `rng`, each on a replica of
@@ -118,6 +121,13 @@ impl<B: Backend> Model<B> {
         Model::new(embedding, cells, feeds, Head::new(backend.replica()?, head, &hp)?)
     }
 
+    /// The model reading each graph out with `readout` (a pooling over its vertices, or its
+    /// root's row).
+    pub fn with_readout(mut self, readout: Readout) -> Model<B> {
+        self.readout = readout;
+        self
+    }
+
     /// Graphs per example (the head's readouts).
     pub fn graphs_per_example(&self) -> usize {
         self.head.function().inputs().len() - 1
@@ -125,35 +135,59 @@ impl<B: Backend> Model<B> {
 
     /// The head's pushed outputs over `batch`, one block per example (inference).
     pub fn infer(&mut self, batch: &[Example<'_>]) -> Result<Vec<Vec<f32>>> {
-        let (_, inputs) = self.read_out(batch, false)?;
+        let (_, inputs, _) = self.read_out(batch, false)?;
         self.head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())
     }
 
     /// Runs the cells over `batch` (keeping what a backward pass needs when `train`); returns
-    /// the layout and the head's inputs: per graph slot, the read-out rows of every example, then
-    /// the targets.
-    fn read_out<'a>(&mut self, batch: &[Example<'a>], train: bool) -> Result<(Layout<'a>, Vec<Vec<f32>>)> {
+    /// the layout, the head's inputs (per graph slot, the read-out rows of every example, then
+    /// the targets) and, for a pooling readout, the pooling.
+    fn read_out<'a>(
+        &mut self,
+        batch: &[Example<'a>],
+        train: bool,
+    ) -> Result<(Layout<'a>, Vec<Vec<f32>>, Option<Pooled>)> {
         let layout = self.layout(batch)?;
         let pulls = pulls(&self.embedding, &self.feeds, &layout);
-        let h = if train {
-            self.cells.forward_rows(&layout.graphs, &pulls, &layout.roots)?
+        let (h, pooled) = if self.readout == Readout::Root {
+            let h = if train {
+                self.cells.forward_rows(&layout.graphs, &pulls, &layout.roots)?
+            } else {
+                self.cells.infer_rows(&layout.graphs, &pulls, &layout.roots)?
+            };
+            (h.into_iter().next().unwrap_or_default(), None)
         } else {
-            self.cells.infer_rows(&layout.graphs, &pulls, &layout.roots)?
-        }
-        .swap_remove(0);
+            let all = if train {
+                self.cells.forward(&layout.graphs, &pulls)?
+            } else {
+                self.cells.infer(&layout.graphs, &pulls)?
+            };
+            let width = self.cells.function().outputs().first().map_or(0, |o| o.shape.numel());
+            let mut start = 0;
+            let groups = layout
+                .graphs
+                .iter()
+                .map(|g| {
+                    start += g.len();
+                    start - g.len()..start
+                })
+                .collect();
+            let p = Pooled::forward(all.first().map_or(&[][..], Vec::as_slice), width, groups, self.readout);
+            (p.rows.clone(), Some(p))
+        };
         let k = self.graphs_per_example();
         let width = h.len() / layout.roots.len().max(1);
         let mut inputs: Vec<Vec<f32>> =
             (0..k).map(|slot| h.chunks(width).skip(slot).step_by(k).flatten().copied().collect()).collect();
         inputs.push(batch.iter().flat_map(|e| e.target.iter().copied()).collect());
-        Ok((layout, inputs))
+        Ok((layout, inputs, pooled))
     }
 
     /// One training step on `batch`: the mean loss's gradients of every parameter and word
     /// vector, clipped to norm `clip` if given, applied by `opt` under the names `cell.<name>`,
     /// `head.<name>` and `embedding`. Returns the head's outputs (the losses among them).
     pub fn step(&mut self, batch: &[Example<'_>], opt: &mut Optimizer, clip: Option<f32>) -> Result<Vec<Vec<f32>>> {
-        let (layout, inputs) = self.read_out(batch, true)?;
+        let (layout, inputs, pooled) = self.read_out(batch, true)?;
         let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         let mut hg = self.head.backward(1.0 / batch.len().max(1) as f32)?;
         let k = self.graphs_per_example();
@@ -164,7 +198,10 @@ impl<B: Backend> Model<B> {
                 dh[(e * k + slot) * width..][..width].copy_from_slice(row);
             }
         }
-        let mut cg = self.cells.backward_rows(&layout.roots, &[&dh])?;
+        let mut cg = match pooled {
+            Some(p) => self.cells.backward(&[&p.backward(&dh, layout.words.len())])?,
+            None => self.cells.backward_rows(&layout.roots, &[&dh])?,
+        };
         let tables: Vec<SparseGrad> = cg.tables.into_iter().flatten().collect();
         let mut words = merge(&tables, self.embedding.dim());
         if let Some(max) = clip {
@@ -184,6 +221,11 @@ impl<B: Backend> Model<B> {
         })?;
         let dim = self.embedding.dim();
         opt.sparse("embedding", self.embedding.table_mut(), dim, &words);
+        // The next step draws new dropout masks.
+        for engine in [&mut self.cells, self.head.engine()] {
+            let key = engine.dropout_key();
+            engine.set_dropout_key(crate::DropoutKey { step: key.step + 1, ..key });
+        }
         Ok(outputs)
     }
 

@@ -6,8 +6,13 @@ use arbor_core::Result;
 /// The binary (N-ary, N = 2) Tree-LSTM cell of Tai et al. (2015), with a forget gate per child.
 /// Pulls `x` (`embed` wide), gathers and scatters states `h` and `c`, pushes `h`.
 pub fn tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
+    tree_lstm_with(embed, hidden, 0.0)
+}
+
+/// [`tree_lstm`] with dropout at rate `p` on the pulled input and the pushed output.
+fn tree_lstm_with(embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
     let f = Builder::new("tree-lstm", 2);
-    let x = f.pull("x", embed);
+    let x = f.pull("x", embed).dropout(p);
     let (h0, c0) = (f.gather(0, "h", hidden), f.gather(0, "c", hidden));
     let (h1, c1) = (f.gather(1, "h", hidden), f.gather(1, "c", hidden));
     let w = f.param("W", [embed, 5 * hidden], Init::Xavier);
@@ -24,7 +29,7 @@ pub fn tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
     let h = o * c.tanh();
     f.scatter("h", h);
     f.scatter("c", c);
-    f.push("h", h);
+    f.push("h", h.dropout(p));
     f.build()
 }
 
@@ -33,11 +38,16 @@ pub fn tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
 /// child, `f_k = σ(x·W_f + h_k·U_f + b_f)` with `U_f` shared by all children. A missing child
 /// reads zeros, so it adds nothing to the memory; a vertex with more children is refused.
 pub fn child_sum_tree_lstm(embed: usize, hidden: usize, max_children: usize) -> Result<VertexFn> {
+    child_sum_tree_lstm_with(embed, hidden, max_children, 0.0)
+}
+
+/// [`child_sum_tree_lstm`] with dropout at rate `p` on the pulled input and the pushed output.
+fn child_sum_tree_lstm_with(embed: usize, hidden: usize, max_children: usize, p: f32) -> Result<VertexFn> {
     if max_children == 0 {
         return Err(arbor_core::Error::input("child-sum Tree-LSTM", "max_children of at least 1", "0"));
     }
     let f = Builder::new("child-sum-tree-lstm", max_children);
-    let x = f.pull("x", embed);
+    let x = f.pull("x", embed).dropout(p);
     let kids: Vec<_> = (0..max_children).map(|k| (f.gather(k, "h", hidden), f.gather(k, "c", hidden))).collect();
     let [w, u, b, wf, uf, bf] = child_sum_params(&f, embed, hidden);
     let sum_h = kids.iter().skip(1).fold(kids[0].0, |s, k| s + k.0);
@@ -49,7 +59,7 @@ pub fn child_sum_tree_lstm(embed: usize, hidden: usize, max_children: usize) -> 
     let h_new = o * c_new.tanh();
     f.scatter("h", h_new);
     f.scatter("c", c_new);
-    f.push("h", h_new);
+    f.push("h", h_new.dropout(p));
     f.build()
 }
 
@@ -91,8 +101,13 @@ pub fn child_sum_tree_lstm_nary(embed: usize, hidden: usize) -> Result<VertexFn>
 /// An LSTM cell over a chain (Var-LSTM: a sentence as a chain graph, each vertex gathering its
 /// predecessor). Pulls `x`, gathers and scatters `h` and `c`, pushes `h`.
 pub fn var_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
+    var_lstm_with(embed, hidden, 0.0)
+}
+
+/// [`var_lstm`] with dropout at rate `p` on the pulled input and the pushed output.
+fn var_lstm_with(embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
     let f = Builder::new("var-lstm", 1);
-    let x = f.pull("x", embed);
+    let x = f.pull("x", embed).dropout(p);
     let (h, c) = (f.gather(0, "h", hidden), f.gather(0, "c", hidden));
     let w = f.param("W", [embed, 4 * hidden], Init::Xavier);
     let u = f.param("U", [hidden, 4 * hidden], Init::Xavier);
@@ -104,15 +119,20 @@ pub fn var_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
     let h_new = o * c_new.tanh();
     f.scatter("h", h_new);
     f.scatter("c", c_new);
-    f.push("h", h_new);
+    f.push("h", h_new.dropout(p));
     f.build()
 }
 
 /// Tree-FC, the Cavs benchmark cell: one fully connected layer over a vertex's input and its two
 /// children's states, `h = tanh(x·W + h₀·U₀ + h₁·U₁ + b)`.
 pub fn tree_fc(embed: usize, hidden: usize) -> Result<VertexFn> {
+    tree_fc_with(embed, hidden, 0.0)
+}
+
+/// [`tree_fc`] with dropout at rate `p` on the pulled input and the pushed output.
+fn tree_fc_with(embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
     let f = Builder::new("tree-fc", 2);
-    let x = f.pull("x", embed);
+    let x = f.pull("x", embed).dropout(p);
     let (h0, h1) = (f.gather(0, "h", hidden), f.gather(1, "h", hidden));
     let w = f.param("W", [embed, hidden], Init::Xavier);
     let u0 = f.param("U0", [hidden, hidden], Init::Xavier);
@@ -120,7 +140,7 @@ pub fn tree_fc(embed: usize, hidden: usize) -> Result<VertexFn> {
     let b = f.param("b", [1, hidden], Init::Zeros);
     let h = (x.matmul(w) + h0.matmul(u0) + h1.matmul(u1) + b).tanh();
     f.scatter("h", h);
-    f.push("h", h);
+    f.push("h", h.dropout(p));
     f.build()
 }
 
@@ -161,12 +181,19 @@ impl Model {
 
     /// The model's vertex function.
     pub fn cell(self, embed: usize, hidden: usize) -> Result<VertexFn> {
+        self.cell_with_dropout(embed, hidden, 0.0)
+    }
+
+    /// The model's vertex function with dropout at rate `p` on its pulled input (the word
+    /// vector) and its pushed output (what the classifier reads), as Tai et al. train on SST;
+    /// the recurrence itself is left alone. `p = 0` gives [`Model::cell`].
+    pub fn cell_with_dropout(self, embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
         match self {
-            Model::TreeLstm => tree_lstm(embed, hidden),
+            Model::TreeLstm => tree_lstm_with(embed, hidden, p),
             // Constituency trees (SST, the synthetic treebank) are binary.
-            Model::ChildSum => child_sum_tree_lstm(embed, hidden, 2),
-            Model::VarLstm => var_lstm(embed, hidden),
-            Model::TreeFc => tree_fc(embed, hidden),
+            Model::ChildSum => child_sum_tree_lstm_with(embed, hidden, 2, p),
+            Model::VarLstm => var_lstm_with(embed, hidden, p),
+            Model::TreeFc => tree_fc_with(embed, hidden, p),
         }
     }
 

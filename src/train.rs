@@ -7,6 +7,7 @@ use crate::engine::{Engine, Planned};
 use crate::layers::{ClassifierGrads, Embedding, LossOn, SoftmaxClassifier, SparseGrad};
 use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::{clip_grad_norm, Optimizer};
+use crate::readout::{Pooled, Readout as Pool};
 use crate::{Backend, CpuBackend, InputGraph, VertexFn};
 use std::ops::Range;
 
@@ -25,16 +26,6 @@ pub enum Readout<'a> {
     },
 }
 
-fn mean_pool(rows: &[f32], width: usize, groups: &[Range<usize>]) -> Vec<f32> {
-    let mut out = vec![0.0; groups.len() * width];
-    for (g, o) in groups.iter().zip(out.chunks_exact_mut(width)) {
-        for r in g.clone() {
-            o.iter_mut().zip(&rows[r * width..(r + 1) * width]).for_each(|(o, x)| *o += x);
-        }
-        o.iter_mut().for_each(|o| *o /= g.len().max(1) as f32);
-    }
-    out
-}
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 
@@ -156,6 +147,7 @@ impl<B: Backend> Classifier<B> {
         let backend = self.engine.backend().replica()?;
         let mut engine = Engine::new(backend, self.engine.function().clone(), &self.engine.params()?)?;
         engine.set_skip_padding_grads(self.embed.padding().is_some());
+        engine.set_dropout_key(self.engine.dropout_key());
         Ok(Classifier { embed: self.embed.clone(), engine, out: self.out.clone(), loss_scale: self.loss_scale })
     }
 
@@ -308,20 +300,10 @@ impl<B: Backend> Classifier<B> {
                 (step, g)
             }
             Readout::MeanPool { groups, targets } => {
-                let pooled = mean_pool(&h[0], width, groups);
+                let pooled = Pooled::forward(&h[0], width, groups.to_vec(), Pool::Mean);
                 let t: Vec<Option<u32>> = targets.iter().map(|&t| Some(t)).collect();
-                let step = self.out.loss_over(&pooled, &t, denom.unwrap_or(t.len()))?;
-                let mut g = vec![0.0; h[0].len()];
-                for (gi, group) in groups.iter().enumerate() {
-                    let share = 1.0 / group.len().max(1) as f32;
-                    for r in group.clone() {
-                        for (d, s) in
-                            g[r * width..(r + 1) * width].iter_mut().zip(&step.grad_input[gi * width..(gi + 1) * width])
-                        {
-                            *d = s * share;
-                        }
-                    }
-                }
+                let step = self.out.loss_over(&pooled.rows, &t, denom.unwrap_or(t.len()))?;
+                let g = pooled.backward(&step.grad_input, ids.len());
                 (step, g)
             }
         };
@@ -359,8 +341,11 @@ impl<B: Backend> Classifier<B> {
 
     /// Clips the joint gradient norm to `clip` and applies one optimizer step. With a
     /// [loss scale](Self::loss_scale), a step whose gradients overflowed is skipped (and the
-    /// scale lowered); returns whether the step was applied.
+    /// scale lowered); returns whether the step was applied. Either way the next step draws new
+    /// dropout masks ([`DropoutKey::step`](crate::DropoutKey::step) moves on).
     pub fn apply(&mut self, grads: &mut StepGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
+        let key = self.engine.dropout_key();
+        self.engine.set_dropout_key(crate::DropoutKey { step: key.step + 1, ..key });
         if let Some(scaler) = &mut self.loss_scale {
             let finite = grads.cell.iter().flatten().chain(&grads.embedding.values).all(|x| x.is_finite());
             if !scaler.update(finite) {
@@ -395,7 +380,7 @@ impl<B: Backend> Classifier<B> {
     ) -> Result<f64> {
         let h = self.infer(graphs, ids)?;
         let width = self.engine.function().outputs()[0].shape.numel();
-        let predicted = self.out.predict(&mean_pool(&h, width, groups))?;
+        let predicted = self.out.predict(&Pooled::forward(&h, width, groups.to_vec(), Pool::Mean).rows)?;
         let correct = predicted.iter().zip(targets).filter(|(p, t)| **p == **t as usize).count();
         Ok(correct as f64 / targets.len().max(1) as f64)
     }

@@ -252,6 +252,10 @@ impl<B: Backend> Run<B> {
             plan_each(&planner, count, &graphs, &mut |k, planned| {
                 let start = Instant::now();
                 let examples = &batches[k];
+                // Masks keyed by the step since the start of training: a resumed run draws what
+                // the uninterrupted one did.
+                let key = self.model.engine.dropout_key();
+                self.model.engine.set_dropout_key(crate::DropoutKey { step: self.pos.steps, ..key });
                 let stats = data_parallel::step(
                     &mut self.model,
                     coll,

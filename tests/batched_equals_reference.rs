@@ -2,6 +2,7 @@
 //! interpreter: outputs, input gradients and parameter gradients, on random forests and DAGs.
 
 use arbor::batching::{Agenda, ByDepth, ByHeight, Policy};
+use arbor::core::dropout::{self, DropoutKey};
 use arbor::core::ir::interp::run_graph;
 use arbor::core::rng::Rng;
 use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, Pull, SparseGrad, VertexFn};
@@ -86,20 +87,33 @@ fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag
     let refs: Vec<&InputGraph> = gs.iter().collect();
     let pull_refs: Vec<Pull> = pulls.iter().map(|p| Pull::Rows(p)).collect();
     let grad_refs: Vec<&[f32]> = push_grads.iter().map(Vec::as_slice).collect();
+    // Dropout masks are drawn per graph of the minibatch and vertex: the reference runs graph `k`
+    // alone, as the pass's graph `k`. Inference (masks of ones) is checked against its own run.
+    let key = DropoutKey { seed: seed ^ 0x5eed, step: seed % 7, first: 0 };
     let mut want_out: Vec<Vec<f32>> = vec![Vec::new(); f.outputs().len()];
+    let mut want_infer: Vec<Vec<f32>> = vec![Vec::new(); f.outputs().len()];
     let mut want_pull: Vec<Vec<f32>> = vec![Vec::new(); f.inputs().len()];
     // Per-graph reference gradients are summed in f64, so the reference's own rounding stays
     // far below the tolerance.
     let mut want_param: Vec<Vec<f64>> = f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
     let mut start = 0;
-    for g in &gs {
+    for (k, g) in gs.iter().enumerate() {
         let slice = |rows: &Vec<f32>, block: usize| rows[start * block..(start + g.len()) * block].to_vec();
         let p: Vec<Vec<f32>> = pulls.iter().zip(f.inputs()).map(|(x, port)| slice(x, port.shape.numel())).collect();
         let d: Vec<Vec<f32>> =
             push_grads.iter().zip(f.outputs()).map(|(x, port)| slice(x, port.shape.numel())).collect();
-        let pr: Vec<&[f32]> = p.iter().map(Vec::as_slice).collect();
         let dr: Vec<&[f32]> = d.iter().map(Vec::as_slice).collect();
+        let with_masks = |train: bool| {
+            let masks = dropout::masks(&f, DropoutKey { first: k, ..key }, &[g], train);
+            p.iter().chain(&masks).cloned().collect::<Vec<Vec<f32>>>()
+        };
+        let (drawn, ones) = (with_masks(true), with_masks(false));
+        let pr: Vec<&[f32]> = drawn.iter().map(Vec::as_slice).collect();
         let run = run_graph(&f, &params, g, &pr, &dr);
+        let pr: Vec<&[f32]> = ones.iter().map(Vec::as_slice).collect();
+        for (w, o) in want_infer.iter_mut().zip(run_graph(&f, &params, g, &pr, &dr).outputs) {
+            w.extend(o);
+        }
         for (w, o) in want_out.iter_mut().zip(run.outputs) {
             w.extend(o);
         }
@@ -119,6 +133,7 @@ fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag
         let name = policy.name();
         let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
         engine.set_policy(policy);
+        engine.set_dropout_key(key);
         let inferred = engine.infer(&refs, &pull_refs).unwrap();
         // Some vertices, out of order and one twice: each output's rows of `infer`, in that order.
         let n: usize = refs.iter().map(|g| g.len()).sum();
@@ -131,7 +146,12 @@ fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag
         }
         let outputs = engine.forward(&refs, &pull_refs).unwrap();
         let grads = engine.backward(&grad_refs).unwrap();
-        assert_eq!(inferred, outputs, "{name}: inference differs from training forward");
+        if f.dropout_rates().is_empty() {
+            assert_eq!(inferred, outputs, "{name}: inference differs from training forward");
+        }
+        for (o, (got, want)) in inferred.iter().zip(&want_infer).enumerate() {
+            assert_close(&format!("{name}: inferred output {o}"), got, want);
+        }
         for (o, (got, want)) in outputs.iter().zip(&want_out).enumerate() {
             assert_close(&format!("{name}: output {o}"), got, want);
         }
@@ -182,6 +202,7 @@ fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag
         .map(|(table, ids)| Pull::Lookup { table, ids, padding })
         .collect();
     let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+    engine.set_dropout_key(key);
     let outputs = engine.forward(&refs, &lookups).unwrap();
     let grads = engine.backward(&grad_refs).unwrap();
     for (o, (got, want)) in outputs.iter().zip(&want_out).enumerate() {
@@ -250,6 +271,32 @@ fn head_ops_cell() -> VertexFn {
     f.scatter("h", h);
     f.push("log_p", h.log_softmax());
     f.build().unwrap()
+}
+
+/// A Tree-LSTM-like cell with dropout everywhere it may go: on the pulled input, on a gathered
+/// state, on a parameter (a mask per vertex), inside the recurrence and on the pushed output.
+fn dropout_cell() -> VertexFn {
+    let f = Builder::new("dropout-cell", 2);
+    let x = f.pull("x", 4).dropout(0.3);
+    let (h0, h1) = (f.gather(0, "h", 5).dropout(0.2), f.gather(1, "h", 5));
+    let w = f.param("W", [4, 5], Init::Xavier);
+    let u = f.param("U", [5, 5], Init::Xavier);
+    let b = f.param("b", [1, 5], Init::Uniform(0.3)).dropout(0.5);
+    let h = (x.matmul(w) + (h0 + h1).matmul(u) + b).tanh().dropout(0.1);
+    f.scatter("h", h);
+    f.push("y", h.sigmoid().dropout(0.6));
+    f.build().unwrap()
+}
+
+/// Dropout batched, fused and vectorised draws the masks one graph at a time draws (each graph
+/// keyed by its place in the minibatch), under every schedule; inference is the identity.
+#[test]
+fn dropout_masks_are_the_same_batched_and_one_graph_at_a_time() {
+    for (seed, dag) in [(31, false), (32, true), (33, false)] {
+        check(dropout_cell(), seed, 10, 40, dag);
+    }
+    check_pulling(dropout_cell(), 34, 8, 30, false, Some(5));
+    check(nn::Model::TreeLstm.cell_with_dropout(6, 5, 0.5).unwrap(), 35, 8, 30, false);
 }
 
 #[test]
@@ -503,6 +550,11 @@ proptest! {
     #[test]
     fn child_sum_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=32, max_v in 1usize..=200, dag in any::<bool>()) {
         check(nn::child_sum_tree_lstm(4, 3, 3).unwrap(), seed, graphs, max_v, dag);
+    }
+
+    #[test]
+    fn dropout_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=16, max_v in 1usize..=60, dag in any::<bool>(), table in proptest::option::of(1usize..8)) {
+        check_pulling(dropout_cell(), seed, graphs, max_v, dag, table);
     }
 
     #[test]

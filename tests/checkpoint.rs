@@ -134,6 +134,13 @@ fn resume_mid_epoch_is_bitwise_exact() {
     resume_is_exact("exact-1", &[]);
 }
 
+/// As [`resume_mid_epoch_is_bitwise_exact`], with dropout: the resumed run draws the masks the
+/// uninterrupted one drew.
+#[test]
+fn resume_with_dropout_is_bitwise_exact() {
+    resume_is_exact("exact-dropout", &["--dropout", "0.3"]);
+}
+
 /// As [`resume_mid_epoch_is_bitwise_exact`], with two data-parallel workers in every run.
 #[test]
 fn resume_mid_epoch_is_bitwise_exact_with_two_workers() {

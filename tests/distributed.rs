@@ -11,7 +11,7 @@ use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::train::Classifier;
 use arbor::trainer::{on_threads, Event, Run, Settings, Splits};
-use arbor::{Error, SparseGrad};
+use arbor::{DropoutKey, Error, SparseGrad};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,33 @@ fn two_and_four_workers_equal_one() {
         let rel = relative(&first, &one);
         assert!(rel <= 1e-6, "{workers} workers: relative difference {rel}");
         assert_ne!(first, values(&model(2)), "training changed nothing");
+    }
+}
+
+/// With dropout, two and four workers draw the masks one worker draws (each tree's masks keyed
+/// by its place in the minibatch) and so end where it does; and dropout does change training.
+#[test]
+fn workers_draw_the_dropout_masks_of_one() {
+    let data = synthetic::generate(160, 10, 9);
+    let batches = minibatches(&data, 40, 4);
+    let opt = Config::new(Rule::Sgd { momentum: 0.9 }, 0.1);
+    let with_dropout = || {
+        let cell = nn::Model::TreeLstm.cell_with_dropout(8, 12, 0.3).expect("the cell builds");
+        let mut m = Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut Rng::new(3))
+            .expect("the classifier builds");
+        m.engine.set_dropout_key(DropoutKey { seed: 11, ..DropoutKey::default() });
+        m
+    };
+    let one = values(&data_parallel(&with_dropout(), 1, &batches, opt)[0]);
+    assert!(relative(&one, &values(&data_parallel(&model(3), 1, &batches, opt)[0])) > 1e-3, "dropout changed nothing");
+    for workers in [2, 4] {
+        let replicas = data_parallel(&with_dropout(), workers, &batches, opt);
+        let first = values(&replicas[0]);
+        for r in &replicas[1..] {
+            assert_eq!(values(r), first, "replicas of {workers} workers differ");
+        }
+        let rel = relative(&first, &one);
+        assert!(rel <= 1e-6, "{workers} workers with dropout: relative difference {rel}");
     }
 }
 

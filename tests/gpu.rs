@@ -24,6 +24,8 @@ fn cells() -> Vec<(VertexFn, bool)> {
         (nn::tree_lstm(6, 5).unwrap(), false),
         (nn::child_sum_tree_lstm(6, 5, 3).unwrap(), false),
         (nn::ggnn(6, 5).unwrap(), true),
+        // Dropout masks drawn on the host for both backends: the same masks.
+        (nn::Model::TreeLstm.cell_with_dropout(6, 5, 0.5).unwrap(), false),
     ]
 }
 
@@ -62,6 +64,7 @@ fn cells_match(precision: Precision, tolerance: f32) {
             close(&format!("{} gradient of parameter {k}", f.name()), a, b);
         }
         let inferred = gpu.infer(&refs, &[Pull::Rows(&x)]).unwrap();
+        let hc = cpu.infer(&refs, &[Pull::Rows(&x)]).unwrap();
         close(&format!("{} inference", f.name()), &inferred[0], &hc[0]);
         let rows: Vec<usize> = (0..vertices).rev().step_by(5).collect();
         let picked = gpu.infer_rows(&refs, &[Pull::Rows(&x)], &rows).unwrap();

@@ -244,3 +244,80 @@ fn a_pair_model_gradient_matches_finite_differences() {
         })
     });
 }
+
+/// A whole model, through [`Model`]: word vectors, a Tree-LSTM over each example's tree, a
+/// pooling readout (sum, mean, max) or the root, and a head with a hidden layer and dropout,
+/// trained by one SGD step of rate 1 — so each parameter moves by minus its gradient. Those
+/// gradients match central differences of the mean loss (the dropout masks held fixed: same
+/// key, training mode).
+#[test]
+fn a_pooled_model_gradient_matches_finite_differences() {
+    use arbor::layers::Embedding;
+    use arbor::model::{Example, Feed, Model, Tree};
+    use arbor::optim::{Config, Optimizer, Rule};
+    use arbor::readout::Readout;
+
+    let (vocab, embed, hidden) = (6, 3, 4);
+    let head = || {
+        let f = Builder::new("pooled-head", 0);
+        let (h, t) = (f.pull("h", hidden), f.pull("t", WIDTH));
+        let w = f.param("W", [hidden, 6], Init::Xavier);
+        let v = f.param("V", [6, WIDTH], Init::Xavier);
+        f.push("loss", softmax_cross_entropy(h.matmul(w).tanh().dropout(0.3).matmul(v), t));
+        f.build().unwrap()
+    };
+    let mut rng = Rng::new(31);
+    let trees: Vec<InputGraph> = (0..4).map(|k| InputGraph::balanced_binary(2 + k)).collect();
+    let words: Vec<Vec<u32>> = trees.iter().map(|t| (0..t.len()).map(|_| rng.below(vocab) as u32).collect()).collect();
+    let targets = distributions(&mut rng, trees.len());
+    let batch: Vec<Example<'_>> = trees
+        .iter()
+        .zip(&words)
+        .zip(targets.chunks(WIDTH))
+        .map(|((graph, words), target)| Example {
+            trees: vec![Tree { graph, words, root: graph.roots()[0] }],
+            target: target.to_vec(),
+        })
+        .collect();
+    for readout in [Readout::Sum, Readout::Mean, Readout::Max, Readout::Root] {
+        let mut rng = Rng::new(32);
+        let table = Embedding::new(vocab, embed, 0.5, &mut rng);
+        let cell = nn::tree_lstm(embed, hidden).unwrap();
+        let mut model = Model::init(&CpuBackend::new(), table, cell, vec![Feed::Words], head(), &mut rng)
+            .unwrap()
+            .with_readout(readout);
+        let before = model.tensors().unwrap();
+        let key = model.head.engine().dropout_key();
+        let loss = |model: &mut Model<CpuBackend>, tensors: &[(String, Vec<usize>, Vec<f32>)]| -> f64 {
+            let ck = arbor::checkpoint::Checkpoint { tensors: tensors.to_vec(), meta: serde_json::Value::Null };
+            model.restore(&ck).unwrap();
+            // The loss in training mode (dropout on, the same masks), without an update.
+            model.head.engine().set_dropout_key(key);
+            let mut sgd = Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.0));
+            let out = model.step(&batch, &mut sgd, None).unwrap().swap_remove(0);
+            out.iter().map(|&l| f64::from(l)).sum::<f64>() / batch.len() as f64
+        };
+        loss(&mut model, &before);
+        model.head.engine().set_dropout_key(key);
+        model.step(&batch, &mut Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 1.0)), None).unwrap();
+        let after = model.tensors().unwrap();
+        let eps = 1e-2f32;
+        for (t, ((name, _, b), (_, _, a))) in before.iter().zip(&after).enumerate() {
+            let analytic: Vec<f32> = b.iter().zip(a).map(|(b, a)| b - a).collect();
+            assert!(analytic.iter().any(|&g| g != 0.0), "{readout:?} `{name}`: all gradients zero");
+            for (i, &g) in analytic.iter().enumerate().step_by(3) {
+                let mut moved = |d: f32| {
+                    let mut tensors = before.clone();
+                    tensors[t].2[i] += d;
+                    loss(&mut model, &tensors)
+                };
+                let numeric = (moved(eps) - moved(-eps)) / f64::from(2.0 * eps);
+                let g = f64::from(g);
+                assert!(
+                    (g - numeric).abs() <= 2e-3 + 1e-2 * numeric.abs(),
+                    "{readout:?} `{name}`[{i}]: analytic {g}, numeric {numeric}"
+                );
+            }
+        }
+    }
+}

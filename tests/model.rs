@@ -129,3 +129,66 @@ fn a_regression_head_learns_root_sentiment() {
     let after = mse(&mut model);
     assert!(before > 0.3 && after < 0.05, "test MSE {before} before training, {after} after");
 }
+
+/// Graph classification through a pooling readout: a GIN-like cell over each MUTAG molecule
+/// unrolled three steps, every vertex max-pooled, a softmax head. After 4 epochs (Adam 0.001) on four
+/// fifths of the molecules, the held-out fifth is classified with accuracy ≥ 0.8 (0.89 when
+/// written, before it overfits; the majority class is 0.73 of it).
+#[test]
+fn a_max_pooled_graph_model_learns_mutag() {
+    use arbor::data::tu;
+    use arbor::head::softmax_cross_entropy;
+    use arbor::model::Tree;
+    use arbor::readout::Readout;
+    use arbor::{Builder, InputGraph};
+
+    let data = tu::read(&data_dir().join("mutag"), "MUTAG").expect("MUTAG data (ARBOR_DATA)");
+    let (features, hidden, classes) = (16, 32, data.classes);
+    let f = Builder::new("classifier", 0);
+    let (h, target) = (f.pull("h", hidden), f.pull("target", classes));
+    let logits =
+        h.matmul(f.param("W", [hidden, classes], arbor::Init::Xavier)) + f.param("b", [1, classes], arbor::Init::Zeros);
+    f.push("loss", softmax_cross_entropy(logits, target));
+    f.push("logits", logits);
+    let head = f.build().unwrap();
+    let mut rng = Rng::new(5);
+    let labels = Embedding::new(data.node_label_count, features, 0.5, &mut rng);
+    // A GIN-like cell: the node's features and the sum over itself and its neighbours a step
+    // earlier, through one layer.
+    let f = Builder::new("gin", 0);
+    let (x, around) = (f.pull("x", features), f.gather_sum("h", hidden));
+    let v = f.param("V", [features, hidden], arbor::Init::Xavier);
+    let w = f.param("W", [hidden, hidden], arbor::Init::Xavier);
+    let h = (x.matmul(v) + around.matmul(w) + f.param("b", [1, hidden], arbor::Init::Zeros)).tanh();
+    f.scatter("h", h);
+    f.push("h", h);
+    let cell = f.build().unwrap();
+    let mut model = Model::init(&CpuBackend::new(), labels, cell, vec![Feed::Words], head, &mut rng)
+        .unwrap()
+        .with_readout(Readout::Max);
+    let mut graphs: Vec<&tu::GraphExample> = data.graphs.iter().collect();
+    rng.shuffle(&mut graphs);
+    let unrolled: Vec<(InputGraph, Vec<u32>, Vec<f32>)> = graphs
+        .iter()
+        .map(|g| {
+            let target = (0..classes).map(|c| f32::from(c == g.label as usize)).collect();
+            (g.unroll(3), g.node_labels.repeat(4), target)
+        })
+        .collect();
+    fn example((graph, words, target): &(InputGraph, Vec<u32>, Vec<f32>)) -> Example<'_> {
+        Example { trees: vec![Tree { graph, words, root: 0 }], target: target.clone() }
+    }
+    let (test, train) = unrolled.split_at(unrolled.len() / 5);
+    let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.001));
+    let mut order: Vec<usize> = (0..train.len()).collect();
+    for _ in 0..4 {
+        rng.shuffle(&mut order);
+        for batch in order.chunks(16) {
+            model.step(&batch.iter().map(|&i| example(&train[i])).collect::<Vec<_>>(), &mut opt, Some(5.0)).unwrap();
+        }
+    }
+    let logits = model.infer(&test.iter().map(example).collect::<Vec<_>>()).unwrap().swap_remove(1);
+    let correct = logits.chunks(classes).zip(test).filter(|(z, (_, _, t))| t[usize::from(z[1] > z[0])] == 1.0).count();
+    let accuracy = correct as f64 / test.len() as f64;
+    assert!(accuracy >= 0.8, "held-out accuracy {accuracy}");
+}

@@ -219,7 +219,7 @@ impl MemoryPlan {
     pub fn new(f: &VertexFn, vertices: usize, max_task: usize, train: bool) -> MemoryPlan {
         let mut tl = Timeline { f, bufs: Vec::new(), uses: Vec::new(), time: 0, sections: Vec::new() };
         let fwd_plan = if train { f.forward_plan() } else { f.inference_plan() };
-        tl.touch_all((0..f.inputs().len()).map(|i| Some(Buf::Pull(i))), false);
+        tl.touch_all((0..f.all_inputs().len()).map(|i| Some(Buf::Pull(i))), false);
         for phase in [Phase::Prologue, Phase::Recurrent, Phase::Epilogue] {
             tl.steps(Pass::Forward, fwd_plan, phase);
             if phase == Phase::Recurrent {
@@ -273,7 +273,7 @@ impl MemoryPlan {
     /// Gives every buffer the lowest aligned offset free of the buffers live at the same time.
     fn place(f: &VertexFn, tl: &Timeline<'_>, vertices: usize, max_task: usize) -> MemoryPlan {
         let block = |b: Buf| match b {
-            Buf::Pull(i) => f.inputs()[i].shape.numel(),
+            Buf::Pull(i) => f.all_inputs()[i].shape.numel(),
             Buf::Forward(v) => f.forward().nodes[v].shape.numel(),
             Buf::Backward(v) => f.backward().func.nodes[v].shape.numel(),
             Buf::PushGrad(o) => f.outputs()[o].shape.numel(),
@@ -287,7 +287,7 @@ impl MemoryPlan {
             backward: vec![None; f.backward().func.nodes.len()],
             ..MemoryPlan::default()
         };
-        let mut pulls = vec![None; f.inputs().len()];
+        let mut pulls = vec![None; f.all_inputs().len()];
         let mut push_grads = vec![None; f.outputs().len()];
         let mut state_grads = vec![None; f.states().len()];
         for i in order {

@@ -2,6 +2,7 @@
 //! planning, input graphs, the [`Backend`](backend::Backend) trait and the error type.
 
 pub mod backend;
+pub mod dropout;
 pub mod error;
 pub mod fusion;
 pub mod graph;

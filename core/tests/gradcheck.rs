@@ -368,6 +368,35 @@ fn abs() {
     check(&f, &[true]);
 }
 
+/// Dropout on a pull, a gathered state and a parameter: each is its value times its mask (`0` or
+/// `1 / (1 − p)`), and gradients flow through the kept elements only.
+#[test]
+fn dropout() {
+    let f = Builder::new("dropout", 1);
+    let x = f.pull("x", [2, 4]).dropout(0.5);
+    let h = f.gather(0, "h", [2, 4]).dropout(0.25);
+    let w = f.param("W", [4, 4], Init::Xavier);
+    let b = f.param("b", [2, 4], Init::Uniform(0.5)).dropout(0.5);
+    f.push("y", x.tanh() * h + b);
+    f.scatter("h", (x.matmul(w) + h).dropout(0.75));
+    let f = f.build().unwrap();
+    assert_eq!((f.inputs().len(), f.all_inputs().len()), (1, 5));
+    assert_eq!(f.dropout_rates(), [0.5, 0.25, 0.5, 0.75]);
+
+    let case = Case::random(&f, 13, &[true]);
+    let vals = forward_vals(&f, &case);
+    let (x, mx, mh) = (&case.pulls[0], &case.pulls[1], &case.pulls[2]);
+    for (mask, keep) in [(mx, 2.0), (mh, 1.0 / 0.75)] {
+        assert!(mask.iter().all(|&m| m == 0.0 || m == keep), "mask {mask:?}");
+        assert!(mask.contains(&0.0) && mask.contains(&keep), "mask {mask:?} drops all or nothing");
+    }
+    let (h, b, mb) = (&case.children[0].as_ref().unwrap()[0], &case.params[1], &case.pulls[3]);
+    let want: Vec<f32> = (0..8).map(|i| (x[i] * mx[i]).tanh() * (h[i] * mh[i]) + b[i] * mb[i]).collect();
+    assert_close(output(&f, &vals, "y"), &want);
+    check(&f, &[true]);
+    check(&f, &[false]);
+}
+
 /// Constants: `x + c`, `c − x`, `c · x` and `x − c` (no parameter, no gradient of its own).
 #[test]
 fn constants() {

@@ -135,7 +135,12 @@ pub fn step<B: Backend>(
     planned: Option<Planned<'_>>,
 ) -> Result<StepStats> {
     let (denom, shares) = split(examples, coll.size(), loss_on)?;
-    let mine = &examples[shares[coll.rank()].clone()];
+    let share = shares[coll.rank()].clone();
+    // Dropout masks are keyed by each tree's place in the whole minibatch, so every split of it
+    // draws the same masks.
+    let key = model.engine.dropout_key();
+    model.engine.set_dropout_key(crate::DropoutKey { first: share.start, ..key });
+    let mine = &examples[share];
     let local = batch(mine);
     let many = coll.size() > 1;
 

@@ -95,7 +95,7 @@ impl Analysis {
             params_len += p.shape.numel();
         }
         let fwd = f.forward();
-        let mut pulled_factor = vec![false; f.inputs().len()];
+        let mut pulled_factor = vec![false; f.all_inputs().len()];
         let mut claimed = vec![false; fwd.nodes.len()];
         let mut shared_width = 0;
         for v in (0..fwd.nodes.len()).map(|v| ValueId(v as u32)) {
@@ -130,8 +130,8 @@ impl Analysis {
             sums,
             by_index,
             pulled_factor,
-            rows_read: (0..f.inputs().len()).map(|i| dedup::rows_read(&f, i)).collect(),
-            table_grad_via: (0..f.inputs().len()).map(|i| table_grad_via(&f, i)).collect(),
+            rows_read: (0..f.all_inputs().len()).map(|i| dedup::rows_read(&f, i)).collect(),
+            table_grad_via: (0..f.all_inputs().len()).map(|i| table_grad_via(&f, i)).collect(),
             shared_width,
             f,
         }

@@ -207,10 +207,10 @@ impl Batch {
     /// Checks every pulled input and adds those given as rows to the uploads. Returns, per input,
     /// which rows (in row order) are all zeros; for a lookup, which pull the padding id.
     fn place_pulls(&self, f: &VertexFn, pulls: &[Pull<'_>], up: &mut Uploads) -> Result<Vec<Vec<bool>>> {
-        check_count(f, "input", f.inputs().len(), pulls.len())?;
+        check_count(f, "input", f.all_inputs().len(), pulls.len())?;
         let n = self.schedule.len();
         let mut zero = Vec::with_capacity(pulls.len());
-        for (i, (pull, port)) in pulls.iter().zip(f.inputs()).enumerate() {
+        for (i, (pull, port)) in pulls.iter().zip(f.all_inputs()).enumerate() {
             zero.push(match *pull {
                 Pull::Rows(rows) => {
                     check_rows("input", port, n, rows.len())?;
@@ -236,7 +236,7 @@ impl Batch {
             .iter()
             .enumerate()
             .map(|(i, pull)| {
-                let block = f.inputs()[i].shape.numel();
+                let block = f.all_inputs()[i].shape.numel();
                 match *pull {
                     Pull::Lookup { table, ids, padding } => Some(dedup::lookup(order, ids, table, block, padding)),
                     Pull::Rows(rows) if a.pulled_factor[i] => {
@@ -264,7 +264,7 @@ impl Batch {
         self.table_grad_at = (0..pulls.len())
             .map(|i| match &self.shared[i] {
                 Some(s) if s.ids.is_some() && self.trained && a.table_grad_via[i].is_some() => {
-                    let len = s.unique * f.inputs()[i].shape.numel();
+                    let len = s.unique * f.all_inputs()[i].shape.numel();
                     Some(self.memory.append(format!("table gradient of input {i}"), len))
                 }
                 _ => None,

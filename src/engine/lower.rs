@@ -209,7 +209,7 @@ impl Lowering {
         self.launches.push(Launch::Fill { dst: Loc { buf: super::launch::GRADS, offset: 0 }, len: self.a.params_len });
         for (i, at) in self.b.table_grad_at.iter().enumerate() {
             if let (Some(at), Some(s)) = (at, &self.b.shared[i]) {
-                let len = s.unique * f.inputs()[i].shape.numel();
+                let len = s.unique * f.all_inputs()[i].shape.numel();
                 self.launches.push(Launch::Fill { dst: Loc { buf: ARENA, offset: *at }, len });
             }
         }
@@ -441,7 +441,7 @@ impl Lowering {
             row: 0,
             map: IndexLoc { buf: 0, offset: s.map_at },
             rows: b.schedule.len(),
-            block: self.a.f.inputs()[i].shape.numel(),
+            block: self.a.f.all_inputs()[i].shape.numel(),
         };
         self.b.gathered[i] = true;
         self.copy_shared(copy);

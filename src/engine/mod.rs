@@ -28,6 +28,7 @@ pub use lower::Lowering;
 
 use arbor_batching::{MemoryPlan, Policy, Schedule, Scheduler};
 use arbor_core::backend::{Backend, Loc, Mem, NO_ROW};
+use arbor_core::dropout::{self, DropoutKey};
 use arbor_core::error::{Error, Result};
 use arbor_core::graph::InputGraph;
 use arbor_core::ir::VertexFn;
@@ -121,6 +122,8 @@ pub struct Planner {
 /// before it runs).
 pub struct Planned<'g> {
     graphs: PhantomData<&'g InputGraph>,
+    /// Vertices per graph (where dropout masks are drawn).
+    sizes: Vec<usize>,
     schedule: Schedule,
     scheduler: Arc<Mutex<Scheduler>>,
 }
@@ -131,7 +134,8 @@ impl Planner {
         check_graphs(&self.f, graphs)?;
         let mut schedule = Schedule::default();
         lock(&self.scheduler).schedule(graphs, &mut schedule);
-        Ok(Planned { graphs: PhantomData, schedule, scheduler: Arc::clone(&self.scheduler) })
+        let sizes = graphs.iter().map(|g| g.len()).collect();
+        Ok(Planned { graphs: PhantomData, sizes, schedule, scheduler: Arc::clone(&self.scheduler) })
     }
 }
 
@@ -157,6 +161,10 @@ pub struct Engine<B: Backend> {
     /// Floating-point operations executed so far (GEMMs and fused kernels).
     flops: u64,
     host: Vec<f32>,
+    /// What the next training pass draws its dropout masks from.
+    dropout: DropoutKey,
+    /// The masks of the last pass, one per dropout site.
+    masks: Vec<Vec<f32>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -166,7 +174,16 @@ impl<B: Backend> Engine<B> {
         let total = lowering.a.params_len;
         let bufs = vec![backend.alloc(0)?, backend.alloc(total)?, backend.alloc(total)?];
         let index = vec![backend.alloc_index(0)?];
-        let mut e = Engine { backend, bufs, index, lowering, flops: 0, host: Vec::new() };
+        let mut e = Engine {
+            backend,
+            bufs,
+            index,
+            lowering,
+            flops: 0,
+            host: Vec::new(),
+            dropout: DropoutKey::default(),
+            masks: Vec::new(),
+        };
         e.set_params(params)?;
         Ok(e)
     }
@@ -213,6 +230,32 @@ impl<B: Backend> Engine<B> {
         self.lowering.set_policy(policy);
     }
 
+    /// Draws the dropout masks of later training passes from `key` (the caller moves
+    /// [`DropoutKey::step`] on every optimizer step; see [`dropout`](arbor_core::dropout)).
+    pub fn set_dropout_key(&mut self, key: DropoutKey) {
+        self.dropout = key;
+    }
+
+    /// What training passes draw their dropout masks from.
+    pub fn dropout_key(&self) -> DropoutKey {
+        self.dropout
+    }
+
+    /// `pulls` followed by the dropout masks of a pass over graphs of `sizes` vertices (drawn
+    /// in training, ones in inference), which the returned list borrows from `masks`.
+    fn with_masks<'a>(
+        f: &VertexFn,
+        key: DropoutKey,
+        masks: &'a mut Vec<Vec<f32>>,
+        pulls: &[Pull<'a>],
+        sizes: &[usize],
+        train: bool,
+    ) -> Result<Vec<Pull<'a>>> {
+        batch::check_count(f, "input", f.inputs().len(), pulls.len())?;
+        dropout::fill_masks(f, key, sizes, train, masks);
+        Ok(pulls.iter().copied().chain(masks.iter().map(|m| Pull::Rows(m))).collect())
+    }
+
     /// A handle that schedules minibatches for this engine on any thread (see [`Planner`]).
     pub fn planner(&self) -> Planner {
         self.lowering.planner()
@@ -226,7 +269,14 @@ impl<B: Backend> Engine<B> {
         pulls: &[Pull<'_>],
         rows: Option<&[usize]>,
     ) -> Result<Vec<Vec<f32>>> {
-        self.lowering.forward_planned(planned, pulls, rows)?;
+        if self.function().dropout_rates().is_empty() {
+            self.lowering.forward_planned(planned, pulls, rows)?;
+        } else {
+            let sizes = planned.sizes.clone();
+            let f = Arc::clone(self.lowering.function_arc());
+            let all = Engine::<B>::with_masks(&f, self.dropout, &mut self.masks, pulls, &sizes, true)?;
+            self.lowering.forward_planned(planned, &all, rows)?;
+        }
         self.run()?;
         self.download_outputs(rows)
     }
@@ -324,7 +374,14 @@ impl<B: Backend> Engine<B> {
         check_graphs(self.function(), graphs)?;
         check_vertices("output rows", graphs.iter().map(|g| g.len()).sum(), rows.unwrap_or_default())?;
         let schedule = self.lowering.schedule_graphs(graphs);
-        self.lowering.forward_scheduled(schedule, pulls, train)?;
+        if self.function().dropout_rates().is_empty() {
+            self.lowering.forward_scheduled(schedule, pulls, train)?;
+        } else {
+            let sizes: Vec<usize> = graphs.iter().map(|g| g.len()).collect();
+            let f = Arc::clone(self.lowering.function_arc());
+            let all = Engine::<B>::with_masks(&f, self.dropout, &mut self.masks, pulls, &sizes, train)?;
+            self.lowering.forward_scheduled(schedule, &all, train)?;
+        }
         self.run()?;
         self.download_outputs(rows)
     }

@@ -277,7 +277,7 @@ impl Lowering {
                         if let Some((i, at)) = table {
                             // The table gradient per distinct row: (Σ dy)·Wᵀ.
                             let (width, w) =
-                                (f.inputs()[i].shape.numel(), Loc { buf: PARAMS, offset: self.a.param_at[p] });
+                                (f.all_inputs()[i].shape.numel(), Loc { buf: PARAMS, offset: self.a.param_at[p] });
                             for c in &cols {
                                 self.push(Launch::Gemm(accumulating(
                                     (k, width, c.len()),

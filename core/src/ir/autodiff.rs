@@ -216,7 +216,9 @@ pub(crate) fn derive(f: &Declaration) -> Result<Backward> {
         match node.op {
             Op::Gather { slot, state } => back.child_grads.push(ChildGrad { slot: Some(slot), state, value: g }),
             Op::GatherSum { state } => back.child_grads.push(ChildGrad { slot: None, state, value: g }),
-            Op::Pull { input } => back.pull_grads[input] = Some(g),
+            // A dropout mask is a constant: no gradient.
+            Op::Pull { input } if input < f.inputs.len() - f.dropout.len() => back.pull_grads[input] = Some(g),
+            Op::Pull { .. } => {}
             Op::MatMul { a, b, .. } => {
                 let bp = d.primal(b);
                 let da = d.emit(Op::MatMul { a: g, b: bp, ta: false, tb: true })?;

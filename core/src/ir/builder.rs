@@ -39,11 +39,18 @@ struct Inner {
     params: Vec<ParamDecl>,
     states: Vec<PendingState>,
     inputs: Vec<Port>,
+    /// Dropout sites: each one's mask input (pulled as `MASK_BASE + site` until the build
+    /// numbers it after the user's inputs) and its rate.
+    masks: Vec<(Port, f32)>,
     outputs: Vec<Port>,
     gathers: HashMap<(Option<usize>, usize), ValueId>,
     variadic: bool,
     error: Option<Error>,
 }
+
+/// Where dropout masks are numbered while the function is declared: pulled input
+/// `MASK_BASE + k` is site `k`'s mask.
+const MASK_BASE: usize = usize::MAX / 2;
 
 /// Declares a vertex function op by op. Methods take `&self`, so calls nest freely; the first
 /// mistake is remembered and returned by [`Builder::build`].
@@ -257,14 +264,27 @@ impl Builder {
             };
             states.push(StateDecl { name: s.name, shape: s.shape, value, gathered: s.gathered });
         }
+        // Masks are pulled after the user's inputs.
+        let mut func = inner.func;
+        let mut inputs = inner.inputs;
+        for node in &mut func.nodes {
+            if let Op::Pull { input } = &mut node.op {
+                if *input >= MASK_BASE {
+                    *input = *input - MASK_BASE + inputs.len();
+                }
+            }
+        }
+        let rates = inner.masks.iter().map(|(_, p)| *p).collect();
+        inputs.extend(inner.masks.into_iter().map(|(port, _)| port));
         VertexFn::new(Declaration::new(
             self.name,
             self.arity,
             inner.variadic,
-            inner.func,
+            func,
             inner.params,
             states,
-            inner.inputs,
+            inputs,
+            rates,
             inner.outputs,
         )?)
     }
@@ -322,6 +342,34 @@ impl<'b> Var<'b> {
     /// `gelu(self)`: `x·Φ(x)` in the tanh form of Hendrycks and Gimpel, element-wise.
     pub fn gelu(self) -> Var<'b> {
         self.unary(UnaryOp::Gelu)
+    }
+
+    /// Dropout at rate `p`: in training, each element is zeroed with probability `p` and the
+    /// rest scaled by `1 / (1 − p)`; in inference, the identity. The masks are drawn per vertex
+    /// and column from the pass's [`DropoutKey`](crate::dropout::DropoutKey), the same however
+    /// the minibatch is batched and on every backend; no gradient flows through them. `p = 0`
+    /// returns `self`; a `p` outside `[0, 1)` is an error at [`Builder::build`].
+    pub fn dropout(self, p: f32) -> Var<'b> {
+        let b = self.b;
+        if p == 0.0 {
+            return self;
+        }
+        if !(0.0..1.0).contains(&p) {
+            let desc = b.inner.borrow().func.describe(self.id, &b.inner.borrow().params);
+            b.fail(Error::Shape {
+                function: b.name.clone(),
+                op: format!("dropout({p})"),
+                inputs: vec![desc],
+                reason: "the rate must be in [0, 1)".into(),
+            });
+            return self;
+        }
+        let shape = self.shape();
+        let site = b.inner.borrow().masks.len();
+        let id = b.load(Op::Pull { input: MASK_BASE + site }, shape.clone(), false);
+        let port = Port { name: format!("#dropout{site}"), shape, value: id };
+        b.inner.borrow_mut().masks.push((port, p));
+        self * Var { b, id }
     }
 
     /// `s · x`.

@@ -15,7 +15,10 @@ pub(crate) struct Declaration {
     pub forward: Func,
     pub params: Vec<ParamDecl>,
     pub states: Vec<StateDecl>,
+    /// Pulled inputs: the user's, then one mask per dropout site.
     pub inputs: Vec<Port>,
+    /// The rate of each dropout site (the last `dropout.len()` inputs are their masks).
+    pub dropout: Vec<f32>,
     pub outputs: Vec<Port>,
 }
 
@@ -31,6 +34,7 @@ impl Declaration {
         params: Vec<ParamDecl>,
         states: Vec<StateDecl>,
         inputs: Vec<Port>,
+        dropout: Vec<f32>,
         outputs: Vec<Port>,
     ) -> Result<Declaration> {
         let roots: Vec<ValueId> = states.iter().map(|s| s.value).chain(outputs.iter().map(|o| o.value)).collect();
@@ -59,6 +63,6 @@ impl Declaration {
                 Error::Dead { function: name, value }
             });
         }
-        Ok(Declaration { name, arity, variadic, forward, params, states, inputs, outputs })
+        Ok(Declaration { name, arity, variadic, forward, params, states, inputs, dropout, outputs })
     }
 }

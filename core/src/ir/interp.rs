@@ -161,7 +161,7 @@ pub fn backward(
         }
     }
     let pulls = f
-        .inputs()
+        .all_inputs()
         .iter()
         .zip(&b.pull_grads)
         .map(|(p, g)| g.map_or_else(|| zeros(&p.shape), |g| vals[g.index()].clone()))
@@ -223,7 +223,7 @@ pub fn run_graph(
             .map(|&c| (c != crate::graph::NO_CHILD).then(|| states[c as usize].as_slice()))
             .collect();
         let rows: Vec<&[f32]> =
-            f.inputs().iter().zip(pulls).map(|(p, x)| &x[v * block(&p.shape)..(v + 1) * block(&p.shape)]).collect();
+            f.all_inputs().iter().zip(pulls).map(|(p, x)| &x[v * block(&p.shape)..(v + 1) * block(&p.shape)]).collect();
         let vals = forward(f, params, &kids, &rows);
         states[v] = f.states().iter().map(|s| vals[s.value.index()].clone()).collect();
         values[v] = vals;
@@ -233,7 +233,7 @@ pub fn run_graph(
     let mut state_grads: Vec<Vec<Vec<f32>>> =
         (0..n).map(|_| f.states().iter().map(|s| zeros(&s.shape)).collect()).collect();
     let mut param_grads: Vec<Vec<f32>> = f.params().iter().map(|p| zeros(&p.shape)).collect();
-    let mut pull_grads: Vec<Vec<f32>> = f.inputs().iter().map(|p| vec![0.0; n * block(&p.shape)]).collect();
+    let mut pull_grads: Vec<Vec<f32>> = f.all_inputs().iter().map(|p| vec![0.0; n * block(&p.shape)]).collect();
     for &v in order.iter().rev() {
         let present: Vec<bool> = g.children(v).iter().map(|&c| c != crate::graph::NO_CHILD).collect();
         let pg: Vec<Vec<f32>> = f
@@ -254,7 +254,7 @@ pub fn run_graph(
                 }
             }
         }
-        for ((dst, p), gp) in pull_grads.iter_mut().zip(f.inputs()).zip(grads.pulls) {
+        for ((dst, p), gp) in pull_grads.iter_mut().zip(f.all_inputs()).zip(grads.pulls) {
             let b = block(&p.shape);
             dst[v * b..(v + 1) * b].copy_from_slice(&gp);
         }

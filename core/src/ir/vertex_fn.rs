@@ -83,9 +83,20 @@ impl VertexFn {
         &self.decl.states
     }
 
-    /// Pulled inputs.
+    /// The inputs the caller pulls, in declaration order.
     pub fn inputs(&self) -> &[Port] {
+        &self.decl.inputs[..self.decl.inputs.len() - self.decl.dropout.len()]
+    }
+
+    /// Every pulled input: [`VertexFn::inputs`], then the mask of each dropout site (which the
+    /// engine fills; see [`dropout`](crate::dropout)).
+    pub fn all_inputs(&self) -> &[Port] {
         &self.decl.inputs
+    }
+
+    /// The rate of each dropout site ([`Var::dropout`](super::Var::dropout)), in declaration order.
+    pub fn dropout_rates(&self) -> &[f32] {
+        &self.decl.dropout
     }
 
     /// Pushed outputs.

@@ -74,8 +74,15 @@ impl Case {
                 })
             })
             .collect();
-        let pulls =
+        let mut pulls: Vec<Vec<f32>> =
             f.inputs().iter().map(|p| (0..p.shape.numel()).map(|_| signed(&mut rng, 0.1, 1.0)).collect()).collect();
+        // Dropout masks, drawn once: the function is then differentiable in everything else.
+        let key = arbor_core::dropout::DropoutKey { seed, step: 1, first: 0 };
+        for (site, (&p, port)) in f.dropout_rates().iter().zip(&f.all_inputs()[f.inputs().len()..]).enumerate() {
+            let mut row = vec![0.0; port.shape.numel()];
+            arbor_core::dropout::mask_row(key, site, 0, 0, p, &mut row);
+            pulls.push(row);
+        }
         let push_grads =
             f.outputs().iter().map(|o| (0..o.shape.numel()).map(|_| rng.range(-1.0, 1.0)).collect()).collect();
         let state_grads = f
@@ -217,8 +224,9 @@ pub fn check_gradients(f: &VertexFn, case: &Case) -> Result<GradReport, String> 
             case.children.len()
         ));
     }
-    if grads.pulls.len() != f.inputs().len() {
-        return Err(format!("backward returned {} pull gradients for {} inputs", grads.pulls.len(), f.inputs().len()));
+    if grads.pulls.len() != f.all_inputs().len() {
+        let inputs = f.all_inputs().len();
+        return Err(format!("backward returned {} pull gradients for {inputs} inputs", grads.pulls.len()));
     }
     let mut targets = Vec::new();
     for (slot, (given, got)) in case.children.iter().zip(&grads.children).enumerate() {
@@ -241,7 +249,8 @@ pub fn check_gradients(f: &VertexFn, case: &Case) -> Result<GradReport, String> 
             (None, Some(_)) => return Err(format!("a gradient for missing child {slot}")),
         }
     }
-    for (i, (x, g)) in case.pulls.iter().zip(&grads.pulls).enumerate() {
+    // Dropout masks (the inputs after the user's) are constants.
+    for (i, (x, g)) in case.pulls.iter().zip(&grads.pulls).take(f.inputs().len()).enumerate() {
         if x.len() != g.len() {
             return Err(format!("pull {i}: gradient length {}", g.len()));
         }

@@ -184,6 +184,10 @@ pub(crate) struct TrainArgs {
     /// Clip the joint gradient norm to this value (0: no clipping).
     #[arg(long, default_value_t = 5.0)]
     pub(crate) clip: f32,
+    /// Dropout rate on every vertex's word vector and on the row the classifier reads, in
+    /// training (tree and sequence models, one layer; 0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) dropout: f32,
     /// Lowercase words (SST only).
     #[arg(long)]
     pub(crate) lowercase: bool,

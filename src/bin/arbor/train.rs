@@ -14,7 +14,7 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::train::{cross_validate, cross_validate_on, Classifier, GraphTraining};
 use arbor::trainer::{fit_threads, on_threads, Event, Run, Settings, Splits, Summary};
-use arbor::{Backend, CpuBackend, Error, Result, VertexFn};
+use arbor::{Backend, CpuBackend, DropoutKey, Error, Result, VertexFn};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -164,6 +164,21 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
             format!("{} {epochs} {hidden} {embed} {} {}", args.batch, args.layers, args.stages),
         ));
     }
+    if !(0.0..1.0).contains(&args.dropout) {
+        return Err(Error::input("--dropout", "a rate in [0, 1)", args.dropout.to_string()));
+    }
+    let stacked = args.layers > 1 || args.stages > 1;
+    if args.dropout > 0.0 && (stacked || matches!(args.model, ModelArg::Ggnn | ModelArg::Sick)) {
+        return Err(Error::input(
+            "--dropout",
+            "a one-layer tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
+            match args.model {
+                ModelArg::Ggnn => "--model ggnn".to_string(),
+                ModelArg::Sick => "--model sick".to_string(),
+                _ => format!("{} layers in {} stages", args.layers, args.stages),
+            },
+        ));
+    }
     match args.model {
         ModelArg::Ggnn => return train_graphs(args, &sizes),
         ModelArg::Sick => return crate::sick::train(args, &sizes),
@@ -182,11 +197,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
     let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
     let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev root accuracy");
     let mut events = |e: Event| progress.on(e);
-    let report = if args.layers > 1 || args.stages > 1 {
-        train_pipeline(setup, &mut events)?
-    } else {
-        train_data_parallel(setup, &mut events)?
-    };
+    let report = if stacked { train_pipeline(setup, &mut events)? } else { train_data_parallel(setup, &mut events)? };
     progress.finish();
     if let Some(Value::Object(fields)) = report {
         let mut summary = json!({
@@ -241,9 +252,10 @@ where
 {
     let args = setup.args;
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
-    let cell = setup.kind.cell(embed, hidden)?;
+    let cell = setup.kind.cell_with_dropout(embed, hidden, args.dropout)?;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
     let mut model = Classifier::on(backend, cell, vocab, Some(PAD), classes, &mut setup.rng)?;
+    model.engine.set_dropout_key(DropoutKey { seed: args.seed, ..DropoutKey::default() });
     setup.pretrained(model.embed.table_mut())?;
     let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &setup.rng);
     let data = &setup.data;
@@ -263,6 +275,11 @@ where
             "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
         }),
     };
+    let mut plan = plan;
+    if args.dropout > 0.0 {
+        // Recorded only when used, so checkpoints of runs without dropout resume as before.
+        plan.meta["dropout"] = json!(args.dropout);
+    }
     if let Some(dir) = &args.resume {
         let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
         run.resume(&Checkpoint::load(&dir)?, &plan.meta)?;
