@@ -23,9 +23,12 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    let bad: [&[&str]; 6] = [
+    let bad: [&[&str]; 9] = [
         &["train", "--data", "/no/such/dir"],
         &["train", "--batch", "0"],
+        &["train", "--dropout", "1"],
+        &["train", "--dropout", "NaN"],
+        &["train", "--dropout", "0.5", "--layers", "2"],
         &["train", "--hidden", "x"],
         &["bench", "--precision", "bf16"],
         &["bench", "--precision", "f8"],
@@ -40,6 +43,8 @@ fn bad_input_gives_one_line_and_a_failure() {
     }
     let out = arbor(&["train", "--data", "/no/such/dir"]);
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "arbor: /no/such/dir: not a directory");
+    let out = arbor(&["train", "--dropout=-0.1"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--dropout: expected a rate in [0, 1)"));
     let out = arbor(&["train", "--model", "ggnn"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--data DIR with a TU data set"));
     let out = arbor(&["train", "--model", "ggnn", "--data", ".", "--plot", "x.svg"]);

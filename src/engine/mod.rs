@@ -231,7 +231,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Draws the dropout masks of later training passes from `key` (the caller moves
-    /// [`DropoutKey::step`] on every optimizer step; see [`dropout`](arbor_core::dropout)).
+    /// [`DropoutKey::step`] on every optimizer step; see [`dropout`]).
     pub fn set_dropout_key(&mut self, key: DropoutKey) {
         self.dropout = key;
     }
