@@ -259,7 +259,7 @@ where
     setup.pretrained(model.embed.table_mut())?;
     let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &setup.rng);
     let data = &setup.data;
-    let plan = Settings {
+    let mut plan = Settings {
         epochs,
         batch: args.batch,
         loss_on: setup.loss_on,
@@ -275,7 +275,6 @@ where
             "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
         }),
     };
-    let mut plan = plan;
     if args.dropout > 0.0 {
         // Recorded only when used, so checkpoints of runs without dropout resume as before.
         plan.meta["dropout"] = json!(args.dropout);
