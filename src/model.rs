@@ -172,8 +172,8 @@ impl<B: Backend> Model<B> {
                     start - g.len()..start
                 })
                 .collect();
-            let p = Pooled::forward(all.first().map_or(&[][..], Vec::as_slice), width, groups, self.readout);
-            (p.rows.clone(), Some(p))
+            let mut p = Pooled::forward(all.first().map_or(&[][..], Vec::as_slice), width, groups, self.readout);
+            (std::mem::take(&mut p.rows), Some(p))
         };
         let k = self.graphs_per_example();
         let width = h.len() / layout.roots.len().max(1);
