@@ -92,6 +92,20 @@ impl Checkpoint {
             .ok_or_else(|| Error::input("checkpoint", format!("a tensor named `{name}`"), "none"))
     }
 
+    /// The values of the tensor `name`, which must hold `len` values: an error names a missing
+    /// tensor or one of another size.
+    pub fn sized(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let values = self.tensor(name)?;
+        if values.len() != len {
+            return Err(Error::input(
+                format!("checkpoint tensor `{name}`"),
+                format!("{len} values"),
+                values.len().to_string(),
+            ));
+        }
+        Ok(values.to_vec())
+    }
+
     /// Saves to `dir` (created if needed): tensors first, then the metadata that commits them.
     pub fn save(&self, dir: &Path) -> Result<()> {
         self.save_paced(dir, Duration::ZERO)

@@ -36,8 +36,9 @@
 //! ```
 
 use crate::engine::{Engine, Gradients, Pull};
-use crate::{Backend, InputGraph, Var, VertexFn};
+use crate::{Backend, Builder, Init, InputGraph, Var, VertexFn};
 use arbor_core::error::{Error, Result};
+use arbor_core::rng::Rng;
 
 /// A tiny value added under logarithms of targets, so that `0 · log 0` reads as 0.
 const TINY: f32 = 1e-12;
@@ -106,6 +107,16 @@ impl<B: Backend> Head<B> {
         self.engine.backward(&refs)
     }
 
+    /// Which pushed output is the loss.
+    pub fn loss_output(&self) -> usize {
+        self.loss
+    }
+
+    /// Every parameter's current values, in the function's order.
+    pub fn params(&self) -> Result<Vec<Vec<f32>>> {
+        self.engine.params()
+    }
+
     /// The engine that runs the head (its parameters).
     pub fn engine(&mut self) -> &mut Engine<B> {
         &mut self.engine
@@ -114,6 +125,13 @@ impl<B: Backend> Head<B> {
     /// The head function.
     pub fn function(&self) -> &VertexFn {
         self.engine.function()
+    }
+
+    /// A copy with the same function and learned values (and dropout key) on `backend`.
+    pub fn replica_on(&self, backend: B) -> Result<Head<B>> {
+        let mut head = Head::new(backend, self.function().clone(), &self.engine.params()?)?;
+        head.engine.set_dropout_key(self.engine.dropout_key());
+        Ok(head)
     }
 
     /// The number of examples `inputs` hold: the same for every input, else an error.
@@ -168,4 +186,190 @@ pub fn mean_squared_error<'b>(prediction: Var<'b>, target: Var<'b>) -> Var<'b> {
 /// overflow for large `|z|`). One value per example.
 pub fn binary_cross_entropy<'b>(logits: Var<'b>, target: Var<'b>) -> Var<'b> {
     (logits.relu() - logits * target + ((-logits.abs()).exp() + 1.0).log()).sum_cols()
+}
+
+/// The softmax classifier as a head function: `logits = h·weight + bias` over an `input`-wide
+/// row `h`, softmax cross-entropy to the one-hot row `target`; pushes `loss` and `logits`.
+pub fn softmax_classifier(input: usize, classes: usize) -> Result<VertexFn> {
+    let f = Builder::new("softmax-classifier", 0);
+    let (h, target) = (f.pull("h", input), f.pull("target", classes));
+    let logits =
+        h.matmul(f.param("weight", [input, classes], Init::Xavier)) + f.param("bias", [1, classes], Init::Zeros);
+    f.push("loss", softmax_cross_entropy(logits, target));
+    f.push("logits", logits);
+    f.build()
+}
+
+/// A classifier head over rows with a class target each (or none): any head function that pulls
+/// a row and a one-hot target row and pushes `loss` and one `logits` value per class, such as
+/// [`softmax_classifier`] or a deeper one of a user's own.
+///
+/// ```
+/// use arbor::head::ClassHead;
+/// use arbor::core::rng::Rng;
+/// use arbor::CpuBackend;
+///
+/// let mut head = ClassHead::softmax(CpuBackend::new(), 4, 3, &mut Rng::new(1))?;
+/// let rows = [0.5; 3 * 4];
+/// // Rows 0 and 2 have targets; the loss is their mean.
+/// let out = head.loss_over(&rows, &[Some(2), None, Some(0)], 2)?;
+/// assert_eq!((out.count, out.grad_input.len()), (2, 3 * 4));
+/// assert!(out.grad_input[4..8].iter().all(|&g| g == 0.0));
+/// assert_eq!(head.predict(&rows)?.len(), 3);
+/// # Ok::<(), arbor::Error>(())
+/// ```
+pub struct ClassHead<B: Backend> {
+    head: Head<B>,
+    /// Which pushed output holds the logits.
+    logits: usize,
+}
+
+/// What one [`ClassHead::loss_over`] gives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassLoss {
+    /// Cross-entropy summed over the rows with a target, divided by the denominator.
+    pub loss: f32,
+    /// Rows whose most likely class is their target.
+    pub correct: usize,
+    /// Rows with a target.
+    pub count: usize,
+    /// The gradient of `loss` with respect to every input row (zero for rows without a target).
+    pub grad_input: Vec<f32>,
+    /// The gradient of `loss` with respect to each of the head's parameters.
+    pub grads: Vec<Vec<f32>>,
+}
+
+impl<B: Backend> ClassHead<B> {
+    /// A [`softmax_classifier`] from `input`-wide rows to `classes` classes with parameters
+    /// drawn from `rng` (Xavier weights, zero bias), on `backend`.
+    pub fn softmax(backend: B, input: usize, classes: usize, rng: &mut Rng) -> Result<ClassHead<B>> {
+        let f = softmax_classifier(input, classes)?;
+        let params = f.init_params(rng);
+        ClassHead::new(backend, f, &params)
+    }
+
+    /// A classifier head running `f` with `params` on `backend`; `f` must pull a row and a
+    /// one-hot target, and push `loss` and `logits` (one value per class).
+    pub fn new(backend: B, f: VertexFn, params: &[Vec<f32>]) -> Result<ClassHead<B>> {
+        let classes = f.inputs().get(1).map(|t| t.shape.numel());
+        let logits = f.outputs().iter().position(|o| o.name == "logits" && Some(o.shape.numel()) == classes);
+        match logits {
+            Some(logits) if f.inputs().len() == 2 => Ok(ClassHead { head: Head::new(backend, f, params)?, logits }),
+            _ => Err(Error::input(
+                format!("classifier head `{}`", f.name()),
+                "pulls of a row and a one-hot target, and a `logits` output as wide as the target",
+                format!(
+                    "pulls {:?}, outputs {:?}",
+                    f.inputs().iter().map(|p| (&p.name, p.shape.numel())).collect::<Vec<_>>(),
+                    f.outputs().iter().map(|o| (&o.name, o.shape.numel())).collect::<Vec<_>>()
+                ),
+            )),
+        }
+    }
+
+    /// A copy with the same function and learned values on `backend`.
+    pub fn replica_on(&self, backend: B) -> Result<ClassHead<B>> {
+        Ok(ClassHead { head: self.head.replica_on(backend)?, logits: self.logits })
+    }
+
+    /// Width of the rows it reads.
+    pub fn input(&self) -> usize {
+        self.head.function().inputs()[0].shape.numel()
+    }
+
+    /// Number of classes.
+    pub fn classes(&self) -> usize {
+        self.head.function().inputs()[1].shape.numel()
+    }
+
+    /// The head underneath (its engine holds the parameters).
+    pub fn head(&mut self) -> &mut Head<B> {
+        &mut self.head
+    }
+
+    /// The head function.
+    pub fn function(&self) -> &VertexFn {
+        self.head.function()
+    }
+
+    /// Every parameter's current values, in the function's order.
+    pub fn params(&self) -> Result<Vec<Vec<f32>>> {
+        self.head.params()
+    }
+
+    /// The rows of `rows` (`input` wide), checked to be whole.
+    fn count(&self, rows: &[f32]) -> Result<usize> {
+        let d = self.input();
+        if !rows.len().is_multiple_of(d.max(1)) {
+            return Err(Error::input(
+                "classifier input",
+                format!("whole {d}-wide rows"),
+                format!("{} values", rows.len()),
+            ));
+        }
+        Ok(rows.len() / d.max(1))
+    }
+
+    /// Summed loss of the rows that have a target, divided by `denom` (the targets of a whole
+    /// minibatch when these rows are one worker's share of it), with every gradient. A target
+    /// must be below the number of classes.
+    pub fn loss_over(&mut self, rows: &[f32], targets: &[Option<u32>], denom: usize) -> Result<ClassLoss> {
+        let (n, d, c) = (self.count(rows)?, self.input(), self.classes());
+        if targets.len() != n {
+            return Err(Error::input("classifier targets", format!("one per row ({n})"), targets.len().to_string()));
+        }
+        if let Some((i, t)) =
+            targets.iter().enumerate().find_map(|(i, t)| t.filter(|&t| t as usize >= c).map(|t| (i, t)))
+        {
+            return Err(Error::input(format!("target of row {i}"), format!("a class below {c}"), t.to_string()));
+        }
+        let picked: Vec<(usize, usize)> =
+            targets.iter().enumerate().filter_map(|(i, t)| t.map(|t| (i, t as usize))).collect();
+        let mut grad_input = vec![0.0; rows.len()];
+        if picked.is_empty() {
+            let grads = self.head.function().params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
+            return Ok(ClassLoss { loss: 0.0, correct: 0, count: 0, grad_input, grads });
+        }
+        let all = picked.len() == n;
+        let selected: Vec<f32>;
+        let x = if all {
+            rows
+        } else {
+            selected = picked.iter().flat_map(|&(i, _)| &rows[i * d..(i + 1) * d]).copied().collect();
+            &selected
+        };
+        let mut onehot = vec![0.0; picked.len() * c];
+        for (k, &(_, t)) in picked.iter().enumerate() {
+            onehot[k * c + t] = 1.0;
+        }
+        let out = self.head.forward(&[x, &onehot])?;
+        let scale = 1.0 / denom.max(1) as f32;
+        let loss = out[self.head.loss].iter().sum::<f32>() * scale;
+        let correct = out[self.logits].chunks(c).zip(&picked).filter(|(l, &(_, t))| argmax(l) == t).count();
+        let mut g = self.head.backward(scale)?;
+        let dx = g.pulls.swap_remove(0);
+        if all {
+            grad_input = dx;
+        } else {
+            for (&(i, _), row) in picked.iter().zip(dx.chunks(d)) {
+                grad_input[i * d..(i + 1) * d].copy_from_slice(row);
+            }
+        }
+        Ok(ClassLoss { loss, correct, count: picked.len(), grad_input, grads: g.params })
+    }
+
+    /// The most likely class of every row (inference).
+    pub fn predict(&mut self, rows: &[f32]) -> Result<Vec<usize>> {
+        let n = self.count(rows)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let out = self.head.infer(&[rows, &vec![0.0; n * self.classes()]])?;
+        Ok(out[self.logits].chunks(self.classes()).map(argmax).collect())
+    }
+}
+
+/// The index of the largest value (the first on a tie).
+fn argmax(xs: &[f32]) -> usize {
+    xs.iter().enumerate().fold(0, |best, (i, &x)| if x > xs[best] { i } else { best })
 }

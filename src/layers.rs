@@ -1,12 +1,14 @@
-//! Static layers around the vertex function: the input layer I (an embedding table feeding
-//! `pull`) and the output layer O (a linear layer with softmax cross-entropy over pushed rows).
+//! The input layer around the vertex function (an embedding table feeding `pull`) and the
+//! choice of vertices that carry a loss. The output layer is a head in the IR
+//! ([`ClassHead`](crate::head::ClassHead)), differentiated like the vertex function.
 //!
 //! Training a Tree-LSTM for a few steps on three hand-written trees:
 //!
 //! ```
 //! use arbor::core::ptb::PtbTree;
 //! use arbor::core::rng::Rng;
-//! use arbor::layers::{Embedding, LossOn, SoftmaxClassifier};
+//! use arbor::head::ClassHead;
+//! use arbor::layers::{Embedding, LossOn};
 //! use arbor::{nn, CpuBackend, Engine, InputGraph};
 //!
 //! let text = ["(4 (3 good) (4 (3 very) (4 good)))", "(0 (1 bad) (0 (2 very) (0 bad)))", "(2 (2 a) (2 book))"];
@@ -23,11 +25,11 @@
 //! let mut embed = Embedding::new(vocab.len(), dim, 0.1, &mut rng);
 //! let cell = nn::tree_lstm(dim, hidden)?;
 //! let mut engine = Engine::new(CpuBackend::new(), cell.clone(), &cell.init_params(&mut rng))?;
-//! let mut out = SoftmaxClassifier::new(hidden, 5, &mut rng);
+//! let mut out = ClassHead::softmax(CpuBackend::new(), hidden, 5, &mut rng)?;
 //! let mut losses = Vec::new();
 //! for _ in 0..60 {
 //!     let h = engine.forward(&graphs, &[embed.pull(&ids)])?;
-//!     let step = out.loss(&h[0], &targets)?;
+//!     let step = out.loss_over(&h[0], &targets, 3)?; // the mean over the three roots
 //!     let grads = engine.backward(&[&step.grad_input])?;
 //!     engine.update_params(|params| {
 //!         for (p, g) in params.into_iter().zip(&grads.params) {
@@ -37,7 +39,11 @@
 //!     if let Some(g) = &grads.tables[0] {
 //!         embed.apply(g, -lr); // the looked-up rows' gradient, per id
 //!     }
-//!     out.apply(&step.grads, -lr);
+//!     out.head().engine().update_params(|params| {
+//!         for (p, g) in params.into_iter().zip(&step.grads) {
+//!             p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
+//!         }
+//!     })?;
 //!     losses.push(step.loss);
 //! }
 //! assert!(losses[59] < 0.5 * losses[0], "loss went from {} to {}", losses[0], losses[59]);
@@ -213,182 +219,4 @@ impl LossOn {
             }
         })
     }
-}
-
-/// Gradients of a [`SoftmaxClassifier`]'s parameters.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ClassifierGrads {
-    /// Of the `input × classes` weight.
-    pub weight: Vec<f32>,
-    /// Of the bias.
-    pub bias: Vec<f32>,
-}
-
-/// What one loss evaluation gives.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LossOutput {
-    /// Cross-entropy summed over the rows with a target, divided by the denominator (by default
-    /// their count: the mean).
-    pub loss: f32,
-    /// Rows whose most likely class is their target.
-    pub correct: usize,
-    /// Rows with a target.
-    pub count: usize,
-    /// Gradient of `loss` with respect to every input row (zero for rows without a target).
-    pub grad_input: Vec<f32>,
-    /// Gradient of `loss` with respect to the classifier's parameters.
-    pub grads: ClassifierGrads,
-}
-
-/// A linear layer followed by softmax cross-entropy.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SoftmaxClassifier {
-    input: usize,
-    classes: usize,
-    weight: Vec<f32>,
-    bias: Vec<f32>,
-}
-
-impl SoftmaxClassifier {
-    /// A classifier from `input`-wide rows to `classes` classes (Xavier weights, zero bias).
-    pub fn new(input: usize, classes: usize, rng: &mut Rng) -> SoftmaxClassifier {
-        let a = (6.0 / (input + classes) as f32).sqrt();
-        let weight = (0..input * classes).map(|_| rng.range(-a, a)).collect();
-        SoftmaxClassifier { input, classes, weight, bias: vec![0.0; classes] }
-    }
-
-    /// The weight (`input × classes`, row-major) and the bias.
-    pub fn params(&self) -> (&[f32], &[f32]) {
-        (&self.weight, &self.bias)
-    }
-
-    /// The weight and the bias, to update in place.
-    pub fn params_mut(&mut self) -> (&mut [f32], &mut [f32]) {
-        (&mut self.weight, &mut self.bias)
-    }
-
-    /// Number of classes.
-    pub fn classes(&self) -> usize {
-        self.classes
-    }
-
-    fn check_rows(&self, rows: &[f32]) -> Result<usize> {
-        if !rows.len().is_multiple_of(self.input.max(1)) {
-            return Err(Error::input(
-                "classifier input",
-                format!("whole {}-wide rows", self.input),
-                format!("{} values", rows.len()),
-            ));
-        }
-        Ok(rows.len() / self.input.max(1))
-    }
-
-    /// The class probabilities of one row, written to `out`.
-    fn row_probabilities(&self, x: &[f32], out: &mut [f32]) {
-        out.copy_from_slice(&self.bias);
-        for (xi, w) in x.iter().zip(self.weight.chunks_exact(self.classes)) {
-            for (o, wj) in out.iter_mut().zip(w) {
-                *o += xi * wj;
-            }
-        }
-        let max = out.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0;
-        for o in out.iter_mut() {
-            *o = (*o - max).exp();
-            sum += *o;
-        }
-        out.iter_mut().for_each(|o| *o /= sum);
-    }
-
-    /// Class probabilities of every row.
-    pub fn probabilities(&self, rows: &[f32]) -> Result<Vec<f32>> {
-        let n = self.check_rows(rows)?;
-        let mut p = vec![0.0; n * self.classes];
-        for (x, out) in rows.chunks_exact(self.input).zip(p.chunks_exact_mut(self.classes)) {
-            self.row_probabilities(x, out);
-        }
-        Ok(p)
-    }
-
-    /// The most likely class of every row.
-    pub fn predict(&self, rows: &[f32]) -> Result<Vec<usize>> {
-        let p = self.probabilities(rows)?;
-        Ok(p.chunks_exact(self.classes).map(argmax).collect())
-    }
-
-    /// The most likely class of row `row` only.
-    pub fn predict_row(&self, rows: &[f32], row: usize) -> Result<usize> {
-        let x = rows.get(row * self.input..(row + 1) * self.input).ok_or_else(|| {
-            Error::input("classifier row", format!("a row below {}", rows.len() / self.input.max(1)), row.to_string())
-        })?;
-        let mut p = vec![0.0; self.classes];
-        self.row_probabilities(x, &mut p);
-        Ok(argmax(&p))
-    }
-
-    /// Mean cross-entropy of the rows that have a target, with all gradients.
-    pub fn loss(&self, rows: &[f32], targets: &[Option<u32>]) -> Result<LossOutput> {
-        self.loss_over(rows, targets, targets.iter().flatten().count())
-    }
-
-    /// Summed cross-entropy of the rows that have a target, divided by `denom` (the targets of a
-    /// whole minibatch when these rows are one worker's share of it), with all gradients.
-    pub fn loss_over(&self, rows: &[f32], targets: &[Option<u32>], denom: usize) -> Result<LossOutput> {
-        self.check_rows(rows)?;
-        let (c, d) = (self.classes, self.input);
-        let mut probs = vec![0.0; c];
-        if targets.len() * d != rows.len() {
-            return Err(Error::input(
-                "classifier targets",
-                format!("one per row ({})", rows.len() / d.max(1)),
-                targets.len().to_string(),
-            ));
-        }
-        if let Some((i, t)) =
-            targets.iter().enumerate().find_map(|(i, t)| t.filter(|&t| t as usize >= c).map(|t| (i, t)))
-        {
-            return Err(Error::input(format!("target of row {i}"), format!("a class below {c}"), t.to_string()));
-        }
-        let count = targets.iter().flatten().count();
-        let scale = 1.0 / denom.max(1) as f32;
-        let (mut loss, mut correct) = (0.0, 0);
-        let mut grads = ClassifierGrads { weight: vec![0.0; d * c], bias: vec![0.0; c] };
-        let mut grad_input = vec![0.0; rows.len()];
-        for (i, t) in targets.iter().enumerate() {
-            let Some(t) = t.map(|t| t as usize) else { continue };
-            self.row_probabilities(&rows[i * d..(i + 1) * d], &mut probs);
-            loss -= probs[t].max(f32::MIN_POSITIVE).ln();
-            correct += usize::from(argmax(&probs) == t);
-            // d loss / d logits = (softmax − onehot) / count.
-            probs[t] -= 1.0;
-            probs.iter_mut().for_each(|g| *g *= scale);
-            let x = &rows[i * d..(i + 1) * d];
-            for (b, g) in grads.bias.iter_mut().zip(probs.iter()) {
-                *b += g;
-            }
-            for (w, gx) in self.weight.chunks_exact(c).zip(&mut grad_input[i * d..(i + 1) * d]) {
-                *gx = w.iter().zip(probs.iter()).map(|(w, g)| w * g).sum();
-            }
-            for (xi, gw) in x.iter().zip(grads.weight.chunks_exact_mut(c)) {
-                for (gw, g) in gw.iter_mut().zip(probs.iter()) {
-                    *gw += xi * g;
-                }
-            }
-        }
-        Ok(LossOutput { loss: loss * scale, correct, count, grad_input, grads })
-    }
-
-    /// `params += scale · grads`.
-    pub fn apply(&mut self, g: &ClassifierGrads, scale: f32) {
-        for (w, x) in self.weight.iter_mut().zip(&g.weight) {
-            *w += scale * x;
-        }
-        for (b, x) in self.bias.iter_mut().zip(&g.bias) {
-            *b += scale * x;
-        }
-    }
-}
-
-fn argmax(xs: &[f32]) -> usize {
-    xs.iter().enumerate().fold(0, |best, (i, &x)| if x > xs[best] { i } else { best })
 }

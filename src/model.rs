@@ -7,15 +7,20 @@
 //! example's target row; it pushes its `loss` and whatever else a caller reads (a prediction).
 
 use crate::checkpoint::{Checkpoint, Named};
-use crate::dist::data_parallel::merge;
-use crate::engine::{Engine, Pull, SparseGrad};
+use crate::dist::data_parallel::{merge, shard, Pending};
+use crate::dist::Collective;
+use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
 use crate::layers::Embedding;
 use crate::optim::{clip_grad_norm, Optimizer};
 use crate::readout::{Pooled, Readout};
+use crate::train::{names, tensor_name, StepStats};
+use crate::trainer::{Learned, Learner, Scores, Settings};
+use crate::DropoutKey;
 use crate::{Backend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
+use std::ops::Range;
 
 /// What feeds an input of the vertex function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +65,82 @@ pub struct Model<B: Backend> {
     pub head: Head<B>,
     /// How each graph's row is read out for the head ([`Readout::Root`] unless set).
     pub readout: Readout,
+}
+
+/// What the cells' pass is for.
+enum Pass<'p> {
+    /// Training, with the minibatch already scheduled if it is.
+    Train(Option<Planned<'p>>),
+    /// Inference.
+    Infer,
+}
+
+/// An example a [`Model`] learns from in the one training loop
+/// ([`Learner`](crate::trainer::Learner)): one or more graphs and a target, and the score that
+/// picks the best epoch over such examples.
+pub trait AsExample: Sync + Sized {
+    /// The example's graphs, words and target.
+    fn example(&self) -> Example<'_>;
+
+    /// The scores of `model` on `data` by name, the first the one that picks the best epoch
+    /// (higher is better: a correlation of its predictions, an accuracy, a negated error, …).
+    fn score<B: Backend>(model: &mut Model<B>, data: &[Self]) -> Result<Scores>;
+}
+
+/// The gradients of one step of a [`Model`] (or of one worker's share of it).
+#[derive(Clone, Debug, Default)]
+pub struct ModelGrads {
+    /// The head's pushed outputs, one block per example (the loss among them).
+    pub outputs: Vec<Vec<f32>>,
+    /// Of the vertex function's parameters.
+    pub cell: Vec<Vec<f32>>,
+    /// Of the head's parameters.
+    pub head: Vec<Vec<f32>>,
+    /// Of the word vectors the minibatch looked up.
+    pub words: SparseGrad,
+}
+
+impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
+    fn share_graphs<'a>(batch: &[&'a E], rank: usize, size: usize, _: &Settings) -> Result<Vec<&'a InputGraph>> {
+        let examples: Vec<Example<'a>> = batch.iter().map(|e| e.example()).collect();
+        let mine = &examples[Model::<B>::share(&examples, rank, size)];
+        Ok(mine.iter().flat_map(|e| e.trees.iter().map(|t| t.graph)).collect())
+    }
+
+    fn planner(&self) -> Planner {
+        Model::planner(self)
+    }
+
+    fn step(
+        &mut self,
+        coll: &mut dyn Collective,
+        batch: &[&E],
+        opt: &mut Optimizer,
+        plan: &Settings,
+        step: u64,
+        planned: Planned<'_>,
+    ) -> Result<StepStats> {
+        let examples: Vec<Example<'_>> = batch.iter().map(|e| e.example()).collect();
+        self.step_shared(coll, &examples, opt, plan.clip, step, Some(planned))
+    }
+
+    fn score(&mut self, data: &[E]) -> Result<Scores> {
+        E::score(self, data)
+    }
+}
+
+impl<B: Backend> Learned for Model<B> {
+    fn tensors(&self) -> Result<Vec<Named>> {
+        Model::tensors(self)
+    }
+
+    fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
+        Model::restore(self, ck)
+    }
+
+    fn replica(&self) -> Result<Self> {
+        Model::replica(self)
+    }
 }
 
 /// A minibatch laid out for the cells' engine.
@@ -135,33 +216,31 @@ impl<B: Backend> Model<B> {
 
     /// The head's pushed outputs over `batch`, one block per example (inference).
     pub fn infer(&mut self, batch: &[Example<'_>]) -> Result<Vec<Vec<f32>>> {
-        let (_, inputs, _) = self.read_out(batch, false)?;
+        let (_, inputs, _) = self.read_out(batch, Pass::Infer)?;
         self.head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())
     }
 
-    /// Runs the cells over `batch` (keeping what a backward pass needs when `train`); returns
-    /// the layout, the head's inputs (per graph slot, the read-out rows of every example, then
-    /// the targets) and, for a pooling readout, the pooling.
+    /// Runs the cells over `batch` (keeping what a backward pass needs unless `pass` is
+    /// inference); returns the layout, the head's inputs (per graph slot, the read-out rows of
+    /// every example, then the targets) and, for a pooling readout, the pooling.
     fn read_out<'a>(
         &mut self,
         batch: &[Example<'a>],
-        train: bool,
+        pass: Pass<'_>,
     ) -> Result<(Layout<'a>, Vec<Vec<f32>>, Option<Pooled>)> {
         let layout = self.layout(batch)?;
         let pulls = pulls(&self.embedding, &self.feeds, &layout);
-        let (h, pooled) = if self.readout == Readout::Root {
-            let h = if train {
-                self.cells.forward_rows(&layout.graphs, &pulls, &layout.roots)?
-            } else {
-                self.cells.infer_rows(&layout.graphs, &pulls, &layout.roots)?
-            };
-            (h.into_iter().next().unwrap_or_default(), None)
+        let rows = (self.readout == Readout::Root).then_some(layout.roots.as_slice());
+        let all = match (pass, rows) {
+            (Pass::Train(Some(planned)), rows) => self.cells.forward_planned(planned, &pulls, rows)?,
+            (Pass::Train(None), Some(rows)) => self.cells.forward_rows(&layout.graphs, &pulls, rows)?,
+            (Pass::Train(None), None) => self.cells.forward(&layout.graphs, &pulls)?,
+            (Pass::Infer, Some(rows)) => self.cells.infer_rows(&layout.graphs, &pulls, rows)?,
+            (Pass::Infer, None) => self.cells.infer(&layout.graphs, &pulls)?,
+        };
+        let (h, pooled) = if rows.is_some() {
+            (all.into_iter().next().unwrap_or_default(), None)
         } else {
-            let all = if train {
-                self.cells.forward(&layout.graphs, &pulls)?
-            } else {
-                self.cells.infer(&layout.graphs, &pulls)?
-            };
             let width = self.cells.function().outputs().first().map_or(0, |o| o.shape.numel());
             let mut start = 0;
             let groups = layout
@@ -187,9 +266,24 @@ impl<B: Backend> Model<B> {
     /// vector, clipped to norm `clip` if given, applied by `opt` under the names `cell.<name>`,
     /// `head.<name>` and `embedding`. Returns the head's outputs (the losses among them).
     pub fn step(&mut self, batch: &[Example<'_>], opt: &mut Optimizer, clip: Option<f32>) -> Result<Vec<Vec<f32>>> {
-        let (layout, inputs, pooled) = self.read_out(batch, true)?;
+        let mut grads = self.gradients(batch, batch.len(), None)?;
+        self.apply(&mut grads, opt, clip)?;
+        Ok(grads.outputs)
+    }
+
+    /// The gradients of the loss summed over `batch` and divided by `denom` (the examples of
+    /// the whole minibatch when `batch` is one worker's share of it), with the head's outputs;
+    /// `planned` is `batch`'s graphs (in order, as [`Example::trees`] lists them) already
+    /// scheduled by [`Model::planner`], if they are.
+    pub fn gradients(
+        &mut self,
+        batch: &[Example<'_>],
+        denom: usize,
+        planned: Option<Planned<'_>>,
+    ) -> Result<ModelGrads> {
+        let (layout, inputs, pooled) = self.read_out(batch, Pass::Train(planned))?;
         let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
-        let mut hg = self.head.backward(1.0 / batch.len().max(1) as f32)?;
+        let hg = self.head.backward(1.0 / denom.max(1) as f32)?;
         let k = self.graphs_per_example();
         let width = inputs[0].len() / batch.len().max(1);
         let mut dh = vec![0.0; layout.roots.len() * width];
@@ -198,47 +292,133 @@ impl<B: Backend> Model<B> {
                 dh[(e * k + slot) * width..][..width].copy_from_slice(row);
             }
         }
-        let mut cg = match pooled {
+        let cg = match pooled {
             Some(p) => self.cells.backward(&[&p.backward(&dh, layout.words.len())])?,
             None => self.cells.backward_rows(&layout.roots, &[&dh])?,
         };
         let tables: Vec<SparseGrad> = cg.tables.into_iter().flatten().collect();
-        let mut words = merge(&tables, self.embedding.dim());
+        let words = merge(&tables, self.embedding.dim());
+        Ok(ModelGrads { outputs, cell: cg.params, head: hg.params, words })
+    }
+
+    /// Clips the joint norm of `grads` to `clip` if given and applies them with `opt` (see
+    /// [`Model::step`]); the next step draws new dropout masks.
+    pub fn apply(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<()> {
         if let Some(max) = clip {
-            let mut all: Vec<&mut [f32]> = cg.params.iter_mut().chain(&mut hg.params).map(Vec::as_mut_slice).collect();
-            all.push(&mut words.values);
+            let mut all: Vec<&mut [f32]> =
+                grads.cell.iter_mut().chain(&mut grads.head).map(Vec::as_mut_slice).collect();
+            all.push(&mut grads.words.values);
             clip_grad_norm(&mut all, max);
         }
         opt.begin_step();
-        let names = |f: &VertexFn, of: &str| f.params().iter().map(|p| tensor_name(of, &p.name)).collect::<Vec<_>>();
-        let cell_names = names(self.cells.function(), "cell");
+        let cell_names = names("cell", self.cells.function());
         self.cells.update_params(|ps| {
-            ps.into_iter().zip(&cg.params).zip(&cell_names).for_each(|((p, g), n)| opt.dense(n, p, g));
+            ps.into_iter().zip(&grads.cell).zip(&cell_names).for_each(|((p, g), n)| opt.dense(n, p, g));
         })?;
-        let head_names = names(self.head.function(), "head");
+        let head_names = names("head", self.head.function());
         self.head.engine().update_params(|ps| {
-            ps.into_iter().zip(&hg.params).zip(&head_names).for_each(|((p, g), n)| opt.dense(n, p, g));
+            ps.into_iter().zip(&grads.head).zip(&head_names).for_each(|((p, g), n)| opt.dense(n, p, g));
         })?;
         let dim = self.embedding.dim();
-        opt.sparse("embedding", self.embedding.table_mut(), dim, &words);
+        opt.sparse("embedding", self.embedding.table_mut(), dim, &grads.words);
         // The next step draws new dropout masks.
         for engine in [&mut self.cells, self.head.engine()] {
             let key = engine.dropout_key();
             engine.set_dropout_key(crate::DropoutKey { step: key.step + 1, ..key });
         }
-        Ok(outputs)
+        Ok(())
+    }
+
+    /// The scheduler of the cells' engine (for [`Model::gradients`] with a minibatch planned
+    /// ahead).
+    pub fn planner(&self) -> Planner {
+        self.cells.planner()
+    }
+
+    /// A copy with the same functions, sizes and learned values, each engine on a replica of its
+    /// backend (for another worker).
+    pub fn replica(&self) -> Result<Model<B>> {
+        let mut cells =
+            Engine::new(self.cells.backend().replica()?, self.cells.function().clone(), &self.cells.params()?)?;
+        cells.set_dropout_key(self.cells.dropout_key());
+        let head = self.head.replica_on(self.cells.backend().replica()?)?;
+        Ok(Model { embedding: self.embedding.clone(), cells, feeds: self.feeds.clone(), head, readout: self.readout })
+    }
+
+    /// One data-parallel step on `batch` (the same on every worker of `coll`): this worker takes
+    /// the examples of its share (balanced by vertex count), the gradients are summed across the
+    /// workers in rank order and every replica applies the same update, so the replicas stay
+    /// identical and the step equals [`Model::step`] on the whole minibatch up to the rounding of
+    /// the sums. Dropout masks are keyed by step `step` and each example's place in `batch`.
+    /// `planned` is this worker's graphs ([`Model::share`]) as scheduled. Returns the whole
+    /// minibatch's mean loss and size.
+    pub fn step_shared(
+        &mut self,
+        coll: &mut dyn Collective,
+        batch: &[Example<'_>],
+        opt: &mut Optimizer,
+        clip: Option<f32>,
+        step: u64,
+        planned: Option<Planned<'_>>,
+    ) -> Result<StepStats> {
+        let share = Model::<B>::share(batch, coll.rank(), coll.size());
+        let k = self.graphs_per_example();
+        self.cells.set_dropout_key(DropoutKey { step, first: share.start * k, ..self.cells.dropout_key() });
+        let head = self.head.engine();
+        head.set_dropout_key(DropoutKey { step, first: share.start, ..head.dropout_key() });
+        let mine = &batch[share];
+        let mut grads = if mine.is_empty() {
+            let zeros = |f: &VertexFn| f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
+            ModelGrads {
+                outputs: Vec::new(),
+                cell: zeros(self.cells.function()),
+                head: zeros(self.head.function()),
+                words: SparseGrad::default(),
+            }
+        } else {
+            self.gradients(mine, batch.len(), planned)?
+        };
+        let loss = grads.outputs.get(self.head.loss_output()).map_or(0.0, |l| l.iter().sum::<f32>());
+        let mut stats = StepStats { loss: loss / batch.len().max(1) as f32, count: mine.len(), ..StepStats::default() };
+        stats.vertices = mine.iter().flat_map(|e| &e.trees).map(|t| t.graph.len()).sum();
+        if coll.size() > 1 {
+            let mut numbers = vec![stats.loss, stats.count as f32, stats.vertices as f32];
+            coll.start_all_reduce(&numbers)?;
+            let cells = grads.cell.len();
+            let dense = std::mem::take(&mut grads.cell).into_iter().chain(std::mem::take(&mut grads.head)).collect();
+            let pending = Pending::start(coll, dense, std::mem::take(&mut grads.words))?;
+            coll.finish_all_reduce(&mut numbers)?;
+            let (mut dense, words) = pending.finish(coll, self.embedding.vocab(), self.embedding.dim())?;
+            grads.head = dense.split_off(cells);
+            (grads.cell, grads.words) = (dense, words);
+            stats =
+                StepStats { loss: numbers[0], count: numbers[1] as usize, vertices: numbers[2] as usize, correct: 0 };
+        }
+        self.apply(&mut grads, opt, clip)?;
+        Ok(stats)
+    }
+
+    /// Worker `rank`'s share (of `size` workers) of `batch`: contiguous examples, balanced by
+    /// vertex count.
+    pub fn share(batch: &[Example<'_>], rank: usize, size: usize) -> Range<usize> {
+        let weights: Vec<usize> = batch.iter().map(|e| e.trees.iter().map(|t| t.graph.len()).sum()).collect();
+        shard(&weights, size).get(rank).cloned().unwrap_or_default()
     }
 
     /// Every learned tensor under its name (`embedding`, `cell.<name>`, `head.<name>`), for a
     /// checkpoint.
-    pub fn tensors(&mut self) -> Result<Vec<Named>> {
+    pub fn tensors(&self) -> Result<Vec<Named>> {
         let mut out = vec![(
             "embedding".to_string(),
             vec![self.embedding.vocab(), self.embedding.dim()],
             self.embedding.table().to_vec(),
         )];
-        for (of, engine) in [("cell", &self.cells), ("head", &*self.head.engine())] {
-            for (decl, values) in engine.function().params().iter().zip(engine.params()?) {
+        let parts = [
+            ("cell", self.cells.function(), self.cells.params()?),
+            ("head", self.head.function(), self.head.params()?),
+        ];
+        for (of, f, values) in parts {
+            for (decl, values) in f.params().iter().zip(values) {
                 out.push((tensor_name(of, &decl.name), decl.shape.dims().to_vec(), values));
             }
         }
@@ -248,27 +428,15 @@ impl<B: Backend> Model<B> {
     /// Takes every learned tensor from `ck` (as [`Model::tensors`] names them); an error names
     /// a missing tensor or one of another size, and changes nothing.
     pub fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
-        let table = ck.tensor("embedding")?;
-        let sized = |name: &str, values: &[f32], len: usize| {
-            if values.len() == len {
-                Ok(values.to_vec())
-            } else {
-                Err(Error::input(
-                    format!("checkpoint tensor `{name}`"),
-                    format!("{len} values"),
-                    values.len().to_string(),
-                ))
-            }
-        };
-        let table = sized("embedding", table, self.embedding.table().len())?;
+        let table = ck.sized("embedding", self.embedding.table().len())?;
         let mut params = Vec::new();
         for (of, f) in [("cell", self.cells.function()), ("head", self.head.function())] {
-            let mut these = Vec::new();
-            for decl in f.params() {
-                let name = tensor_name(of, &decl.name);
-                these.push(sized(&name, ck.tensor(&name)?, decl.shape.numel())?);
-            }
-            params.push(these);
+            params.push(
+                f.params()
+                    .iter()
+                    .map(|d| ck.sized(&tensor_name(of, &d.name), d.shape.numel()))
+                    .collect::<Result<Vec<_>>>()?,
+            );
         }
         self.cells.set_params(&params[0])?;
         self.head.engine().set_params(&params[1])?;
@@ -323,9 +491,4 @@ fn pulls<'a>(embedding: &'a Embedding, feeds: &[Feed], l: &'a Layout<'_>) -> Vec
             Feed::ParentWords => embedding.pull(&l.parent_words),
         })
         .collect()
-}
-
-/// A parameter's name in checkpoints and optimizer state: `cell.W`, `head.b`, ….
-fn tensor_name(of: &str, param: &str) -> String {
-    format!("{of}.{param}")
 }

@@ -4,7 +4,8 @@
 use crate::checkpoint::{Checkpoint, Named};
 use crate::data::TreeExample;
 use crate::engine::{Engine, Planned};
-use crate::layers::{ClassifierGrads, Embedding, LossOn, SoftmaxClassifier, SparseGrad};
+use crate::head::ClassHead;
+use crate::layers::{Embedding, LossOn, SparseGrad};
 use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::{clip_grad_norm, Optimizer};
 use crate::readout::{Pooled, Readout as Pool};
@@ -30,14 +31,15 @@ use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 
 /// A classifier: vectors pulled by every vertex (words, node labels), a vertex function over each
-/// example's graph, and a softmax classifier over the pushed state.
+/// example's graph, and a classifier head over the pushed state (a softmax classifier unless
+/// [`Classifier::with_head`] gives another).
 pub struct Classifier<B: Backend = CpuBackend> {
     /// The input layer.
     pub embed: Embedding,
     /// The vertex function on its engine.
     pub engine: Engine<B>,
-    /// The output layer.
-    pub out: SoftmaxClassifier,
+    /// The output layer: a head run over the rows that have targets.
+    pub out: ClassHead<B>,
     /// A loss scale for half-precision products (none: gradients are not scaled).
     pub loss_scale: Option<LossScaler>,
 }
@@ -60,8 +62,8 @@ pub struct StepStats {
 pub struct OutputPass {
     /// Loss and accuracy counts.
     pub stats: StepStats,
-    /// The output layer's gradients.
-    pub classifier: ClassifierGrads,
+    /// The output layer's gradients, one per parameter of its head.
+    pub classifier: Vec<Vec<f32>>,
     /// The gradient of the pushed rows: of every vertex, or of the vertices `push_rows`.
     pub push_grad: Vec<f32>,
     /// The vertices `push_grad` holds rows of, in that order (the loss's targets); `None`: all.
@@ -75,8 +77,8 @@ pub struct StepGrads {
     pub stats: StepStats,
     /// The vertex function's parameter gradients.
     pub cell: Vec<Vec<f32>>,
-    /// The output layer's gradients.
-    pub classifier: ClassifierGrads,
+    /// The output layer's gradients, one per parameter of its head.
+    pub classifier: Vec<Vec<f32>>,
     /// The embedding rows' gradients.
     pub embedding: SparseGrad,
 }
@@ -135,10 +137,26 @@ impl<B: Backend> Classifier<B> {
             embed = embed.with_padding(id);
         }
         let params = cell.init_params(rng);
+        let out = ClassHead::softmax(backend.replica()?, hidden, classes, rng)?;
         let mut engine = Engine::new(backend, cell, &params)?;
         // The padding row's gradient is dropped by the embedding, so the engine need not form it.
         engine.set_skip_padding_grads(padding.is_some());
-        Ok(Classifier { embed, engine, out: SoftmaxClassifier::new(hidden, classes, rng), loss_scale: None })
+        Ok(Classifier { embed, engine, out, loss_scale: None })
+    }
+
+    /// The classifier with `head` as its output layer (e.g. a deeper head, or one with dropout:
+    /// see [`ClassHead::new`]); its rows must be as wide as the vertex function pushes.
+    pub fn with_head(mut self, head: ClassHead<B>) -> Result<Classifier<B>> {
+        let width = self.engine.function().outputs()[0].shape.numel();
+        if head.input() != width {
+            return Err(Error::input(
+                format!("head `{}` of the classifier", head.function().name()),
+                format!("rows {width} wide (the vertex function's output)"),
+                format!("rows {} wide", head.input()),
+            ));
+        }
+        self.out = head;
+        Ok(self)
     }
 
     /// A copy with the same function, sizes and learned values, on its own engine and a
@@ -148,7 +166,8 @@ impl<B: Backend> Classifier<B> {
         let mut engine = Engine::new(backend, self.engine.function().clone(), &self.engine.params()?)?;
         engine.set_skip_padding_grads(self.embed.padding().is_some());
         engine.set_dropout_key(self.engine.dropout_key());
-        Ok(Classifier { embed: self.embed.clone(), engine, out: self.out.clone(), loss_scale: self.loss_scale })
+        let out = self.out.replica_on(self.engine.backend().replica()?)?;
+        Ok(Classifier { embed: self.embed.clone(), engine, out, loss_scale: self.loss_scale })
     }
 
     /// One optimizer step on a minibatch of trees (or chains); `clip` bounds the joint gradient norm.
@@ -344,8 +363,10 @@ impl<B: Backend> Classifier<B> {
     /// scale lowered); returns whether the step was applied. Either way the next step draws new
     /// dropout masks ([`DropoutKey::step`](crate::DropoutKey::step) moves on).
     pub fn apply(&mut self, grads: &mut StepGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
-        let key = self.engine.dropout_key();
-        self.engine.set_dropout_key(crate::DropoutKey { step: key.step + 1, ..key });
+        for engine in [&mut self.engine, self.out.head().engine()] {
+            let key = engine.dropout_key();
+            engine.set_dropout_key(crate::DropoutKey { step: key.step + 1, ..key });
+        }
         if let Some(scaler) = &mut self.loss_scale {
             let finite = grads.cell.iter().flatten().chain(&grads.embedding.values).all(|x| x.is_finite());
             if !scaler.update(finite) {
@@ -353,19 +374,24 @@ impl<B: Backend> Classifier<B> {
             }
         }
         if let Some(max) = clip {
-            let mut all: Vec<&mut [f32]> = grads.cell.iter_mut().map(Vec::as_mut_slice).collect();
-            all.push(&mut grads.classifier.weight);
-            all.push(&mut grads.classifier.bias);
+            let mut all: Vec<&mut [f32]> =
+                grads.cell.iter_mut().chain(&mut grads.classifier).map(Vec::as_mut_slice).collect();
             all.push(&mut grads.embedding.values);
             clip_grad_norm(&mut all, max);
         }
-        let (out, embed) = (&mut self.out, &mut self.embed);
-        let names: Vec<String> = self.engine.function().params().iter().map(|p| format!("cell.{}", p.name)).collect();
-        self.engine.update_params(|params| {
-            let dense =
-                names.into_iter().zip(params).zip(&grads.cell).map(|((n, p), g)| (n, p, g.as_slice())).collect();
-            update(opt, dense, Some((out, &grads.classifier)), Some((embed, &grads.embedding)));
+        let (head, embed) = (self.out.head().engine(), &mut self.embed);
+        let cell_names = names("cell", self.engine.function());
+        let head_names = names(CLASSIFIER, head.function());
+        let mut updated = Ok(());
+        self.engine.update_params(|cell| {
+            updated = head.update_params(|out| {
+                let cell = cell_names.into_iter().zip(cell).zip(&grads.cell);
+                let named = cell.chain(head_names.into_iter().zip(out).zip(&grads.classifier));
+                let dense = named.map(|((n, p), g)| (n, p, g.as_slice())).collect();
+                update(opt, dense, Some((embed, &grads.embedding)));
+            })
         })?;
+        updated?;
         Ok(true)
     }
 
@@ -385,48 +411,40 @@ impl<B: Backend> Classifier<B> {
         Ok(correct as f64 / targets.len().max(1) as f64)
     }
 
-    /// Every learned tensor, named: `cell.<param>`, `classifier.weight`, `classifier.bias`,
-    /// `embedding`.
+    /// Every learned tensor, named: `cell.<param>`, `classifier.<param>` (`classifier.weight`
+    /// and `classifier.bias` for the softmax classifier), `embedding`.
     pub fn tensors(&self) -> Result<Vec<Named>> {
-        let f = self.engine.function();
-        let mut out: Vec<Named> = f
-            .params()
-            .iter()
-            .zip(self.engine.params()?)
-            .map(|(p, v)| (format!("cell.{}", p.name), p.shape.dims().to_vec(), v))
-            .collect();
-        let (w, b) = self.out.params();
-        out.push(("classifier.weight".into(), vec![w.len() / self.out.classes(), self.out.classes()], w.to_vec()));
-        out.push(("classifier.bias".into(), vec![b.len()], b.to_vec()));
+        let mut out = Vec::new();
+        let parts = [
+            ("cell", self.engine.function(), self.engine.params()?),
+            (CLASSIFIER, self.out.function(), self.out.params()?),
+        ];
+        for (of, f, values) in parts {
+            for (p, v) in f.params().iter().zip(values) {
+                out.push((tensor_name(of, &p.name), p.shape.dims().to_vec(), v));
+            }
+        }
         out.push(("embedding".into(), vec![self.embed.vocab(), self.embed.dim()], self.embed.table().to_vec()));
         Ok(out)
     }
 
-    /// Restores every learned tensor from a checkpoint made by [`Classifier::tensors`].
+    /// Restores every learned tensor from a checkpoint made by [`Classifier::tensors`]; an error
+    /// names a missing tensor or one of another size, and changes nothing.
     pub fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
-        let f = self.engine.function().clone();
-        let params: Vec<Vec<f32>> = f
-            .params()
-            .iter()
-            .map(|p| ck.tensor(&format!("cell.{}", p.name)).map(<[f32]>::to_vec))
-            .collect::<Result<_>>()?;
-        self.engine.set_params(&params)?;
-        let copy = |dst: &mut [f32], name: &str| -> Result<()> {
-            let src = ck.tensor(name)?;
-            if src.len() != dst.len() {
-                return Err(Error::input(
-                    format!("checkpoint tensor `{name}`"),
-                    format!("{} values", dst.len()),
-                    src.len().to_string(),
-                ));
-            }
-            dst.copy_from_slice(src);
-            Ok(())
-        };
-        let (w, b) = self.out.params_mut();
-        copy(w, "classifier.weight")?;
-        copy(b, "classifier.bias")?;
-        copy(self.embed.table_mut(), "embedding")
+        let mut loaded = Vec::new();
+        for (of, f) in [("cell", self.engine.function()), (CLASSIFIER, self.out.function())] {
+            loaded.push(
+                f.params()
+                    .iter()
+                    .map(|p| ck.sized(&tensor_name(of, &p.name), p.shape.numel()))
+                    .collect::<Result<Vec<_>>>()?,
+            );
+        }
+        let table = ck.sized("embedding", self.embed.table().len())?;
+        self.engine.set_params(&loaded[0])?;
+        self.out.head().engine().set_params(&loaded[1])?;
+        self.embed.table_mut().copy_from_slice(&table);
+        Ok(())
     }
 
     /// Root accuracy over `data`, in minibatches of `batch` trees, in inference mode.
@@ -439,32 +457,38 @@ impl<B: Backend> Classifier<B> {
             let (rows, labels): (Vec<usize>, Vec<u32>) =
                 targets.iter().enumerate().filter_map(|(row, t)| t.map(|t| (row, t))).unzip();
             let h = self.infer_rows(&b.graphs, &b.words, &rows)?;
-            for (k, &t) in labels.iter().enumerate() {
-                count += 1;
-                correct += usize::from(self.out.predict_row(&h, k)? == t as usize);
-            }
+            let predicted = self.out.predict(&h)?;
+            count += labels.len();
+            correct += predicted.iter().zip(&labels).filter(|(p, t)| **p == **t as usize).count();
         }
         Ok(if count == 0 { 0.0 } else { correct as f64 / count as f64 })
     }
 }
 
+/// The prefix of the output layer's tensors in checkpoints and optimizer state.
+pub(crate) const CLASSIFIER: &str = "classifier";
+
+/// A tensor's name in checkpoints and optimizer state: `cell.W`, `classifier.bias`, ….
+pub(crate) fn tensor_name(of: &str, param: &str) -> String {
+    format!("{of}.{param}")
+}
+
+/// The names of `f`'s parameters under the prefix `of`.
+pub(crate) fn names(of: &str, f: &VertexFn) -> Vec<String> {
+    f.params().iter().map(|p| tensor_name(of, &p.name)).collect()
+}
+
 /// One optimizer step over a model's parameters, each tensor's state kept under its name (as
-/// [`Classifier::tensors`] names it): the dense tensors, the output layer's weight and bias,
-/// and the rows of the embedding that its gradient touches.
+/// [`Classifier::tensors`] names it): the dense tensors, then the rows of the embedding that its
+/// gradient touches.
 pub(crate) fn update(
     opt: &mut Optimizer,
     dense: Vec<(String, &mut [f32], &[f32])>,
-    out: Option<(&mut SoftmaxClassifier, &ClassifierGrads)>,
     embed: Option<(&mut Embedding, &SparseGrad)>,
 ) {
     opt.begin_step();
     for (name, p, g) in dense {
         opt.dense(&name, p, g);
-    }
-    if let Some((out, g)) = out {
-        let (w, b) = out.params_mut();
-        opt.dense("classifier.weight", w, &g.weight);
-        opt.dense("classifier.bias", b, &g.bias);
     }
     if let Some((e, g)) = embed {
         let dim = e.dim();

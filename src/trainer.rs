@@ -1,12 +1,14 @@
-//! The training loop over a treebank: epochs of shuffled minibatches, data-parallel over any
-//! [`Collective`] (one worker, threads, or MPI ranks), with CheckFreq-style checkpoints.
+//! The one training loop: epochs of shuffled minibatches, data-parallel over any
+//! [`Collective`] (one worker, threads, or MPI ranks), with CheckFreq-style checkpoints, for any
+//! [`Learner`]: a [`Classifier`] of trees, sequences or graphs, or a whole
+//! [`Model`](crate::model::Model) over examples of one or more graphs.
 //!
 //! Every worker runs the same loop on the same data (SPMD); worker 0 alone evaluates, reports and
 //! writes checkpoints. A checkpoint holds the parameters, the optimizer state, the position of
 //! the data iterator (epoch, minibatch within it, and the RNG state the epoch's order was drawn
 //! from) and the best accuracies, so [`Run::resume`] continues exactly where the run stopped.
 
-use crate::checkpoint::{Checkpoint, Persister};
+use crate::checkpoint::{Checkpoint, Named, Persister};
 use crate::data::TreeExample;
 use crate::dist::{data_parallel, Collective, ThreadCollective};
 use crate::engine::{Planned, Planner};
@@ -38,9 +40,10 @@ pub struct Position {
 pub struct Settings {
     /// Passes over the training set.
     pub epochs: usize,
-    /// Trees per minibatch (the whole minibatch, over all workers).
+    /// Examples per minibatch (the whole minibatch, over all workers).
     pub batch: usize,
-    /// Where the loss is taken.
+    /// Where the loss is taken (a [`Classifier`]'s trees; a [`Model`](crate::model::Model)'s
+    /// head says for itself).
     pub loss_on: LossOn,
     /// Gradient-norm bound.
     pub clip: Option<f32>,
@@ -56,15 +59,122 @@ pub struct Settings {
     pub meta: Value,
 }
 
-/// The splits of a treebank.
-#[derive(Clone, Copy, Debug)]
-pub struct Splits<'a> {
+/// The splits of a data set (a treebank unless said otherwise).
+#[derive(Debug)]
+pub struct Splits<'a, E = TreeExample> {
     /// Trained on.
-    pub train: &'a [TreeExample],
+    pub train: &'a [E],
     /// Chooses the best epoch.
-    pub dev: &'a [TreeExample],
+    pub dev: &'a [E],
     /// Reported at the best epoch.
-    pub test: &'a [TreeExample],
+    pub test: &'a [E],
+}
+
+impl<E> Clone for Splits<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E> Copy for Splits<'_, E> {}
+
+/// Scores by name, the first the one that picks the best epoch (see [`Learner::score`]).
+pub type Scores = Vec<(String, f64)>;
+
+/// The first of `scores` (NaN if there is none).
+fn main_score(scores: &Scores) -> f64 {
+    scores.first().map_or(f64::NAN, |s| s.1)
+}
+
+/// What the one training loop trains: a model over examples of type `E`, one data-parallel step
+/// at a time. [`Classifier`] learns from [`TreeExample`]s (a class per vertex or per graph);
+/// [`Model`](crate::model::Model) from any example that is
+/// [one or more graphs and a target](crate::model::AsExample).
+pub trait Learner<E>: Learned {
+    /// The graphs this worker's engine runs for worker `rank`'s share (of `size` workers) of
+    /// `batch`: what is scheduled on a helper thread while the step before runs.
+    fn share_graphs<'a>(batch: &[&'a E], rank: usize, size: usize, plan: &Settings) -> Result<Vec<&'a InputGraph>>;
+
+    /// The scheduler of the engine that runs those graphs.
+    fn planner(&self) -> Planner;
+
+    /// One optimizer step on `batch` (the same on every worker of `coll`, each taking its share
+    /// and summing gradients), as step `step` since the start of training (it keys the dropout
+    /// masks, so a resumed run draws what an uninterrupted one did); `planned` is this worker's
+    /// share as scheduled. Returns the whole minibatch's numbers.
+    fn step(
+        &mut self,
+        coll: &mut dyn Collective,
+        batch: &[&E],
+        opt: &mut Optimizer,
+        plan: &Settings,
+        step: u64,
+        planned: Planned<'_>,
+    ) -> Result<StepStats>;
+
+    /// The scores of the model on `data`, by name: the first picks the best epoch on dev data
+    /// (higher is better: root accuracy, a correlation, …); all are reported on test data.
+    fn score(&mut self, data: &[E]) -> Result<Scores>;
+}
+
+/// What checkpoints and the workers of a run need of a model: its learned tensors by name.
+pub trait Learned: Sized {
+    /// Every learned tensor under its name, for a checkpoint.
+    fn tensors(&self) -> Result<Vec<Named>>;
+
+    /// Takes every learned tensor from a checkpoint made of [`Learned::tensors`].
+    fn restore(&mut self, ck: &Checkpoint) -> Result<()>;
+
+    /// A copy with the same learned values, for another worker.
+    fn replica(&self) -> Result<Self>;
+}
+
+impl<B: Backend> Learner<TreeExample> for Classifier<B> {
+    fn share_graphs<'a>(
+        batch: &[&'a TreeExample],
+        rank: usize,
+        size: usize,
+        plan: &Settings,
+    ) -> Result<Vec<&'a InputGraph>> {
+        data_parallel::share_graphs(batch, rank, size, plan.loss_on)
+    }
+
+    fn planner(&self) -> Planner {
+        self.engine.planner()
+    }
+
+    fn step(
+        &mut self,
+        coll: &mut dyn Collective,
+        batch: &[&TreeExample],
+        opt: &mut Optimizer,
+        plan: &Settings,
+        step: u64,
+        planned: Planned<'_>,
+    ) -> Result<StepStats> {
+        for engine in [&mut self.engine, self.out.head().engine()] {
+            engine.set_dropout_key(crate::DropoutKey { step, ..engine.dropout_key() });
+        }
+        data_parallel::step(self, coll, batch, plan.loss_on, opt, plan.clip, Some(planned))
+    }
+
+    fn score(&mut self, data: &[TreeExample]) -> Result<Scores> {
+        Ok(vec![("acc".into(), self.accuracy(data, 256)?)])
+    }
+}
+
+impl<B: Backend> Learned for Classifier<B> {
+    fn tensors(&self) -> Result<Vec<Named>> {
+        Classifier::tensors(self)
+    }
+
+    fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
+        Classifier::restore(self, ck)
+    }
+
+    fn replica(&self) -> Result<Self> {
+        Classifier::replica(self)
+    }
 }
 
 /// What a run reports as it goes (the reporting worker: worker 0 of a data-parallel run, the
@@ -88,7 +198,7 @@ pub enum Event {
         epoch: usize,
         /// Mean training loss over its minibatches.
         loss: f64,
-        /// Dev root accuracy after it.
+        /// The dev score after it (root accuracy for a classifier).
         dev: f64,
     },
 }
@@ -102,44 +212,56 @@ pub struct Summary {
     pub sentences: usize,
     /// Mean training loss per epoch.
     pub loss_curve: Vec<f64>,
-    /// Dev accuracy per epoch.
+    /// The dev score per epoch.
     pub dev_curve: Vec<f64>,
+    /// For a run stopped (by `max_steps`) before any epoch ended: the dev score and the test
+    /// scores of what it trained.
+    pub unfinished: Option<(f64, Scores)>,
 }
 
 /// Everything a run carries from step to step, and so everything a checkpoint holds; the model
-/// runs its vertex function on `B` (the CPU unless said otherwise).
-pub struct Run<B: Backend = CpuBackend> {
+/// is a [`Learner`] (a [`Classifier`] on the CPU unless said otherwise).
+pub struct Run<L = Classifier<CpuBackend>> {
     /// The model.
-    pub model: Classifier<B>,
+    pub model: L,
     /// The optimizer and its state.
     pub opt: Optimizer,
     /// Where the data iterator stands.
     pub pos: Position,
-    /// Best dev accuracy so far.
+    /// Best dev score so far (root accuracy for a classifier); −∞ before the first epoch's end.
     pub best_dev: f64,
-    /// Test accuracy at the best dev accuracy.
+    /// The test score at the best dev score; NaN before the first epoch's end.
     pub test_acc: f64,
+    /// Every test score at the best dev score (the first is `test_acc`); none before the first
+    /// epoch's end.
+    pub test_scores: Scores,
 }
 
 fn meta_error(key: &str, got: &Value) -> Error {
     Error::input("checkpoint metadata", format!("`{key}`"), got.to_string())
 }
 
-impl<B: Backend> Run<B> {
+impl<L> Run<L> {
     /// A fresh run whose first epoch's order is drawn from `rng`.
-    pub fn new(model: Classifier<B>, opt: Optimizer, rng: &Rng) -> Run<B> {
+    pub fn new(model: L, opt: Optimizer, rng: &Rng) -> Run<L> {
         let pos = Position { epoch: 1, step_in_epoch: 0, epoch_rng: rng.state(), steps: 0 };
-        Run { model, opt, pos, best_dev: 0.0, test_acc: 0.0 }
+        Run { model, opt, pos, best_dev: f64::NEG_INFINITY, test_acc: f64::NAN, test_scores: Scores::new() }
     }
 
     /// A copy for another worker.
-    pub fn replica(&self) -> Result<Run<B>> {
-        Ok(Run { model: self.model.replica()?, opt: self.opt.clone(), ..*self })
+    pub fn replica(&self) -> Result<Run<L>>
+    where
+        L: Learned,
+    {
+        Ok(Run { model: self.model.replica()?, opt: self.opt.clone(), test_scores: self.test_scores.clone(), ..*self })
     }
 
     /// The run's state as a checkpoint (phase one of CheckFreq: an in-memory copy); `meta` says
     /// what the model and data are.
-    pub fn snapshot(&self, meta: &Value, with_optimizer: bool) -> Result<Checkpoint> {
+    pub fn snapshot(&self, meta: &Value, with_optimizer: bool) -> Result<Checkpoint>
+    where
+        L: Learned,
+    {
         let mut tensors = self.model.tensors()?;
         if with_optimizer {
             tensors.extend(self.opt.tensors());
@@ -152,6 +274,7 @@ impl<B: Backend> Run<B> {
             "position": { "epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "epoch_rng": p.epoch_rng },
             "best_dev_acc": self.best_dev,
             "test_acc": self.test_acc,
+            "test_scores": self.test_scores.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
         });
         if let (Some(m), Value::Object(s)) = (meta.as_object_mut(), state) {
             m.extend(s);
@@ -163,7 +286,10 @@ impl<B: Backend> Run<B> {
     /// by a run (its `last/` folder). Every setting in `settings` (what [`Settings::meta`] records:
     /// model, sizes, data, seed, batch, …) must be what the checkpoint recorded, or the position
     /// would mean another place in another order.
-    pub fn resume(&mut self, ck: &Checkpoint, settings: &Value) -> Result<()> {
+    pub fn resume(&mut self, ck: &Checkpoint, settings: &Value) -> Result<()>
+    where
+        L: Learned,
+    {
         let m = &ck.meta;
         for (key, want) in settings.as_object().into_iter().flatten() {
             if &m[key] != want {
@@ -207,25 +333,33 @@ impl<B: Backend> Run<B> {
         self.model.restore(ck)?;
         self.opt.restore(ck, pos.steps)?;
         self.pos = pos;
-        self.best_dev = m["best_dev_acc"].as_f64().unwrap_or(0.0);
-        self.test_acc = m["test_acc"].as_f64().unwrap_or(0.0);
+        // No epoch evaluated yet: recorded as null.
+        self.best_dev = m["best_dev_acc"].as_f64().unwrap_or(f64::NEG_INFINITY);
+        self.test_acc = m["test_acc"].as_f64().unwrap_or(f64::NAN);
+        self.test_scores = m["test_scores"]
+            .as_object()
+            .map(|s| s.iter().filter_map(|(k, v)| Some((k.clone(), v.as_f64()?))).collect())
+            .unwrap_or_default();
         Ok(())
     }
 
     /// Trains until `plan.epochs` epochs (or `plan.max_steps` steps) are done, as worker
     /// `coll.rank()` of `coll.size()`.
-    pub fn fit(
+    pub fn fit<E: Sync>(
         &mut self,
-        data: Splits<'_>,
+        data: Splits<'_, E>,
         plan: &Settings,
         coll: &mut dyn Collective,
         events: &mut dyn FnMut(Event),
-    ) -> Result<Summary> {
+    ) -> Result<Summary>
+    where
+        L: Learner<E>,
+    {
         let lead = coll.rank() == 0;
         let batch = plan.batch.max(1);
         let mut persister = Persister::paced(plan.persist_pause);
         let mut summary = Summary::default();
-        let mut stopped = false;
+        let (mut stopped, mut trained) = (false, false);
         let done = |steps: u64| plan.max_steps.is_some_and(|m| steps >= m);
         while self.pos.epoch <= plan.epochs && !stopped {
             let mut rng = Rng::from_state(self.pos.epoch_rng);
@@ -237,7 +371,7 @@ impl<B: Backend> Run<B> {
                 total,
             });
             let (mut loss, mut steps) = (0.0f64, 0usize);
-            let batches: Vec<Vec<&TreeExample>> = order
+            let batches: Vec<Vec<&E>> = order
                 .chunks(batch)
                 .skip(self.pos.step_in_epoch)
                 .map(|chunk| chunk.iter().map(|&i| &data.train[i]).collect())
@@ -246,29 +380,18 @@ impl<B: Backend> Run<B> {
                 stopped = true;
             }
             let (rank, size) = (coll.rank(), coll.size());
-            let graphs = |k: usize| data_parallel::share_graphs(&batches[k], rank, size, plan.loss_on);
-            let planner = self.model.engine.planner();
+            let graphs = |k: usize| L::share_graphs(&batches[k], rank, size, plan);
+            let planner = self.model.planner();
             let count = if stopped { 0 } else { batches.len() };
             plan_each(&planner, count, &graphs, &mut |k, planned| {
                 let start = Instant::now();
                 let examples = &batches[k];
-                // Masks keyed by the step since the start of training: a resumed run draws what
-                // the uninterrupted one did.
-                let key = self.model.engine.dropout_key();
-                self.model.engine.set_dropout_key(crate::DropoutKey { step: self.pos.steps, ..key });
-                let stats = data_parallel::step(
-                    &mut self.model,
-                    coll,
-                    examples,
-                    plan.loss_on,
-                    &mut self.opt,
-                    plan.clip,
-                    Some(planned),
-                )?;
+                let stats = self.model.step(coll, examples, &mut self.opt, plan, self.pos.steps, planned)?;
                 summary.train_seconds += start.elapsed().as_secs_f64();
                 summary.sentences += examples.len();
                 loss += f64::from(stats.loss);
                 steps += 1;
+                trained = true;
                 self.pos.step_in_epoch += 1;
                 self.pos.steps += 1;
                 events(Event::Trees(examples.len()));
@@ -285,20 +408,10 @@ impl<B: Backend> Run<B> {
                 break;
             }
             self.pos = Position { epoch: self.pos.epoch + 1, step_in_epoch: 0, epoch_rng: rng.state(), ..self.pos };
-            // Every replica evaluates (they are identical), so none waits for another under the
-            // peer timeout.
             let epoch = self.pos.epoch - 1;
-            let dev = self.model.accuracy(data.dev, 256)?;
-            let improved = dev > self.best_dev;
-            if improved {
-                self.best_dev = dev;
-                self.test_acc = self.model.accuracy(data.test, 256)?;
-            }
+            let dev = self.evaluate(data, plan, lead, &mut persister)?;
             if lead {
                 if let Some(dir) = &plan.checkpoint {
-                    if improved {
-                        persister.persist(self.snapshot(&plan.meta, false)?, dir.join("best"))?;
-                    }
                     persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
                 }
                 let loss = loss / steps.max(1) as f64;
@@ -307,11 +420,42 @@ impl<B: Backend> Run<B> {
                 events(Event::EpochEnd { epoch, loss, dev });
             }
         }
+        if stopped && trained && self.best_dev == f64::NEG_INFINITY {
+            // A run stopped before any epoch's end is scored on what it trained (not kept as a
+            // best epoch, so that a resumed run goes on as an uninterrupted one would).
+            let dev = main_score(&self.model.score(data.dev)?);
+            summary.unfinished = Some((dev, self.model.score(data.test)?));
+        }
         if let (true, true, Some(dir)) = (lead, stopped, &plan.checkpoint) {
             persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
         }
         persister.wait()?;
         Ok(summary)
+    }
+
+    /// Scores the model on dev at an epoch's end, and on test when dev improves on the best so
+    /// far; the lead worker then writes `best/`. Every replica evaluates (they are identical), so
+    /// none waits for another under the peer timeout. Returns the dev score.
+    fn evaluate<E>(
+        &mut self,
+        data: Splits<'_, E>,
+        plan: &Settings,
+        lead: bool,
+        persister: &mut Persister,
+    ) -> Result<f64>
+    where
+        L: Learner<E>,
+    {
+        let dev = main_score(&self.model.score(data.dev)?);
+        if dev > self.best_dev {
+            self.best_dev = dev;
+            self.test_scores = self.model.score(data.test)?;
+            self.test_acc = main_score(&self.test_scores);
+            if let (true, Some(dir)) = (lead, &plan.checkpoint) {
+                persister.persist(self.snapshot(&plan.meta, false)?, dir.join("best"))?;
+            }
+        }
+        Ok(dev)
     }
 }
 
@@ -468,19 +612,19 @@ pub fn on_threads<S: Send, T: Send>(
 /// Trains `run` data-parallel on `workers` threads of this process; returns worker 0's summary,
 /// with `run` holding the result. A worker that fails or stops answering for `timeout` ends the
 /// run with an error.
-pub fn fit_threads<B: Backend>(
-    run: &mut Run<B>,
+pub fn fit_threads<L: Learner<E>, E: Sync>(
+    run: &mut Run<L>,
     workers: usize,
     timeout: Duration,
-    data: Splits<'_>,
+    data: Splits<'_, E>,
     plan: &Settings,
     events: &mut dyn FnMut(Event),
 ) -> Result<Summary>
 where
-    Run<B>: Send,
+    Run<L>: Send,
 {
-    let mut replicas: Vec<Run<B>> = (1..workers.max(1)).map(|_| run.replica()).collect::<Result<_>>()?;
-    let runs: Vec<&mut Run<B>> = std::iter::once(run).chain(replicas.iter_mut()).collect();
+    let mut replicas: Vec<Run<L>> = (1..workers.max(1)).map(|_| run.replica()).collect::<Result<_>>()?;
+    let runs: Vec<&mut Run<L>> = std::iter::once(run).chain(replicas.iter_mut()).collect();
     let summaries = on_threads(runs, timeout, 0, events, |run, coll, report| run.fit(data, plan, coll, report))?;
     Ok(summaries.into_iter().next().unwrap_or_default())
 }

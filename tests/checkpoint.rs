@@ -326,3 +326,30 @@ fn resume_refuses_other_settings_and_best_checkpoints() {
     let err = refused(&[s(&best), "--epochs", "2"]);
     assert!(err.contains("a `best/` folder is for `arbor eval`"), "{err}");
 }
+
+/// The SICK pair model trains by the same loop: 20 steps, then resumed to 40 with two workers
+/// in both runs, gives bitwise the checkpoint of 40 straight steps.
+#[test]
+fn a_pair_model_resumes_bitwise_exact() {
+    let tmp = Temp::new("exact-sick");
+    let data = arbor::data::data_dir().join("sick");
+    let (a, b) = (tmp.join("a"), tmp.join("b"));
+    let run = |dir: &Path, max_steps: &str, resume: bool| {
+        let mut args = vec!["--model", "sick", "--data", s(&data), "--workers", "2", "--max-steps", max_steps];
+        args.extend(["--checkpoint", s(dir)]);
+        if resume {
+            args.extend(["--resume", s(dir)]);
+        }
+        train(&args)
+    };
+    assert_eq!(run(&a, "40", false)["steps"], 40);
+    let halfway = run(&b, "20", false);
+    assert_eq!(halfway["steps"], 20);
+    assert!(halfway["test_pearson"].as_f64().is_some(), "a run stopped inside an epoch is scored: {halfway}");
+    assert_eq!(run(&b, "40", true)["steps"], 40);
+    let (ca, cb) = (load(&a.join("last")), load(&b.join("last")));
+    assert!(ca.tensors.iter().any(|t| t.0 == "head.W") && ca.tensors.iter().any(|t| t.0.starts_with("opt.")));
+    if let Some(diff) = first_difference(&ca, &cb) {
+        panic!("40 uninterrupted steps and 20 + 20 resumed steps differ: {diff}");
+    }
+}

@@ -227,7 +227,7 @@ fn sick_trains_and_its_checkpoint_evaluates_the_same() {
     }
     assert_eq!(evaluated["pairs"], 4927);
     std::fs::remove_dir_all(ck).ok();
-    let out = arbor(&[&args[..], &["--workers", "2"]].concat());
+    let out = arbor(&[&args[..], &["--layers", "2"]].concat());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("--model sick") && err.contains("--workers above 1"), "{err}");
+    assert!(!out.status.success() && err.contains("--model sick") && err.contains("--layers"), "{err}");
 }

@@ -261,3 +261,45 @@ fn a_hung_worker_times_the_run_out() {
     assert_eq!(group.to_string(), err.to_string());
     assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(2), "{took:?}");
 }
+
+/// A whole model (the SICK pair model: two trees per example, a head, no hand-written gradient)
+/// on the one training loop: two and three workers end where one does (≤ 1e-5 relative), and
+/// the run reports the test scores of its best dev epoch.
+#[test]
+fn a_pair_model_on_the_training_loop_with_workers_equals_one() {
+    use arbor::data::sick;
+    use arbor::layers::Embedding;
+    use arbor::model::{Feed, Model};
+    use arbor::trainer::fit_threads;
+    let data = sick::read_splits(&arbor::data::data_dir().join("sick"), false).expect("the SICK splits read");
+    let fresh = || {
+        let mut rng = Rng::new(4);
+        let words = Embedding::new(data.vocab.len(), 8, 0.1, &mut rng).with_padding(PAD);
+        let (cell, head) =
+            (nn::child_sum_tree_lstm_nary(8, 8).unwrap(), nn::relatedness_head(8, 10, sick::CLASSES).unwrap());
+        Model::init(&arbor::CpuBackend::new(), words, cell, vec![Feed::Words, Feed::ParentWords], head, &mut rng)
+            .expect("the pair model builds")
+    };
+    let splits = Splits { train: &data.train[..120], dev: &data.dev[..60], test: &data.test[..60] };
+    let settings = Settings { epochs: 2, loss_on: LossOn::Root, ..plan() };
+    let run = |workers: usize| {
+        let mut run = Run::new(fresh(), Optimizer::new(Config::new(Rule::Sgd { momentum: 0.9 }, 0.1)), &Rng::new(5));
+        let summary = fit_threads(&mut run, workers, Duration::from_secs(60), splits, &settings, &mut |_| {})
+            .expect("the run trains");
+        let values: Vec<(String, Vec<f32>)> =
+            run.model.tensors().expect("tensors").into_iter().map(|(n, _, v)| (n, v)).collect();
+        (values, summary, run.test_scores)
+    };
+    let (one, summary, scores) = run(1);
+    assert_eq!(summary.sentences, 240);
+    assert_eq!(scores.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["pearson", "spearman", "mse"]);
+    assert!(scores.iter().all(|s| s.1.is_finite()), "{scores:?}");
+    let start: Vec<(String, Vec<f32>)> = fresh().tensors().unwrap().into_iter().map(|(n, _, v)| (n, v)).collect();
+    assert!(relative(&one, &start) > 1e-3, "training changed nothing");
+    for workers in [2, 3] {
+        let (many, _, their_scores) = run(workers);
+        let rel = relative(&many, &one);
+        assert!(rel <= 1e-5, "{workers} workers: relative difference {rel}");
+        assert!((their_scores[0].1 - scores[0].1).abs() < 1e-3, "{their_scores:?} vs {scores:?}");
+    }
+}

@@ -166,9 +166,13 @@ fn a_training_run_on_the_gpu_follows_the_cpu_run() {
         persist_pause: std::time::Duration::ZERO,
         meta: serde_json::json!({}),
     };
-    fn fit<B: Backend>(backend: B, splits: Splits<'_>, settings: &Settings) -> (Run<B>, arbor::trainer::Summary)
+    fn fit<B: Backend>(
+        backend: B,
+        splits: Splits<'_>,
+        settings: &Settings,
+    ) -> (Run<Classifier<B>>, arbor::trainer::Summary)
     where
-        Run<B>: Send,
+        Run<Classifier<B>>: Send,
     {
         let mut rng = Rng::new(2);
         let cell = nn::tree_lstm(16, 16).unwrap();

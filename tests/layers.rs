@@ -1,35 +1,58 @@
-//! The static input and output layers: gradients against finite differences, sparse rows,
+//! The input layer and the classifier head: gradients against finite differences, sparse rows,
 //! target selection and errors.
 
 use arbor::core::rng::Rng;
-use arbor::layers::{Embedding, LossOn, SoftmaxClassifier};
-use arbor::InputGraph;
+use arbor::head::ClassHead;
+use arbor::layers::{Embedding, LossOn};
+use arbor::{CpuBackend, InputGraph};
+
+fn softmax(d: usize, c: usize, seed: u64) -> ClassHead<CpuBackend> {
+    ClassHead::softmax(CpuBackend::new(), d, c, &mut Rng::new(seed)).unwrap()
+}
 
 #[test]
 fn classifier_gradients_match_finite_differences() {
     let mut rng = Rng::new(11);
     let (d, c) = (4, 3);
-    let clf = SoftmaxClassifier::new(d, c, &mut rng);
+    let mut clf = softmax(d, c, 11);
     let rows: Vec<f32> = (0..5 * d).map(|_| rng.range(-1.0, 1.0)).collect();
     let targets = [Some(0), None, Some(2), Some(1), Some(2)];
-    let out = clf.loss(&rows, &targets).unwrap();
+    let out = clf.loss_over(&rows, &targets, 4).unwrap();
     assert_eq!(out.count, 4);
     assert!(out.grad_input[d..2 * d].iter().all(|&g| g == 0.0), "a row without target got gradient");
+    // The loss is the true mean cross-entropy, from the softmax of h·W + b.
+    let params = clf.params().unwrap();
+    let mut expected = 0.0;
+    for (i, t) in targets.iter().enumerate() {
+        let Some(t) = t else { continue };
+        let logits: Vec<f32> = (0..c)
+            .map(|j| params[1][j] + (0..d).map(|k| rows[i * d + k] * params[0][k * c + j]).sum::<f32>())
+            .collect();
+        let norm = logits.iter().map(|l| l.exp()).sum::<f32>().ln();
+        expected += (norm - logits[*t as usize]) / 4.0;
+    }
+    assert!((out.loss - expected).abs() < 1e-5, "loss {} vs {expected}", out.loss);
     let eps = 1e-2;
+    let loss = |rows: &[f32], clf: &mut ClassHead<CpuBackend>| clf.loss_over(rows, &targets, 4).unwrap().loss;
     for i in 0..rows.len() {
         let (mut up, mut down) = (rows.clone(), rows.clone());
         up[i] += eps;
         down[i] -= eps;
-        let numeric = (clf.loss(&up, &targets).unwrap().loss - clf.loss(&down, &targets).unwrap().loss) / (2.0 * eps);
+        let numeric = (loss(&up, &mut clf) - loss(&down, &mut clf)) / (2.0 * eps);
         assert!((numeric - out.grad_input[i]).abs() < 1e-3, "row value {i}: {numeric} vs {}", out.grad_input[i]);
     }
-    // Weight gradient: moving the weights along the gradient lowers the loss by about |g|²·step.
-    let step = 1e-3;
-    let mut moved = clf.clone();
-    moved.apply(&out.grads, -step);
-    let norm2: f32 = out.grads.weight.iter().chain(&out.grads.bias).map(|g| g * g).sum();
-    let drop = out.loss - moved.loss(&rows, &targets).unwrap().loss;
-    assert!((drop - step * norm2).abs() < 0.05 * step * norm2, "drop {drop} vs {}", step * norm2);
+    for (p, grads) in out.grads.iter().enumerate() {
+        for (k, g) in grads.iter().enumerate() {
+            let moved = |delta: f32, clf: &mut ClassHead<CpuBackend>| {
+                let mut ps = params.clone();
+                ps[p][k] += delta;
+                clf.head().engine().set_params(&ps).unwrap();
+                loss(&rows, clf)
+            };
+            let numeric = (moved(eps, &mut clf) - moved(-eps, &mut clf)) / (2.0 * eps);
+            assert!((numeric - g).abs() < 1e-3, "parameter {p} value {k}: {numeric} vs {g}");
+        }
+    }
 }
 
 #[test]
@@ -63,12 +86,28 @@ fn loss_targets_at_roots_or_everywhere() {
 
 #[test]
 fn classifier_refuses_bad_targets_and_rows() {
-    let clf = SoftmaxClassifier::new(2, 3, &mut Rng::new(1));
-    let err = clf.loss(&[0.0; 4], &[Some(1), Some(3)]).unwrap_err().to_string();
+    let mut clf = softmax(2, 3, 1);
+    let err = clf.loss_over(&[0.0; 4], &[Some(1), Some(3)], 2).unwrap_err().to_string();
     assert!(err.contains("target of row 1") && err.contains("below 3"), "{err}");
-    assert!(clf.loss(&[0.0; 3], &[Some(1)]).is_err());
-    assert!(clf.loss(&[0.0; 4], &[Some(1)]).is_err());
+    assert!(clf.loss_over(&[0.0; 3], &[Some(1)], 1).is_err());
+    assert!(clf.loss_over(&[0.0; 4], &[Some(1)], 1).is_err());
     assert_eq!(clf.predict(&[0.0; 4]).unwrap().len(), 2);
+    let none = clf.loss_over(&[0.0; 4], &[None, None], 1).unwrap();
+    assert_eq!((none.loss, none.count, none.grads.len()), (0.0, 0, 2));
+}
+
+#[test]
+fn a_head_without_logits_is_not_a_classifier() {
+    let f = arbor::head::softmax_classifier(2, 3).unwrap();
+    let params = f.init_params(&mut Rng::new(1));
+    assert!(ClassHead::new(CpuBackend::new(), f, &params).is_ok());
+    let g = arbor::Builder::new("no-logits", 0);
+    let (h, t) = (g.pull("h", 2), g.pull("target", 3));
+    g.push("loss", arbor::head::softmax_cross_entropy(h.matmul(g.param("W", [2, 3], arbor::Init::Xavier)), t));
+    let g = g.build().unwrap();
+    let params = g.init_params(&mut Rng::new(1));
+    let err = ClassHead::new(CpuBackend::new(), g, &params).err().expect("refused").to_string();
+    assert!(err.contains("classifier head `no-logits`") && err.contains("logits"), "{err}");
 }
 
 #[test]

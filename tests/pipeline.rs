@@ -75,12 +75,7 @@ fn values(stages: &[Stack]) -> Vec<f32> {
         if let Some(e) = &s.embed {
             out.extend(e.table());
         }
-        s.layers.iter().for_each(|l| l.params.iter().for_each(|p| out.extend(p)));
-        if let Some(c) = &s.out {
-            let (w, b) = c.params();
-            out.extend(w);
-            out.extend(b);
-        }
+        s.layers.iter().chain(&s.out).for_each(|l| l.params.iter().for_each(|p| out.extend(p)));
     }
     out
 }

@@ -7,7 +7,9 @@
 use super::Vocab;
 use crate::core::error::{Error, Result};
 use crate::core::graph::InputGraph;
-use crate::model::{Example, Model, Tree};
+use crate::metrics;
+use crate::model::{AsExample, Example, Model, Tree};
+use crate::trainer::Scores;
 use crate::Backend;
 use std::path::Path;
 
@@ -52,6 +54,23 @@ impl Pair {
     /// ([`target_distribution`]).
     pub fn example(&self) -> Example<'_> {
         Example { trees: vec![self.a.tree(), self.b.tree()], target: target_distribution(self.score).to_vec() }
+    }
+}
+
+impl AsExample for Pair {
+    fn example(&self) -> Example<'_> {
+        Pair::example(self)
+    }
+
+    /// Pearson's correlation of the expected scores with the gold ones (which picks the best
+    /// epoch), Spearman's, and the mean squared error.
+    fn score<B: Backend>(model: &mut Model<B>, data: &[Pair]) -> Result<Scores> {
+        let (got, gold) = (predict(model, data)?, gold(data));
+        Ok(vec![
+            ("pearson".into(), metrics::pearson(&got, &gold)),
+            ("spearman".into(), metrics::spearman(&got, &gold)),
+            ("mse".into(), metrics::mean_squared_error(&got, &gold)),
+        ])
     }
 }
 

@@ -11,7 +11,7 @@
 use super::collective::{Collective, Values};
 use crate::data::TreeExample;
 use crate::engine::Planned;
-use crate::layers::{ClassifierGrads, LossOn, SparseGrad};
+use crate::layers::{LossOn, SparseGrad};
 use crate::optim::Optimizer;
 use crate::train::{batch, Classifier, StepGrads, StepStats};
 use crate::{Backend, InputGraph};
@@ -110,13 +110,69 @@ fn merge_parts<R: AsRef<[u32]>>(parts: &[(R, &[f32])], dim: usize) -> SparseGrad
     out
 }
 
+/// Dense gradients and one sparse gradient of a table on their way to being summed across the
+/// workers of a [`Collective`]: each handed to the peers as it is (one bucket per tensor, then
+/// the table's rows and their values) and summed out of place, with no copies to share them.
+pub(crate) struct Pending {
+    dense: Vec<Values>,
+    rows: Vec<f32>,
+    values: Values,
+}
+
+impl Pending {
+    /// Starts the sums (collectives started before finish before these).
+    pub(crate) fn start(coll: &mut dyn Collective, dense: Vec<Vec<f32>>, sparse: SparseGrad) -> Result<Pending> {
+        let dense: Vec<Values> = dense.into_iter().map(Arc::new).collect();
+        for g in &dense {
+            coll.start_all_gather_shared(Arc::clone(g))?;
+        }
+        let (rows, values) = (encode(&sparse.rows), Arc::new(sparse.values));
+        coll.start_all_gather_values(&rows)?;
+        coll.start_all_gather_shared(Arc::clone(&values))?;
+        Ok(Pending { dense, rows, values })
+    }
+
+    /// The sums over every worker (added in rank order): of each dense gradient, and of the
+    /// sparse gradients of a `vocab × dim` table.
+    pub(crate) fn finish(
+        self,
+        coll: &mut dyn Collective,
+        vocab: usize,
+        dim: usize,
+    ) -> Result<(Vec<Vec<f32>>, SparseGrad)> {
+        let dense = self.dense.iter().map(|g| coll.finish_sum(g)).collect::<Result<Vec<_>>>()?;
+        let me = coll.rank();
+        let (peer_rows, peer_values) = (coll.finish_gather_values()?, coll.finish_gather_values()?);
+        let parts = (0..coll.size())
+            .map(|from| {
+                let r = peer_rows[from].as_deref().unwrap_or(&self.rows);
+                let v = peer_values[from].as_deref().unwrap_or(&self.values);
+                Ok((decode(r, v, vocab, dim, me, from)?, v.as_slice()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((dense, merge_parts(&parts, dim)))
+    }
+}
+
 /// The output bucket: the output layer's gradients, then loss, correct, count and vertices.
-fn head(g: &ClassifierGrads, s: &StepStats) -> Vec<f32> {
-    let mut out = Vec::with_capacity(g.weight.len() + g.bias.len() + 4);
-    out.extend(&g.weight);
-    out.extend(&g.bias);
+fn head(g: &[Vec<f32>], s: &StepStats) -> Vec<f32> {
+    let mut out: Vec<f32> = g.iter().flatten().copied().collect();
     out.extend([s.loss, s.correct as f32, s.count as f32, s.vertices as f32]);
     out
+}
+
+/// [`head`] taken apart: the output layer's gradients (shaped like `like`) and the numbers.
+fn unhead(bucket: &[f32], like: &[Vec<f32>]) -> (Vec<Vec<f32>>, StepStats) {
+    let mut at = 0;
+    let grads = like
+        .iter()
+        .map(|g| {
+            at += g.len();
+            bucket[at - g.len()..at].to_vec()
+        })
+        .collect();
+    let s = &bucket[at..];
+    (grads, StepStats { loss: s[0], correct: s[1] as usize, count: s[2] as usize, vertices: s[3] as usize })
 }
 
 /// One data-parallel optimizer step of `model` on the minibatch `examples` (the same on every
@@ -140,6 +196,13 @@ pub fn step<B: Backend>(
     // draws the same masks.
     let key = model.engine.dropout_key();
     model.engine.set_dropout_key(crate::DropoutKey { first: share.start, ..key });
+    // The head's examples are the rows with a target: its masks are keyed by their place.
+    let mut before = 0;
+    for e in &examples[..share.start] {
+        before += loss_on.select(&[&e.graph], &e.labels)?.iter().flatten().count();
+    }
+    let out = model.out.head().engine();
+    out.set_dropout_key(crate::DropoutKey { first: before, ..out.dropout_key() });
     let mine = &examples[share];
     let local = batch(mine);
     let many = coll.size() > 1;
@@ -154,8 +217,7 @@ pub fn step<B: Backend>(
     let (stats, classifier, push_grad) = match pass {
         Some(out) => (out.stats, out.classifier, Some((out.push_grad, out.push_rows))),
         None => {
-            let (w, b) = model.out.params();
-            let zeros = ClassifierGrads { weight: vec![0.0; w.len()], bias: vec![0.0; b.len()] };
+            let zeros = model.out.function().params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
             (StepStats::default(), zeros, None)
         }
     };
@@ -172,40 +234,14 @@ pub fn step<B: Backend>(
         }
     };
     let (cell, embedding) = if many {
-        // Every gradient handed to the peers as it is (one bucket per parameter, then the
-        // embedding's rows and their values) and summed out of place: no copies to share them.
-        let cell: Vec<Values> = cell.into_iter().map(Arc::new).collect();
-        for g in &cell {
-            coll.start_all_gather_shared(Arc::clone(g))?;
-        }
-        let (rows, values) = (encode(&embedding.rows), Arc::new(embedding.values));
-        coll.start_all_gather_values(&rows)?;
-        coll.start_all_gather_shared(Arc::clone(&values))?;
-
+        let pending = Pending::start(coll, cell, embedding)?;
         coll.finish_all_reduce(&mut bucket0)?;
-        let cell = cell.iter().map(|g| coll.finish_sum(g)).collect::<Result<Vec<_>>>()?;
-        let (vocab, dim, me) = (model.embed.vocab(), model.embed.dim(), coll.rank());
-        let (peer_rows, peer_values) = (coll.finish_gather_values()?, coll.finish_gather_values()?);
-        let parts = (0..coll.size())
-            .map(|from| {
-                let r = peer_rows[from].as_deref().unwrap_or(&rows);
-                let v = peer_values[from].as_deref().unwrap_or(&values);
-                Ok((decode(r, v, vocab, dim, me, from)?, v.as_slice()))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        (cell, merge_parts(&parts, dim))
+        pending.finish(coll, model.embed.vocab(), model.embed.dim())?
     } else {
         (cell, embedding)
     };
 
-    let (stats, classifier) = if many {
-        let (nw, nb) = (classifier.weight.len(), classifier.bias.len());
-        let s = &bucket0[nw + nb..];
-        let stats = StepStats { loss: s[0], correct: s[1] as usize, count: s[2] as usize, vertices: s[3] as usize };
-        (stats, ClassifierGrads { weight: bucket0[..nw].to_vec(), bias: bucket0[nw..nw + nb].to_vec() })
-    } else {
-        (stats, classifier)
-    };
+    let (classifier, stats) = if many { unhead(&bucket0, &classifier) } else { (classifier, stats) };
     let mut grads = StepGrads { stats, cell, classifier, embedding };
     model.apply(&mut grads, opt, clip)?;
     Ok(grads.stats)

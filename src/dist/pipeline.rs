@@ -14,10 +14,11 @@ use super::data_parallel::{merge, split};
 use super::schedule::{self, Kind, Op};
 use crate::data::TreeExample;
 use crate::engine::{Engine, Planned, Planner, Pull};
-use crate::layers::{ClassifierGrads, Embedding, LossOn, SoftmaxClassifier, SparseGrad};
+use crate::head::{softmax_classifier, ClassHead};
+use crate::layers::{Embedding, LossOn, SparseGrad};
 use crate::nn::Model;
 use crate::optim::{clip_to, sum_squares, Optimizer};
-use crate::train::{batch, update, StepStats};
+use crate::train::{batch, names, update, StepStats, CLASSIFIER};
 use crate::trainer::{each_step, epoch_order, Event, Splits, Summary};
 use crate::{Backend, CpuBackend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
@@ -54,8 +55,8 @@ pub struct Stack {
     pub embed: Option<Embedding>,
     /// The vertex-function layers, bottom first.
     pub layers: Vec<Layer>,
-    /// The output layer (on the last stage only).
-    pub out: Option<SoftmaxClassifier>,
+    /// The output layer, a classifier head (on the last stage only).
+    pub out: Option<Layer>,
 }
 
 impl Stack {
@@ -87,7 +88,9 @@ impl Stack {
                 Ok(Layer { f, params })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Stack { embed: Some(table), layers, out: Some(SoftmaxClassifier::new(hidden, classes, rng)) })
+        let f = softmax_classifier(hidden, classes)?;
+        let out = Layer { params: f.init_params(rng), f };
+        Ok(Stack { embed: Some(table), layers, out: Some(out) })
     }
 
     /// Cuts a whole stack into `stages` parts of whole layers, as even as the layer count allows.
@@ -178,7 +181,7 @@ fn micro_batches<'a>(minibatches: &[Vec<&'a TreeExample>], m: usize, loss_on: Lo
 #[derive(Default)]
 struct Accum {
     cell: Vec<Vec<Vec<f32>>>,
-    classifier: Option<ClassifierGrads>,
+    classifier: Vec<Vec<f32>>,
     parts: Vec<SparseGrad>,
     embedding: SparseGrad,
     stats: StepStats,
@@ -197,10 +200,7 @@ impl Accum {
     /// Every dense and sparse gradient value, for clipping.
     fn all_mut(&mut self) -> Vec<&mut [f32]> {
         let mut all: Vec<&mut [f32]> = self.cell.iter_mut().flatten().map(Vec::as_mut_slice).collect();
-        if let Some(c) = &mut self.classifier {
-            all.push(&mut c.weight);
-            all.push(&mut c.bias);
-        }
+        all.extend(self.classifier.iter_mut().map(Vec::as_mut_slice));
         all.push(&mut self.embedding.values);
         all
     }
@@ -225,6 +225,8 @@ pub struct Stage<B: Backend = CpuBackend> {
     /// The RNG state the next epoch's order is drawn from.
     pub order: Rng,
     backend: B,
+    /// The output layer's head and the weights version it holds (on the last stage).
+    head: Option<(ClassHead<B>, usize)>,
     engines: Vec<Vec<Engine<B>>>,
     loaded: Vec<Option<usize>>,
     push_grads: Vec<Vec<f32>>,
@@ -251,6 +253,7 @@ impl<B: Backend> Stage<B> {
             best_dev: 0.0,
             test_acc: 0.0,
             order,
+            head: None,
             engines: Vec::new(),
             loaded: Vec::new(),
             push_grads: Vec::new(),
@@ -280,6 +283,22 @@ impl<B: Backend> Stage<B> {
         self.loaded = vec![Some(self.version); slots];
         self.push_grads = vec![Vec::new(); slots];
         Ok(())
+    }
+
+    /// The output layer's head with the newest weights (on the last stage; `None` elsewhere).
+    fn head(&mut self) -> Result<Option<&mut ClassHead<B>>> {
+        let Some(out) = &self.part.out else { return Ok(None) };
+        match &mut self.head {
+            Some((head, version)) if *version != self.version => {
+                head.head().engine().set_params(&out.params)?;
+                *version = self.version;
+            }
+            Some(_) => {}
+            None => {
+                self.head = Some((ClassHead::new(self.backend.replica()?, out.f.clone(), &out.params)?, self.version))
+            }
+        }
+        Ok(self.head.as_mut().map(|(head, _)| head))
     }
 
     /// Loads the newest weights into slot `k`'s engines unless they have them.
@@ -339,15 +358,16 @@ impl<B: Backend> Stage<B> {
                 x = e.forward_planned(plan, &[Pull::Rows(&x)], None)?.swap_remove(0);
             }
         }
-        let Some(out) = &self.part.out else { return mail.send_f32(mail.rank() + 1, ACT, &x) };
-        let acc = self.acc.get_or_insert_with(Accum::default);
+        let Some(out) = self.head()? else { return mail.send_f32(mail.rank() + 1, ACT, &x) };
         self.push_grads[k] = if mb.words.is_empty() {
             Vec::new()
         } else {
-            let mut step = out.loss_over(&x, &mb.targets, mb.denom)?;
-            let c = acc.classifier.get_or_insert_with(Default::default);
-            add_into(&mut c.weight, std::mem::take(&mut step.grads.weight));
-            add_into(&mut c.bias, std::mem::take(&mut step.grads.bias));
+            let step = out.loss_over(&x, &mb.targets, mb.denom)?;
+            let acc = self.acc.get_or_insert_with(Accum::default);
+            acc.classifier.resize_with(step.grads.len(), Vec::new);
+            for (c, g) in acc.classifier.iter_mut().zip(step.grads) {
+                add_into(c, g);
+            }
             let s = &mut acc.stats;
             (s.loss, s.correct, s.count) = (s.loss + step.loss, s.correct + step.correct, s.count + step.count);
             s.vertices += mb.words.len();
@@ -424,20 +444,15 @@ impl<B: Backend> Stage<B> {
                 }
                 clip_to(&mut acc.all_mut(), total.sqrt() as f32, max);
             }
-            let dense = self
-                .part
-                .layers
-                .iter_mut()
-                .zip(&acc.cell)
-                .enumerate()
-                .flat_map(|(l, (layer, grads))| {
-                    let names = layer.f.params().iter().map(move |p| format!("layer{l}.{}", p.name));
-                    names.zip(layer.params.iter_mut()).zip(grads)
-                })
+            let layers = self.part.layers.iter_mut().zip(&acc.cell).enumerate();
+            let mut tensors: Vec<_> = layers.map(|(l, (layer, grads))| (format!("layer{l}"), layer, grads)).collect();
+            tensors.extend(self.part.out.as_mut().map(|out| (CLASSIFIER.to_string(), out, &acc.classifier)));
+            let dense = tensors
+                .into_iter()
+                .flat_map(|(of, layer, grads)| names(&of, &layer.f).into_iter().zip(&mut layer.params).zip(grads))
                 .map(|((n, p), g)| (n, p.as_mut_slice(), g.as_slice()))
                 .collect();
-            let out = self.part.out.as_mut().zip(acc.classifier.as_ref());
-            update(&mut self.opt, dense, out, self.part.embed.as_mut().map(|e| (e, &acc.embedding)));
+            update(&mut self.opt, dense, self.part.embed.as_mut().map(|e| (e, &acc.embedding)));
             self.version += 1;
         }
         Ok(())
@@ -567,14 +582,15 @@ impl<B: Backend> Stage<B> {
             for e in &mut self.engines[0] {
                 x = e.infer(&b.graphs, &[Pull::Rows(&x)])?.swap_remove(0);
             }
-            let Some(out) = &self.part.out else {
+            let Some(out) = self.head()? else {
                 mail.send_f32(mail.rank() + 1, ACT, &x)?;
                 continue;
             };
+            let predicted = out.predict(&x)?;
             for (row, t) in LossOn::Root.select(&b.graphs, &b.labels)?.iter().enumerate() {
                 if let Some(t) = t {
                     count += 1;
-                    correct += usize::from(out.predict_row(&x, row)? == *t as usize);
+                    correct += usize::from(predicted[row] == *t as usize);
                 }
             }
         }

@@ -37,9 +37,7 @@ pub(crate) fn infer_batch<B: Backend>(model: &mut Classifier<B>, batch: &[&TreeE
         base += e.graph.len();
     }
     let h = model.infer_rows(&graphs, &ids, &roots)?;
-    for k in 0..roots.len() {
-        model.out.predict_row(&h, k)?;
-    }
+    model.out.predict(&h)?;
     Ok(())
 }
 

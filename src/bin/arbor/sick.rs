@@ -3,21 +3,22 @@
 //! dependency tree (`nn::child_sum_tree_lstm_nary`), the relatedness head
 //! (`nn::relatedness_head`) and the KL loss, put together by `arbor::model::Model`.
 
-use crate::args::{Device, EvalArgs, TrainArgs};
+use crate::args::{Device, Distributed, EvalArgs, TrainArgs};
 use crate::meta_usize;
-use crate::train::{optimizer, Progress, Sizes};
+use crate::train::{on_mpi, optimizer, plural, Progress, Sizes};
 use arbor::checkpoint::Checkpoint;
 use arbor::core::rng::Rng;
 use arbor::data::sick::{self, Pair};
 use arbor::data::{Vocab, PAD};
 use arbor::layers::Embedding;
-use arbor::model::{Example, Feed, Model};
+use arbor::layers::LossOn;
+use arbor::model::{AsExample, Feed, Model};
 use arbor::optim::Optimizer;
-use arbor::trainer::Event;
-use arbor::{metrics, nn, Backend, CpuBackend, Error, Result};
+use arbor::trainer::{fit_threads, Event, Run, Settings, Splits};
+use arbor::{nn, Backend, CpuBackend, Error, Result};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::time::Instant;
+use std::time::Duration;
 
 /// Units of the relatedness head's hidden layer (Tai et al.).
 const UNITS: usize = 50;
@@ -30,102 +31,107 @@ fn pair_model<B: Backend>(backend: &B, vocab: usize, embed: usize, hidden: usize
     Model::init(backend, words, cell, vec![Feed::Words, Feed::ParentWords], head, rng)
 }
 
-/// Pearson's and Spearman's correlations and the mean squared error of the model's expected
-/// scores on `pairs`.
+/// The scores of `AsExample::score` for pairs as a JSON object.
 fn scores<B: Backend>(model: &mut Model<B>, pairs: &[Pair]) -> Result<Value> {
-    let (got, gold) = (sick::predict(model, pairs)?, sick::gold(pairs));
-    Ok(json!({
-        "pearson": metrics::pearson(&got, &gold),
-        "spearman": metrics::spearman(&got, &gold),
-        "mse": metrics::mean_squared_error(&got, &gold),
-    }))
+    let scores = <Pair as AsExample>::score(model, pairs)?;
+    Ok(scores.into_iter().map(|(k, v)| (k, json!(v))).collect::<serde_json::Map<_, _>>().into())
 }
 
-/// Trains the pair model on `--data DIR` (a SICK folder), keeping the epoch of the best dev
-/// Pearson; prints a JSON line with its test scores.
-pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
+/// Trains the pair model on `--data DIR` (a SICK folder) by the one training loop (threads or
+/// MPI ranks, checkpoints, resume), keeping the epoch of the best dev Pearson; prints a JSON
+/// line with its test scores.
+pub(crate) fn train(args: &TrainArgs, sizes: &Sizes, timeout: Duration) -> Result<()> {
     let unsupported = [
         ("--layers or --stages above 1", args.layers > 1 || args.stages > 1),
-        ("--workers above 1", args.workers > 1),
-        ("--distributed", args.distributed.is_some()),
-        ("--resume", args.resume.is_some()),
-        ("--checkpoint-every", args.checkpoint_every.is_some()),
         ("--embeddings", args.embeddings.is_some()),
     ];
     if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
-        return Err(Error::input("--model sick", "one worker on one stage, from random word vectors (for now)", *flag));
+        return Err(Error::input("--model sick", "one stage, from random word vectors (for now)", *flag));
     }
     match args.device {
-        Device::Cpu => train_on(&CpuBackend::new(), args, sizes),
-        Device::Cuda => train_on(&crate::cuda_backend()?, args, sizes),
+        Device::Cpu => train_on(CpuBackend::new(), args, sizes, timeout),
+        Device::Cuda => train_on(crate::cuda_backend()?, args, sizes, timeout),
     }
 }
 
-fn train_on<B: Backend>(backend: &B, args: &TrainArgs, sizes: &Sizes) -> Result<()> {
+fn train_on<B: Backend>(backend: B, args: &TrainArgs, sizes: &Sizes, timeout: Duration) -> Result<()>
+where
+    Run<Model<B>>: Send,
+{
     let dir = args.data.as_deref().ok_or_else(|| {
         Error::input("--model sick", "--data DIR with the SICK splits (e.g. ../shared/data/sick)", "no --data")
     })?;
     let data = sick::read_splits(dir, args.lowercase)?;
-    eprintln!(
-        "arbor: training sick relatedness on {} ({} train / {} dev / {} test pairs, vocabulary {})",
-        dir.display(),
-        data.train.len(),
-        data.dev.len(),
-        data.test.len(),
-        data.vocab.len()
-    );
     let (epochs, hidden, embed, lr) = (sizes.epochs, sizes.hidden, sizes.embed, sizes.lr);
     let mut rng = Rng::new(args.seed);
-    let mut model = pair_model(backend, data.vocab.len(), embed, hidden, &mut rng)?;
-    let mut opt = Optimizer::new(optimizer(args, lr));
-    let clip = (args.clip > 0.0).then_some(args.clip);
-    let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev Pearson");
-    let mut order: Vec<usize> = (0..data.train.len()).collect();
-    let (mut steps, mut seconds, mut seen) = (0u64, 0.0f64, 0usize);
-    let mut best: Option<(usize, f64, Value)> = None;
-    for epoch in 1..=epochs {
-        rng.shuffle(&mut order);
-        let room = args.max_steps.map_or(usize::MAX, |m| m.saturating_sub(steps) as usize);
-        let batches: Vec<&[usize]> = order.chunks(args.batch).take(room).collect();
-        if batches.is_empty() {
-            break;
-        }
-        progress.on(Event::EpochStart { epoch, done: 0, total: batches.iter().map(|b| b.len()).sum() });
-        let (start, mut loss) = (Instant::now(), 0.0f64);
-        for batch in &batches {
-            let examples: Vec<Example<'_>> = batch.iter().map(|&i| data.train[i].example()).collect();
-            let out = model.step(&examples, &mut opt, clip)?;
-            loss += out[0].iter().map(|&l| f64::from(l)).sum::<f64>();
-            steps += 1;
-            progress.on(Event::Trees(batch.len()));
-        }
-        seconds += start.elapsed().as_secs_f64();
-        let pairs: usize = batches.iter().map(|b| b.len()).sum();
-        seen += pairs;
-        let dev = scores(&mut model, &data.dev)?["pearson"].as_f64().unwrap_or(f64::NAN);
-        progress.on(Event::EpochEnd { epoch, loss: loss / pairs as f64, dev });
-        if best.as_ref().is_none_or(|(_, d, _)| dev > *d) {
-            best = Some((epoch, dev, scores(&mut model, &data.test)?));
-            if let Some(dir) = &args.checkpoint {
-                let meta = json!({
-                    "model": "sick", "embed": embed, "hidden": hidden, "units": UNITS, "epoch": epoch,
-                    "lowercase": args.lowercase, "data": dir_name(args), "vocab": data.vocab.words(), "dev_pearson": dev,
-                });
-                Checkpoint { tensors: model.tensors()?, meta }.save(&dir.join("best"))?;
-            }
-        }
-    }
-    progress.finish();
-    let Some((epoch, dev, test)) = best else {
-        return Err(Error::input("--model sick", "at least one training step", "--max-steps 0"));
+    let model = pair_model(&backend, data.vocab.len(), embed, hidden, &mut rng)?;
+    let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &rng);
+    let plan = Settings {
+        epochs,
+        batch: args.batch,
+        loss_on: LossOn::Root,
+        clip: (args.clip > 0.0).then_some(args.clip),
+        checkpoint: args.checkpoint.clone(),
+        checkpoint_every: args.checkpoint_every,
+        max_steps: args.max_steps,
+        persist_pause: Duration::from_millis(args.persist_pause_ms),
+        meta: json!({
+            "model": "sick", "embed": embed, "hidden": hidden, "units": UNITS, "seed": args.seed,
+            "lowercase": args.lowercase, "data": dir_name(args), "vocab": data.vocab.words(), "batch": args.batch,
+            "optimizer": format!("{:?}", optimizer(args, lr)), "clip": args.clip,
+        }),
     };
+    if let Some(dir) = &args.resume {
+        let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
+        run.resume(&Checkpoint::load(&dir)?, &plan.meta)?;
+        eprintln!("arbor: resuming from {} at epoch {}, step {}", dir.display(), run.pos.epoch, run.pos.steps);
+    }
+    let splits = Splits { train: &data.train, dev: &data.dev, test: &data.test };
+    let announce = |workers: String| {
+        eprintln!(
+            "arbor: training sick relatedness on {} ({} train / {} dev / {} test pairs, vocabulary {}, {workers})",
+            dir.display(),
+            data.train.len(),
+            data.dev.len(),
+            data.test.len(),
+            data.vocab.len()
+        );
+    };
+    let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev Pearson");
+    let mut events = |e: Event| progress.on(e);
+    let (summary, lead) = match args.distributed {
+        None => {
+            announce(plural(args.workers, "worker"));
+            (fit_threads(&mut run, args.workers, timeout, splits, &plan, &mut events)?, true)
+        }
+        Some(Distributed::Mpi) => on_mpi(timeout, |coll| {
+            let rank = coll.rank();
+            if rank == 0 {
+                announce(plural(coll.size(), "MPI rank"));
+            }
+            let mut quiet = |_: Event| {};
+            let events: &mut dyn FnMut(Event) = if rank == 0 { &mut events } else { &mut quiet };
+            Ok((run.fit(splits, &plan, coll, events)?, rank == 0))
+        })?,
+    };
+    progress.finish();
+    if !lead {
+        return Ok(());
+    }
+    // The best epoch's scores, or those of what a run stopped before any epoch's end trained.
+    let (dev, test) = match &summary.unfinished {
+        Some((dev, test)) if run.best_dev == f64::NEG_INFINITY => (*dev, test.clone()),
+        _ => (run.best_dev, run.test_scores.clone()),
+    };
+    let test = |key: &str| test.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
+    let seconds = summary.train_seconds;
     println!(
         "{}",
         json!({
             "model": "sick", "data": dir_name(args), "epochs": epochs, "batch": args.batch, "hidden": hidden,
-            "embed": embed, "steps": steps, "train_seconds": (seconds * 1000.0).round() / 1000.0,
-            "pairs_per_s": (seen as f64 / seconds.max(1e-9)).round(), "best_epoch": epoch, "dev_pearson": dev,
-            "test_pearson": test["pearson"], "test_spearman": test["spearman"], "test_mse": test["mse"],
+            "embed": embed, "workers": args.workers, "steps": run.pos.steps, "train_seconds": (seconds * 1000.0).round() / 1000.0,
+            "pairs_per_s": (summary.sentences as f64 / seconds.max(1e-9)).round(), "dev_pearson": dev,
+            "test_pearson": test("pearson"), "test_spearman": test("spearman"), "test_mse": test("mse"),
         })
     );
     Ok(())

@@ -179,9 +179,12 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
             },
         ));
     }
+    let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| {
+        Error::input("--timeout", "a number of seconds from 0 to about 1.8e19", args.timeout.to_string())
+    })?;
     match args.model {
         ModelArg::Ggnn => return train_graphs(args, &sizes),
-        ModelArg::Sick => return crate::sick::train(args, &sizes),
+        ModelArg::Sick => return crate::sick::train(args, &sizes, timeout),
         _ => {}
     }
     let kind = args.model.model();
@@ -191,9 +194,6 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         (Loss::Root, _) | (_, true) => LossOn::Root,
         (Loss::All, false) => LossOn::All,
     };
-    let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| {
-        Error::input("--timeout", "a number of seconds from 0 to about 1.8e19", args.timeout.to_string())
-    })?;
     let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
     let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev root accuracy");
     let mut events = |e: Event| progress.on(e);
@@ -221,8 +221,13 @@ pub(crate) fn load_name(args: &TrainArgs) -> String {
     args.data.as_ref().map_or_else(|| "synthetic".into(), |d| d.display().to_string())
 }
 
-/// The summary's numbers of a finished run.
+/// The summary's numbers of a finished run: dev and test at the best epoch, or of what a run
+/// stopped before any epoch's end trained.
 pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f64) -> Value {
+    let (best_dev, test_acc) = match &summary.unfinished {
+        Some((dev, test)) if best_dev == f64::NEG_INFINITY => (*dev, test.first().map_or(f64::NAN, |t| t.1)),
+        _ => (best_dev, test_acc),
+    };
     json!({
         "steps": steps,
         "train_seconds": (summary.train_seconds * 1000.0).round() / 1000.0,
@@ -248,7 +253,7 @@ fn train_data_parallel_on<B: Backend>(
     events: &mut dyn FnMut(Event),
 ) -> Result<Option<Value>>
 where
-    Run<B>: Send,
+    Run<Classifier<B>>: Send,
 {
     let args = setup.args;
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
@@ -529,8 +534,16 @@ fn accuracy<B: Backend>(
 }
 
 pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
-    let dir =
-        if args.checkpoint.join("best").is_dir() { args.checkpoint.join("best") } else { args.checkpoint.clone() };
+    // `best/` (the best dev epoch), else `last/` (a run stopped before an epoch's end), else
+    // the folder itself.
+    let dir = ["best", "last"]
+        .iter()
+        .map(|d| args.checkpoint.join(d))
+        .find(|d| d.join("meta.json").is_file())
+        .unwrap_or_else(|| args.checkpoint.clone());
+    if dir.ends_with("last") {
+        eprintln!("arbor: no best/ in {} (no epoch ended); evaluating last/", args.checkpoint.display());
+    }
     let ck = Checkpoint::load(&dir)?;
     if ck.meta["model"] == "sick" {
         return crate::sick::eval(args, &dir, &ck);
