@@ -5,6 +5,10 @@
 //! The head pulls, in order, one row of the cell's first pushed output for each graph of an
 //! example (the root's row, or a pooling over the graph's vertices: see [`Readout`]), then the
 //! example's target row; it pushes its `loss` and whatever else a caller reads (a prediction).
+//! With [`Readout::Vertices`] the head reads every vertex of an example's one graph instead, each
+//! with its own target row: a vertex without a target gets a row the head's loss ignores (a row
+//! of zeros for cross-entropy or KL divergence; for other losses, e.g. a last column the loss is
+//! multiplied by, 0 there), and an example's loss is the sum over its vertices.
 
 use crate::checkpoint::{Checkpoint, Named};
 use crate::dist::data_parallel::{merge, shard, Pending};
@@ -49,7 +53,8 @@ pub struct Tree<'a> {
 pub struct Example<'a> {
     /// The graphs, in the order of the head's inputs.
     pub trees: Vec<Tree<'a>>,
-    /// The target the head's last input pulls.
+    /// The target the head's last input pulls: one row, or with [`Readout::Vertices`] one row
+    /// per vertex, in vertex order.
     pub target: Vec<f32>,
 }
 
@@ -202,8 +207,8 @@ impl<B: Backend> Model<B> {
         Model::new(embedding, cells, feeds, Head::new(backend.replica()?, head, &hp)?)
     }
 
-    /// The model reading each graph out with `readout` (a pooling over its vertices, or its
-    /// root's row).
+    /// The model reading each graph out with `readout` (its root's row, a pooling over its
+    /// vertices, or every vertex's row for a target per vertex).
     pub fn with_readout(mut self, readout: Readout) -> Model<B> {
         self.readout = readout;
         self
@@ -231,6 +236,7 @@ impl<B: Backend> Model<B> {
         let layout = self.layout(batch)?;
         let pulls = pulls(&self.embedding, &self.feeds, &layout);
         let rows = (self.readout == Readout::Root).then_some(layout.roots.as_slice());
+        let per_vertex = self.readout == Readout::Vertices;
         let all = match (pass, rows) {
             (Pass::Train(Some(planned)), rows) => self.cells.forward_planned(planned, &pulls, rows)?,
             (Pass::Train(None), Some(rows)) => self.cells.forward_rows(&layout.graphs, &pulls, rows)?,
@@ -238,7 +244,7 @@ impl<B: Backend> Model<B> {
             (Pass::Infer, Some(rows)) => self.cells.infer_rows(&layout.graphs, &pulls, rows)?,
             (Pass::Infer, None) => self.cells.infer(&layout.graphs, &pulls)?,
         };
-        let (h, pooled) = if rows.is_some() {
+        let (h, pooled) = if rows.is_some() || per_vertex {
             (all.into_iter().next().unwrap_or_default(), None)
         } else {
             let width = self.cells.function().outputs().first().map_or(0, |o| o.shape.numel());
@@ -255,7 +261,8 @@ impl<B: Backend> Model<B> {
             (std::mem::take(&mut p.rows), Some(p))
         };
         let k = self.graphs_per_example();
-        let width = h.len() / layout.roots.len().max(1);
+        let read = if per_vertex { layout.words.len() } else { layout.roots.len() };
+        let width = h.len() / read.max(1);
         let mut inputs: Vec<Vec<f32>> =
             (0..k).map(|slot| h.chunks(width).skip(slot).step_by(k).flatten().copied().collect()).collect();
         inputs.push(batch.iter().flat_map(|e| e.target.iter().copied()).collect());
@@ -284,17 +291,23 @@ impl<B: Backend> Model<B> {
         let (layout, inputs, pooled) = self.read_out(batch, Pass::Train(planned))?;
         let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         let hg = self.head.backward(1.0 / denom.max(1) as f32)?;
-        let k = self.graphs_per_example();
-        let width = inputs[0].len() / batch.len().max(1);
-        let mut dh = vec![0.0; layout.roots.len() * width];
-        for (slot, g) in hg.pulls.iter().take(k).enumerate() {
-            for (e, row) in g.chunks(width).enumerate() {
-                dh[(e * k + slot) * width..][..width].copy_from_slice(row);
+        let cg = if self.readout == Readout::Vertices {
+            // One graph per example, every vertex's row read in order: the head's input
+            // gradient is the cells' output gradient as it is.
+            self.cells.backward(&[&hg.pulls[0]])?
+        } else {
+            let k = self.graphs_per_example();
+            let width = inputs[0].len() / batch.len().max(1);
+            let mut dh = vec![0.0; layout.roots.len() * width];
+            for (slot, g) in hg.pulls.iter().take(k).enumerate() {
+                for (e, row) in g.chunks(width).enumerate() {
+                    dh[(e * k + slot) * width..][..width].copy_from_slice(row);
+                }
             }
-        }
-        let cg = match pooled {
-            Some(p) => self.cells.backward(&[&p.backward(&dh, layout.words.len())])?,
-            None => self.cells.backward_rows(&layout.roots, &[&dh])?,
+            match pooled {
+                Some(p) => self.cells.backward(&[&p.backward(&dh, layout.words.len())])?,
+                None => self.cells.backward_rows(&layout.roots, &[&dh])?,
+            }
         };
         let tables: Vec<SparseGrad> = cg.tables.into_iter().flatten().collect();
         let words = merge(&tables, self.embedding.dim());
@@ -364,8 +377,13 @@ impl<B: Backend> Model<B> {
         let share = Model::<B>::share(batch, coll.rank(), coll.size());
         let k = self.graphs_per_example();
         self.cells.set_dropout_key(DropoutKey { step, first: share.start * k, ..self.cells.dropout_key() });
+        // The head's examples are the examples, or with a per-vertex readout their vertices.
+        let first = match self.readout {
+            Readout::Vertices => batch[..share.start].iter().flat_map(|e| &e.trees).map(|t| t.graph.len()).sum(),
+            _ => share.start,
+        };
         let head = self.head.engine();
-        head.set_dropout_key(DropoutKey { step, first: share.start, ..head.dropout_key() });
+        head.set_dropout_key(DropoutKey { step, first, ..head.dropout_key() });
         let mine = &batch[share];
         let mut grads = if mine.is_empty() {
             let zeros = |f: &VertexFn| f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
@@ -447,6 +465,13 @@ impl<B: Backend> Model<B> {
     /// Checks `batch` and lays it out for the cells.
     fn layout<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
         let k = self.graphs_per_example();
+        if self.readout == Readout::Vertices && k != 1 {
+            return Err(Error::input(
+                format!("model over `{}` reading every vertex", self.cells.function().name()),
+                "a head reading one graph per example",
+                format!("a head reading {k}"),
+            ));
+        }
         let pad = self.embedding.padding().unwrap_or(0);
         let mut l = Layout { graphs: Vec::new(), words: Vec::new(), parent_words: Vec::new(), roots: Vec::new() };
         for (e, example) in batch.iter().enumerate() {

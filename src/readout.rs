@@ -20,6 +20,9 @@ pub enum Readout {
     /// The column-wise maximum over every vertex's row (the gradient goes to the vertex that
     /// holds it, the first one on a tie).
     Max,
+    /// Every vertex's row, each read by the head as an example of its own (a target per vertex).
+    /// Not a pooling: [`Pooled`] reads a group's first vertex for it, as for [`Readout::Root`].
+    Vertices,
 }
 
 /// Rows pooled over groups of vertices, with what their backward pass needs.
@@ -44,7 +47,7 @@ impl Pooled {
         for (g, o) in groups.iter().zip(out.chunks_exact_mut(width.max(1))) {
             let row = |v: usize| &rows[v * width..(v + 1) * width];
             match readout {
-                Readout::Root => {
+                Readout::Root | Readout::Vertices => {
                     if !g.is_empty() {
                         o.copy_from_slice(row(g.start));
                     }
@@ -85,7 +88,7 @@ impl Pooled {
         let mut out = vec![0.0; vertices * w];
         for (k, (g, dy)) in self.groups.iter().zip(grad.chunks_exact(w.max(1))).enumerate() {
             match self.readout {
-                Readout::Root => {
+                Readout::Root | Readout::Vertices => {
                     if !g.is_empty() {
                         out[g.start * w..(g.start + 1) * w].copy_from_slice(dy);
                     }

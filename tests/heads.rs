@@ -246,8 +246,8 @@ fn a_pair_model_gradient_matches_finite_differences() {
 }
 
 /// A whole model, through [`Model`]: word vectors, a Tree-LSTM over each example's tree, a
-/// pooling readout (sum, mean, max) or the root, and a head with a hidden layer and dropout,
-/// trained by one SGD step of rate 1 — so each parameter moves by minus its gradient. Those
+/// pooling readout (sum, mean, max), the root, or every vertex with a target of its own (or
+/// none), and a head with a hidden layer and dropout, trained by one SGD step of rate 1 — so each parameter moves by minus its gradient. Those
 /// gradients match central differences of the mean loss (the dropout masks held fixed: same
 /// key, training mode).
 #[test]
@@ -279,7 +279,18 @@ fn a_pooled_model_gradient_matches_finite_differences() {
             target: target.to_vec(),
         })
         .collect();
-    for readout in [Readout::Sum, Readout::Mean, Readout::Max, Readout::Root] {
+    // Every vertex read with a target row of its own.
+    // Vertex 0 of each tree has none: a row of zeros, which cross-entropy ignores.
+    let mut per_vertex_targets: Vec<Vec<f32>> = trees.iter().map(|t| distributions(&mut rng, t.len())).collect();
+    per_vertex_targets.iter_mut().for_each(|t| t[..WIDTH].fill(0.0));
+    let per_vertex: Vec<Example<'_>> = batch
+        .iter()
+        .zip(&per_vertex_targets)
+        .map(|(e, target)| Example { trees: e.trees.clone(), target: target.clone() })
+        .collect();
+    let readouts = [Readout::Sum, Readout::Mean, Readout::Max, Readout::Root, Readout::Vertices];
+    for readout in readouts {
+        let batch = if readout == Readout::Vertices { &per_vertex } else { &batch };
         let mut rng = Rng::new(32);
         let table = Embedding::new(vocab, embed, 0.5, &mut rng);
         let cell = nn::tree_lstm(embed, hidden).unwrap();
@@ -294,12 +305,12 @@ fn a_pooled_model_gradient_matches_finite_differences() {
             // The loss in training mode (dropout on, the same masks), without an update.
             model.head.engine().set_dropout_key(key);
             let mut sgd = Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.0));
-            let out = model.step(&batch, &mut sgd, None).unwrap().swap_remove(0);
+            let out = model.step(batch, &mut sgd, None).unwrap().swap_remove(0);
             out.iter().map(|&l| f64::from(l)).sum::<f64>() / batch.len() as f64
         };
         loss(&mut model, &before);
         model.head.engine().set_dropout_key(key);
-        model.step(&batch, &mut Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 1.0)), None).unwrap();
+        model.step(batch, &mut Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 1.0)), None).unwrap();
         let after = model.tensors().unwrap();
         let eps = 1e-2f32;
         for (t, ((name, _, b), (_, _, a))) in before.iter().zip(&after).enumerate() {
