@@ -16,7 +16,7 @@ use crate::dist::Collective;
 use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
 use crate::layers::Embedding;
-use crate::optim::{clip_grad_norm, Optimizer};
+use crate::optim::{check_finite, clip_grad_norm, Optimizer};
 use crate::readout::{Pooled, Readout};
 use crate::train::{names, tensor_name, StepStats};
 use crate::trainer::{Learned, Learner, Scores, Settings};
@@ -317,6 +317,12 @@ impl<B: Backend> Model<B> {
     /// Clips the joint norm of `grads` to `clip` if given and applies them with `opt` (see
     /// [`Model::step`]); the next step draws new dropout masks.
     pub fn apply(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<()> {
+        // A step that is not finite ends training (steps counted from 1).
+        let step = self.cells.dropout_key().step + 1;
+        let (cell_names, head_names) = (names("cell", self.cells.function()), names("head", self.head.function()));
+        let dense = cell_names.iter().zip(&grads.cell).chain(head_names.iter().zip(&grads.head));
+        let words = std::iter::once(("embedding", grads.words.values.as_slice()));
+        check_finite(step, "the gradient of", dense.map(|(n, g)| (n.as_str(), g.as_slice())).chain(words))?;
         if let Some(max) = clip {
             let mut all: Vec<&mut [f32]> =
                 grads.cell.iter_mut().chain(&mut grads.head).map(Vec::as_mut_slice).collect();
@@ -324,11 +330,9 @@ impl<B: Backend> Model<B> {
             clip_grad_norm(&mut all, max);
         }
         opt.begin_step();
-        let cell_names = names("cell", self.cells.function());
         self.cells.update_params(|ps| {
             ps.into_iter().zip(&grads.cell).zip(&cell_names).for_each(|((p, g), n)| opt.dense(n, p, g));
         })?;
-        let head_names = names("head", self.head.function());
         self.head.engine().update_params(|ps| {
             ps.into_iter().zip(&grads.head).zip(&head_names).for_each(|((p, g), n)| opt.dense(n, p, g));
         })?;

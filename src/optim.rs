@@ -3,6 +3,7 @@
 //! optimizer; each tensor has its own slot of state.
 
 use crate::layers::SparseGrad;
+use arbor_core::error::{Error, Result};
 use arbor_ops::cpu::host::{for_each_on_team, vectorised};
 use std::collections::BTreeMap;
 
@@ -222,4 +223,19 @@ pub fn clip_to(grads: &mut [&mut [f32]], norm: f32, max: f32) {
         let s = max / norm;
         grads.iter_mut().for_each(|g| g.iter_mut().for_each(|x| *x *= s));
     }
+}
+
+/// The first value of the named `tensors` that is not finite, as an [`Error::Diverged`] of step
+/// `step` (`what` says whose values they are: "the gradient of", "the value of").
+pub fn check_finite<'a>(
+    step: u64,
+    what: &'static str,
+    tensors: impl IntoIterator<Item = (&'a str, &'a [f32])>,
+) -> Result<()> {
+    for (name, values) in tensors {
+        if let Some(&value) = values.iter().find(|v| !v.is_finite()) {
+            return Err(Error::Diverged { step, what, tensor: name.to_string(), value });
+        }
+    }
+    Ok(())
 }

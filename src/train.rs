@@ -7,7 +7,7 @@ use crate::engine::{Engine, Planned};
 use crate::head::ClassHead;
 use crate::layers::{Embedding, LossOn, SparseGrad};
 use crate::loss_scale::{scale_all, LossScaler};
-use crate::optim::{clip_grad_norm, Optimizer};
+use crate::optim::{check_finite, clip_grad_norm, Optimizer};
 use crate::readout::{Pooled, Readout as Pool};
 use crate::{Backend, CpuBackend, InputGraph, VertexFn};
 use std::ops::Range;
@@ -363,6 +363,8 @@ impl<B: Backend> Classifier<B> {
     /// scale lowered); returns whether the step was applied. Either way the next step draws new
     /// dropout masks ([`DropoutKey::step`](crate::DropoutKey::step) moves on).
     pub fn apply(&mut self, grads: &mut StepGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
+        // Steps counted from 1 since the start of training (the dropout key counts from 0).
+        let step = self.engine.dropout_key().step + 1;
         for engine in [&mut self.engine, self.out.head().engine()] {
             let key = engine.dropout_key();
             engine.set_dropout_key(crate::DropoutKey { step: key.step + 1, ..key });
@@ -372,6 +374,14 @@ impl<B: Backend> Classifier<B> {
             if !scaler.update(finite) {
                 return Ok(false);
             }
+        } else {
+            // Without a loss scale to skip it, a step that is not finite ends training.
+            check_finite(step, "the value of", [("loss", std::slice::from_ref(&grads.stats.loss))])?;
+            let cell_names = names("cell", self.engine.function());
+            let head_names = names(CLASSIFIER, self.out.function());
+            let dense = cell_names.iter().zip(&grads.cell).chain(head_names.iter().zip(&grads.classifier));
+            let embedding = std::iter::once(("embedding", grads.embedding.values.as_slice()));
+            check_finite(step, "the gradient of", dense.map(|(n, g)| (n.as_str(), g.as_slice())).chain(embedding))?;
         }
         if let Some(max) = clip {
             let mut all: Vec<&mut [f32]> =
@@ -447,7 +457,8 @@ impl<B: Backend> Classifier<B> {
         Ok(())
     }
 
-    /// Root accuracy over `data`, in minibatches of `batch` trees, in inference mode.
+    /// Root accuracy over `data`, in minibatches of `batch` trees, in inference mode (NaN for no
+    /// data).
     pub fn accuracy(&mut self, data: &[TreeExample], batch_size: usize) -> Result<f64> {
         let (mut correct, mut count) = (0, 0);
         for chunk in data.chunks(batch_size.max(1)) {
@@ -461,7 +472,8 @@ impl<B: Backend> Classifier<B> {
             count += labels.len();
             correct += predicted.iter().zip(&labels).filter(|(p, t)| **p == **t as usize).count();
         }
-        Ok(if count == 0 { 0.0 } else { correct as f64 / count as f64 })
+        // No data, no accuracy (NaN, `null` in JSON): never a best epoch, never a 0.
+        Ok(if count == 0 { f64::NAN } else { correct as f64 / count as f64 })
     }
 }
 
@@ -574,7 +586,14 @@ pub fn cross_validate_on<B: Backend>(
     let mut rng = Rng::new(cfg.seed);
     let mut order: Vec<usize> = (0..data.graphs.len()).collect();
     rng.shuffle(&mut order);
-    let folds = cfg.folds.clamp(2, data.graphs.len().max(2));
+    let folds = cfg.folds;
+    if folds < 2 || folds > data.graphs.len() {
+        return Err(Error::input(
+            "cross-validation folds",
+            format!("between 2 and the number of graphs ({})", data.graphs.len()),
+            folds.to_string(),
+        ));
+    }
     let mut fold_acc = Vec::with_capacity(folds);
     let (mut seconds, mut seen) = (0.0, 0usize);
     for k in 0..folds {

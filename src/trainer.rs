@@ -263,6 +263,9 @@ impl<L> Run<L> {
         L: Learned,
     {
         let mut tensors = self.model.tensors()?;
+        // A checkpoint is never written of a model that is not finite.
+        let values = tensors.iter().map(|(n, _, v)| (n.as_str(), v.as_slice()));
+        crate::optim::check_finite(self.pos.steps, "the value of", values)?;
         if with_optimizer {
             tensors.extend(self.opt.tensors());
         }
@@ -355,6 +358,9 @@ impl<L> Run<L> {
     where
         L: Learner<E>,
     {
+        if data.train.is_empty() {
+            return Err(Error::input("the training split", "at least one example", "none"));
+        }
         let lead = coll.rank() == 0;
         let batch = plan.batch.max(1);
         let mut persister = Persister::paced(plan.persist_pause);

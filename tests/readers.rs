@@ -10,19 +10,23 @@ fn glove_reads_vocabulary_rows_only() {
     let dir = std::env::temp_dir().join(format!("arbor-glove-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("vectors.txt");
-    std::fs::write(&file, "good 0.5 -1\nunseen 9 9\nbad -0.25 2e-1\ngood 7 7\n").unwrap();
+    std::fs::write(&file, "good 0.5 -1\nunseen 9 9\nbad -0.25 2e-1\nunseen 7 7\n").unwrap();
     let mut vocab = Vocab::new(false);
     let (good, bad) = (vocab.add("good"), vocab.add("bad"));
     vocab.add("rare");
     let mut table = vec![0.125f32; vocab.len() * 2];
     let found = glove::read_into(&file, &vocab, 2, &mut table).unwrap();
     assert_eq!(found, 2);
-    assert_eq!(table[good as usize * 2..good as usize * 2 + 2], [0.5, -1.0]); // the first entry wins
+    assert_eq!(table[good as usize * 2..good as usize * 2 + 2], [0.5, -1.0]);
     assert_eq!(table[bad as usize * 2..bad as usize * 2 + 2], [-0.25, 0.2]);
     assert_eq!(table[8..10], [0.125, 0.125]); // `rare` keeps its value
     std::fs::write(&file, "good 0.5 -1\nbad 1 x\n").unwrap();
     let err = glove::read_into(&file, &vocab, 2, &mut table).unwrap_err().to_string();
-    assert!(err.contains("vectors.txt:2:") && err.contains("value 2 of `bad`"), "{err}");
+    assert!(err.contains("vectors.txt:2:") && err.contains("value 2 of `bad` is not a finite number"), "{err}");
+    // A vocabulary word listed twice is refused (words outside the vocabulary are skipped).
+    std::fs::write(&file, "good 0.5 -1\ngood 7 7\n").unwrap();
+    let err = glove::read_into(&file, &vocab, 2, &mut table).unwrap_err().to_string();
+    assert!(err.contains("vectors.txt:2:") && err.contains("`good` is listed a second time"), "{err}");
     std::fs::write(&file, "good 0.5 -1 3\n").unwrap();
     let err = glove::read_into(&file, &vocab, 2, &mut table).unwrap_err().to_string();
     assert!(err.contains(":1:") && err.contains("3 values, expected 2"), "{err}");

@@ -153,6 +153,22 @@ pub enum Error {
         /// The system's message.
         msg: String,
     },
+    /// Training met a value that is not finite (it diverged): the step, and the loss or the
+    /// tensor whose gradient or value it is. Nothing of that step is applied.
+    #[error(
+        "training diverged at step {step}: {what} `{tensor}` is {value} (not finite); lower the learning rate, \
+         or bound the gradient norm (--clip)"
+    )]
+    Diverged {
+        /// The optimizer step (from 1) whose loss or gradients are not finite.
+        step: u64,
+        /// Whose values are not finite: "the gradient of" or "the value of".
+        what: &'static str,
+        /// The tensor (`cell.W`, `embedding`, …), or `loss`.
+        tensor: String,
+        /// The first value that is not finite.
+        value: f32,
+    },
     /// A distributed run failed at a worker (thread, MPI rank or pipeline stage), or a peer it
     /// waits on died or stopped answering.
     #[error("worker {rank}: {msg}")]

@@ -21,7 +21,8 @@ pub struct GraphExample {
 pub struct TuDataset {
     /// The graphs.
     pub graphs: Vec<GraphExample>,
-    /// Number of distinct node labels (max label + 1).
+    /// Number of distinct node labels (the file's labels are renumbered 0, 1, … in ascending
+    /// order, so a sparse or large label costs nothing).
     pub node_label_count: usize,
     /// Number of classes.
     pub classes: usize,
@@ -53,8 +54,11 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
         (file("graph_indicator"), file("graph_labels"), file("node_labels"), file("A"));
     let indicator: Vec<(usize, i64)> =
         read_lines(&ind_path)?.iter().map(|(l, t)| number(&ind_path, *l, t).map(|g| (*l, g))).collect::<Result<_>>()?;
-    let graph_labels: Vec<i64> =
-        read_lines(&lab_path)?.iter().map(|(l, t)| number(&lab_path, *l, t)).collect::<Result<_>>()?;
+    let label_lines = read_lines(&lab_path)?;
+    let graph_labels: Vec<i64> = label_lines.iter().map(|(l, t)| number(&lab_path, *l, t)).collect::<Result<_>>()?;
+    if graph_labels.is_empty() {
+        return Err(Error::Parse { file: lab_path.display().to_string(), line: 0, msg: "no graphs".into() });
+    }
     let node_labels: Vec<i64> =
         read_lines(&node_path)?.iter().map(|(l, t)| number(&node_path, *l, t)).collect::<Result<_>>()?;
     if node_labels.len() != indicator.len() {
@@ -75,8 +79,10 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
             label: classes.partition_point(|c| c < l) as u32,
         })
         .collect();
+    let mut labels: Vec<i64> = node_labels.clone();
+    labels.sort_unstable();
+    labels.dedup();
     let mut local = Vec::with_capacity(indicator.len());
-    let mut max_label = 0;
     for (&(line, g), &nl) in indicator.iter().zip(&node_labels) {
         let g =
             g.checked_sub(1).and_then(|g| usize::try_from(g).ok()).filter(|&g| g < graphs.len()).ok_or_else(|| {
@@ -86,12 +92,7 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
                     msg: format!("graph {g} is not among the {} graphs", graphs.len()),
                 }
             })?;
-        let nl = u32::try_from(nl).map_err(|_| Error::Parse {
-            file: node_path.display().to_string(),
-            line,
-            msg: format!("node label {nl} is negative"),
-        })?;
-        max_label = max_label.max(nl);
+        let nl = labels.partition_point(|&l| l < nl) as u32;
         local.push((g, graphs[g].node_labels.len() as u32));
         graphs[g].node_labels.push(nl);
         graphs[g].neighbours.push(Vec::new());
@@ -115,7 +116,14 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
             }
         }
     }
-    Ok(TuDataset { graphs, node_label_count: max_label as usize + 1, classes: classes.len() })
+    if let Some(g) = graphs.iter().position(|g| g.node_labels.is_empty()) {
+        return Err(Error::Parse {
+            file: lab_path.display().to_string(),
+            line: label_lines[g].0,
+            msg: format!("graph {} has no nodes in {}", g + 1, ind_path.display()),
+        });
+    }
+    Ok(TuDataset { graphs, node_label_count: labels.len(), classes: classes.len() })
 }
 
 impl GraphExample {

@@ -17,7 +17,7 @@ use crate::engine::{Engine, Planned, Planner, Pull};
 use crate::head::{softmax_classifier, ClassHead};
 use crate::layers::{Embedding, LossOn, SparseGrad};
 use crate::nn::Model;
-use crate::optim::{clip_to, sum_squares, Optimizer};
+use crate::optim::{check_finite, clip_to, sum_squares, Optimizer};
 use crate::train::{batch, names, update, StepStats, CLASSIFIER};
 use crate::trainer::{each_step, epoch_order, Event, Splits, Summary};
 use crate::{Backend, CpuBackend, InputGraph, VertexFn};
@@ -447,11 +447,14 @@ impl<B: Backend> Stage<B> {
             let layers = self.part.layers.iter_mut().zip(&acc.cell).enumerate();
             let mut tensors: Vec<_> = layers.map(|(l, (layer, grads))| (format!("layer{l}"), layer, grads)).collect();
             tensors.extend(self.part.out.as_mut().map(|out| (CLASSIFIER.to_string(), out, &acc.classifier)));
-            let dense = tensors
+            let dense: Vec<(String, &mut [f32], &[f32])> = tensors
                 .into_iter()
                 .flat_map(|(of, layer, grads)| names(&of, &layer.f).into_iter().zip(&mut layer.params).zip(grads))
                 .map(|((n, p), g)| (n, p.as_mut_slice(), g.as_slice()))
                 .collect();
+            let embedding = std::iter::once(("embedding", acc.embedding.values.as_slice()));
+            let named = dense.iter().map(|(n, _, g)| (n.as_str(), *g)).chain(embedding);
+            check_finite(self.version as u64 + 1, "the gradient of", named)?;
             update(&mut self.opt, dense, self.part.embed.as_mut().map(|e| (e, &acc.embedding)));
             self.version += 1;
         }

@@ -150,6 +150,38 @@ impl Setup<'_> {
     }
 }
 
+/// Refuses flags whose values make no sense for `arbor train`, each with a one-line error naming
+/// the flag: rates and bounds that are negative or not finite, more workers than a minibatch has
+/// examples, a checkpoint interval without a checkpoint folder, flags a model ignores.
+fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
+    let bad = |flag: &str, expected: &str, got: String| Err(Error::input(flag, expected, got));
+    if !(sizes.lr.is_finite() && sizes.lr > 0.0) {
+        return bad("--lr", "a finite rate above 0", sizes.lr.to_string());
+    }
+    if !(args.weight_decay.is_finite() && args.weight_decay >= 0.0) {
+        return bad("--weight-decay", "a finite value of 0 or more", args.weight_decay.to_string());
+    }
+    if !(args.clip.is_finite() && args.clip >= 0.0) {
+        return bad("--clip", "a finite gradient-norm bound of 0 (none) or more", args.clip.to_string());
+    }
+    if !(0.0..1.0).contains(&args.dropout) {
+        return bad("--dropout", "a rate in [0, 1)", args.dropout.to_string());
+    }
+    if args.workers == 0 || args.workers > args.batch {
+        let expected = format!("between 1 and the examples of a minibatch (--batch {})", args.batch);
+        return bad("--workers", &expected, args.workers.to_string());
+    }
+    if args.checkpoint_every.is_some() && args.checkpoint.is_none() {
+        return bad("--checkpoint-every", "a --checkpoint DIR to write to", "no --checkpoint".into());
+    }
+    if matches!(args.model, ModelArg::Ggnn) && (args.workers > 1 || args.stages > 1 || args.layers > 1) {
+        return bad("--model ggnn", "one worker on one stage (cross-validation runs a fold at a time)", {
+            format!("--workers {} --layers {} --stages {}", args.workers, args.layers, args.stages)
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn plural(n: usize, what: &str) -> String {
     format!("{n} {what}{}", if n == 1 { "" } else { "s" })
 }
@@ -164,9 +196,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
             format!("{} {epochs} {hidden} {embed} {} {}", args.batch, args.layers, args.stages),
         ));
     }
-    if !(0.0..1.0).contains(&args.dropout) {
-        return Err(Error::input("--dropout", "a rate in [0, 1)", args.dropout.to_string()));
-    }
+    check_flags(args, &sizes)?;
     let stacked = args.layers > 1 || args.stages > 1;
     if args.dropout > 0.0 && (stacked || matches!(args.model, ModelArg::Ggnn | ModelArg::Sick)) {
         return Err(Error::input(
@@ -194,6 +224,11 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         (Loss::Root, _) | (_, true) => LossOn::Root,
         (Loss::All, false) => LossOn::All,
     };
+    for (split, trees) in [("dev", data.dev.len()), ("test", data.test.len())] {
+        if trees == 0 {
+            eprintln!("arbor: warning: the {split} split of {} is empty: its accuracy is reported as null", data.name);
+        }
+    }
     let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
     let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev root accuracy");
     let mut events = |e: Event| progress.on(e);

@@ -1,0 +1,182 @@
+//! Bad flags, bad files and diverging training through the `arbor` binary: each ends with a
+//! one-line error naming the cause and a non-zero exit, or works correctly — never a panic, and
+//! never a number that looks fine and is not (issue 25).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn arbor<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_arbor")).args(args).output().expect("the arbor binary runs")
+}
+
+/// A fresh temporary folder, removed when dropped.
+struct Temp(PathBuf);
+
+impl Temp {
+    fn new(name: &str) -> Temp {
+        let dir = std::env::temp_dir().join(format!("arbor-bad-{name}-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        std::fs::create_dir_all(&dir).expect("the temporary folder can be created");
+        Temp(dir)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("temporary paths are UTF-8")
+    }
+
+    fn write(&self, name: &str, text: &str) {
+        std::fs::write(self.0.join(name), text).expect("a temporary file can be written");
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+/// Runs `arbor args` expecting a refusal whose one-line message holds every one of `words`.
+fn refused<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S], words: &[&str]) {
+    let out = arbor(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    let line = err.lines().last().unwrap_or_default();
+    assert!(line.starts_with("arbor:") || line.starts_with("error"), "{args:?}: {err}");
+    for w in words {
+        assert!(line.contains(w), "{args:?}: `{w}` not in `{line}`");
+    }
+}
+
+/// The summary JSON line of a run that must succeed.
+fn summary(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().expect("a summary line")).expect("the last line is JSON")
+}
+
+const SMALL: [&str; 6] = ["--hidden", "4", "--embed", "4", "--epochs", "1"];
+
+#[test]
+fn nonsensical_training_flags_are_refused() {
+    let cases: [(&[&str], &[&str]); 14] = [
+        (&["--lr", "nan"], &["--lr", "finite rate above 0"]),
+        (&["--lr", "inf"], &["--lr"]),
+        (&["--lr=-1"], &["--lr"]),
+        (&["--lr", "0"], &["--lr"]),
+        (&["--weight-decay", "nan"], &["--weight-decay"]),
+        (&["--weight-decay=-1e10"], &["--weight-decay"]),
+        (&["--clip", "nan"], &["--clip"]),
+        (&["--clip=-5"], &["--clip"]),
+        (&["--workers", "0"], &["--workers", "between 1 and"]),
+        (&["--workers", "26"], &["--workers", "--batch 25"]),
+        (&["--checkpoint-every", "5"], &["--checkpoint-every", "--checkpoint DIR"]),
+        (&["--model", "ggnn", "--workers", "2"], &["--model ggnn", "one worker"]),
+        (&["--model", "ggnn", "--stages", "2"], &["--model ggnn"]),
+        (&["--dropout", "1.5"], &["--dropout"]),
+    ];
+    for (flags, words) in cases {
+        refused(&[&["train"], &SMALL[..], flags].concat(), words);
+    }
+}
+
+/// A run whose weights overflow stops at the step where the loss or a gradient first is not
+/// finite, naming it, and writes no checkpoint that is not finite.
+#[test]
+fn diverging_training_stops_with_the_step_and_writes_nothing_non_finite() {
+    let tmp = Temp::new("diverge");
+    let ck = tmp.0.join("ck");
+    let ck = ck.to_str().unwrap();
+    let args = ["train", "--optimizer", "sgd", "--lr", "1e38", "--checkpoint", ck, "--checkpoint-every", "1"];
+    refused(&[&args[..], &SMALL[..]].concat(), &["training diverged at step", "not finite", "learning rate"]);
+    if let Ok(ck) = arbor::checkpoint::Checkpoint::load(&Path::new(ck).join("last")) {
+        for (name, _, values) in &ck.tensors {
+            assert!(values.iter().all(|v| v.is_finite()), "`{name}` in the checkpoint is not finite");
+        }
+    }
+}
+
+/// Word vectors that are not finite, or a word listed twice, are refused naming file and line.
+#[test]
+fn bad_word_vectors_are_refused_with_file_and_line() {
+    let tmp = Temp::new("glove");
+    for (k, (text, words)) in [
+        ("the 0.1 0.2 0.3 0.4\nof nan 0 0 0\n", &["vectors.txt:2", "not a finite number"][..]),
+        ("the 0.1 0.2 0.3 1e39\n", &["vectors.txt:1", "not a finite number"][..]),
+        ("the 0.1 0.2 0.3 0.4\nthe 0.1 0.2 0.3 0.4\n", &["vectors.txt:2", "`the` is listed a second time"][..]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = Temp::new(&format!("glove-{k}"));
+        dir.write("vectors.txt", text);
+        let file = dir.0.join("vectors.txt");
+        let data = arbor::data::data_dir().join("sst");
+        let args = ["train", "--data", data.to_str().unwrap(), "--embeddings", file.to_str().unwrap()];
+        refused(&[&args[..], &["--max-steps", "1"], &SMALL[..]].concat(), words);
+    }
+    drop(tmp);
+}
+
+/// An empty training split is an error; an empty dev split trains, warns, and reports its
+/// accuracy as null (never 0.0) and writes no `best/`.
+#[test]
+fn empty_splits_are_an_error_or_null() {
+    let tmp = Temp::new("empty");
+    let tree = "(3 (2 a) (3 b))\n";
+    tmp.write("train.txt", "\n  \n");
+    tmp.write("dev.txt", tree);
+    tmp.write("test.txt", tree);
+    refused(&[&["train", "--data", tmp.path()][..], &SMALL[..]].concat(), &["training split", "none"]);
+    tmp.write("train.txt", tree);
+    tmp.write("dev.txt", "");
+    let ck = tmp.0.join("ck");
+    let out = arbor(&[&["train", "--data", tmp.path(), "--checkpoint", ck.to_str().unwrap()][..], &SMALL[..]].concat());
+    let v = summary(&out);
+    assert!(v["dev_acc"].is_null(), "{v}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the dev split"), "no warning");
+    assert!(!ck.join("best").exists(), "a best epoch was chosen on no data");
+}
+
+/// A run stopped by `--max-steps` before an epoch's end reports what it trained (not 0.0), and
+/// `arbor eval` of its checkpoint falls back to `last/` and gives the same accuracy.
+#[test]
+fn a_run_stopped_inside_an_epoch_is_scored_and_evaluated() {
+    let tmp = Temp::new("max-steps");
+    let ck = tmp.0.join("ck");
+    let ck = ck.to_str().unwrap();
+    let v = summary(&arbor(&[&["train", "--max-steps", "3", "--checkpoint", ck][..], &SMALL[..]].concat()));
+    let (dev, test) = (v["dev_acc"].as_f64(), v["test_acc"].as_f64());
+    assert!(dev.is_some_and(|d| d > 0.0) && test.is_some_and(|t| t > 0.0), "{v}");
+    let out = arbor(&["eval", "--checkpoint", ck]);
+    let e = summary(&out);
+    assert_eq!(e["test_acc"], v["test_acc"], "{e} after {v}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("evaluating last/"));
+}
+
+/// TU data sets: empty files, graphs without nodes, and folds outside 2..=graphs are errors
+/// naming the cause; a large node label is renumbered, not allocated for.
+#[test]
+fn bad_graph_data_and_folds_are_refused() {
+    let tmp = Temp::new("tu");
+    for f in ["A", "graph_indicator", "graph_labels", "node_labels"] {
+        tmp.write(&format!("X_{f}.txt"), "");
+    }
+    let ggnn = |extra: &[&str]| -> Vec<String> {
+        let base = ["train", "--model", "ggnn", "--data", tmp.path(), "--epochs", "1"];
+        base.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    refused(&ggnn(&[]), &["X_graph_labels.txt", "no graphs"]);
+    // Two graphs of two nodes each, one edge each; then a third graph label without nodes.
+    tmp.write("X_A.txt", "1, 2\n2, 1\n3, 4\n4, 3\n");
+    tmp.write("X_graph_indicator.txt", "1\n1\n2\n2\n");
+    tmp.write("X_graph_labels.txt", "1\n-1\n1\n");
+    tmp.write("X_node_labels.txt", "0\n2000000000\n1\n0\n");
+    refused(&ggnn(&[]), &["X_graph_labels.txt:3", "graph 3 has no nodes"]);
+    tmp.write("X_graph_labels.txt", "1\n-1\n");
+    for folds in ["0", "1", "3"] {
+        refused(&ggnn(&["--folds", folds]), &["folds", "between 2 and the number of graphs (2)"]);
+    }
+    let out = arbor(&ggnn(&["--folds", "2", "--hidden", "4", "--embed", "4", "--steps", "1"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
