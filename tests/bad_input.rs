@@ -180,3 +180,35 @@ fn bad_graph_data_and_folds_are_refused() {
     let out = arbor(&ggnn(&["--folds", "2", "--hidden", "4", "--embed", "4", "--steps", "1"]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Sizes beyond what the machine holds are refused before anything is allocated, saying how
+/// much was asked for; thread and worker counts and empty trees are bounded.
+#[test]
+fn sizes_and_counts_beyond_reason_are_refused_up_front() {
+    let need = ["need", "GiB", "available"];
+    refused(&["train", "--hidden", "100000", "--epochs", "1"], &need);
+    refused(&["train", "--embed", "100000000", "--epochs", "1"], &need);
+    refused(&["bench", "--hidden", "1000000", "--sentences", "10"], &need);
+    refused(&["bench", "--threads", "100000"], &["--threads", "cores"]);
+    refused(&["bench", "--workers", "65", "--batch", "64"], &["--workers", "--batch 64"]);
+    refused(&["bench", "--model", "tree-fc", "--leaves", "0"], &["--leaves"]);
+}
+
+/// A checkpoint folder or a plot that cannot be written is an error before training, not after
+/// an epoch; resuming a checkpoint with nothing left to train is an error, not a silent success.
+#[test]
+fn unwritable_outputs_and_finished_resumes_are_refused_before_training() {
+    let tmp = Temp::new("outputs");
+    tmp.write("file", "not a folder");
+    let file = tmp.0.join("file");
+    let inside = file.join("ck");
+    refused(&[&["train", "--checkpoint", inside.to_str().unwrap()][..], &SMALL[..]].concat(), &["file"]);
+    let plot = file.join("curves.svg");
+    let out = arbor(&[&["train", "--plot", plot.to_str().unwrap()][..], &SMALL[..]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("epoch 1:"), "the plot's error came after training: {err}");
+    let ck = tmp.0.join("ck");
+    let ck = ck.to_str().unwrap();
+    summary(&arbor(&[&["train", "--checkpoint", ck][..], &SMALL[..]].concat()));
+    refused(&[&["train", "--resume", ck][..], &SMALL[..]].concat(), &["--resume", "training left to do", "--epochs 1"]);
+}

@@ -119,6 +119,10 @@ where
 }
 
 pub(crate) fn bench(args: &BenchArgs) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if let Some(t) = args.threads.filter(|&t| t == 0 || t > 8 * cores) {
+        return Err(Error::input("--threads", format!("between 1 and 8 × the {cores} cores"), t.to_string()));
+    }
     match args.threads {
         Some(t) => arbor::with_cpu_threads(t, || bench_on(args)),
         None => bench_on(args),
@@ -127,8 +131,12 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<()> {
 
 /// [`bench`] within its thread budget.
 pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
-    if args.workers == 0 {
-        return Err(Error::input("--workers", "at least 1", "0"));
+    if args.workers == 0 || args.workers > args.batch.max(1) {
+        let expected = format!("between 1 and the trees of a minibatch (--batch {})", args.batch);
+        return Err(Error::input("--workers", expected, args.workers.to_string()));
+    }
+    if args.model.model() == Model::TreeFc && args.data.is_none() && args.leaves == 0 {
+        return Err(Error::input("--leaves", "at least 1 leaf", "0"));
     }
     if args.device == Device::Cpu && args.precision != PrecisionArg::F32 {
         return Err(Error::input(
@@ -160,6 +168,8 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
     };
     let examples: Vec<&TreeExample> = pool.iter().cycle().take(args.sentences).collect();
     let cell = model_kind.cell(args.embed, args.hidden)?;
+    let floats = crate::model_floats(vocab, args.embed, &[&cell], args.hidden, classes) * args.workers as u128;
+    crate::check_memory("--hidden, --embed and --workers", floats)?;
     let (fwd_flops, bwd_flops) = cell.flops_per_vertex();
     let nominal_per_vertex = fwd_flops + if args.mode == Mode::Train { bwd_flops } else { 0 };
     let mut rng = Rng::new(1);

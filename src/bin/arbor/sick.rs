@@ -5,7 +5,7 @@
 
 use crate::args::{Device, Distributed, EvalArgs, TrainArgs};
 use crate::meta_usize;
-use crate::train::{on_mpi, optimizer, plural, Progress, Sizes};
+use crate::train::{on_mpi, optimizer, plural, prepare_run, Progress, Sizes};
 use arbor::checkpoint::Checkpoint;
 use arbor::core::rng::Rng;
 use arbor::data::sick::{self, Pair};
@@ -28,6 +28,7 @@ fn pair_model<B: Backend>(backend: &B, vocab: usize, embed: usize, hidden: usize
     let words = Embedding::new(vocab, embed, 0.1, rng).with_padding(PAD);
     let (cell, head) =
         (nn::child_sum_tree_lstm_nary(embed, hidden)?, nn::relatedness_head(hidden, UNITS, sick::CLASSES)?);
+    crate::check_memory("--hidden and --embed", crate::model_floats(vocab, embed, &[&cell, &head], 0, 0))?;
     Model::init(backend, words, cell, vec![Feed::Words, Feed::ParentWords], head, rng)
 }
 
@@ -81,11 +82,7 @@ where
             "optimizer": format!("{:?}", optimizer(args, lr)), "clip": args.clip,
         }),
     };
-    if let Some(dir) = &args.resume {
-        let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
-        run.resume(&Checkpoint::load(&dir)?, &plan.meta)?;
-        eprintln!("arbor: resuming from {} at epoch {}, step {}", dir.display(), run.pos.epoch, run.pos.steps);
-    }
+    prepare_run(&mut run, args, &plan)?;
     let splits = Splits { train: &data.train, dev: &data.dev, test: &data.test };
     let announce = |workers: String| {
         eprintln!(
@@ -97,7 +94,7 @@ where
             data.vocab.len()
         );
     };
-    let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev Pearson");
+    let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev Pearson")?;
     let mut events = |e: Event| progress.on(e);
     let (summary, lead) = match args.distributed {
         None => {

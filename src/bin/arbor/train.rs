@@ -13,7 +13,7 @@ use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::train::{cross_validate, cross_validate_on, Classifier, GraphTraining};
-use arbor::trainer::{fit_threads, on_threads, Event, Run, Settings, Splits, Summary};
+use arbor::trainer::{fit_threads, on_threads, Event, Learned, Run, Settings, Splits, Summary};
 use arbor::{Backend, CpuBackend, DropoutKey, Error, Result, VertexFn};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
@@ -68,9 +68,19 @@ pub(crate) struct Progress<'a> {
 }
 
 impl<'a> Progress<'a> {
-    /// The progress of `epochs` epochs whose dev score is `dev_name`, drawn to `plot` if given.
-    pub(crate) fn new(epochs: usize, plot: Option<&'a Path>, dev_name: &'static str) -> Progress<'a> {
-        Progress { epochs, plot, dev_name, bar: None, loss: Vec::new(), dev: Vec::new() }
+    /// The progress of `epochs` epochs whose dev score is `dev_name`, drawn to `plot` if given
+    /// (an error now, not after an epoch, if it cannot be written).
+    pub(crate) fn new(epochs: usize, plot: Option<&'a Path>, dev_name: &'static str) -> Result<Progress<'a>> {
+        if let Some(path) = plot {
+            let existed = path.exists();
+            std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(path)
+                .and_then(|_| if existed { Ok(()) } else { std::fs::remove_file(path) })
+                .map_err(|e| Error::Io { path: path.display().to_string(), msg: e.to_string() })?;
+        }
+        Ok(Progress { epochs, plot, dev_name, bar: None, loss: Vec::new(), dev: Vec::new() })
     }
 
     pub(crate) fn on(&mut self, e: Event) {
@@ -88,6 +98,9 @@ impl<'a> Progress<'a> {
             Event::EpochEnd { epoch, loss, dev } => {
                 self.finish();
                 eprintln!("epoch {epoch}: loss {loss:.4}, {} {dev:.4}", self.dev_name);
+                if loss > 1e6 {
+                    eprintln!("arbor: warning: a loss of {loss:.3e} looks diverged; lower the learning rate");
+                }
                 self.loss.push(loss);
                 self.dev.push(dev);
                 if let Some(path) = self.plot {
@@ -230,7 +243,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         }
     }
     let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
-    let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev root accuracy");
+    let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev root accuracy")?;
     let mut events = |e: Event| progress.on(e);
     let report = if stacked { train_pipeline(setup, &mut events)? } else { train_data_parallel(setup, &mut events)? };
     progress.finish();
@@ -272,6 +285,31 @@ pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f6
     })
 }
 
+/// What every run does before its first step: checks that `--checkpoint` can be written (not
+/// only after an epoch), and resumes from `--resume` (its `last/`), refusing a checkpoint that
+/// has nothing left to train.
+pub(crate) fn prepare_run<L: Learned>(run: &mut Run<L>, args: &TrainArgs, plan: &Settings) -> Result<()> {
+    if let Some(dir) = &args.checkpoint {
+        let io = |e: std::io::Error| Error::Io { path: dir.display().to_string(), msg: e.to_string() };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let probe = dir.join(".arbor-probe");
+        std::fs::write(&probe, b"").and_then(|()| std::fs::remove_file(&probe)).map_err(io)?;
+    }
+    let Some(dir) = &args.resume else { return Ok(()) };
+    let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
+    run.resume(&Checkpoint::load(&dir)?, &plan.meta)?;
+    let done = run.pos.epoch > plan.epochs || plan.max_steps.is_some_and(|m| run.pos.steps >= m);
+    if done {
+        return Err(Error::input(
+            format!("--resume {}", dir.display()),
+            "a checkpoint with training left to do (raise --epochs or --max-steps)",
+            format!("one at epoch {}, step {} (--epochs {})", run.pos.epoch, run.pos.steps, plan.epochs),
+        ));
+    }
+    eprintln!("arbor: resuming from {} at epoch {}, step {}", dir.display(), run.pos.epoch, run.pos.steps);
+    Ok(())
+}
+
 /// Trains one model data-parallel (one worker, threads, or MPI ranks) on `--device`; returns the
 /// summary's fields on the worker that reports them.
 pub(crate) fn train_data_parallel(setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
@@ -294,6 +332,8 @@ where
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
     let cell = setup.kind.cell_with_dropout(embed, hidden, args.dropout)?;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
+    let floats = crate::model_floats(vocab, embed, &[&cell], hidden, classes) * args.workers as u128;
+    crate::check_memory("--hidden, --embed and --workers", floats)?;
     let mut model = Classifier::on(backend, cell, vocab, Some(PAD), classes, &mut setup.rng)?;
     model.engine.set_dropout_key(DropoutKey { seed: args.seed, ..DropoutKey::default() });
     setup.pretrained(model.embed.table_mut())?;
@@ -319,11 +359,7 @@ where
         // Recorded only when used, so checkpoints of runs without dropout resume as before.
         plan.meta["dropout"] = json!(args.dropout);
     }
-    if let Some(dir) = &args.resume {
-        let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
-        run.resume(&Checkpoint::load(&dir)?, &plan.meta)?;
-        eprintln!("arbor: resuming from {} at epoch {}, step {}", dir.display(), run.pos.epoch, run.pos.steps);
-    }
+    prepare_run(&mut run, args, &plan)?;
     let (summary, lead, workers) = match args.distributed {
         None => {
             setup.announce(&plural(args.workers, "worker"));
@@ -380,6 +416,11 @@ where
     let args = setup.args;
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
+    let cells = (0..args.layers)
+        .map(|k| setup.kind.cell(if k == 0 { embed } else { hidden }, hidden))
+        .collect::<Result<Vec<_>>>()?;
+    let floats = crate::model_floats(vocab, embed, &cells.iter().collect::<Vec<_>>(), hidden, classes);
+    crate::check_memory("--hidden, --embed and --layers", floats)?;
     let mut stack = Stack::new(setup.kind, args.layers, embed, hidden, vocab, Some(PAD), classes, &mut setup.rng)?;
     if let Some(e) = &mut stack.embed {
         setup.pretrained(e.table_mut())?;
