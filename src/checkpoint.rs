@@ -113,7 +113,24 @@ impl Checkpoint {
 
     /// [`Checkpoint::save`], pausing `between` the tensor file and the metadata (crash tests
     /// use it to kill a process in the middle of a save).
+    /// A first save, into a folder that does not exist yet, is built beside it and renamed into
+    /// place, so the folder appears whole or not at all.
     pub fn save_paced(&self, dir: &Path, between: Duration) -> Result<()> {
+        let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+            return self.write_into(dir, between);
+        };
+        if dir.is_dir() {
+            return self.write_into(dir, between);
+        }
+        let partial = parent.join(format!(".{}.partial", name.to_string_lossy()));
+        std::fs::remove_dir_all(&partial).ok();
+        self.write_into(&partial, between)?;
+        std::fs::rename(&partial, dir).map_err(|e| io(dir, e))
+    }
+
+    /// Writes the checkpoint into the folder `dir` (created if needed): tensors first, then the
+    /// metadata that commits them; then removes what earlier saves left.
+    fn write_into(&self, dir: &Path, between: Duration) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         let bytes: Vec<Vec<u8>> =
             self.tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();

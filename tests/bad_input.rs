@@ -212,3 +212,60 @@ fn unwritable_outputs_and_finished_resumes_are_refused_before_training() {
     summary(&arbor(&[&["train", "--checkpoint", ck][..], &SMALL[..]].concat()));
     refused(&[&["train", "--resume", ck][..], &SMALL[..]].concat(), &["--resume", "training left to do", "--epochs 1"]);
 }
+
+/// `--resume` checks the best epoch's checkpoint too: a corrupted `best/` is refused, not kept.
+#[test]
+fn resume_refuses_a_corrupted_best_checkpoint() {
+    let tmp = Temp::new("best");
+    let ck = tmp.0.join("ck");
+    let ck = ck.to_str().unwrap();
+    let args = ["train", "--hidden", "4", "--embed", "4", "--epochs", "2", "--checkpoint", ck];
+    summary(&arbor(&[&args[..], &["--max-steps", "170"]].concat()));
+    let best = Path::new(ck).join("best");
+    let tensors = arbor::checkpoint::Checkpoint::tensors_path(&best).expect("a best checkpoint after epoch 1");
+    let mut bytes = std::fs::read(&tensors).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&tensors, bytes).unwrap();
+    refused(&[&args[..], &["--resume", ck]].concat(), &["checksum mismatch"]);
+}
+
+/// Tree files: a node wider than the cell names file and line; invalid UTF-8 names its line; a
+/// byte-order mark is skipped and tabs are whitespace; a huge bad token is cut in the message.
+#[test]
+fn tree_file_errors_name_the_line_and_odd_text_is_read() {
+    let tmp = Temp::new("trees");
+    let good = "(3 (2 a) (3 b))\n";
+    let split = |train: &[u8]| {
+        std::fs::write(tmp.0.join("train.txt"), train).unwrap();
+        tmp.write("dev.txt", good);
+        tmp.write("test.txt", good);
+    };
+    let run = || arbor(&[&["train", "--data", tmp.path()][..], &SMALL[..]].concat());
+    split(b"(3 (2 a) (3 b))\n\n(3 (2 a) (2 b) (2 c))\n");
+    refused(&[&["train", "--data", tmp.path()][..], &SMALL[..]].concat(), &["train.txt:3:", "3 children", "at most 2"]);
+    split(b"(3 (2 a) (3 b))\n(3 (2 \xff) (3 b))\n");
+    refused(&[&["train", "--data", tmp.path()][..], &SMALL[..]].concat(), &["train.txt:2:", "UTF-8"]);
+    split("\u{feff}(3\t(2 a)\t(3 b))\n".as_bytes());
+    summary(&run());
+    let huge = format!("(3 (2 a) ({} b))\n", "x".repeat(1 << 20));
+    split(huge.as_bytes());
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.len() < 400 && err.contains("characters"), "{}", &err[..err.len().min(400)]);
+    for model in ["ggnn", "sick"] {
+        refused(&["bench", "--model", model], &["bench --model", model]);
+    }
+}
+
+/// A folder with two TU data sets names both instead of picking one.
+#[test]
+fn two_tu_sets_in_one_folder_are_named() {
+    let tmp = Temp::new("two-tu");
+    for name in ["X", "Y"] {
+        for f in ["A", "graph_indicator", "graph_labels", "node_labels"] {
+            tmp.write(&format!("{name}_{f}.txt"), "1\n");
+        }
+    }
+    refused(&["train", "--model", "ggnn", "--data", tmp.path()], &["more than one TU data set", "X, Y"]);
+}

@@ -38,6 +38,14 @@ struct Open {
     column: usize,
 }
 
+/// `token` for an error message: its first 40 characters, and how long it was if longer.
+pub fn clip(token: &str) -> String {
+    match token.char_indices().nth(40) {
+        Some((cut, _)) => format!("{}… ({} characters)", &token[..cut], token.chars().count()),
+        None => token.to_string(),
+    }
+}
+
 fn parse(text: &str) -> std::result::Result<PtbTree, (usize, String)> {
     let mut stack: Vec<Open> = Vec::new();
     let mut children: Vec<Vec<Option<usize>>> = Vec::new();
@@ -48,18 +56,24 @@ fn parse(text: &str) -> std::result::Result<PtbTree, (usize, String)> {
     let mut column = 0;
     while let Some((start, ch)) = chars.next() {
         column += 1;
-        if root_closed && !matches!(ch, ' ' | '\n' | '\r') {
+        if root_closed && !ch.is_ascii_whitespace() {
             return Err((column, format!("text after the end of the tree: `{ch}`")));
         }
         match ch {
-            ' ' | '\n' | '\r' => {}
+            // ASCII whitespace separates tokens; other spaces belong to a word (the SST has
+            // U+00A0 inside words such as `1 1/2`).
+            c if c.is_ascii_whitespace() => {}
             '(' => stack.push(Open { label: None, word: None, children: Vec::new(), column }),
             ')' => {
                 let open = stack.pop().ok_or((column, "`)` closes nothing".to_string()))?;
                 let label = open.label.ok_or((open.column, "a bracket has no label".to_string()))?;
                 match (&open.word, open.children.is_empty()) {
-                    (Some(_), false) => return Err((open.column, format!("`{label}` has both a word and subtrees"))),
-                    (None, true) => return Err((open.column, format!("`{label}` has neither a word nor subtrees"))),
+                    (Some(_), false) => {
+                        return Err((open.column, format!("`{}` has both a word and subtrees", clip(&label))))
+                    }
+                    (None, true) => {
+                        return Err((open.column, format!("`{}` has neither a word nor subtrees", clip(&label))))
+                    }
                     _ => {}
                 }
                 let v = labels.len();
@@ -74,7 +88,7 @@ fn parse(text: &str) -> std::result::Result<PtbTree, (usize, String)> {
             _ => {
                 let mut end = start + ch.len_utf8();
                 while let Some(&(i, c)) = chars.peek() {
-                    if matches!(c, ' ' | '(' | ')' | '\n' | '\r') {
+                    if c.is_ascii_whitespace() || matches!(c, '(' | ')') {
                         break;
                     }
                     end = i + c.len_utf8();
@@ -82,13 +96,13 @@ fn parse(text: &str) -> std::result::Result<PtbTree, (usize, String)> {
                     chars.next();
                 }
                 let token = &text[start..end];
-                let open = stack.last_mut().ok_or((column, format!("`{token}` is outside any bracket")))?;
+                let open = stack.last_mut().ok_or((column, format!("`{}` is outside any bracket", clip(token))))?;
                 if open.label.is_none() {
                     open.label = Some(token.to_string());
                 } else if open.word.is_none() && open.children.is_empty() {
                     open.word = Some(token.to_string());
                 } else {
-                    return Err((column, format!("unexpected `{token}`: a leaf has one word")));
+                    return Err((column, format!("unexpected `{}`: a leaf has one word", clip(token))));
                 }
             }
         }

@@ -17,11 +17,18 @@ pub fn read(path: &Path, vocab: &mut Vocab, grow: bool) -> Result<Vec<TreeExampl
     let file = std::fs::File::open(path).map_err(|e| Error::Io { path: name.clone(), msg: e.to_string() })?;
     let mut out = Vec::new();
     for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| Error::Io { path: name.clone(), msg: e.to_string() })?;
+        let line = line.map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => {
+                Error::Parse { file: name.clone(), line: i + 1, msg: "not valid UTF-8".into() }
+            }
+            _ => Error::Io { path: name.clone(), msg: e.to_string() },
+        })?;
+        // A byte-order mark at the start of the file is not part of the tree.
+        let line = if i == 0 { line.strip_prefix('\u{feff}').unwrap_or(&line) } else { &line };
         if line.trim().is_empty() {
             continue;
         }
-        out.push(parse_line(&line, &name, i + 1, vocab, grow)?);
+        out.push(parse_line(line, &name, i + 1, vocab, grow)?);
     }
     Ok(out)
 }
@@ -37,7 +44,7 @@ pub fn parse_line(line: &str, file: &str, lineno: usize, vocab: &mut Vocab, grow
                 return Err(Error::Parse {
                     file: file.into(),
                     line: lineno,
-                    msg: format!("label `{l}` is not a sentiment class 0-{}", CLASSES - 1),
+                    msg: format!("label `{}` is not a sentiment class 0-{}", crate::core::ptb::clip(l), CLASSES - 1),
                 })
             }
         }

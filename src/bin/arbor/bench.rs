@@ -146,11 +146,22 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
         ));
     }
     let model_kind = args.model.model();
-    if matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) || args.batch == 0 || args.sentences == 0 {
+    if matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
+        return Err(Error::input(
+            "bench --model",
+            "a tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
+            if matches!(args.model, ModelArg::Ggnn) {
+                "ggnn (cross-validated by arbor train)"
+            } else {
+                "sick (arbor train)"
+            },
+        ));
+    }
+    if args.batch == 0 || args.sentences == 0 || args.hidden == 0 || args.embed == 0 {
         return Err(Error::input(
             "arguments",
-            "a tree or sequence model, --batch and --sentences above 0",
-            format!("{} {} {}", model_kind.name(), args.batch, args.sentences),
+            "--batch, --sentences, --hidden and --embed above 0",
+            format!("{} {} {} {}", args.batch, args.sentences, args.hidden, args.embed),
         ));
     }
     let (pool, vocab, classes) = match (&args.data, model_kind) {

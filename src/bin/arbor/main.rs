@@ -78,6 +78,12 @@ pub(crate) fn load(dir: Option<&Path>, seed: u64, lowercase: bool, model: Model)
                 return Err(Error::Io { path: dir.display().to_string(), msg: "not a directory".into() });
             }
             let s = sst::read_splits(dir, lowercase)?;
+            if !model.chains() {
+                let arity = model.cell(1, 1)?.arity();
+                for (split, trees) in [("train", &s.train), ("dev", &s.dev), ("test", &s.test)] {
+                    check_arity(&dir.join(format!("{split}.txt")), trees, arity, model)?;
+                }
+            }
             Data {
                 name: dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf()).display().to_string(),
                 train: s.train,
@@ -94,6 +100,20 @@ pub(crate) fn load(dir: Option<&Path>, seed: u64, lowercase: bool, model: Model)
         }
     }
     Ok(data)
+}
+
+/// Refuses a tree read from `file` with a node of more children than `model`'s cell takes,
+/// naming the tree's line (the trees are the file's non-blank lines, in order).
+fn check_arity(file: &Path, trees: &[TreeExample], arity: usize, model: Model) -> Result<()> {
+    let wide = |t: &TreeExample| (0..t.graph.len()).map(|v| t.graph.children(v).len()).find(|&n| n > arity);
+    let Some((k, n)) = trees.iter().enumerate().find_map(|(k, t)| wide(t).map(|n| (k, n))) else { return Ok(()) };
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let line = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).nth(k).map_or(0, |(i, _)| i + 1);
+    Err(Error::Parse {
+        file: file.display().to_string(),
+        line,
+        msg: format!("a node with {n} children; the {} cell takes at most {arity} (binarize the tree)", model.name()),
+    })
 }
 
 pub(crate) fn bar(len: usize, msg: String) -> ProgressBar {

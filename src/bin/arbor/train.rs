@@ -296,6 +296,10 @@ pub(crate) fn prepare_run<L: Learned>(run: &mut Run<L>, args: &TrainArgs, plan: 
         std::fs::write(&probe, b"").and_then(|()| std::fs::remove_file(&probe)).map_err(io)?;
     }
     let Some(dir) = &args.resume else { return Ok(()) };
+    if dir.join("best").is_dir() {
+        // The best epoch so far must load too: a resumed run would keep a corrupted one.
+        Checkpoint::load(&dir.join("best"))?;
+    }
     let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
     run.resume(&Checkpoint::load(&dir)?, &plan.meta)?;
     let done = run.pos.epoch > plan.epochs || plan.max_steps.is_some_and(|m| run.pos.steps >= m);
@@ -521,9 +525,15 @@ pub(crate) fn on_mpi<T>(_: Duration, _: impl FnOnce(&mut dyn Collective) -> Resu
 pub(crate) fn tu_name(dir: &Path) -> Result<String> {
     let entries =
         std::fs::read_dir(dir).map_err(|e| Error::Io { path: dir.display().to_string(), msg: e.to_string() })?;
-    entries.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix("_A.txt").map(String::from)).next().ok_or_else(
-        || Error::Io { path: dir.display().to_string(), msg: "no NAME_A.txt here: not a TU data set".into() },
-    )
+    let mut names: Vec<String> =
+        entries.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix("_A.txt").map(String::from)).collect();
+    names.sort();
+    let io = |msg: String| Error::Io { path: dir.display().to_string(), msg };
+    match &names[..] {
+        [name] => Ok(name.clone()),
+        [] => Err(io("no NAME_A.txt here: not a TU data set".into())),
+        _ => Err(io(format!("more than one TU data set here ({}): keep one per folder", names.join(", ")))),
+    }
 }
 
 pub(crate) fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
