@@ -269,3 +269,77 @@ fn two_tu_sets_in_one_folder_are_named() {
     }
     refused(&["train", "--model", "ggnn", "--data", tmp.path()], &["more than one TU data set", "X, Y"]);
 }
+
+/// Runs `arbor args`, killing it after `limit`: its output, or `None` if it hung.
+fn arbor_within(args: &[String], limit: std::time::Duration) -> Option<Output> {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the arbor binary runs");
+    let start = std::time::Instant::now();
+    while child.try_wait().expect("the child can be waited on").is_none() {
+        if start.elapsed() > limit {
+            child.kill().ok();
+            child.wait().ok();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().expect("the output can be read"))
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(40))]
+
+    /// Any combination of `arbor train` flags, sensible or not, at small sizes: the run ends
+    /// within a bound, never panics or aborts, and a refusal is one line naming the cause.
+    #[test]
+    fn any_train_flags_end_in_success_or_one_clear_line(
+        model in proptest::sample::select(vec!["tree-lstm", "child-sum", "var-lstm", "tree-fc", "ggnn", "sick"]),
+        lr in proptest::sample::select(vec!["0.01", "0", "-1", "nan", "inf", "1e30", "1e38"]),
+        optimizer in proptest::sample::select(vec!["adagrad", "adam", "adamw", "sgd"]),
+        clip in proptest::sample::select(vec!["0", "5", "-5", "nan"]),
+        weight_decay in proptest::sample::select(vec!["0", "1e-4", "-1", "inf"]),
+        dropout in proptest::sample::select(vec!["0", "0.3", "1", "-0.1"]),
+        workers in proptest::sample::select(vec!["1", "2", "0", "100"]),
+        batch in proptest::sample::select(vec!["1", "4", "25", "0"]),
+        hidden in proptest::sample::select(vec!["4", "0", "100000"]),
+        max_steps in proptest::sample::select(vec!["0", "1", "3"]),
+        folds in proptest::sample::select(vec!["0", "1", "2", "1000"]),
+        layers in proptest::sample::select(vec!["1", "2", "0"]),
+    ) {
+        let data = arbor::data::data_dir();
+        let mut args: Vec<String> = ["train", "--model", model, "--epochs", "1", "--embed", "4"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        match model {
+            "ggnn" => args.extend(["--data".into(), data.join("mutag").display().to_string(), "--folds".into(), folds.into()]),
+            "sick" => args.extend(["--data".into(), data.join("sick").display().to_string()]),
+            _ => {}
+        }
+        let flags = [
+            ("--lr", lr), ("--optimizer", optimizer), ("--clip", clip), ("--weight-decay", weight_decay),
+            ("--dropout", dropout), ("--workers", workers), ("--batch", batch), ("--hidden", hidden),
+            ("--max-steps", max_steps), ("--layers", layers), ("--steps", "1"),
+        ];
+        for (flag, value) in flags {
+            args.push(format!("{flag}={value}"));
+        }
+        let out = arbor_within(&args, std::time::Duration::from_secs(120));
+        let out = out.unwrap_or_else(|| panic!("{args:?} ran past 120 s"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        proptest::prop_assert!(!err.contains("panicked"), "{:?} panicked: {}", args, err);
+        proptest::prop_assert!(out.status.code().is_some(), "{:?} was killed by a signal: {}", args, err);
+        if !out.status.success() {
+            let last = err.lines().rfind(|l| !l.trim().is_empty()).unwrap_or_default();
+            let arbor_line = last.starts_with("arbor: ");
+            let clap = err.lines().next().is_some_and(|l| l.starts_with("error: "));
+            proptest::prop_assert!(arbor_line || clap, "{:?}: no one-line error: {}", args, err);
+            proptest::prop_assert!(last.len() < 400, "{:?}: a long error line: {}", args, last);
+        }
+    }
+}
