@@ -1,7 +1,7 @@
 //! Heads and losses: what turns the rows vertex functions pushed into a loss per example,
 //! declared in the same IR as a cell and differentiated the same way.
 //!
-//! A head is a function of arity 0 (no children, no states) built with [`Builder`](crate::Builder):
+//! A head is a function of arity 0 (no children, no states) built with [`Builder`]:
 //! its pulls are the rows read out of the cells (a root's `h`, one per graph of an example: two
 //! for a sentence pair) and the targets; it pushes a one-value output named `loss`, and may push
 //! more (a prediction). [`Head`] runs it once per example of a minibatch, batched over the

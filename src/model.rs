@@ -81,7 +81,7 @@ enum Pass<'p> {
 }
 
 /// An example a [`Model`] learns from in the one training loop
-/// ([`Learner`](crate::trainer::Learner)): one or more graphs and a target, and the score that
+/// ([`Learner`]): one or more graphs and a target, and the score that
 /// picks the best epoch over such examples.
 pub trait AsExample: Sync + Sized {
     /// The example's graphs, words and target.
