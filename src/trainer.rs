@@ -296,18 +296,11 @@ impl<L> Run<L> {
         let m = &ck.meta;
         for (key, want) in settings.as_object().into_iter().flatten() {
             if &m[key] != want {
-                let show = |v: &Value| {
-                    let s = v.to_string();
-                    if s.len() > 60 {
-                        "a different one".to_string()
-                    } else {
-                        s
-                    }
-                };
+                let (had, asked) = differing(&m[key].to_string(), &want.to_string());
                 return Err(Error::input(
-                    format!("resuming from a checkpoint with `{key}` = {}", show(&m[key])),
+                    format!("resuming from a checkpoint with `{key}` = {had}"),
                     "the same setting in this run",
-                    show(want),
+                    asked,
                 ));
             }
         }
@@ -463,6 +456,27 @@ impl<L> Run<L> {
         }
         Ok(dev)
     }
+}
+
+/// Two settings as a message shows them: whole when short, else only the fields that differ
+/// (`…lr: 0.05…` against `…lr: 0.01…` for two optimizer descriptions, or a vocabulary's
+/// first differing words).
+fn differing(a: &str, b: &str) -> (String, String) {
+    if a.len().max(b.len()) <= 60 {
+        return (a.to_string(), b.to_string());
+    }
+    fn fields(s: &str) -> Vec<&str> {
+        s.split([',', '{', '}', '[', ']']).map(str::trim).collect()
+    }
+    let (fa, fb) = (fields(a), fields(b));
+    let start = fa.iter().zip(&fb).take_while(|(x, y)| x == y).count();
+    let end = fa[start..].iter().rev().zip(fb[start..].iter().rev()).take_while(|(x, y)| x == y).count();
+    let part = |f: &[&str]| {
+        let middle = f[start..f.len() - end].join(", ");
+        let cut: String = middle.chars().take(60).collect();
+        format!("…{cut}…")
+    };
+    (part(&fa), part(&fb))
 }
 
 /// The one loop over steps that every trainer runs (`arbor train` and `arbor bench --mode

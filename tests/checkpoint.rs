@@ -302,8 +302,8 @@ fn edited_metadata_is_refused() {
     assert!(err.contains("meta.json") && err.contains("checksum mismatch"), "{err}");
 }
 
-/// Resuming with settings that change what the saved position means (batch, seed), or from a
-/// checkpoint without optimizer state (`best/`), is refused with an error naming the reason.
+/// Resuming with other settings (batch, seed, learning rate), or from a checkpoint without
+/// optimizer state (`best/`), is refused with an error naming the reason.
 #[test]
 fn resume_refuses_other_settings_and_best_checkpoints() {
     let tmp = Temp::new("settings");
@@ -322,6 +322,9 @@ fn resume_refuses_other_settings_and_best_checkpoints() {
     assert!(err.starts_with("arbor: resuming from a checkpoint with `batch` = 25"), "{err}");
     let err = refused(&[last, "--seed", "3"]);
     assert!(err.starts_with("arbor: resuming from a checkpoint with `seed` = 1"), "{err}");
+    // A long setting shows only what differs: the learning rate inside the optimizer's.
+    let err = refused(&[last, "--lr", "0.02"]);
+    assert!(err.contains("`optimizer` = …lr: 0.01…") && err.contains("got …lr: 0.02…"), "{err}");
     let best = ck.join("best");
     let err = refused(&[s(&best), "--epochs", "2"]);
     assert!(err.contains("a `best/` folder is for `arbor eval`"), "{err}");
@@ -352,4 +355,47 @@ fn a_pair_model_resumes_bitwise_exact() {
     if let Some(diff) = first_difference(&ca, &cb) {
         panic!("40 uninterrupted steps and 20 + 20 resumed steps differ: {diff}");
     }
+}
+
+/// Kills a run 20 times around the moment its first `best/` is written (each write pausing
+/// 20 ms between its tensor file and its metadata): after every kill, `best/` is absent or whole,
+/// and `arbor eval` reads the folder (its `best/`, else its `last/`).
+#[test]
+fn kills_around_the_first_best_leave_a_folder_eval_reads() {
+    let mut inside = 0;
+    for i in 0..20u64 {
+        let tmp = Temp::new(&format!("kill-best-{i}"));
+        let ck = tmp.join("c");
+        let mut args = vec!["train", "--checkpoint", s(&ck), "--checkpoint-every", "1", "--persist-pause-ms", "20"];
+        args.extend(["--epochs", "2", "--batch", "400"]);
+        args.extend(SMALL);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_arbor"))
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the arbor binary starts");
+        let (partial, best) = (ck.join(".best.partial"), ck.join("best"));
+        let start = Instant::now();
+        while !partial.exists() && !best.exists() {
+            assert!(start.elapsed() < Duration::from_secs(120), "no best/ within 120 s");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("arbor ended ({status}) before writing best/");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // From the write's start to well after it: 0, 3, …, 57 ms.
+        std::thread::sleep(Duration::from_millis(3 * i));
+        child.kill().ok();
+        child.wait().ok();
+        if partial.exists() {
+            inside += 1;
+        }
+        if best.exists() {
+            load(&best);
+        }
+        let out = arbor(&["eval", "--checkpoint", s(&ck)]);
+        assert!(out.status.success(), "kill {i}: eval failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(inside > 0, "no kill landed while best/ was being written, so this test showed nothing");
 }
