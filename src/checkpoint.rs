@@ -167,7 +167,8 @@ impl Checkpoint {
         read_meta(dir).map(|(_, file)| file)
     }
 
-    /// Loads from `dir`, refusing files whose checksum does not match.
+    /// Loads from `dir`, refusing files whose checksum does not match and tensors holding a value
+    /// that is not finite.
     pub fn load(dir: &Path) -> Result<Checkpoint> {
         let (meta, path) = read_meta(dir)?;
         let data = std::fs::read(&path).map_err(|e| io(&path, e))?;
@@ -184,7 +185,11 @@ impl Checkpoint {
             if view.dtype() != Dtype::F32 {
                 return Err(io(&path, format!("tensor `{name}` is {:?}, not F32", view.dtype())));
             }
-            let values = view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            let values: Vec<f32> =
+                view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+                return Err(io(&path, format!("tensor `{name}` holds {v}: a diverged model, not loaded")));
+            }
             tensors.push((name, view.shape().to_vec(), values));
         }
         tensors.sort_by(|a, b| a.0.cmp(&b.0));

@@ -343,3 +343,20 @@ proptest::proptest! {
         }
     }
 }
+
+/// A checkpoint holding a value that is not finite (written by another program, or an older
+/// arbor) is refused on loading (here by `eval`), naming the tensor.
+#[test]
+fn a_checkpoint_that_is_not_finite_is_refused() {
+    let tmp = Temp::new("nan-checkpoint");
+    let ck = tmp.0.join("ck");
+    let ck_str = ck.to_str().unwrap();
+    summary(&arbor(&[&["train", "--checkpoint", ck_str][..], &SMALL[..]].concat()));
+    let best = ck.join("best");
+    let mut saved = arbor::checkpoint::Checkpoint::load(&best).expect("the run's best/ loads");
+    let (name, _, values) = saved.tensors.iter_mut().find(|t| t.0 == "embedding").expect("an embedding");
+    values[3] = f32::NAN;
+    let name = name.clone();
+    saved.save(&best).expect("the edited checkpoint saves");
+    refused(&["eval", "--checkpoint", ck_str], &[&format!("tensor `{name}` holds NaN")]);
+}
