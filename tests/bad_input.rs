@@ -360,3 +360,34 @@ fn a_checkpoint_that_is_not_finite_is_refused() {
     saved.save(&best).expect("the edited checkpoint saves");
     refused(&["eval", "--checkpoint", ck_str], &[&format!("tensor `{name}` holds NaN")]);
 }
+
+/// The remaining cases of the issue, one line each: a learning rate that blows the weights up
+/// to finite but huge values is flagged; zero sizes name the flags; a label of 2^32 is not
+/// called negative; an empty test split is `null` in `eval` too.
+#[test]
+fn huge_losses_zero_sizes_big_labels_and_empty_tests() {
+    let out =
+        arbor(&["train", "--optimizer", "adam", "--lr", "1e30", "--hidden", "4", "--embed", "4", "--epochs", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("looks diverged"), "no warning: {err}");
+    refused(&["train", "--hidden", "0"], &["--hidden", "above 0"]);
+    refused(&["bench", "--hidden", "0"], &["--hidden", "above 0"]);
+    let tmp = Temp::new("labels");
+    let tree = "(3 (2 a) (3 b))\n";
+    tmp.write("train.txt", "(4294967296 (2 a) (3 b))\n");
+    tmp.write("dev.txt", tree);
+    tmp.write("test.txt", tree);
+    refused(
+        &[&["train", "--data", tmp.path()][..], &SMALL[..]].concat(),
+        &["train.txt:1:", "`4294967296` is not a sentiment class"],
+    );
+    tmp.write("train.txt", tree);
+    tmp.write("test.txt", "");
+    let ck = tmp.0.join("ck");
+    let v = summary(&arbor(
+        &[&["train", "--data", tmp.path(), "--checkpoint", ck.to_str().unwrap()][..], &SMALL[..]].concat(),
+    ));
+    assert!(v["test_acc"].is_null(), "{v}");
+    let e = summary(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap(), "--data", tmp.path()]));
+    assert!(e["test_acc"].is_null() && e["trees"] == 0, "{e}");
+}
