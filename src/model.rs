@@ -16,9 +16,9 @@ use crate::dist::Collective;
 use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
 use crate::layers::Embedding;
-use crate::optim::{check_finite, clip_grad_norm, Optimizer};
+use crate::optim::Optimizer;
 use crate::readout::{Pooled, Readout};
-use crate::train::{names, tensor_name, StepStats};
+use crate::train::{check_gradients, clip_all, names, tensor_name, StepStats};
 use crate::trainer::{Learned, Learner, Scores, Settings};
 use crate::DropoutKey;
 use crate::{Backend, InputGraph, VertexFn};
@@ -319,16 +319,12 @@ impl<B: Backend> Model<B> {
     pub fn apply(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<()> {
         // A step that is not finite ends training (steps counted from 1).
         let step = self.cells.dropout_key().step + 1;
-        let (cell_names, head_names) = (names("cell", self.cells.function()), names("head", self.head.function()));
-        let dense = cell_names.iter().zip(&grads.cell).chain(head_names.iter().zip(&grads.head));
-        let words = std::iter::once(("embedding", grads.words.values.as_slice()));
-        check_finite(step, "the gradient of", dense.map(|(n, g)| (n.as_str(), g.as_slice())).chain(words))?;
+        let parts = [("cell", self.cells.function(), &grads.cell), ("head", self.head.function(), &grads.head)];
+        check_gradients(step, &parts, &grads.words.values)?;
         if let Some(max) = clip {
-            let mut all: Vec<&mut [f32]> =
-                grads.cell.iter_mut().chain(&mut grads.head).map(Vec::as_mut_slice).collect();
-            all.push(&mut grads.words.values);
-            clip_grad_norm(&mut all, max);
+            clip_all(&mut [&mut grads.cell, &mut grads.head], &mut grads.words.values, max);
         }
+        let (cell_names, head_names) = (names("cell", self.cells.function()), names("head", self.head.function()));
         opt.begin_step();
         self.cells.update_params(|ps| {
             ps.into_iter().zip(&grads.cell).zip(&cell_names).for_each(|((p, g), n)| opt.dense(n, p, g));

@@ -377,17 +377,12 @@ impl<B: Backend> Classifier<B> {
         } else {
             // Without a loss scale to skip it, a step that is not finite ends training.
             check_finite(step, "the value of", [("loss", std::slice::from_ref(&grads.stats.loss))])?;
-            let cell_names = names("cell", self.engine.function());
-            let head_names = names(CLASSIFIER, self.out.function());
-            let dense = cell_names.iter().zip(&grads.cell).chain(head_names.iter().zip(&grads.classifier));
-            let embedding = std::iter::once(("embedding", grads.embedding.values.as_slice()));
-            check_finite(step, "the gradient of", dense.map(|(n, g)| (n.as_str(), g.as_slice())).chain(embedding))?;
+            let parts =
+                [("cell", self.engine.function(), &grads.cell), (CLASSIFIER, self.out.function(), &grads.classifier)];
+            check_gradients(step, &parts, &grads.embedding.values)?;
         }
         if let Some(max) = clip {
-            let mut all: Vec<&mut [f32]> =
-                grads.cell.iter_mut().chain(&mut grads.classifier).map(Vec::as_mut_slice).collect();
-            all.push(&mut grads.embedding.values);
-            clip_grad_norm(&mut all, max);
+            clip_all(&mut [&mut grads.cell, &mut grads.classifier], &mut grads.embedding.values, max);
         }
         let (head, embed) = (self.out.head().engine(), &mut self.embed);
         let cell_names = names("cell", self.engine.function());
@@ -488,6 +483,23 @@ pub(crate) fn tensor_name(of: &str, param: &str) -> String {
 /// The names of `f`'s parameters under the prefix `of`.
 pub(crate) fn names(of: &str, f: &VertexFn) -> Vec<String> {
     f.params().iter().map(|p| tensor_name(of, &p.name)).collect()
+}
+
+/// Ends training with [`Error::Diverged`] at step `step` if a gradient is not finite: of the
+/// parameters of each part (its prefix, function, and one gradient per parameter), or of the
+/// looked-up word vectors.
+pub(crate) fn check_gradients(step: u64, parts: &[(&str, &VertexFn, &Vec<Vec<f32>>)], words: &[f32]) -> Result<()> {
+    let names: Vec<Vec<String>> = parts.iter().map(|(of, f, _)| names(of, f)).collect();
+    let dense = names.iter().zip(parts).flat_map(|(n, (_, _, g))| n.iter().zip(g.iter()));
+    let words = std::iter::once(("embedding", words));
+    check_finite(step, "the gradient of", dense.map(|(n, g)| (n.as_str(), g.as_slice())).chain(words))
+}
+
+/// Clips the joint norm of the dense gradients of `parts` and the word vectors' to `max`.
+pub(crate) fn clip_all(parts: &mut [&mut Vec<Vec<f32>>], words: &mut [f32], max: f32) {
+    let mut all: Vec<&mut [f32]> = parts.iter_mut().flat_map(|p| p.iter_mut()).map(Vec::as_mut_slice).collect();
+    all.push(words);
+    clip_grad_norm(&mut all, max);
 }
 
 /// One optimizer step over a model's parameters, each tensor's state kept under its name (as

@@ -5,7 +5,7 @@
 
 use crate::args::{Device, Distributed, EvalArgs, TrainArgs};
 use crate::meta_usize;
-use crate::train::{on_mpi, optimizer, plural, prepare_run, Progress, Sizes};
+use crate::train::{on_mpi, optimizer, plural, prepare_run, settings, Progress, Sizes};
 use arbor::checkpoint::Checkpoint;
 use arbor::core::rng::Rng;
 use arbor::data::sick::{self, Pair};
@@ -14,7 +14,7 @@ use arbor::layers::Embedding;
 use arbor::layers::LossOn;
 use arbor::model::{AsExample, Feed, Model};
 use arbor::optim::Optimizer;
-use arbor::trainer::{fit_threads, Event, Run, Settings, Splits};
+use arbor::trainer::{fit_threads, Event, Run, Splits};
 use arbor::{nn, Backend, CpuBackend, Error, Result};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -67,21 +67,16 @@ where
     let mut rng = Rng::new(args.seed);
     let model = pair_model(&backend, data.vocab.len(), embed, hidden, &mut rng)?;
     let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &rng);
-    let plan = Settings {
+    let plan = settings(
+        args,
         epochs,
-        batch: args.batch,
-        loss_on: LossOn::Root,
-        clip: (args.clip > 0.0).then_some(args.clip),
-        checkpoint: args.checkpoint.clone(),
-        checkpoint_every: args.checkpoint_every,
-        max_steps: args.max_steps,
-        persist_pause: Duration::from_millis(args.persist_pause_ms),
-        meta: json!({
+        LossOn::Root,
+        json!({
             "model": "sick", "embed": embed, "hidden": hidden, "units": UNITS, "seed": args.seed,
             "lowercase": args.lowercase, "data": dir_name(args), "vocab": data.vocab.words(), "batch": args.batch,
             "optimizer": format!("{:?}", optimizer(args, lr)), "clip": args.clip,
         }),
-    };
+    );
     prepare_run(&mut run, args, &plan)?;
     let splits = Splits { train: &data.train, dev: &data.dev, test: &data.test };
     let announce = |workers: String| {

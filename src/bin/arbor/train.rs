@@ -285,6 +285,21 @@ pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f6
     })
 }
 
+/// The settings of a run of `epochs` epochs from the flags, recording `meta` in its checkpoints.
+pub(crate) fn settings(args: &TrainArgs, epochs: usize, loss_on: LossOn, meta: Value) -> Settings {
+    Settings {
+        epochs,
+        batch: args.batch,
+        loss_on,
+        clip: (args.clip > 0.0).then_some(args.clip),
+        checkpoint: args.checkpoint.clone(),
+        checkpoint_every: args.checkpoint_every,
+        max_steps: args.max_steps,
+        persist_pause: Duration::from_millis(args.persist_pause_ms),
+        meta,
+    }
+}
+
 /// What every run does before its first step: checks that `--checkpoint` can be written (not
 /// only after an epoch), and resumes from `--resume` (its `last/`), refusing a checkpoint that
 /// has nothing left to train.
@@ -343,22 +358,17 @@ where
     setup.pretrained(model.embed.table_mut())?;
     let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &setup.rng);
     let data = &setup.data;
-    let mut plan = Settings {
+    let mut plan = settings(
+        args,
         epochs,
-        batch: args.batch,
-        loss_on: setup.loss_on,
-        clip: (args.clip > 0.0).then_some(args.clip),
-        checkpoint: args.checkpoint.clone(),
-        checkpoint_every: args.checkpoint_every,
-        max_steps: args.max_steps,
-        persist_pause: Duration::from_millis(args.persist_pause_ms),
-        meta: json!({
+        setup.loss_on,
+        json!({
             "model": setup.kind.name(), "embed": embed, "hidden": hidden, "classes": classes,
             "data": data.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": data.vocab.words(),
             "batch": args.batch, "loss": args.loss.name(), "optimizer": format!("{:?}", optimizer(args, lr)),
             "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
         }),
-    };
+    );
     if args.dropout > 0.0 {
         // Recorded only when used, so checkpoints of runs without dropout resume as before.
         plan.meta["dropout"] = json!(args.dropout);
