@@ -26,12 +26,19 @@ fn list(values: &[ValueDesc]) -> String {
     parts.join(", ")
 }
 
+/// `at` as the start of a message: `file:line:column: `, or nothing.
+fn place(at: &Option<String>) -> String {
+    at.as_ref().map_or_else(String::new, |at| format!("{at}: "))
+}
+
 /// Everything that can go wrong in arbor, with the place it went wrong.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Error {
     /// An op of a vertex function got inputs of shapes it cannot combine.
-    #[error("vertex function `{function}`: op `{op}` cannot take inputs [{}]: {reason}", list(.inputs))]
+    #[error("{}vertex function `{function}`: op `{op}` cannot take inputs [{}]: {reason}", place(.at), list(.inputs))]
     Shape {
+        /// Where the user's code added the op (`file:line:column`), when known.
+        at: Option<String>,
         /// The function being built.
         function: String,
         /// The op that was being added.

@@ -27,11 +27,15 @@ fn matmul_inner_dimension_mismatch() {
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
     let w = f.param("W", [4, 5], Init::Xavier);
-    let y = x.matmul(w).tanh();
+    let (y, line) = (x.matmul(w).tanh(), line!());
     f.push("y", y);
     let (e, msg) = build_err(f);
     match &e {
-        Error::Shape { function, op, inputs, .. } => {
+        Error::Shape { at, function, op, inputs, .. } => {
+            // The error names the user's line that made the op, and the message starts with it.
+            let here = format!("{}:{line}:", file!());
+            assert!(at.as_deref().is_some_and(|a| a.starts_with(&here)), "{at:?}, not {here}");
+            assert!(msg.starts_with(&here), "{msg}");
             assert_eq!(function, "cell");
             assert_eq!(op, "matmul");
             assert_eq!(inputs.len(), 2);
@@ -61,12 +65,14 @@ fn add_of_different_shapes() {
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
     let h = f.gather(0, "h", 4);
-    let y = x + h;
+    let (y, line) = (x + h, line!());
     f.scatter("h", h);
     f.push("y", y);
     let (e, msg) = build_err(f);
     match &e {
-        Error::Shape { op, inputs, .. } => {
+        Error::Shape { at, op, inputs, .. } => {
+            // An operator names the user's line too.
+            assert!(at.as_deref().is_some_and(|a| a.starts_with(&format!("{}:{line}:", file!()))), "{at:?}");
             assert_eq!(op, "add");
             let shapes: Vec<_> = inputs.iter().map(|i| i.shape.clone()).collect();
             assert_eq!(shapes, [Shape::mat(1, 3), Shape::mat(1, 4)]);

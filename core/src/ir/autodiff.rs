@@ -87,6 +87,7 @@ impl Deriver<'_> {
     fn emit(&mut self, op: Op) -> Result<ValueId> {
         let name = op.name();
         self.out.push(op).map_err(|reason| Error::Shape {
+            at: None,
             function: format!("{} (backward)", self.f.name),
             op: name,
             inputs: vec![],
@@ -239,6 +240,7 @@ pub(crate) fn derive(f: &Declaration) -> Result<Backward> {
             Op::Binary { op, a, b } => {
                 let Some((da, db)) = op.derivative(&mut d, a, b, v, g)? else {
                     return Err(Error::Shape {
+                        at: None,
                         function: f.name.clone(),
                         op: op.name().into(),
                         inputs: vec![],

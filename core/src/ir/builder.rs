@@ -67,6 +67,13 @@ pub struct Var<'b> {
     id: ValueId,
 }
 
+/// Where the user's code called the builder (through `#[track_caller]` methods).
+#[track_caller]
+fn caller() -> Option<String> {
+    let at = std::panic::Location::caller();
+    Some(format!("{}:{}:{}", at.file(), at.line(), at.column()))
+}
+
 impl Builder {
     /// A new function named `name` whose vertices have up to `arity` ordered child slots
     /// (`gather(k)` needs `k < arity`; `gather_sum` takes any number of children).
@@ -88,6 +95,7 @@ impl Builder {
     }
 
     /// Adds a computed op, recording a shape error (and continuing with a placeholder) if it fails.
+    #[track_caller]
     fn op(&self, op: Op) -> Var<'_> {
         let pushed = self.inner.borrow_mut().func.push(op.clone());
         let id = match pushed {
@@ -100,7 +108,13 @@ impl Builder {
                     let shape = descs.first().map(|d| d.shape.clone()).unwrap_or_default();
                     (descs, shape)
                 };
-                self.fail(Error::Shape { function: self.name.clone(), op: op.name(), inputs: descs, reason });
+                self.fail(Error::Shape {
+                    at: caller(),
+                    function: self.name.clone(),
+                    op: op.name(),
+                    inputs: descs,
+                    reason,
+                });
                 self.load(op, shape, false)
             }
         };
@@ -116,6 +130,7 @@ impl Builder {
         inner.states.len() - 1
     }
 
+    #[track_caller]
     fn gather_op(&self, slot: Option<usize>, state: &str, shape: Shape) -> Var<'_> {
         let s = self.state_index(state, &shape);
         let (known, scattered) = {
@@ -133,6 +148,7 @@ impl Builder {
             });
         } else if known != shape {
             self.fail(Error::Shape {
+                at: caller(),
                 function: self.name.clone(),
                 op: format!("gather of state `{state}`"),
                 inputs: vec![],
@@ -153,6 +169,7 @@ impl Builder {
 
     /// The state `state` (of per-vertex shape `shape`) scattered by the child in slot `slot`;
     /// zeros when the vertex has no child there.
+    #[track_caller]
     pub fn gather(&self, slot: usize, state: &str, shape: impl Into<Shape>) -> Var<'_> {
         if slot >= self.arity {
             self.fail(Error::GatherSlot { function: self.name.clone(), slot, state: state.into(), arity: self.arity });
@@ -161,6 +178,7 @@ impl Builder {
     }
 
     /// The sum over all children of the state `state` they scattered; zeros for a leaf.
+    #[track_caller]
     pub fn gather_sum(&self, state: &str, shape: impl Into<Shape>) -> Var<'_> {
         self.inner.borrow_mut().variadic = true;
         self.gather_op(None, state, shape.into())
@@ -195,6 +213,7 @@ impl Builder {
     }
 
     /// Records an error if `value` is a parameter: only per-vertex values leave a vertex.
+    #[track_caller]
     fn check_per_vertex(&self, what: &str, name: &str, value: Var<'_>) {
         let desc = {
             let inner = self.inner.borrow();
@@ -202,6 +221,7 @@ impl Builder {
         };
         if let Some(desc) = desc {
             self.fail(Error::Shape {
+                at: caller(),
                 function: self.name.clone(),
                 op: format!("{what} `{name}`"),
                 inputs: vec![desc],
@@ -211,6 +231,7 @@ impl Builder {
     }
 
     /// Publishes `value` as this vertex's state `name`, for its parents to gather.
+    #[track_caller]
     pub fn scatter(&self, name: &str, value: Var<'_>) {
         self.check_per_vertex("scatter", name, value);
         let shape = self.inner.borrow().func.node(value.id).shape.clone();
@@ -233,6 +254,7 @@ impl Builder {
     }
 
     /// Emits `value` as this vertex's output `name`, for the output layer.
+    #[track_caller]
     pub fn push(&self, name: &str, value: Var<'_>) {
         self.check_per_vertex("push", name, value);
         let mut inner = self.inner.borrow_mut();
@@ -246,6 +268,7 @@ impl Builder {
     }
 
     /// The parts side by side, column-wise.
+    #[track_caller]
     pub fn concat(&self, parts: &[Var<'_>]) -> Var<'_> {
         self.op(Op::Concat { parts: parts.iter().map(|p| p.id).collect() })
     }
@@ -301,45 +324,54 @@ impl<'b> Var<'b> {
         self.b.inner.borrow().func.node(self.id).shape.clone()
     }
 
+    #[track_caller]
     fn unary(self, op: UnaryOp) -> Var<'b> {
         self.b.op(Op::Unary { op, x: self.id })
     }
 
+    #[track_caller]
     fn binary(self, op: BinaryOp, rhs: Var<'b>) -> Var<'b> {
         self.b.op(Op::Binary { op, a: self.id, b: rhs.id })
     }
 
     /// `self · rhs`; `rhs` may be a parameter.
+    #[track_caller]
     pub fn matmul(self, rhs: Var<'b>) -> Var<'b> {
         self.b.op(Op::MatMul { a: self.id, b: rhs.id, ta: false, tb: false })
     }
 
     /// Element-wise logistic sigmoid.
+    #[track_caller]
     pub fn sigmoid(self) -> Var<'b> {
         self.unary(UnaryOp::Sigmoid)
     }
 
     /// Element-wise tanh.
+    #[track_caller]
     pub fn tanh(self) -> Var<'b> {
         self.unary(UnaryOp::Tanh)
     }
 
     /// Element-wise `max(x, 0)`.
+    #[track_caller]
     pub fn relu(self) -> Var<'b> {
         self.unary(UnaryOp::Relu)
     }
 
     /// Element-wise `e^x`.
+    #[track_caller]
     pub fn exp(self) -> Var<'b> {
         self.unary(UnaryOp::Exp)
     }
 
     /// Element-wise natural logarithm.
+    #[track_caller]
     pub fn log(self) -> Var<'b> {
         self.unary(UnaryOp::Log)
     }
 
     /// `gelu(self)`: `x·Φ(x)` in the tanh form of Hendrycks and Gimpel, element-wise.
+    #[track_caller]
     pub fn gelu(self) -> Var<'b> {
         self.unary(UnaryOp::Gelu)
     }
@@ -349,6 +381,7 @@ impl<'b> Var<'b> {
     /// and column from the pass's [`DropoutKey`](crate::dropout::DropoutKey), the same however
     /// the minibatch is batched and on every backend; no gradient flows through them. `p = 0`
     /// returns `self`; a `p` outside `[0, 1)` is an error at [`Builder::build`].
+    #[track_caller]
     pub fn dropout(self, p: f32) -> Var<'b> {
         let b = self.b;
         if p == 0.0 {
@@ -357,6 +390,7 @@ impl<'b> Var<'b> {
         if !(0.0..1.0).contains(&p) {
             let desc = b.inner.borrow().func.describe(self.id, &b.inner.borrow().params);
             b.fail(Error::Shape {
+                at: caller(),
                 function: b.name.clone(),
                 op: format!("dropout({p})"),
                 inputs: vec![desc],
@@ -373,33 +407,39 @@ impl<'b> Var<'b> {
     }
 
     /// `s · x`.
+    #[track_caller]
     pub fn scale(self, s: f32) -> Var<'b> {
         self.unary(UnaryOp::Scale(s))
     }
 
     /// Columns `start..start + len`.
+    #[track_caller]
     pub fn slice(self, start: usize, len: usize) -> Var<'b> {
         self.b.op(Op::Slice { x: self.id, start, len })
     }
 
     /// The sum of each row: `[r × c] → [r × 1]`.
+    #[track_caller]
     pub fn sum_cols(self) -> Var<'b> {
         self.b.op(Op::SumCols { x: self.id })
     }
 
     /// Element-wise `|x|`.
+    #[track_caller]
     pub fn abs(self) -> Var<'b> {
         self.unary(UnaryOp::Abs)
     }
 
     /// `x + c` for a constant `c` (not trained); also written `self + c`, and `c - self` for
     /// `1 − z` and the like.
+    #[track_caller]
     pub fn offset(self, c: f32) -> Var<'b> {
         self.unary(UnaryOp::Offset(c))
     }
 
     /// A one-column value repeated to `cols` columns: `[r × 1] → [r × cols]`, e.g. a scalar gate
     /// scaling a row.
+    #[track_caller]
     pub fn broadcast_cols(self, cols: usize) -> Var<'b> {
         self.b.op(Op::BroadcastCols { x: self.id, cols })
     }
@@ -407,17 +447,20 @@ impl<'b> Var<'b> {
     /// The largest value of each row, `[r × c] → [r × 1]`, **without a gradient** (autodiff
     /// treats it as a constant): for shifting a softmax or a log-sum-exp, whose values the shift
     /// does not change. Not a max pooling.
+    #[track_caller]
     pub fn detached_max_cols(self) -> Var<'b> {
         self.b.op(Op::MaxCols { x: self.id })
     }
 
     /// `self` and `rhs` side by side, column-wise (see [`Builder::concat`] for more parts).
+    #[track_caller]
     pub fn concat(self, rhs: Var<'b>) -> Var<'b> {
         self.b.concat(&[self, rhs])
     }
 
     /// The log-softmax of each row: `x − log Σ_j e^{x_j}`, computed after shifting by the row's
     /// largest value, so large values do not overflow.
+    #[track_caller]
     pub fn log_softmax(self) -> Var<'b> {
         let cols = self.shape().cols();
         let shifted = self - self.detached_max_cols().broadcast_cols(cols);
@@ -425,6 +468,7 @@ impl<'b> Var<'b> {
     }
 
     /// The softmax of each row: `e^{x_j} / Σ_k e^{x_k}` (as `exp` of [`Var::log_softmax`]).
+    #[track_caller]
     pub fn softmax(self) -> Var<'b> {
         self.log_softmax().exp()
     }
@@ -435,6 +479,7 @@ macro_rules! constant_operators {
     ($($trait:ident, $method:ident, |$x:ident, $c:ident| $var_op_c:expr, $c_op_var:expr;)*) => {$(
         impl<'b> ops::$trait<f32> for Var<'b> {
             type Output = Var<'b>;
+            #[track_caller]
             fn $method(self, $c: f32) -> Var<'b> {
                 let $x = self;
                 $var_op_c
@@ -443,6 +488,7 @@ macro_rules! constant_operators {
 
         impl<'b> ops::$trait<Var<'b>> for f32 {
             type Output = Var<'b>;
+            #[track_caller]
             fn $method(self, $x: Var<'b>) -> Var<'b> {
                 let $c = self;
                 $c_op_var
@@ -461,6 +507,7 @@ macro_rules! binary_operator {
     ($trait:ident, $method:ident, $op:expr) => {
         impl<'b> ops::$trait for Var<'b> {
             type Output = Var<'b>;
+            #[track_caller]
             fn $method(self, rhs: Var<'b>) -> Var<'b> {
                 self.binary($op, rhs)
             }
@@ -475,6 +522,7 @@ binary_operator!(Div, div, BinaryOp::Div);
 
 impl<'b> ops::Neg for Var<'b> {
     type Output = Var<'b>;
+    #[track_caller]
     fn neg(self) -> Var<'b> {
         self.unary(UnaryOp::Neg)
     }
