@@ -57,7 +57,8 @@ fn per_vertex_matmul_mismatch() {
     f.scatter("m", m);
     let (e, msg) = build_err(f);
     assert!(matches!(e, Error::Shape { ref op, .. } if op == "matmul"), "{e:?}");
-    assert_mentions(&msg, &["matmul", "[2×3]", "[2×4]"]);
+    // Inputs and states are named by their names, not by index.
+    assert_mentions(&msg, &["matmul", "[2×3]", "[2×4]", "pull `a`", "gather(slot 0) of `m`"]);
 }
 
 #[test]

@@ -16,7 +16,7 @@
 //! ```
 
 use super::declaration::Declaration;
-use super::func::{Func, Init, Node, ParamDecl, Port, StateDecl};
+use super::func::{Func, Init, Names, Node, ParamDecl, Port, StateDecl};
 use super::op::{BinaryOp, Op, UnaryOp, ValueId};
 use super::vertex_fn::VertexFn;
 use crate::error::{Error, Result};
@@ -46,6 +46,17 @@ struct Inner {
     gathers: HashMap<(Option<usize>, usize), ValueId>,
     variadic: bool,
     error: Option<Error>,
+}
+
+impl Inner {
+    /// The names of what has been declared so far, for describing values.
+    fn names(&self) -> Names<'_> {
+        Names {
+            params: &self.params,
+            states: self.states.iter().map(|s| s.name.as_str()).collect(),
+            inputs: self.inputs.iter().map(|p| p.name.as_str()).collect(),
+        }
+    }
 }
 
 /// Where dropout masks are numbered while the function is declared: pulled input
@@ -104,7 +115,8 @@ impl Builder {
                 let inputs = op.inputs();
                 let (descs, shape) = {
                     let inner = self.inner.borrow();
-                    let descs: Vec<_> = inputs.iter().map(|&v| inner.func.describe(v, &inner.params)).collect();
+                    let names = inner.names();
+                    let descs: Vec<_> = inputs.iter().map(|&v| inner.func.describe(v, &names)).collect();
                     let shape = descs.first().map(|d| d.shape.clone()).unwrap_or_default();
                     (descs, shape)
                 };
@@ -217,7 +229,7 @@ impl Builder {
     fn check_per_vertex(&self, what: &str, name: &str, value: Var<'_>) {
         let desc = {
             let inner = self.inner.borrow();
-            inner.func.node(value.id).is_param.then(|| inner.func.describe(value.id, &inner.params))
+            inner.func.node(value.id).is_param.then(|| inner.func.describe(value.id, &inner.names()))
         };
         if let Some(desc) = desc {
             self.fail(Error::Shape {
@@ -388,7 +400,10 @@ impl<'b> Var<'b> {
             return self;
         }
         if !(0.0..1.0).contains(&p) {
-            let desc = b.inner.borrow().func.describe(self.id, &b.inner.borrow().params);
+            let desc = {
+                let inner = b.inner.borrow();
+                inner.func.describe(self.id, &inner.names())
+            };
             b.fail(Error::Shape {
                 at: caller(),
                 function: b.name.clone(),

@@ -2,7 +2,7 @@
 //! it. Autodiff and fusion read only this (and each other's results), never a half-built
 //! [`VertexFn`](super::VertexFn).
 
-use super::func::{Func, ParamDecl, Port, StateDecl};
+use super::func::{Func, Names, ParamDecl, Port, StateDecl};
 use super::op::ValueId;
 use crate::error::{Error, Result};
 
@@ -56,7 +56,7 @@ impl Declaration {
             }
         }
         if let Some(i) = live.iter().position(|l| !l) {
-            let value = forward.describe(ValueId(i as u32), &params);
+            let value = forward.describe(ValueId(i as u32), &Names::of(&params, &states, &inputs));
             return Err(if users[i].is_empty() {
                 Error::Unused { function: name, value }
             } else {
@@ -64,5 +64,10 @@ impl Declaration {
             });
         }
         Ok(Declaration { name, arity, variadic, forward, params, states, inputs, dropout, outputs })
+    }
+
+    /// The names of the function's parameters, states and inputs, for describing values.
+    pub fn names(&self) -> Names<'_> {
+        Names::of(&self.params, &self.states, &self.inputs)
     }
 }

@@ -47,13 +47,38 @@ impl Func {
     }
 
     /// A value as error messages and plans show it.
-    pub fn describe(&self, v: ValueId, params: &[ParamDecl]) -> ValueDesc {
+    pub fn describe(&self, v: ValueId, names: &Names<'_>) -> ValueDesc {
         let n = self.node(v);
+        let named = |list: &[&str], k: usize, show: &dyn Fn(&str) -> String| list.get(k).map(|s| show(s));
         let op = match n.op {
-            Op::Param { param } => format!("param {}", params[param].name),
-            _ => n.op.name(),
+            Op::Param { param } => names.params.get(param).map(|p| format!("param {}", p.name)),
+            Op::Gather { slot, state } => named(&names.states, state, &|s| format!("gather(slot {slot}) of `{s}`")),
+            Op::GatherSum { state } => named(&names.states, state, &|s| format!("gather_sum of `{s}`")),
+            Op::Pull { input } => named(&names.inputs, input, &|s| format!("pull `{s}`")),
+            _ => None,
         };
-        ValueDesc { id: v.index(), op, shape: n.shape.clone() }
+        ValueDesc { id: v.index(), op: op.unwrap_or_else(|| n.op.name()), shape: n.shape.clone() }
+    }
+}
+
+/// What a value's description names parameters, states and pulled inputs by (each by index).
+pub struct Names<'a> {
+    /// The parameters.
+    pub params: &'a [ParamDecl],
+    /// The states' names.
+    pub states: Vec<&'a str>,
+    /// The pulled inputs' names.
+    pub inputs: Vec<&'a str>,
+}
+
+impl<'a> Names<'a> {
+    /// The names of declared parameters, states and inputs.
+    pub fn of(params: &'a [ParamDecl], states: &'a [StateDecl], inputs: &'a [Port]) -> Names<'a> {
+        Names {
+            params,
+            states: states.iter().map(|s| s.name.as_str()).collect(),
+            inputs: inputs.iter().map(|p| p.name.as_str()).collect(),
+        }
     }
 }
 

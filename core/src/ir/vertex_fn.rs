@@ -170,10 +170,11 @@ impl fmt::Display for VertexFn {
             self.decl.arity,
             if self.decl.variadic { ", gather_sum" } else { "" }
         )?;
+        let names = self.decl.names();
         for (i, n) in self.decl.forward.nodes.iter().enumerate() {
             let v = ValueId(i as u32);
             let ins: Vec<String> = n.op.inputs().iter().map(ToString::to_string).collect();
-            writeln!(f, "  {} ({})", self.decl.forward.describe(v, &self.decl.params), ins.join(", "))?;
+            writeln!(f, "  {} ({})", self.decl.forward.describe(v, &names), ins.join(", "))?;
         }
         writeln!(f, "forward plan:\n{}", self.forward_plan)?;
         write!(f, "backward plan:\n{}", self.backward_plan)
