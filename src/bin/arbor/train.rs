@@ -307,7 +307,8 @@ pub(crate) fn prepare_run<L: Learned>(run: &mut Run<L>, args: &TrainArgs, plan: 
     if let Some(dir) = &args.checkpoint {
         let io = |e: std::io::Error| Error::Io { path: dir.display().to_string(), msg: e.to_string() };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let probe = dir.join(".arbor-probe");
+        // One probe per process: the ranks of an MPI job probe the same folder at once.
+        let probe = dir.join(format!(".arbor-probe-{}", std::process::id()));
         std::fs::write(&probe, b"").and_then(|()| std::fs::remove_file(&probe)).map_err(io)?;
     }
     let Some(dir) = &args.resume else { return Ok(()) };
