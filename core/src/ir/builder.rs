@@ -19,7 +19,7 @@ use super::declaration::Declaration;
 use super::func::{Func, Init, Names, Node, ParamDecl, Port, StateDecl};
 use super::op::{BinaryOp, Op, UnaryOp, ValueId};
 use super::vertex_fn::VertexFn;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ValueDesc};
 use crate::tensor::Shape;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -105,6 +105,20 @@ impl Builder {
         ValueId(inner.func.nodes.len() as u32 - 1)
     }
 
+    /// Records an [`Error::Shape`] at the user's line: `op` cannot take `values`, for `reason`.
+    /// Returns the first value's shape (for a placeholder to continue with).
+    #[track_caller]
+    fn fail_shape(&self, op: String, values: &[ValueId], reason: String) -> Shape {
+        let inputs: Vec<ValueDesc> = {
+            let inner = self.inner.borrow();
+            let names = inner.names();
+            values.iter().map(|&v| inner.func.describe(v, &names)).collect()
+        };
+        let shape = inputs.first().map(|d| d.shape.clone()).unwrap_or_default();
+        self.fail(Error::Shape { at: caller(), function: self.name.clone(), op, inputs, reason });
+        shape
+    }
+
     /// Adds a computed op, recording a shape error (and continuing with a placeholder) if it fails.
     #[track_caller]
     fn op(&self, op: Op) -> Var<'_> {
@@ -112,21 +126,7 @@ impl Builder {
         let id = match pushed {
             Ok(id) => id,
             Err(reason) => {
-                let inputs = op.inputs();
-                let (descs, shape) = {
-                    let inner = self.inner.borrow();
-                    let names = inner.names();
-                    let descs: Vec<_> = inputs.iter().map(|&v| inner.func.describe(v, &names)).collect();
-                    let shape = descs.first().map(|d| d.shape.clone()).unwrap_or_default();
-                    (descs, shape)
-                };
-                self.fail(Error::Shape {
-                    at: caller(),
-                    function: self.name.clone(),
-                    op: op.name(),
-                    inputs: descs,
-                    reason,
-                });
+                let shape = self.fail_shape(op.name(), &op.inputs(), reason);
                 self.load(op, shape, false)
             }
         };
@@ -227,18 +227,9 @@ impl Builder {
     /// Records an error if `value` is a parameter: only per-vertex values leave a vertex.
     #[track_caller]
     fn check_per_vertex(&self, what: &str, name: &str, value: Var<'_>) {
-        let desc = {
-            let inner = self.inner.borrow();
-            inner.func.node(value.id).is_param.then(|| inner.func.describe(value.id, &inner.names()))
-        };
-        if let Some(desc) = desc {
-            self.fail(Error::Shape {
-                at: caller(),
-                function: self.name.clone(),
-                op: format!("{what} `{name}`"),
-                inputs: vec![desc],
-                reason: "a parameter is not a per-vertex value".into(),
-            });
+        if self.inner.borrow().func.node(value.id).is_param {
+            let reason = "a parameter is not a per-vertex value".into();
+            self.fail_shape(format!("{what} `{name}`"), &[value.id], reason);
         }
     }
 
@@ -400,17 +391,7 @@ impl<'b> Var<'b> {
             return self;
         }
         if !(0.0..1.0).contains(&p) {
-            let desc = {
-                let inner = b.inner.borrow();
-                inner.func.describe(self.id, &inner.names())
-            };
-            b.fail(Error::Shape {
-                at: caller(),
-                function: b.name.clone(),
-                op: format!("dropout({p})"),
-                inputs: vec![desc],
-                reason: "the rate must be in [0, 1)".into(),
-            });
+            b.fail_shape(format!("dropout({p})"), &[self.id], "the rate must be in [0, 1)".into());
             return self;
         }
         let shape = self.shape();
