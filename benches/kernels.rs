@@ -3,10 +3,10 @@
 //!
 //! `cargo bench --bench kernels` (all), or e.g. `cargo bench --bench kernels -- gemm`.
 
+use arbor::backend::{Backend, Gemm, Loc, Mem, Rows};
 use arbor::batching::{MemoryPlan, Schedule, Scheduler};
-use arbor::core::backend::{Backend, Gemm, Loc, Mem, Rows};
-use arbor::core::fusion::{Phase, Step};
-use arbor::core::rng::Rng;
+use arbor::fusion::{Phase, Step};
+use arbor::rng::Rng;
 use arbor::{nn, CpuBackend, InputGraph};
 use divan::{black_box, Bencher};
 

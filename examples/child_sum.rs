@@ -1,9 +1,9 @@
 //! Child-sum Tree-LSTM on the synthetic treebank: `cargo run --release --example child_sum`.
 
-use arbor::core::rng::Rng;
 use arbor::data::{synthetic, PAD};
 use arbor::layers::LossOn;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::train::Classifier;
 
 fn main() -> arbor::Result<()> {

@@ -6,13 +6,13 @@
 //!
 //! `cargo run --release --example graph_pooling`
 
-use arbor::core::rng::Rng;
 use arbor::data::{data_dir, tu};
 use arbor::head::softmax_cross_entropy;
 use arbor::layers::Embedding;
 use arbor::model::{Example, Feed, Model, Tree};
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::readout::Readout;
+use arbor::rng::Rng;
 use arbor::{Builder, CpuBackend, Init, InputGraph, VertexFn};
 
 const STEPS: usize = 3;

@@ -2,7 +2,6 @@
 //! vertex) cut into two stages on two threads, trained with PipeDream-2BW on the synthetic
 //! treebank: `cargo run --release --example pipeline [1f1b|2bw]`.
 
-use arbor::core::rng::Rng;
 use arbor::data::{synthetic, PAD};
 use arbor::dist::pipeline::{PipeSettings, Stack, Stage};
 use arbor::dist::schedule::Kind;
@@ -10,6 +9,7 @@ use arbor::dist::DEFAULT_TIMEOUT;
 use arbor::layers::LossOn;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::trainer::{on_threads, Event, Splits};
 
 fn main() -> arbor::Result<()> {

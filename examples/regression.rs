@@ -4,12 +4,12 @@
 //!
 //! `cargo run --release --example regression`
 
-use arbor::core::rng::Rng;
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::head::mean_squared_error;
 use arbor::layers::Embedding;
 use arbor::model::{Example, Feed, Model};
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::{nn, Builder, CpuBackend, Init, VertexFn};
 
 /// `prediction = tanh(h·W₁ + b₁)·w₂ + b₂` from the root's `h`; the loss is its squared error.

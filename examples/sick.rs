@@ -6,12 +6,12 @@
 //!
 //! `cargo run --release --example sick -- [EPOCHS] [TRAIN_PAIRS]` (data: `$ARBOR_DATA/sick`).
 
-use arbor::core::rng::Rng;
 use arbor::data::sick::{self, Pair};
 use arbor::data::PAD;
 use arbor::layers::Embedding;
 use arbor::model::{Example, Feed, Model};
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::{metrics, nn, CpuBackend};
 
 /// Pearson's correlation of the model's expected scores with the gold scores of `pairs`.

@@ -1,7 +1,7 @@
 //! Tree-FC, the Cavs benchmark cell, on complete binary trees: times forward + backward passes.
 //! `cargo run --release --example tree_fc [LEAVES] [HIDDEN]`.
 
-use arbor::core::rng::Rng;
+use arbor::rng::Rng;
 use arbor::{nn, CpuBackend, Engine, InputGraph, Pull};
 use std::time::Instant;
 

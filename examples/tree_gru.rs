@@ -5,12 +5,12 @@
 //!
 //! `cargo run --release --example tree_gru`
 
-use arbor::core::rng::Rng;
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::head::softmax_cross_entropy;
 use arbor::layers::Embedding;
 use arbor::model::{Example, Feed, Model};
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::{Builder, CpuBackend, Init, VertexFn};
 
 /// `h = z ⊙ (h₀ + h₁)/2 + (1 − z) ⊙ tanh(x·W + [r₀ ⊙ h₀, r₁ ⊙ h₁]·U + b)`, with the update gate

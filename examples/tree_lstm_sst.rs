@@ -1,10 +1,10 @@
 //! Binary Tree-LSTM on the Stanford Sentiment Treebank (or, without the data, on the built-in
 //! synthetic treebank): `cargo run --release --example tree_lstm_sst [EPOCHS]`.
 
-use arbor::core::rng::Rng;
 use arbor::data::{data_dir, sst, synthetic, TreeExample, PAD};
 use arbor::layers::LossOn;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::train::Classifier;
 
 fn main() -> arbor::Result<()> {

@@ -1,10 +1,10 @@
 //! Var-LSTM: an LSTM over each SST sentence as a chain graph, classified at its last word
 //! (synthetic sentences without the data): `cargo run --release --example var_lstm`.
 
-use arbor::core::rng::Rng;
 use arbor::data::{data_dir, sst, synthetic, TreeExample, PAD};
 use arbor::layers::LossOn;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::train::Classifier;
 
 fn main() -> arbor::Result<()> {

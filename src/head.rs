@@ -11,7 +11,7 @@
 //! ```
 //! use arbor::head::{kl_divergence, Head};
 //! use arbor::{Builder, CpuBackend, Init};
-//! use arbor::core::rng::Rng;
+//! use arbor::rng::Rng;
 //!
 //! // Tai et al.'s relatedness head: pair features of two roots, 50 sigmoid units, a softmax over
 //! // the scores 1..5 and the KL divergence to the target distribution.
@@ -206,7 +206,7 @@ pub fn softmax_classifier(input: usize, classes: usize) -> Result<VertexFn> {
 ///
 /// ```
 /// use arbor::head::ClassHead;
-/// use arbor::core::rng::Rng;
+/// use arbor::rng::Rng;
 /// use arbor::CpuBackend;
 ///
 /// let mut head = ClassHead::softmax(CpuBackend::new(), 4, 3, &mut Rng::new(1))?;

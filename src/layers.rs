@@ -5,8 +5,8 @@
 //! Training a Tree-LSTM for a few steps on three hand-written trees:
 //!
 //! ```
-//! use arbor::core::ptb::PtbTree;
-//! use arbor::core::rng::Rng;
+//! use arbor::ptb::PtbTree;
+//! use arbor::rng::Rng;
 //! use arbor::head::ClassHead;
 //! use arbor::layers::{Embedding, LossOn};
 //! use arbor::{nn, CpuBackend, Engine, InputGraph};

@@ -1,6 +1,4 @@
-//! arbor: deep learning on dynamic structures (trees, sequences, graphs) with Cavs-style vertex
-//! functions: declare the per-vertex computation once, hand each example its own graph, and the
-//! engine batches the vertices of a whole minibatch into a few large kernels.
+#![doc = include_str!("guide.md")]
 
 pub mod checkpoint;
 pub mod data;
@@ -15,16 +13,19 @@ pub mod nn;
 pub mod optim;
 pub mod plot;
 pub mod readout;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod train;
 pub mod trainer;
 
 pub use arbor_batching as batching;
-pub use arbor_core as core;
 pub use arbor_core::backend::Backend;
 pub use arbor_core::dropout::DropoutKey;
 pub use arbor_core::graph::InputGraph;
 pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
+pub use arbor_core::{backend, dropout, error, fusion, graph, ir, ptb, rng, tensor};
 pub use arbor_core::{Error, Result, Shape};
+#[cfg(feature = "cuda")]
 pub use arbor_cuda as cuda;
 pub use arbor_ops::cpu::{budget as cpu_thread_budget, isa, with_threads as with_cpu_threads, HostBuffer};
 pub use arbor_ops::CpuBackend;

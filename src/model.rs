@@ -59,6 +59,56 @@ pub struct Example<'a> {
 }
 
 /// Word vectors, a vertex function on a backend, and a head.
+///
+/// [`Model::step`] runs the cell over every graph of a minibatch of [`Example`]s, reads one row
+/// per graph out of it ([`Readout`]), runs the head on those rows and the targets, and takes an
+/// optimizer step on the mean loss: the head's, the cell's and the word vectors' gradients all
+/// come from the IR, none written by hand. [`Model::infer`] returns the head's outputs.
+///
+/// # Example
+///
+/// A Tree-LSTM with a regression head of one's own, fitted to two examples:
+///
+/// ```
+/// use arbor::head::mean_squared_error;
+/// use arbor::layers::Embedding;
+/// use arbor::model::{Example, Feed, Model, Tree};
+/// use arbor::optim::{Config, Optimizer, Rule};
+/// use arbor::rng::Rng;
+/// use arbor::{nn, Builder, CpuBackend, Init, InputGraph};
+///
+/// // The head: a linear prediction from a root's `h` (3 wide), its squared error to the target.
+/// let f = Builder::new("regression", 0);
+/// let (h, target) = (f.pull("h", 3), f.pull("target", 1));
+/// let prediction = h.matmul(f.param("w", [3, 1], Init::Xavier)) + f.param("b", [1, 1], Init::Zeros);
+/// f.push("loss", mean_squared_error(prediction, target));
+/// f.push("prediction", prediction);
+/// let head = f.build()?;
+///
+/// let mut rng = Rng::new(0);
+/// let words = Embedding::new(5, 4, 0.1, &mut rng).with_padding(0); // word 0: no word
+/// let cell = nn::tree_lstm(4, 3)?; // pulls a 4-wide word vector, pushes a 3-wide `h`
+/// let mut model = Model::init(&CpuBackend::new(), words, cell, vec![Feed::Words], head, &mut rng)?;
+///
+/// // A tree over words 1 and 2 (its root, vertex 2, has no word) with target 1, and a
+/// // one-word sentence with target −1.
+/// let tree = InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)]])?;
+/// let word = InputGraph::chain(1);
+/// let batch = [
+///     Example { trees: vec![Tree { graph: &tree, words: &[1, 2, 0], root: 2 }], target: vec![1.0] },
+///     Example { trees: vec![Tree { graph: &word, words: &[3], root: 0 }], target: vec![-1.0] },
+/// ];
+/// let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.05));
+/// let before = model.infer(&batch)?; // the head's outputs: `loss`, then `prediction`
+/// for _ in 0..30 {
+///     model.step(&batch, &mut opt, None)?;
+/// }
+/// let after = model.infer(&batch)?;
+/// let loss = |out: &[Vec<f32>]| out[0].iter().sum::<f32>(); // one loss per example
+/// assert!(loss(&after) < loss(&before) / 4.0);
+/// assert_eq!(after[1].len(), 2); // one prediction per example
+/// # Ok::<(), arbor::Error>(())
+/// ```
 pub struct Model<B: Backend> {
     /// The word vectors.
     pub embedding: Embedding,

@@ -1,11 +1,10 @@
 //! The batched, fused engine on the CPU backend equals the one-vertex-at-a-time reference
 //! interpreter: outputs, input gradients and parameter gradients, on random forests and DAGs.
 
-use arbor::batching::{Agenda, ByDepth, ByHeight, Policy};
-use arbor::core::dropout::{self, DropoutKey};
-use arbor::core::ir::interp::run_graph;
-use arbor::core::rng::Rng;
-use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, Pull, SparseGrad, VertexFn};
+use arbor::ir::interp::run_graph;
+use arbor::rng::Rng;
+use arbor::testing::{check_batched_with, Batched};
+use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, Pull, VertexFn};
 use proptest::prelude::*;
 
 fn random_rows(rng: &mut Rng, len: usize) -> Vec<f32> {
@@ -30,47 +29,11 @@ fn check(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool) 
     check_pulling(f, seed, graphs, max_vertices, dag, None);
 }
 
-/// One pulled input of a test minibatch.
-struct Pulled {
-    /// One row per vertex.
-    rows: Vec<f32>,
-    /// The table the rows were looked up in and each vertex's id, if they were.
-    lookup: Option<(Vec<f32>, Vec<u32>)>,
-}
-
-/// Rows `len` wide for `n` vertices: random, or (with `table`) each a random one of `table`
-/// random rows, the first of them zeros, as vertices pulling words of a small vocabulary do.
-fn pulled_rows(rng: &mut Rng, n: usize, len: usize, table: Option<usize>) -> Pulled {
-    let Some(k) = table.map(|k| k.max(1)) else { return Pulled { rows: random_rows(rng, n * len), lookup: None } };
-    let mut t = vec![0.0; len];
-    t.extend(random_rows(rng, (k - 1) * len));
-    let ids: Vec<u32> = (0..n).map(|_| rng.below(k) as u32).collect();
-    let rows = ids.iter().flat_map(|&i| t[i as usize * len..][..len].to_vec()).collect();
-    Pulled { rows, lookup: Some((t, ids)) }
-}
-
-/// The gradient of a table from the gradient rows of the vertices that looked it up (`ids`),
-/// summed per id in f64, every id but `padding`.
-fn table_grad(ids: &[u32], rows: &[f32], len: usize, padding: Option<u32>) -> SparseGrad {
-    let mut sums = std::collections::BTreeMap::<u32, Vec<f64>>::new();
-    for (v, &id) in ids.iter().enumerate().filter(|&(_, &id)| Some(id) != padding) {
-        let s = sums.entry(id).or_insert_with(|| vec![0.0; len]);
-        for (a, &x) in s.iter_mut().zip(&rows[v * len..(v + 1) * len]) {
-            *a += f64::from(x);
-        }
-    }
-    SparseGrad { rows: sums.keys().copied().collect(), values: sums.values().flatten().map(|&x| x as f32).collect() }
-}
-
-/// [`check`], with the pulled rows drawn from a table of `table` rows when given; then they are
-/// also given to the engine as lookups in that table (with row 0 as padding for even seeds),
-/// whose table gradients must equal the reference's input gradients summed per id.
+/// [`check_batched_with`] on `graphs` random forests (DAGs when `dag`) of 1 to `max_vertices`
+/// vertices each, with the pulled rows drawn from a table of `table` rows when given; panics with
+/// its message.
 fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag: bool, table: Option<usize>) {
     let mut rng = Rng::new(seed);
-    let params = f.init_params(&mut rng);
-    // Non-zero biases so every parameter gradient path is exercised.
-    let params: Vec<Vec<f32>> =
-        params.into_iter().map(|p| p.iter().map(|x| x + rng.range(-0.1, 0.1)).collect()).collect();
     let arity = if f.max_children().is_none() { 0 } else { f.arity() };
     let gs: Vec<InputGraph> = (0..graphs)
         .map(|_| {
@@ -78,145 +41,8 @@ fn check_pulling(f: VertexFn, seed: u64, graphs: usize, max_vertices: usize, dag
             InputGraph::random(&mut rng, n, arity, dag)
         })
         .collect();
-    let total: usize = gs.iter().map(InputGraph::len).sum();
-    let pulled: Vec<Pulled> = f.inputs().iter().map(|p| pulled_rows(&mut rng, total, p.shape.numel(), table)).collect();
-    let pulls: Vec<Vec<f32>> = pulled.iter().map(|p| p.rows.clone()).collect();
-    let push_grads: Vec<Vec<f32>> =
-        f.outputs().iter().map(|o| random_rows(&mut rng, total * o.shape.numel())).collect();
-
-    let refs: Vec<&InputGraph> = gs.iter().collect();
-    let pull_refs: Vec<Pull> = pulls.iter().map(|p| Pull::Rows(p)).collect();
-    let grad_refs: Vec<&[f32]> = push_grads.iter().map(Vec::as_slice).collect();
-    // Dropout masks are drawn per graph of the minibatch and vertex: the reference runs graph `k`
-    // alone, as the pass's graph `k`. Inference (masks of ones) is checked against its own run.
-    let key = DropoutKey { seed: seed ^ 0x5eed, step: seed % 7, first: 0 };
-    let mut want_out: Vec<Vec<f32>> = vec![Vec::new(); f.outputs().len()];
-    let mut want_infer: Vec<Vec<f32>> = vec![Vec::new(); f.outputs().len()];
-    let mut want_pull: Vec<Vec<f32>> = vec![Vec::new(); f.inputs().len()];
-    // Per-graph reference gradients are summed in f64, so the reference's own rounding stays
-    // far below the tolerance.
-    let mut want_param: Vec<Vec<f64>> = f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
-    let mut start = 0;
-    for (k, g) in gs.iter().enumerate() {
-        let slice = |rows: &Vec<f32>, block: usize| rows[start * block..(start + g.len()) * block].to_vec();
-        let p: Vec<Vec<f32>> = pulls.iter().zip(f.inputs()).map(|(x, port)| slice(x, port.shape.numel())).collect();
-        let d: Vec<Vec<f32>> =
-            push_grads.iter().zip(f.outputs()).map(|(x, port)| slice(x, port.shape.numel())).collect();
-        let dr: Vec<&[f32]> = d.iter().map(Vec::as_slice).collect();
-        let with_masks = |train: bool| {
-            let masks = dropout::masks(&f, DropoutKey { first: k, ..key }, &[g], train);
-            p.iter().chain(&masks).cloned().collect::<Vec<Vec<f32>>>()
-        };
-        let (drawn, ones) = (with_masks(true), with_masks(false));
-        let pr: Vec<&[f32]> = drawn.iter().map(Vec::as_slice).collect();
-        let run = run_graph(&f, &params, g, &pr, &dr);
-        let pr: Vec<&[f32]> = ones.iter().map(Vec::as_slice).collect();
-        for (w, o) in want_infer.iter_mut().zip(run_graph(&f, &params, g, &pr, &dr).outputs) {
-            w.extend(o);
-        }
-        for (w, o) in want_out.iter_mut().zip(run.outputs) {
-            w.extend(o);
-        }
-        for (w, o) in want_pull.iter_mut().zip(run.pull_grads) {
-            w.extend(o);
-        }
-        for (w, o) in want_param.iter_mut().zip(run.param_grads) {
-            for (a, b) in w.iter_mut().zip(o) {
-                *a += f64::from(b);
-            }
-        }
-        start += g.len();
-    }
-    let want_param: Vec<Vec<f32>> = want_param.iter().map(|w| w.iter().map(|&x| x as f32).collect()).collect();
-    let policies: [Box<dyn Policy>; 3] = [Box::new(ByHeight), Box::new(ByDepth), Box::new(Agenda { max_batch: 5 })];
-    for policy in policies {
-        let name = policy.name();
-        let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
-        engine.set_policy(policy);
-        engine.set_dropout_key(key);
-        let inferred = engine.infer(&refs, &pull_refs).unwrap();
-        // Some vertices, out of order and one twice: each output's rows of `infer`, in that order.
-        let n: usize = refs.iter().map(|g| g.len()).sum();
-        let rows: Vec<usize> = (0..n).rev().step_by(3).chain((n > 0).then_some(0)).collect();
-        let picked = engine.infer_rows(&refs, &pull_refs, &rows).unwrap();
-        for (o, (got, all)) in picked.iter().zip(&inferred).enumerate() {
-            let block = f.outputs()[o].shape.numel();
-            let want: Vec<f32> = rows.iter().flat_map(|&r| all[r * block..(r + 1) * block].iter().copied()).collect();
-            assert_eq!(got, &want, "{name}: output {o} of the chosen vertices {rows:?}");
-        }
-        let outputs = engine.forward(&refs, &pull_refs).unwrap();
-        let grads = engine.backward(&grad_refs).unwrap();
-        if f.dropout_rates().is_empty() {
-            assert_eq!(inferred, outputs, "{name}: inference differs from training forward");
-        }
-        for (o, (got, want)) in inferred.iter().zip(&want_infer).enumerate() {
-            assert_close(&format!("{name}: inferred output {o}"), got, want);
-        }
-        for (o, (got, want)) in outputs.iter().zip(&want_out).enumerate() {
-            assert_close(&format!("{name}: output {o}"), got, want);
-        }
-        for (i, (got, want)) in grads.pulls.iter().zip(&want_pull).enumerate() {
-            assert_close(&format!("{name}: input {i} gradient"), got, want);
-        }
-        for (p, (got, want)) in grads.params.iter().zip(&want_param).enumerate() {
-            assert_close(&format!("{name}: parameter {} gradient", f.params()[p].name), got, want);
-        }
-        // Gradients given at some vertices only (the targets of a loss): the same bits as the
-        // whole gradient with zeros at every other vertex.
-        let chosen = |v: usize| v % 3 != 1;
-        let some: Vec<usize> = (0..n).filter(|&v| chosen(v)).collect();
-        let (mut sparse, mut dense) = (Vec::new(), Vec::new());
-        for (g, o) in push_grads.iter().zip(f.outputs()) {
-            let rows = g.chunks_exact(o.shape.numel());
-            sparse.push(
-                rows.clone()
-                    .enumerate()
-                    .filter(|(v, _)| chosen(*v))
-                    .flat_map(|(_, r)| r.to_vec())
-                    .collect::<Vec<f32>>(),
-            );
-            dense.push(
-                rows.enumerate()
-                    .flat_map(|(v, r)| r.iter().map(move |&x| if chosen(v) { x } else { 0.0 }))
-                    .collect::<Vec<f32>>(),
-            );
-        }
-        let picked = engine.forward_rows(&refs, &pull_refs, &some).unwrap();
-        for (o, (got, all)) in picked.iter().zip(&outputs).enumerate() {
-            let block = f.outputs()[o].shape.numel();
-            let want: Vec<f32> = some.iter().flat_map(|&r| all[r * block..(r + 1) * block].iter().copied()).collect();
-            assert_eq!(got, &want, "{name}: training output {o} of the chosen vertices");
-        }
-        let got = engine.backward_rows(&some, &sparse.iter().map(Vec::as_slice).collect::<Vec<_>>()).unwrap();
-        engine.forward(&refs, &pull_refs).unwrap();
-        let want = engine.backward(&dense.iter().map(Vec::as_slice).collect::<Vec<_>>()).unwrap();
-        assert_eq!((got.pulls, got.params), (want.pulls, want.params), "{name}: gradients from chosen rows");
-    }
-    if table.is_none() {
-        return;
-    }
-    let padding = seed.is_multiple_of(2).then_some(0);
-    let lookups: Vec<Pull> = pulled
-        .iter()
-        .filter_map(|p| p.lookup.as_ref())
-        .map(|(table, ids)| Pull::Lookup { table, ids, padding })
-        .collect();
-    let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
-    engine.set_dropout_key(key);
-    let outputs = engine.forward(&refs, &lookups).unwrap();
-    let grads = engine.backward(&grad_refs).unwrap();
-    for (o, (got, want)) in outputs.iter().zip(&want_out).enumerate() {
-        assert_close(&format!("lookup: output {o}"), got, want);
-    }
-    for (i, ((got, want), port)) in grads.tables.iter().zip(&want_pull).zip(f.inputs()).enumerate() {
-        let (Some(got), Some((_, ids))) = (got, &pulled[i].lookup) else { panic!("no table gradient for input {i}") };
-        let want = table_grad(ids, want, port.shape.numel(), padding);
-        assert_eq!(got.rows, want.rows, "lookup: rows of the table gradient of input {i}");
-        assert_close(&format!("lookup: table gradient of input {i}"), &got.values, &want.values);
-        assert!(grads.pulls[i].is_empty(), "lookup: rows given for input {i}");
-    }
-    for (p, (got, want)) in grads.params.iter().zip(&want_param).enumerate() {
-        assert_close(&format!("lookup: parameter {} gradient", f.params()[p].name), got, want);
+    if let Err(e) = check_batched_with(&f, &gs, &Batched { table, ..Batched::new(seed) }) {
+        panic!("{e}");
     }
 }
 
@@ -367,7 +193,7 @@ fn nary_child_sum_equals_the_capped_cell() {
         let start = parent.len();
         parent.resize(start + g.len(), None);
         for v in 0..g.len() {
-            for &c in g.children(v).iter().filter(|&&c| c != arbor::core::graph::NO_CHILD) {
+            for &c in g.children(v).iter().filter(|&&c| c != arbor::graph::NO_CHILD) {
                 parent[start + c as usize] = Some(start + v);
             }
         }

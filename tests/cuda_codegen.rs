@@ -6,10 +6,10 @@
 
 mod common;
 
-use arbor::core::backend::{IndexLoc, Loc, Mem, Rows, NO_ROW};
-use arbor::core::fusion::Kernel;
-use arbor::core::rng::Rng;
+use arbor::backend::{IndexLoc, Loc, Mem, Rows, NO_ROW};
 use arbor::cuda::codegen::{cache_key, generate, Binding, Generated, Param};
+use arbor::fusion::Kernel;
+use arbor::rng::Rng;
 use arbor::{nn, Backend, CpuBackend};
 use common::kernels::{bindings, cells, fused, kernels};
 use std::io::Write;

@@ -4,11 +4,11 @@
 //! the same steps on a quiet machine. CI runs this file with the AVX-512 kernels on and off
 //! (`ARBOR_CPU_ISA=avx2`), so both ways a product can run are covered on any machine.
 
-use arbor::core::backend::{Backend, Gemm, Loc, Mem};
-use arbor::core::rng::Rng;
+use arbor::backend::{Backend, Gemm, Loc, Mem};
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::layers::LossOn;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::train::Classifier;
 use arbor::{nn, CpuBackend, HostBuffer};
 use std::sync::atomic::{AtomicBool, Ordering};

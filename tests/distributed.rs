@@ -2,13 +2,13 @@
 //! the whole minibatch; shards balance vertices; a worker that dies or hangs ends the others'
 //! run with an error in bounded time.
 
-use arbor::core::rng::Rng;
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::dist::data_parallel::{self, merge, shard};
 use arbor::dist::{Collective, ThreadCollective};
 use arbor::layers::LossOn;
 use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::train::Classifier;
 use arbor::trainer::{on_threads, Event, Run, Settings, Splits};
 use arbor::{DropoutKey, Error, SparseGrad};

@@ -1,7 +1,7 @@
 //! The engine on bad input (typed errors naming the place), on deep graphs (no recursion), and
 //! in steady state (no allocation after the first minibatch of a size).
 
-use arbor::core::rng::Rng;
+use arbor::rng::Rng;
 use arbor::{nn, Backend, CpuBackend, Engine, Error, InputGraph, Pull};
 
 fn engine(embed: usize, hidden: usize) -> Engine<CpuBackend> {

@@ -5,8 +5,8 @@
 //! These need a CUDA device (`cargo test --test gpu -- --ignored`); without one, only the check
 //! that opening a device fails cleanly runs.
 
-use arbor::core::rng::Rng;
 use arbor::cuda::{CudaBackend, Precision};
+use arbor::rng::Rng;
 use arbor::{nn, Backend, CpuBackend, Engine, InputGraph, Pull, VertexFn};
 
 /// Opening a device on a machine without CUDA is an error, never a panic.

@@ -3,8 +3,9 @@
 //! model (a Tree-LSTM over two trees per example, a relatedness head, a KL loss) whose gradients
 //! match finite differences of its loss — with no gradient written by hand.
 
-use arbor::core::rng::Rng;
 use arbor::head::{binary_cross_entropy, kl_divergence, mean_squared_error, softmax_cross_entropy, Head};
+use arbor::rng::Rng;
+use arbor::testing::{check_model_gradients, GradCheck};
 use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, Pull, Var, VertexFn};
 use proptest::prelude::*;
 
@@ -297,36 +298,26 @@ fn a_pooled_model_gradient_matches_finite_differences() {
         let mut model = Model::init(&CpuBackend::new(), table, cell, vec![Feed::Words], head(), &mut rng)
             .unwrap()
             .with_readout(readout);
+        // The gradients, against central differences of the mean loss (dropout masks fixed).
+        let report = check_model_gradients(&mut model, batch, &GradCheck { max_entries: 24, ..GradCheck::default() })
+            .unwrap_or_else(|e| panic!("{readout:?}: {e}"));
+        assert!(report.norm > 1e-2 && report.params > 0 && report.pulls > 0, "{readout:?}: {report:?}");
+        // One SGD step of rate 1 moves every tensor by minus those gradients.
+        let grads = model.gradients(batch, batch.len(), None).unwrap();
         let before = model.tensors().unwrap();
-        let key = model.head.engine().dropout_key();
-        let loss = |model: &mut Model<CpuBackend>, tensors: &[(String, Vec<usize>, Vec<f32>)]| -> f64 {
-            let ck = arbor::checkpoint::Checkpoint { tensors: tensors.to_vec(), meta: serde_json::Value::Null };
-            model.restore(&ck).unwrap();
-            // The loss in training mode (dropout on, the same masks), without an update.
-            model.head.engine().set_dropout_key(key);
-            let mut sgd = Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.0));
-            let out = model.step(batch, &mut sgd, None).unwrap().swap_remove(0);
-            out.iter().map(|&l| f64::from(l)).sum::<f64>() / batch.len() as f64
-        };
-        loss(&mut model, &before);
-        model.head.engine().set_dropout_key(key);
         model.step(batch, &mut Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 1.0)), None).unwrap();
         let after = model.tensors().unwrap();
-        let eps = 1e-2f32;
-        for (t, ((name, _, b), (_, _, a))) in before.iter().zip(&after).enumerate() {
-            let analytic: Vec<f32> = b.iter().zip(a).map(|(b, a)| b - a).collect();
-            assert!(analytic.iter().any(|&g| g != 0.0), "{readout:?} `{name}`: all gradients zero");
-            for (i, &g) in analytic.iter().enumerate().step_by(3) {
-                let mut moved = |d: f32| {
-                    let mut tensors = before.clone();
-                    tensors[t].2[i] += d;
-                    loss(&mut model, &tensors)
-                };
-                let numeric = (moved(eps) - moved(-eps)) / f64::from(2.0 * eps);
-                let g = f64::from(g);
+        let mut want: Vec<Vec<f32>> = vec![vec![0.0; before[0].2.len()]];
+        for (&row, g) in grads.words.rows.iter().zip(grads.words.values.chunks(embed)) {
+            want[0][row as usize * embed..][..embed].copy_from_slice(g);
+        }
+        want.extend(grads.cell.iter().chain(&grads.head).cloned());
+        for ((name, _, b), ((_, _, a), g)) in before.iter().zip(after.iter().zip(&want)) {
+            for (i, ((b, a), g)) in b.iter().zip(a).zip(g).enumerate() {
                 assert!(
-                    (g - numeric).abs() <= 2e-3 + 1e-2 * numeric.abs(),
-                    "{readout:?} `{name}`[{i}]: analytic {g}, numeric {numeric}"
+                    (b - a - g).abs() <= 1e-6 * (1.0 + g.abs()),
+                    "{readout:?} `{name}`[{i}]: moved {}, gradient {g}",
+                    b - a
                 );
             }
         }

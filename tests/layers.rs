@@ -1,9 +1,9 @@
 //! The input layer and the classifier head: gradients against finite differences, sparse rows,
 //! target selection and errors.
 
-use arbor::core::rng::Rng;
 use arbor::head::ClassHead;
 use arbor::layers::{Embedding, LossOn};
+use arbor::rng::Rng;
 use arbor::{CpuBackend, InputGraph};
 
 fn softmax(d: usize, c: usize, seed: u64) -> ClassHead<CpuBackend> {

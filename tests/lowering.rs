@@ -1,8 +1,8 @@
 //! The lowering alone: a Tree-LSTM minibatch turned into its launch list, printed and counted,
 //! with no backend; then the same list run by an engine.
 
-use arbor::core::rng::Rng;
 use arbor::engine::{Counts, Launch, Lowering, PlanKind};
+use arbor::rng::Rng;
 use arbor::{nn, CpuBackend, Engine, InputGraph, Pull};
 
 /// Two constituency trees: a 2-leaf one and a 3-leaf one. Three tasks: the 5 leaves, the 2
@@ -28,7 +28,7 @@ fn print(launches: &[Launch]) -> String {
 }
 
 /// The products of a list, one by one.
-fn products(launches: &[Launch]) -> Vec<arbor::core::backend::Gemm> {
+fn products(launches: &[Launch]) -> Vec<arbor::backend::Gemm> {
     launches
         .iter()
         .flat_map(|l| match l {

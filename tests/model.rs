@@ -1,13 +1,13 @@
 //! Whole models (`arbor::model`): the SICK pair model learns relatedness past a stated bar, and
 //! a model that does not fit together is refused with an error naming what is wrong.
 
-use arbor::core::rng::Rng;
 use arbor::data::sick::{self, Pair};
 use arbor::data::{data_dir, PAD};
 use arbor::head::Head;
 use arbor::layers::Embedding;
 use arbor::model::{Example, Feed, Model};
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::{metrics, nn, CpuBackend, Engine};
 
 /// Tai et al.'s pair model at `embed`/`hidden`: the n-ary child-sum cell, the relatedness head.

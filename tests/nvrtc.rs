@@ -11,12 +11,12 @@
 
 mod common;
 
-use arbor::core::backend::{Gemm, Loc, Mem, Rows};
-use arbor::core::fusion::Kernel;
-use arbor::core::rng::Rng;
+use arbor::backend::{Gemm, Loc, Mem, Rows};
 use arbor::cuda::cache::KernelCache;
 use arbor::cuda::codegen::{generate, Binding};
 use arbor::cuda::nvrtc::{self, Usage};
+use arbor::fusion::Kernel;
+use arbor::rng::Rng;
 use arbor::{nn, Backend, CpuBackend, Engine, HostBuffer, InputGraph, Pull, VertexFn};
 use common::kernels::{bindings, cells, kernels};
 use std::cell::RefCell;

@@ -2,7 +2,6 @@
 //! gradient accumulation on one worker, and PipeDream-2BW against a single-process simulation of
 //! its delayed-update rule.
 
-use arbor::core::rng::Rng;
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::dist::pipeline::{PipeSettings, Stack, Stage};
 use arbor::dist::schedule::{ops, simulate, Kind, Op};
@@ -10,6 +9,7 @@ use arbor::dist::{Collective, ThreadCollective};
 use arbor::layers::LossOn;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::trainer::on_threads;
 use arbor::{Backend, CpuBackend};
 use proptest::prelude::*;

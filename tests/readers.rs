@@ -1,8 +1,8 @@
 //! Data readers: GloVe vectors, SICK pairs, and fuzzing of the tree and SICK readers — random and
 //! mutated inputs never panic and always give an error naming the line.
 
-use arbor::core::ptb::PtbTree;
 use arbor::data::{glove, sst, Vocab};
+use arbor::ptb::PtbTree;
 use proptest::prelude::*;
 
 #[test]

@@ -1,11 +1,11 @@
 //! Training reaches accuracy: on the synthetic treebank, and a short run on SST (the data is found
 //! through ARBOR_DATA, default ../shared/data).
 
-use arbor::core::rng::Rng;
 use arbor::data::{sst, synthetic, TreeExample, PAD};
 use arbor::layers::LossOn;
 use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::train::Classifier;
 
 /// Trains for `epochs` and returns the mean loss of the first and the last epoch.

@@ -2,11 +2,11 @@
 //! a power-of-two scale changes no gradient and a step whose scaled gradients overflow is
 //! skipped with the scale halved; and minibatches scheduled ahead, which change nothing.
 
-use arbor::core::rng::Rng;
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::layers::LossOn;
 use arbor::loss_scale::LossScaler;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::train::{Classifier, Readout};
 use arbor::{nn, train, InputGraph};
 

@@ -10,6 +10,34 @@ pub const NO_CHILD: u32 = u32::MAX;
 
 /// A validated DAG: for every vertex, its children in slot order (`NO_CHILD` for an empty slot).
 /// Children come before parents in the vertex function's data flow; roots have no parents.
+///
+/// Vertices are numbered `0..len()`, and every per-vertex array a run takes or returns (pulled
+/// rows, pushed rows) follows that numbering. A vertex's child in slot `k` is what the vertex
+/// function reads with `gather(k, …)`; a vertex may have no more slots than the function's
+/// arity ([`InputGraph::check_for`]), unless the function uses `gather_sum`.
+///
+/// # Example
+///
+/// The parse tree `(a (b c))`, given by child lists and by parents; a sentence as a chain; and
+/// a cycle, which is refused:
+///
+/// ```
+/// use arbor_core::graph::InputGraph;
+///
+/// // Leaves a, b, c are vertices 0, 1, 2; (b c) is 3; the root is 4.
+/// let tree = InputGraph::from_children(vec![vec![], vec![], vec![], vec![Some(1), Some(2)], vec![Some(0), Some(3)]])?;
+/// assert_eq!(tree.roots(), [4]);
+/// assert_eq!(tree.children(4), [0, 3]); // slot 0 holds a, slot 1 holds (b c)
+/// let same = InputGraph::from_parents(&[Some(4), Some(3), Some(3), Some(4), None])?;
+/// assert_eq!(same, tree);
+///
+/// let sentence = InputGraph::chain(3); // vertex i has vertex i − 1 as its only child
+/// assert_eq!((sentence.children(2), sentence.roots()), (&[1][..], vec![2]));
+///
+/// let cycle = InputGraph::from_children(vec![vec![Some(1)], vec![Some(0)]]);
+/// assert!(cycle.unwrap_err().to_string().contains("cycle"));
+/// # Ok::<(), arbor_core::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputGraph {
     children: Vec<SmallVec<[u32; 2]>>,

@@ -13,3 +13,5 @@ pub mod tensor;
 
 pub use error::{Error, Result};
 pub use tensor::Shape;
+#[cfg(feature = "testing")]
+pub mod testing;

@@ -9,13 +9,14 @@
 mod common;
 
 use arbor_core::ir::{Builder, Init, VertexFn};
-use common::{assert_gradients, binary_tree_lstm, check_plans, child_sum_tree_lstm, forward_vals, output, state, Case};
+use arbor_core::testing::VertexCase;
+use common::{assert_gradients, binary_tree_lstm, check_plans, child_sum_tree_lstm, forward_vals, output, state};
 
 /// Runs the gradient check on a few random cases of `f` (children as given by `present`).
 #[track_caller]
 fn check(f: &VertexFn, present: &[bool]) {
     for seed in 0..3 {
-        let case = Case::random(f, 1000 + seed, present);
+        let case = VertexCase::random(f, 1000 + seed, present);
         let r = assert_gradients(f, &case);
         let want_children =
             present.iter().filter(|&&p| p).count() * f.states().iter().map(|s| s.shape.numel()).sum::<usize>();
@@ -52,7 +53,7 @@ fn matmul_by_param() {
     f.scatter("h", h.matmul(u));
     let f = f.build().unwrap();
 
-    let case = Case::random(&f, 1, &[true]);
+    let case = VertexCase::random(&f, 1, &[true]);
     let vals = forward_vals(&f, &case);
     assert_close(output(&f, &vals, "y"), &matmul(&case.pulls[0], &case.params[0], 2, 3, 4));
     check(&f, &[true]);
@@ -69,7 +70,7 @@ fn matmul_of_two_vertex_values() {
     f.scatter("m", z);
     let f = f.build().unwrap();
 
-    let case = Case::random(&f, 2, &[true]);
+    let case = VertexCase::random(&f, 2, &[true]);
     let vals = forward_vals(&f, &case);
     let m = &case.children[0].as_ref().unwrap()[0];
     assert_close(output(&f, &vals, "y"), &matmul(&case.pulls[0], m, 2, 3, 4));
@@ -101,7 +102,7 @@ fn add_broadcast_bias() {
     f.scatter("h", c + h);
     let f = f.build().unwrap();
 
-    let case = Case::random(&f, 3, &[true]);
+    let case = VertexCase::random(&f, 3, &[true]);
     let vals = forward_vals(&f, &case);
     let want: Vec<f32> = (0..6).map(|e| case.pulls[0][e] + case.params[0][e % 3]).collect();
     assert_close(output(&f, &vals, "y"), &want);
@@ -185,7 +186,7 @@ fn div() {
     f.scatter("h", d / x.exp());
     let f = f.build().unwrap();
 
-    let case = Case::random(&f, 4, &[true]);
+    let case = VertexCase::random(&f, 4, &[true]);
     let vals = forward_vals(&f, &case);
     let h = &case.children[0].as_ref().unwrap()[0];
     let want: Vec<f32> = (0..6).map(|e| case.pulls[0][e] / (h[e].exp() + case.params[0][e % 3])).collect();
@@ -228,7 +229,7 @@ fn unary_fn(name: &str, op: for<'b> fn(arbor_core::ir::Var<'b>) -> arbor_core::i
 #[test]
 fn sigmoid() {
     let f = unary_fn("sigmoid", |x| x.sigmoid());
-    let case = Case::random(&f, 5, &[true]);
+    let case = VertexCase::random(&f, 5, &[true]);
     let vals = forward_vals(&f, &case);
     let want: Vec<f32> = case.pulls[0].iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
     assert_close(output(&f, &vals, "y"), &want);
@@ -246,7 +247,7 @@ fn relu() {
     // Inputs have magnitude ≥ 0.1 > ε, so no difference straddles the kink; about half are
     // negative (zero gradient) and half positive.
     let f = unary_fn("relu", |x| x.relu());
-    let case = Case::random(&f, 6, &[true]);
+    let case = VertexCase::random(&f, 6, &[true]);
     let vals = forward_vals(&f, &case);
     let want: Vec<f32> = case.pulls[0].iter().map(|x| x.max(0.0)).collect();
     assert_close(output(&f, &vals, "y"), &want);
@@ -262,7 +263,7 @@ fn exp() {
 #[test]
 fn gelu() {
     let f = unary_fn("gelu", |x| x.gelu());
-    let case = Case::random(&f, 7, &[true]);
+    let case = VertexCase::random(&f, 7, &[true]);
     let vals = forward_vals(&f, &case);
     let gelu = |x: f32| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh());
     let want: Vec<f32> = case.pulls[0].iter().map(|&x| gelu(x)).collect();
@@ -297,7 +298,7 @@ fn slice() {
     f.scatter("h", f.concat(&[h.slice(2, 2), h.slice(0, 2)]));
     let f = f.build().unwrap();
 
-    let case = Case::random(&f, 7, &[true]);
+    let case = VertexCase::random(&f, 7, &[true]);
     let vals = forward_vals(&f, &case);
     let x = &case.pulls[0];
     assert_close(output(&f, &vals, "a"), &[x[1], x[2], x[3], x[6], x[7], x[8]]);
@@ -328,7 +329,7 @@ fn concat() {
     f.scatter("g", y.slice(2, 2));
     let f = f.build().unwrap();
 
-    let case = Case::random(&f, 8, &[true]);
+    let case = VertexCase::random(&f, 8, &[true]);
     let vals = forward_vals(&f, &case);
     let (x, g) = (&case.pulls[0], &case.children[0].as_ref().unwrap()[0]);
     let want = [
@@ -350,7 +351,7 @@ fn sum_cols() {
     f.scatter("s", x * s);
     let f = f.build().unwrap();
 
-    let case = Case::random(&f, 9, &[true]);
+    let case = VertexCase::random(&f, 9, &[true]);
     let vals = forward_vals(&f, &case);
     let x = &case.pulls[0];
     assert_close(output(&f, &vals, "y"), &[x[0] + x[1] + x[2], x[3] + x[4] + x[5]]);
@@ -361,7 +362,7 @@ fn sum_cols() {
 fn abs() {
     // Inputs have magnitude ≥ 0.1 > ε (as for relu), so no difference straddles the kink.
     let f = unary_fn("abs", |x| x.abs());
-    let case = Case::random(&f, 10, &[true]);
+    let case = VertexCase::random(&f, 10, &[true]);
     let vals = forward_vals(&f, &case);
     let want: Vec<f32> = case.pulls[0].iter().map(|x| x.abs()).collect();
     assert_close(output(&f, &vals, "y"), &want);
@@ -383,7 +384,7 @@ fn dropout() {
     assert_eq!((f.inputs().len(), f.all_inputs().len()), (1, 5));
     assert_eq!(f.dropout_rates(), [0.5, 0.25, 0.5, 0.75]);
 
-    let case = Case::random(&f, 13, &[true]);
+    let case = VertexCase::random(&f, 13, &[true]);
     let vals = forward_vals(&f, &case);
     let (x, mx, mh) = (&case.pulls[0], &case.pulls[1], &case.pulls[2]);
     for (mask, keep) in [(mx, 2.0), (mh, 1.0 / 0.75)] {
@@ -401,7 +402,7 @@ fn dropout() {
 #[test]
 fn constants() {
     let f = unary_fn("constants", |x| (1.0 - x) * (x + 2.0) - 0.5 * x.tanh() - 3.0);
-    let case = Case::random(&f, 11, &[true]);
+    let case = VertexCase::random(&f, 11, &[true]);
     let vals = forward_vals(&f, &case);
     let want: Vec<f32> = case.pulls[0].iter().map(|&x| (1.0 - x) * (x + 2.0) - 0.5 * x.tanh() - 3.0).collect();
     assert_close(output(&f, &vals, "y"), &want);
@@ -419,7 +420,7 @@ fn broadcast_cols() {
     f.scatter("h", x - x.sum_cols().broadcast_cols(3).scale(1.0 / 3.0));
     let f = f.build().unwrap();
 
-    let case = Case::random(&f, 12, &[true]);
+    let case = VertexCase::random(&f, 12, &[true]);
     let vals = forward_vals(&f, &case);
     let (x, h) = (&case.pulls[0], &case.children[0].as_ref().unwrap()[0]);
     let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
@@ -441,7 +442,7 @@ fn softmax_and_log_softmax() {
     f.scatter("h", (h + x.sum_cols().broadcast_cols(4)).softmax().scale(2.0));
     let f = f.build().unwrap();
 
-    let mut case = Case::random(&f, 13, &[true]);
+    let mut case = VertexCase::random(&f, 13, &[true]);
     case.pulls[0][4..].copy_from_slice(&[100.0, 101.0, 99.5, 100.25]);
     let vals = forward_vals(&f, &case);
     let x: Vec<f64> = case.pulls[0].iter().map(|&v| f64::from(v)).collect();
@@ -481,7 +482,7 @@ fn gather_with_a_missing_child() {
     let f = three_ary();
     assert_eq!(f.max_children(), Some(3));
     // A missing child reads zeros: with slot 1 empty, h = tanh(x + h0·U0 + h2·U2), c = 0.
-    let case = Case::random(&f, 10, &[true, false, true]);
+    let case = VertexCase::random(&f, 10, &[true, false, true]);
     let vals = forward_vals(&f, &case);
     assert!(state(&f, &vals, "c").iter().all(|&c| c == 0.0));
     let (h0, h2) = (&case.children[0].as_ref().unwrap()[0], &case.children[2].as_ref().unwrap()[0]);
@@ -490,7 +491,7 @@ fn gather_with_a_missing_child() {
     let want: Vec<f32> = (0..3).map(|e| (case.pulls[0][e] + a[e] + b[e]).tanh()).collect();
     assert_close(state(&f, &vals, "h"), &want);
 
-    let (grads, _) = common::analytic(&f, &case);
+    let (grads, _) = case.gradients(&f);
     assert!(grads.children[1].is_none());
     check(&f, &[true, false, true]);
     check(&f, &[false, true, false]);
@@ -514,18 +515,18 @@ fn child_sum_fn() -> VertexFn {
 fn gather_sum() {
     let f = child_sum_fn();
     assert_eq!(f.max_children(), None);
-    let case = Case::random(&f, 11, &[true, true, true]);
+    let case = VertexCase::random(&f, 11, &[true, true, true]);
     let vals = forward_vals(&f, &case);
     let hs: Vec<f32> = (0..3).map(|e| case.children.iter().map(|c| c.as_ref().unwrap()[0][e]).sum()).collect();
     assert_close(&output(&f, &vals, "y")[3..], &hs);
     // Every child receives the same gradient of the summed state.
-    let (grads, _) = common::analytic(&f, &case);
+    let (grads, _) = case.gradients(&f);
     let g: Vec<_> = grads.children.iter().map(|c| c.clone().unwrap()).collect();
     assert_eq!(g[0], g[1]);
     assert_eq!(g[0], g[2]);
 
     // A leaf sums nothing: zeros.
-    let leaf = Case::random(&f, 12, &[]);
+    let leaf = VertexCase::random(&f, 12, &[]);
     let vals = forward_vals(&f, &leaf);
     assert!(output(&f, &vals, "y")[3..].iter().all(|&v| v == 0.0));
 
@@ -546,7 +547,7 @@ fn binary_tree_lstm_gradients() {
 fn binary_tree_lstm_forward_matches_hand_computation() {
     let (d, h) = (3, 2);
     let f = binary_tree_lstm(d, h);
-    let case = Case::random(&f, 13, &[true, true]);
+    let case = VertexCase::random(&f, 13, &[true, true]);
     let vals = forward_vals(&f, &case);
     let (x, p) = (&case.pulls[0], &case.params);
     let ch = |k: usize, s: usize| &case.children[k].as_ref().unwrap()[s];

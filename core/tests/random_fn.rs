@@ -12,8 +12,9 @@
 mod common;
 
 use arbor_core::ir::{Builder, Init, Var, VertexFn};
+use arbor_core::testing::{check_vertex, VertexCase};
 use arbor_core::Shape;
-use common::{check_gradients, check_plans, Case};
+use common::check_plans;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -196,8 +197,8 @@ proptest! {
         if let Err(e) = check_plans(&f) {
             return Err(TestCaseError::fail(format!("{e}\n{log}")));
         }
-        let case = Case::random(&f, spec.seed, &spec.present);
-        if let Err(e) = check_gradients(&f, &case) {
+        let case = VertexCase::random(&f, spec.seed, &spec.present);
+        if let Err(e) = check_vertex(&f, &case) {
             return Err(TestCaseError::fail(format!("{e}\nfunction:\n{log}\n{f}")));
         }
     }

@@ -1,7 +1,7 @@
 //! Word vectors in GloVe text format: one word per line followed by its values, space-separated.
 
 use super::Vocab;
-use crate::core::error::{Error, Result};
+use crate::error::{Error, Result};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 

@@ -7,7 +7,7 @@ pub mod sst;
 pub mod synthetic;
 pub mod tu;
 
-use crate::core::graph::InputGraph;
+use crate::graph::InputGraph;
 use std::collections::HashMap;
 use std::path::PathBuf;
 

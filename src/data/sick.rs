@@ -5,8 +5,8 @@
 //! children are its dependents, in sentence order; dependency trees are n-ary.
 
 use super::Vocab;
-use crate::core::error::{Error, Result};
-use crate::core::graph::InputGraph;
+use crate::error::{Error, Result};
+use crate::graph::InputGraph;
 use crate::metrics;
 use crate::model::{AsExample, Example, Model, Tree};
 use crate::trainer::Scores;

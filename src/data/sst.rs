@@ -2,8 +2,8 @@
 //! labels 0–4 on every vertex).
 
 use super::{TreeExample, Vocab, PAD};
-use crate::core::error::{Error, Result};
-use crate::core::ptb::PtbTree;
+use crate::error::{Error, Result};
+use crate::ptb::PtbTree;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
@@ -44,7 +44,7 @@ pub fn parse_line(line: &str, file: &str, lineno: usize, vocab: &mut Vocab, grow
                 return Err(Error::Parse {
                     file: file.into(),
                     line: lineno,
-                    msg: format!("label `{}` is not a sentiment class 0-{}", crate::core::ptb::clip(l), CLASSES - 1),
+                    msg: format!("label `{}` is not a sentiment class 0-{}", crate::ptb::clip(l), CLASSES - 1),
                 })
             }
         }

@@ -7,8 +7,8 @@
 //! value(a) + value(b). Labels: 0 negative, 1 neutral, 2 positive.
 
 use super::{TreeExample, Vocab, PAD};
-use crate::core::graph::InputGraph;
-use crate::core::rng::Rng;
+use crate::graph::InputGraph;
+use crate::rng::Rng;
 
 /// Number of classes.
 pub const CLASSES: usize = 3;

@@ -1,8 +1,8 @@
 //! Graph classification data in the TU Dortmund format (`NAME_A.txt`, `NAME_graph_indicator.txt`,
 //! `NAME_graph_labels.txt`, `NAME_node_labels.txt`), e.g. MUTAG.
 
-use crate::core::error::{Error, Result};
-use crate::core::graph::InputGraph;
+use crate::error::{Error, Result};
+use crate::graph::InputGraph;
 use std::path::Path;
 
 /// One graph: its nodes' labels, undirected edges, and class.

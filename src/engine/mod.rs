@@ -152,6 +152,52 @@ fn split_sizes<'a>(mut values: &'a mut [f32], sizes: &[usize]) -> Vec<&'a mut [f
 }
 
 /// Runs one vertex function over minibatches of input graphs on a backend.
+///
+/// [`Engine::forward`] runs F over every vertex of a minibatch of graphs, batching the vertices
+/// that are ready at the same step across all graphs, and keeps what [`Engine::backward`] needs;
+/// [`Engine::infer`] keeps nothing. Per-vertex data, in and out, is laid out graph by graph,
+/// vertex by vertex (the *merged-vertex order*). The engine owns the parameters
+/// ([`Engine::params`], [`Engine::set_params`], [`Engine::update_params`]); the backward pass
+/// returns their gradients and leaves updating them to the caller.
+///
+/// # Example
+///
+/// An Elman cell `h = tanh(x·W + h_prev·U + b)` over two sentences (chains of 2 and 3 tokens),
+/// with parameters chosen so that the result can be checked by hand:
+///
+/// ```
+/// use arbor::{Builder, CpuBackend, Engine, Init, InputGraph, Pull};
+///
+/// let f = Builder::new("elman", 1);
+/// let (x, h_prev) = (f.pull("x", 2), f.gather(0, "h", 3));
+/// let (w, u) = (f.param("W", [2, 3], Init::Xavier), f.param("U", [3, 3], Init::Xavier));
+/// let h = (x.matmul(w) + h_prev.matmul(u) + f.param("b", [1, 3], Init::Zeros)).tanh();
+/// f.scatter("h", h);
+/// f.push("h", h);
+/// let cell = f.build()?;
+///
+/// // Every entry of W is 0.5 and of U 0.25; b is zero (usually: `cell.init_params(&mut rng)`).
+/// let params = vec![vec![0.5; 2 * 3], vec![0.25; 3 * 3], vec![0.0; 3]];
+/// let mut engine = Engine::new(CpuBackend::new(), cell, &params)?;
+/// let (a, b) = (InputGraph::chain(2), InputGraph::chain(3));
+/// let x = vec![1.0; 5 * 2]; // one 2-wide row per vertex: a's 2, then b's 3
+/// let out = engine.forward(&[&a, &b], &[Pull::Rows(&x)])?;
+/// let h = &out[0]; // the pushed `h`, 5 rows of 3
+/// let h0 = 1f32.tanh(); // x·W = 1 in every column, no child
+/// let h1 = (1.0 + 3.0 * 0.25 * h0).tanh(); // plus h0·U
+/// assert!((h[0] - h0).abs() < 1e-5 && (h[3] - h1).abs() < 1e-5); // a's vertices 0 and 1
+/// assert!((h[2 * 3] - h0).abs() < 1e-5); // b's vertex 0 is vertex 2 of the minibatch
+///
+/// // d(Σ h)/d(everything): the gradient of the pushed output is 1 everywhere.
+/// let grads = engine.backward(&[&vec![1.0; 5 * 3]])?;
+/// assert_eq!(grads.pulls[0].len(), 5 * 2); // dL/dx, one row per vertex
+/// assert!(grads.params[2].iter().all(|&g| g > 0.0)); // dL/db: every h grows with b
+///
+/// // Inference computes the same values and keeps nothing for a backward pass.
+/// let again = engine.infer(&[&a, &b], &[Pull::Rows(&x)])?;
+/// assert!(again[0].iter().zip(h).all(|(p, q)| (p - q).abs() < 1e-6));
+/// # Ok::<(), arbor::Error>(())
+/// ```
 pub struct Engine<B: Backend> {
     backend: B,
     /// The arena, the parameters and their gradients ([`ARENA`], [`PARAMS`], [`GRADS`]).

@@ -1,9 +1,9 @@
 //! The fused kernels of the model zoo as the CUDA code generator sees them: every fused step of
 //! every plan, bound the ways the engine binds loads.
 
-use arbor::core::fusion::{Kernel, Plan, Step};
-use arbor::core::ir::Op;
 use arbor::cuda::codegen::Binding;
+use arbor::fusion::{Kernel, Plan, Step};
+use arbor::ir::Op;
 use arbor::{nn, Builder, Init, VertexFn};
 
 /// The fused kernels of a plan, in order.

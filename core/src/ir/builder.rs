@@ -65,6 +65,36 @@ const MASK_BASE: usize = usize::MAX / 2;
 
 /// Declares a vertex function op by op. Methods take `&self`, so calls nest freely; the first
 /// mistake is remembered and returned by [`Builder::build`].
+///
+/// # Example
+///
+/// A cell for vertices with any number of children (it sums their states with
+/// [`Builder::gather_sum`]), and a shape mistake that `build` reports:
+///
+/// ```
+/// use arbor_core::ir::{Builder, Init};
+/// use arbor_core::Error;
+///
+/// let f = Builder::new("sum-cell", 0);
+/// let x = f.pull("x", 2); // this vertex's input row, 2 wide
+/// let children = f.gather_sum("h", 3); // Σ of the children's `h`; zeros at a leaf
+/// let w = f.param("W", [2, 3], Init::Xavier);
+/// let h = (x.matmul(w) + children).tanh();
+/// f.scatter("h", h); // for the parent
+/// f.push("h", h); // for the loss
+/// let cell = f.build()?;
+/// assert_eq!(cell.max_children(), None); // any number of children
+/// assert_eq!((cell.inputs().len(), cell.states().len(), cell.outputs().len()), (1, 1, 1));
+///
+/// // The first mistake is kept and returned by `build`, with the line that made it.
+/// let f = Builder::new("bad", 1);
+/// let x = f.pull("x", 2);
+/// let w = f.param("W", [3, 3], Init::Xavier); // should be [2, 3]
+/// f.push("h", x.matmul(w));
+/// let err = f.build().unwrap_err();
+/// assert!(matches!(&err, Error::Shape { at: Some(_), op, .. } if op.as_str() == "matmul"));
+/// # Ok::<(), arbor_core::Error>(())
+/// ```
 pub struct Builder {
     name: String,
     arity: usize,
@@ -72,6 +102,34 @@ pub struct Builder {
 }
 
 /// A value under construction: a handle into its [`Builder`].
+///
+/// A `Var` holds one row per vertex (its [`shape`](Var::shape) is the per-vertex shape), or is
+/// a parameter shared by every vertex. It is `Copy`; ops combine values of the same builder and
+/// are differentiated by [`Builder::build`]. Arithmetic works between values (a parameter
+/// broadcasts over vertices, a one-row parameter over rows) and with `f32` constants.
+///
+/// # Example
+///
+/// A GRU-style update, checking shapes as it goes:
+///
+/// ```
+/// use arbor_core::ir::{Builder, Init};
+/// use arbor_core::Shape;
+///
+/// let f = Builder::new("gru-ish", 1);
+/// let (x, h) = (f.pull("x", 3), f.gather(0, "h", 4));
+/// let w = f.param("W", [3, 8], Init::Xavier);
+/// let b = f.param("b", [1, 8], Init::Zeros);
+/// let gates = (x.matmul(w) + b).sigmoid();
+/// assert_eq!(gates.shape(), Shape::mat(1, 8));
+/// let (z, r) = (gates.slice(0, 4), gates.slice(4, 4));
+/// let h_new = z * h + (1.0 - z) * (r * h).tanh(); // constants work on either side
+/// f.scatter("h", h_new);
+/// let p = h_new.concat(x).softmax(); // a row of 7 probabilities
+/// assert_eq!(p.shape(), Shape::from(7));
+/// f.push("p", p);
+/// assert!(f.build().is_ok());
+/// ```
 #[derive(Clone, Copy)]
 pub struct Var<'b> {
     b: &'b Builder,

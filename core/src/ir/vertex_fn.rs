@@ -10,6 +10,41 @@ use crate::rng::Rng;
 use std::fmt;
 
 /// A vertex function F: declared once, checked, differentiated and planned at build time.
+///
+/// Made by [`Builder::build`](super::Builder::build). It holds the forward IR, the derived
+/// backward function F′ and the kernel plans of both; `println!("{f}")` prints them. Its
+/// declarations ([`params`](VertexFn::params), [`inputs`](VertexFn::inputs),
+/// [`states`](VertexFn::states), [`outputs`](VertexFn::outputs)) say what a caller must feed
+/// and what it gets back.
+///
+/// # Example
+///
+/// A linear chain cell `h = x·W + h_prev`, run by the reference interpreter over a chain of two
+/// vertices:
+///
+/// ```
+/// use arbor_core::graph::InputGraph;
+/// use arbor_core::ir::{interp, Builder, Init};
+/// use arbor_core::rng::Rng;
+///
+/// let f = Builder::new("linear", 1);
+/// let x = f.pull("x", 2);
+/// let h = x.matmul(f.param("W", [2, 2], Init::Xavier)) + f.gather(0, "h", 2);
+/// f.scatter("h", h);
+/// f.push("h", h);
+/// let cell = f.build()?;
+/// assert_eq!((cell.name(), cell.arity()), ("linear", 1));
+/// assert_eq!(cell.params()[0].name, "W");
+/// assert_eq!(cell.init_params(&mut Rng::new(0))[0].len(), 4); // fresh values, by `Init`
+/// assert_eq!(cell.flops_per_vertex().0, 2 * 2 * 2 + 2); // one 1×2·2×2 product, one add
+///
+/// let w = vec![1.0, 0.0, 0.0, 2.0]; // W = diag(1, 2)
+/// let x = [1.0, 1.0, 3.0, 3.0]; // vertex 0's row, then vertex 1's
+/// let dh = [0.0; 4]; // no gradient flows in here
+/// let run = interp::run_graph(&cell, &[w], &InputGraph::chain(2), &[&x], &[&dh]);
+/// assert_eq!(run.outputs[0], [1.0, 2.0, 4.0, 8.0]); // h₁ = x₁·W + h₀
+/// # Ok::<(), arbor_core::Error>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct VertexFn {
     decl: Declaration,

@@ -2,7 +2,7 @@
 
 use crate::args::*;
 use crate::{bar, load};
-use arbor::core::rng::Rng;
+#[cfg(feature = "cuda")]
 use arbor::cuda::Precision;
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::dist::{Collective, ThreadCollective};
@@ -10,6 +10,7 @@ use arbor::layers::LossOn;
 use arbor::loss_scale::LossScaler;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::rng::Rng;
 use arbor::train::Classifier;
 use arbor::trainer::{on_threads, train_steps};
 use arbor::{Backend, Error, Result};
@@ -191,6 +192,9 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
             let (seconds, flops) = measure(model, args, &examples, loss_on)?;
             (seconds, flops, None)
         }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda => return crate::cuda_backend().map(drop),
+        #[cfg(feature = "cuda")]
         Device::Cuda => {
             let gpu = crate::cuda_backend()?;
             let name = gpu.description().to_string();

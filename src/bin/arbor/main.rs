@@ -46,11 +46,18 @@ fn main() {
 }
 
 /// The first CUDA device, for `--device cuda` (named on stderr).
+#[cfg(feature = "cuda")]
 pub(crate) fn cuda_backend() -> Result<arbor::cuda::CudaBackend> {
     let gpu = arbor::cuda::CudaBackend::new(0)
         .map_err(|e| Error::input("--device cuda", "a usable CUDA device", e.to_string()))?;
     eprintln!("arbor: on {}", gpu.description());
     Ok(gpu)
+}
+
+/// `--device cuda` in a build without the `cuda` feature: an error saying so.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn cuda_backend() -> Result<arbor::CpuBackend> {
+    Err(Error::input("--device cuda", "a build with the `cuda` feature", "arbor was built without it"))
 }
 
 pub(crate) struct Data {

@@ -4,7 +4,6 @@
 use crate::args::*;
 use crate::{bar, load, meta_usize, Data};
 use arbor::checkpoint::Checkpoint;
-use arbor::core::rng::Rng;
 use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD};
 use arbor::dist::pipeline::{PipeSettings, Stack, Stage};
 use arbor::dist::Collective;
@@ -12,6 +11,7 @@ use arbor::layers::LossOn;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
+use arbor::rng::Rng;
 use arbor::train::{cross_validate, cross_validate_on, Classifier, GraphTraining};
 use arbor::trainer::{fit_threads, on_threads, Event, Learned, Run, Settings, Splits, Summary};
 use arbor::{Backend, CpuBackend, DropoutKey, Error, Result, VertexFn};

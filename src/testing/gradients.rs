@@ -1,0 +1,165 @@
+//! The gradient check of a cell over whole graphs, through the engine.
+
+use super::{random_params, uniform_rows, Comparisons, GradReport, Mismatch, Tolerance};
+use crate::dropout::DropoutKey;
+use crate::graph::InputGraph;
+use crate::ir::VertexFn;
+use crate::rng::Rng;
+use crate::{CpuBackend, Engine, Pull};
+use arbor_core::testing::signed;
+
+/// What [`check_gradients`] draws and how it compares.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GradCheck {
+    /// Seed of the parameters, the pulled rows, the objective's weights, the dropout masks and
+    /// the entries sampled.
+    pub seed: u64,
+    /// Finite-difference step and tolerances.
+    pub tolerance: Tolerance,
+    /// At most this many entries of each parameter and of each pulled input are checked (a
+    /// random sample of larger ones): each costs two forward passes.
+    pub max_entries: usize,
+}
+
+impl Default for GradCheck {
+    fn default() -> GradCheck {
+        GradCheck { seed: 1, tolerance: Tolerance::default(), max_entries: 64 }
+    }
+}
+
+/// One entry a gradient is checked for.
+#[derive(Clone, Copy)]
+enum Target {
+    Param { param: usize, e: usize },
+    Pull { input: usize, e: usize },
+}
+
+/// Checks the gradients arbor derives for `f` against central differences, over the minibatch
+/// `graphs` on the CPU backend: with random parameters (the initialisers' values moved by up to
+/// ±0.1), pulled rows of magnitude 0.1–1 and the objective `L = Σ ⟨w, pushed⟩` over every
+/// pushed output of every vertex (random weights `w` in `[-1, 1)`), the engine's backward pass
+/// must give `∂L/∂θ` for every parameter entry and `∂L/∂x` for every pulled entry (up to
+/// [`GradCheck::max_entries`] of each, sampled) within the [`Tolerance`]. Dropout masks are
+/// drawn once and held fixed.
+///
+/// This checks the whole path a cell's gradient takes — the symbolic derivative, the fused
+/// kernels, the batching of vertices and the sums over them — where [`check_vertex`] checks one
+/// vertex through the reference interpreter. A [`Mismatch`] names each wrong entry, the worst
+/// first: ``param `U`[1, 3]`` (row, column), ``pull `x`[vertex 4, 2]``.
+///
+/// [`check_vertex`]: super::check_vertex
+pub fn check_gradients(f: &VertexFn, graphs: &[InputGraph], opts: &GradCheck) -> Result<GradReport, Mismatch> {
+    let what = format!("gradients of `{}` over {} graphs", f.name(), graphs.len());
+    let fail = |e: crate::Error| Mismatch::other(what.clone(), e.to_string());
+    let mut rng = Rng::new(opts.seed);
+    let mut params = random_params(f, &mut rng);
+    let n: usize = graphs.iter().map(InputGraph::len).sum();
+    let mut pulls: Vec<Vec<f32>> =
+        f.inputs().iter().map(|p| (0..n * p.shape.numel()).map(|_| signed(&mut rng, 0.1, 1.0)).collect()).collect();
+    let weights: Vec<Vec<f32>> = f.outputs().iter().map(|o| uniform_rows(&mut rng, n * o.shape.numel())).collect();
+    let refs: Vec<&InputGraph> = graphs.iter().collect();
+    let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).map_err(fail)?;
+    engine.set_dropout_key(DropoutKey { seed: opts.seed, step: 1, first: 0 });
+
+    // L and the magnitude of its terms, in f64 over the engine's f32 outputs.
+    let objective = |engine: &mut Engine<CpuBackend>, pulls: &[Vec<f32>]| -> crate::Result<(f64, f64)> {
+        let rows: Vec<Pull> = pulls.iter().map(|p| Pull::Rows(p)).collect();
+        let outputs = engine.forward(&refs, &rows)?;
+        let mut total = (0.0, 0.0);
+        for (out, w) in outputs.iter().zip(&weights) {
+            for (&y, &w) in out.iter().zip(w) {
+                total.0 += f64::from(w) * f64::from(y);
+                total.1 += (f64::from(w) * f64::from(y)).abs();
+            }
+        }
+        Ok(total)
+    };
+    let (_, scale) = objective(&mut engine, &pulls).map_err(fail)?;
+    let weight_refs: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+    let grads = engine.backward(&weight_refs).map_err(fail)?;
+
+    let mut targets = Vec::new();
+    for (p, port) in f.params().iter().enumerate() {
+        let len = port.shape.numel();
+        targets.extend(sample(&mut rng, len, opts.max_entries).into_iter().map(|e| Target::Param { param: p, e }));
+    }
+    for (i, values) in pulls.iter().enumerate() {
+        targets
+            .extend(sample(&mut rng, values.len(), opts.max_entries).into_iter().map(|e| Target::Pull { input: i, e }));
+    }
+    let label = |t: Target| match t {
+        Target::Param { param, e } => {
+            let cols = f.params()[param].shape.cols().max(1);
+            format!("param `{}`[{}, {}]", f.params()[param].name, e / cols, e % cols)
+        }
+        Target::Pull { input, e } => {
+            let block = f.inputs()[input].shape.numel().max(1);
+            format!("pull `{}`[vertex {}, {}]", f.inputs()[input].name, e / block, e % block)
+        }
+    };
+    let tol = opts.tolerance;
+    let noise = tol.noise * scale / f64::from(tol.eps);
+    let detail = format!(
+        "analytic against central differences, eps {}, tol {} + {}·|numeric| + {noise:.1e}",
+        tol.eps, tol.atol, tol.rtol
+    );
+    let mut cmp = Comparisons::new(what.clone(), detail);
+    let mut report = GradReport::default();
+    let mut sq = 0.0;
+    for t in targets {
+        let analytic = match t {
+            Target::Param { param, e } => grads.params[param][e],
+            Target::Pull { input, e } => grads.pulls[input][e],
+        };
+        let x = match t {
+            Target::Param { param, e } => params[param][e],
+            Target::Pull { input, e } => pulls[input][e],
+        };
+        let (hi, lo) = (x + tol.eps, x - tol.eps);
+        let mut at = |engine: &mut Engine<CpuBackend>, value: f32| -> crate::Result<f64> {
+            match t {
+                Target::Param { param, e } => {
+                    params[param][e] = value;
+                    engine.set_params(&params)?;
+                    params[param][e] = x;
+                    Ok(objective(engine, &pulls)?.0)
+                }
+                Target::Pull { input, e } => {
+                    pulls[input][e] = value;
+                    let l = objective(engine, &pulls)?.0;
+                    pulls[input][e] = x;
+                    Ok(l)
+                }
+            }
+        };
+        let (lp, lm) = (at(&mut engine, hi).map_err(fail)?, at(&mut engine, lo).map_err(fail)?);
+        if let Target::Param { .. } = t {
+            engine.set_params(&params).map_err(fail)?;
+        }
+        let numeric = (lp - lm) / f64::from(hi - lo);
+        sq += numeric * numeric;
+        let analytic = f64::from(analytic);
+        report.max_err = report.max_err.max((analytic - numeric).abs());
+        match t {
+            Target::Param { .. } => report.params += 1,
+            Target::Pull { .. } => report.pulls += 1,
+        }
+        let ratio = cmp.compare(|| label(t), analytic, numeric, tol.bound(numeric, scale));
+        report.worst = report.worst.max(ratio);
+    }
+    report.norm = sq.sqrt();
+    cmp.finish()?;
+    Ok(report)
+}
+
+/// All of `0..len` when it has at most `max` entries, else `max` distinct ones drawn at random,
+/// ascending.
+pub(super) fn sample(rng: &mut Rng, len: usize, max: usize) -> Vec<usize> {
+    let mut all: Vec<usize> = (0..len).collect();
+    if len > max {
+        rng.shuffle(&mut all);
+        all.truncate(max);
+        all.sort_unstable();
+    }
+    all
+}

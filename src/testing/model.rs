@@ -1,0 +1,118 @@
+//! The gradient check of a whole model: word vectors, cells, readout and head.
+
+use super::{Comparisons, GradCheck, GradReport, Mismatch};
+use crate::model::{Example, Model};
+use crate::rng::Rng;
+use crate::CpuBackend;
+
+/// Which tensor an entry belongs to.
+#[derive(Clone, Copy)]
+enum Part {
+    Cell(usize),
+    Head(usize),
+    /// A row of the word vectors.
+    Word(u32),
+}
+
+/// Checks the gradients of `model`'s mean loss over `batch` (what [`Model::gradients`] gives a
+/// training step: the vertex function's parameters, the head's and the rows of the word vectors
+/// the batch looks up) against central differences of that loss, in training mode with the
+/// dropout masks held fixed, up to [`GradCheck::max_entries`] sampled entries of each tensor
+/// (and of each word vector). The model is left as it was. A [`Mismatch`] names each wrong
+/// entry: ``cell `W`[2, 5]``, ``head `V`[0, 1]``, `word 3 [1]`.
+pub fn check_model_gradients(
+    model: &mut Model<CpuBackend>,
+    batch: &[Example<'_>],
+    opts: &GradCheck,
+) -> Result<GradReport, Mismatch> {
+    let what = format!("gradients of a model over {} examples", batch.len());
+    let fail = |e: crate::Error| Mismatch::other(what.clone(), e.to_string());
+    let n = batch.len().max(1);
+    let loss_at = model.head.loss_output();
+    // The mean loss and the magnitude of its terms, in training mode without an update.
+    let loss = |model: &mut Model<CpuBackend>| -> crate::Result<(f64, f64)> {
+        let out = model.gradients(batch, n, None)?;
+        let l = out.outputs.get(loss_at).map(Vec::as_slice).unwrap_or_default();
+        Ok((l.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64, l.iter().map(|&v| f64::from(v).abs()).sum()))
+    };
+    let grads = model.gradients(batch, n, None).map_err(fail)?;
+    let (_, scale) = loss(model).map_err(fail)?;
+    let cell_names: Vec<String> = model.cells.function().params().iter().map(|p| p.name.clone()).collect();
+    let head_names: Vec<String> = model.head.function().params().iter().map(|p| p.name.clone()).collect();
+    let cols = |f: &crate::VertexFn, p: usize| f.params()[p].shape.cols().max(1);
+    let (cell_cols, head_cols): (Vec<usize>, Vec<usize>) = (
+        (0..cell_names.len()).map(|p| cols(model.cells.function(), p)).collect(),
+        (0..head_names.len()).map(|p| cols(model.head.function(), p)).collect(),
+    );
+    let dim = model.embedding.dim();
+    let mut rng = Rng::new(opts.seed);
+    let mut targets: Vec<(Part, usize, f32)> = Vec::new();
+    for (p, g) in grads.cell.iter().enumerate() {
+        targets.extend(
+            super::gradients::sample(&mut rng, g.len(), opts.max_entries).into_iter().map(|e| (Part::Cell(p), e, g[e])),
+        );
+    }
+    for (p, g) in grads.head.iter().enumerate() {
+        targets.extend(
+            super::gradients::sample(&mut rng, g.len(), opts.max_entries).into_iter().map(|e| (Part::Head(p), e, g[e])),
+        );
+    }
+    for (&row, g) in grads.words.rows.iter().zip(grads.words.values.chunks(dim)) {
+        targets.extend(
+            super::gradients::sample(&mut rng, dim, opts.max_entries).into_iter().map(|e| (Part::Word(row), e, g[e])),
+        );
+    }
+    let label = |part: Part, e: usize| match part {
+        Part::Cell(p) => format!("cell `{}`[{}, {}]", cell_names[p], e / cell_cols[p], e % cell_cols[p]),
+        Part::Head(p) => format!("head `{}`[{}, {}]", head_names[p], e / head_cols[p], e % head_cols[p]),
+        Part::Word(r) => format!("word {r} [{e}]"),
+    };
+    let (mut cell_params, mut head_params) = (model.cells.params().map_err(fail)?, model.head.params().map_err(fail)?);
+    let tol = opts.tolerance;
+    let noise = tol.noise * scale / f64::from(tol.eps);
+    let detail = format!(
+        "analytic against central differences, eps {}, tol {} + {}·|numeric| + {noise:.1e}",
+        tol.eps, tol.atol, tol.rtol
+    );
+    let mut cmp = Comparisons::new(what.clone(), detail);
+    let mut report = GradReport::default();
+    let mut sq = 0.0;
+    for (part, e, analytic) in targets {
+        // Sets the entry to `value` (its original when `value` is `None`), returns the original.
+        let mut set = |model: &mut Model<CpuBackend>, value: Option<f32>| -> crate::Result<f32> {
+            let slot = match part {
+                Part::Cell(p) => &mut cell_params[p][e],
+                Part::Head(p) => &mut head_params[p][e],
+                Part::Word(r) => &mut model.embedding.table_mut()[r as usize * dim + e],
+            };
+            let old = *slot;
+            *slot = value.unwrap_or(old);
+            match part {
+                Part::Cell(_) => model.cells.set_params(&cell_params)?,
+                Part::Head(_) => model.head.engine().set_params(&head_params)?,
+                Part::Word(_) => {}
+            }
+            Ok(old)
+        };
+        let x = set(model, None).map_err(fail)?;
+        let (hi, lo) = (x + tol.eps, x - tol.eps);
+        set(model, Some(hi)).map_err(fail)?;
+        let lp = loss(model).map_err(fail)?.0;
+        set(model, Some(lo)).map_err(fail)?;
+        let lm = loss(model).map_err(fail)?.0;
+        set(model, Some(x)).map_err(fail)?;
+        let numeric = (lp - lm) / f64::from(hi - lo);
+        let analytic = f64::from(analytic);
+        sq += numeric * numeric;
+        report.max_err = report.max_err.max((analytic - numeric).abs());
+        match part {
+            Part::Word(_) => report.pulls += 1,
+            _ => report.params += 1,
+        }
+        let ratio = cmp.compare(|| label(part, e), analytic, numeric, tol.bound(numeric, scale));
+        report.worst = report.worst.max(ratio);
+    }
+    report.norm = sq.sqrt();
+    cmp.finish()?;
+    Ok(report)
+}
