@@ -1,6 +1,6 @@
 //! The gradient check of a cell over whole graphs, through the engine.
 
-use super::{random_params, uniform_rows, Comparisons, GradReport, Mismatch, Tolerance};
+use super::{random_params, uniform_rows, EntryKind, GradComparisons, GradReport, Mismatch, Tolerance};
 use crate::dropout::DropoutKey;
 use crate::graph::InputGraph;
 use crate::ir::VertexFn;
@@ -97,25 +97,13 @@ pub fn check_gradients(f: &VertexFn, graphs: &[InputGraph], opts: &GradCheck) ->
             format!("pull `{}`[vertex {}, {}]", f.inputs()[input].name, e / block, e % block)
         }
     };
-    let tol = opts.tolerance;
-    let noise = tol.noise * scale / f64::from(tol.eps);
-    let detail = format!(
-        "analytic against central differences, eps {}, tol {} + {}·|numeric| + {noise:.1e}",
-        tol.eps, tol.atol, tol.rtol
-    );
-    let mut cmp = Comparisons::new(what.clone(), detail);
-    let mut report = GradReport::default();
-    let mut sq = 0.0;
+    let mut check = GradComparisons::new(what.clone(), opts.tolerance, scale);
     for t in targets {
-        let analytic = match t {
-            Target::Param { param, e } => grads.params[param][e],
-            Target::Pull { input, e } => grads.pulls[input][e],
+        let (x, analytic, kind) = match t {
+            Target::Param { param, e } => (params[param][e], grads.params[param][e], EntryKind::Param),
+            Target::Pull { input, e } => (pulls[input][e], grads.pulls[input][e], EntryKind::Pull),
         };
-        let x = match t {
-            Target::Param { param, e } => params[param][e],
-            Target::Pull { input, e } => pulls[input][e],
-        };
-        let (hi, lo) = (x + tol.eps, x - tol.eps);
+        let points = check.points(x);
         let mut at = |engine: &mut Engine<CpuBackend>, value: f32| -> crate::Result<f64> {
             match t {
                 Target::Param { param, e } => {
@@ -132,24 +120,13 @@ pub fn check_gradients(f: &VertexFn, graphs: &[InputGraph], opts: &GradCheck) ->
                 }
             }
         };
-        let (lp, lm) = (at(&mut engine, hi).map_err(fail)?, at(&mut engine, lo).map_err(fail)?);
-        if let Target::Param { .. } = t {
+        let values = (at(&mut engine, points.0).map_err(fail)?, at(&mut engine, points.1).map_err(fail)?);
+        if kind == EntryKind::Param {
             engine.set_params(&params).map_err(fail)?;
         }
-        let numeric = (lp - lm) / f64::from(hi - lo);
-        sq += numeric * numeric;
-        let analytic = f64::from(analytic);
-        report.max_err = report.max_err.max((analytic - numeric).abs());
-        match t {
-            Target::Param { .. } => report.params += 1,
-            Target::Pull { .. } => report.pulls += 1,
-        }
-        let ratio = cmp.compare(|| label(t), analytic, numeric, tol.bound(numeric, scale));
-        report.worst = report.worst.max(ratio);
+        check.compare(kind, || label(t), analytic, points, values);
     }
-    report.norm = sq.sqrt();
-    cmp.finish()?;
-    Ok(report)
+    check.finish()
 }
 
 /// All of `0..len` when it has at most `max` entries, else `max` distinct ones drawn at random,

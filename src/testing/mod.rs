@@ -40,7 +40,9 @@ mod gradients;
 mod model;
 pub mod strategy;
 
-pub use arbor_core::testing::{check_vertex, Comparisons, Discrepancy, GradReport, Mismatch, Tolerance, VertexCase};
+pub use arbor_core::testing::{
+    check_vertex, Comparisons, Discrepancy, EntryKind, GradComparisons, GradReport, Mismatch, Tolerance, VertexCase,
+};
 pub use batched::{check_batched, check_batched_with, Batched};
 pub use gradients::{check_gradients, GradCheck};
 pub use model::check_model_gradients;

@@ -1,6 +1,6 @@
 //! The gradient check of a whole model: word vectors, cells, readout and head.
 
-use super::{Comparisons, GradCheck, GradReport, Mismatch};
+use super::{EntryKind, GradCheck, GradComparisons, GradReport, Mismatch};
 use crate::model::{Example, Model};
 use crate::rng::Rng;
 use crate::CpuBackend;
@@ -68,15 +68,7 @@ pub fn check_model_gradients(
         Part::Word(r) => format!("word {r} [{e}]"),
     };
     let (mut cell_params, mut head_params) = (model.cells.params().map_err(fail)?, model.head.params().map_err(fail)?);
-    let tol = opts.tolerance;
-    let noise = tol.noise * scale / f64::from(tol.eps);
-    let detail = format!(
-        "analytic against central differences, eps {}, tol {} + {}·|numeric| + {noise:.1e}",
-        tol.eps, tol.atol, tol.rtol
-    );
-    let mut cmp = Comparisons::new(what.clone(), detail);
-    let mut report = GradReport::default();
-    let mut sq = 0.0;
+    let mut check = GradComparisons::new(what.clone(), opts.tolerance, scale);
     for (part, e, analytic) in targets {
         // Sets the entry to `value` (its original when `value` is `None`), returns the original.
         let mut set = |model: &mut Model<CpuBackend>, value: Option<f32>| -> crate::Result<f32> {
@@ -95,24 +87,14 @@ pub fn check_model_gradients(
             Ok(old)
         };
         let x = set(model, None).map_err(fail)?;
-        let (hi, lo) = (x + tol.eps, x - tol.eps);
-        set(model, Some(hi)).map_err(fail)?;
-        let lp = loss(model).map_err(fail)?.0;
-        set(model, Some(lo)).map_err(fail)?;
-        let lm = loss(model).map_err(fail)?.0;
+        let points = check.points(x);
+        set(model, Some(points.0)).map_err(fail)?;
+        let at_hi = loss(model).map_err(fail)?.0;
+        set(model, Some(points.1)).map_err(fail)?;
+        let at_lo = loss(model).map_err(fail)?.0;
         set(model, Some(x)).map_err(fail)?;
-        let numeric = (lp - lm) / f64::from(hi - lo);
-        let analytic = f64::from(analytic);
-        sq += numeric * numeric;
-        report.max_err = report.max_err.max((analytic - numeric).abs());
-        match part {
-            Part::Word(_) => report.pulls += 1,
-            _ => report.params += 1,
-        }
-        let ratio = cmp.compare(|| label(part, e), analytic, numeric, tol.bound(numeric, scale));
-        report.worst = report.worst.max(ratio);
+        let kind = if let Part::Word(_) = part { EntryKind::Pull } else { EntryKind::Param };
+        check.compare(kind, || label(part, e), analytic, points, (at_hi, at_lo));
     }
-    report.norm = sq.sqrt();
-    cmp.finish()?;
-    Ok(report)
+    check.finish()
 }

@@ -186,6 +186,76 @@ impl Comparisons {
     }
 }
 
+/// What a checked gradient entry is of, for [`GradReport`]'s counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A child's state.
+    Child,
+    /// A pulled input (or a word vector).
+    Pull,
+    /// A parameter.
+    Param,
+}
+
+/// The comparisons of a gradient check: analytic gradients against central differences under a
+/// [`Tolerance`], counted into a [`GradReport`].
+#[derive(Debug)]
+pub struct GradComparisons {
+    cmp: Comparisons,
+    report: GradReport,
+    squares: f64,
+    tol: Tolerance,
+    scale: f64,
+}
+
+impl GradComparisons {
+    /// The check `what` of an objective whose terms sum to `scale` in magnitude.
+    pub fn new(what: impl Into<String>, tol: Tolerance, scale: f64) -> GradComparisons {
+        let noise = tol.noise * scale / f64::from(tol.eps);
+        let detail = format!(
+            "analytic against central differences, eps {}, tol {} + {}·|numeric| + {noise:.1e}",
+            tol.eps, tol.atol, tol.rtol
+        );
+        GradComparisons { cmp: Comparisons::new(what, detail), report: GradReport::default(), squares: 0.0, tol, scale }
+    }
+
+    /// The points `x ± ε` the objective is evaluated at for an entry whose value is `x`.
+    pub fn points(&self, x: f32) -> (f32, f32) {
+        (x + self.tol.eps, x - self.tol.eps)
+    }
+
+    /// Compares the analytic gradient of one entry with the central difference of the objective
+    /// values `at_hi` and `at_lo` at the points `(hi, lo)` ([`GradComparisons::points`]).
+    pub fn compare(
+        &mut self,
+        kind: EntryKind,
+        place: impl FnOnce() -> String,
+        analytic: f32,
+        (hi, lo): (f32, f32),
+        (at_hi, at_lo): (f64, f64),
+    ) {
+        let numeric = (at_hi - at_lo) / f64::from(hi - lo);
+        let analytic = f64::from(analytic);
+        self.squares += numeric * numeric;
+        let r = &mut self.report;
+        r.max_err = r.max_err.max((analytic - numeric).abs());
+        match kind {
+            EntryKind::Child => r.children += 1,
+            EntryKind::Pull => r.pulls += 1,
+            EntryKind::Param => r.params += 1,
+        }
+        let ratio = self.cmp.compare(place, analytic, numeric, self.tol.bound(numeric, self.scale));
+        r.worst = r.worst.max(ratio);
+    }
+
+    /// The report when every entry agreed, else the [`Mismatch`], worst first.
+    pub fn finish(self) -> Result<GradReport, Mismatch> {
+        let report = GradReport { norm: self.squares.sqrt(), ..self.report };
+        self.cmp.finish()?;
+        Ok(report)
+    }
+}
+
 /// Uniform magnitude in `[lo, hi)` with a random sign: inputs stay away from 0 (relu's kink).
 pub fn signed(rng: &mut crate::rng::Rng, lo: f32, hi: f32) -> f32 {
     let m = rng.range(lo, hi);

@@ -1,6 +1,6 @@
 //! The gradient check of one vertex through the reference interpreter.
 
-use super::{signed, Comparisons, GradReport, Mismatch, Tolerance};
+use super::{signed, EntryKind, GradComparisons, GradReport, Mismatch, Tolerance};
 use crate::dropout::{self, DropoutKey};
 use crate::ir::interp::{self, BackwardIo, VertexGrads};
 use crate::ir::VertexFn;
@@ -179,35 +179,21 @@ pub fn check_vertex(f: &VertexFn, case: &VertexCase) -> Result<GradReport, Misma
     for (p, g) in param_grads.iter().enumerate() {
         targets.extend(g.iter().enumerate().map(|(e, &g)| (Target::Param { param: p, e }, g)));
     }
-    let noise = tol.noise * scale / f64::from(tol.eps);
-    let detail = format!(
-        "analytic against central differences, eps {}, tol {} + {}·|numeric| + {noise:.1e}",
-        tol.eps, tol.atol, tol.rtol
-    );
-    let mut cmp = Comparisons::new(what, detail);
-    let mut report = GradReport::default();
-    let mut sq = 0.0;
-    for (t, a) in targets {
+    let mut check = GradComparisons::new(what, tol, scale);
+    for (t, analytic) in targets {
         let x = *entry(&mut case, t);
-        let (hi, lo) = (x + tol.eps, x - tol.eps);
-        *entry(&mut case, t) = hi;
-        let lp = case.objective(f).0;
-        *entry(&mut case, t) = lo;
-        let lm = case.objective(f).0;
+        let points = check.points(x);
+        *entry(&mut case, t) = points.0;
+        let at_hi = case.objective(f).0;
+        *entry(&mut case, t) = points.1;
+        let at_lo = case.objective(f).0;
         *entry(&mut case, t) = x;
-        let n = (lp - lm) / f64::from(hi - lo);
-        let a = f64::from(a);
-        sq += n * n;
-        report.max_err = report.max_err.max((a - n).abs());
-        match t {
-            Target::Child { .. } => report.children += 1,
-            Target::Pull { .. } => report.pulls += 1,
-            Target::Param { .. } => report.params += 1,
-        }
-        let ratio = cmp.compare(|| label(f, t), a, n, tol.bound(n, scale));
-        report.worst = report.worst.max(ratio);
+        let kind = match t {
+            Target::Child { .. } => EntryKind::Child,
+            Target::Pull { .. } => EntryKind::Pull,
+            Target::Param { .. } => EntryKind::Param,
+        };
+        check.compare(kind, || label(f, t), analytic, points, (at_hi, at_lo));
     }
-    report.norm = sq.sqrt();
-    cmp.finish()?;
-    Ok(report)
+    check.finish()
 }
