@@ -83,7 +83,7 @@ fn write(path: &Path, text: &str) {
 /// Runs the crate's tests (with `features`); its exit status and output.
 fn cargo_test(dir: &Path, features: &[&str]) -> (bool, String) {
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.current_dir(dir).args(["test", "--quiet"]).env("CARGO_TARGET_DIR", dir.join("target"));
+    cmd.current_dir(dir).args(["test", "--quiet"]);
     for f in features {
         cmd.args(["--features", f]);
     }

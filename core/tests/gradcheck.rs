@@ -10,7 +10,7 @@ mod common;
 
 use arbor_core::ir::{Builder, Init, VertexFn};
 use arbor_core::testing::VertexCase;
-use common::{assert_gradients, binary_tree_lstm, check_plans, child_sum_tree_lstm, forward_vals, output, state};
+use common::{assert_gradients, binary_tree_lstm, check_plans, child_sum_tree_lstm, output, state};
 
 /// Runs the gradient check on a few random cases of `f` (children as given by `present`).
 #[track_caller]
@@ -54,7 +54,7 @@ fn matmul_by_param() {
     let f = f.build().unwrap();
 
     let case = VertexCase::random(&f, 1, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     assert_close(output(&f, &vals, "y"), &matmul(&case.pulls[0], &case.params[0], 2, 3, 4));
     check(&f, &[true]);
     check(&f, &[false]);
@@ -71,7 +71,7 @@ fn matmul_of_two_vertex_values() {
     let f = f.build().unwrap();
 
     let case = VertexCase::random(&f, 2, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let m = &case.children[0].as_ref().unwrap()[0];
     assert_close(output(&f, &vals, "y"), &matmul(&case.pulls[0], m, 2, 3, 4));
     check(&f, &[true]);
@@ -103,7 +103,7 @@ fn add_broadcast_bias() {
     let f = f.build().unwrap();
 
     let case = VertexCase::random(&f, 3, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let want: Vec<f32> = (0..6).map(|e| case.pulls[0][e] + case.params[0][e % 3]).collect();
     assert_close(output(&f, &vals, "y"), &want);
     check(&f, &[true]);
@@ -187,7 +187,7 @@ fn div() {
     let f = f.build().unwrap();
 
     let case = VertexCase::random(&f, 4, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let h = &case.children[0].as_ref().unwrap()[0];
     let want: Vec<f32> = (0..6).map(|e| case.pulls[0][e] / (h[e].exp() + case.params[0][e % 3])).collect();
     assert_close(output(&f, &vals, "y"), &want);
@@ -230,7 +230,7 @@ fn unary_fn(name: &str, op: for<'b> fn(arbor_core::ir::Var<'b>) -> arbor_core::i
 fn sigmoid() {
     let f = unary_fn("sigmoid", |x| x.sigmoid());
     let case = VertexCase::random(&f, 5, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let want: Vec<f32> = case.pulls[0].iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
     assert_close(output(&f, &vals, "y"), &want);
     check(&f, &[true]);
@@ -248,7 +248,7 @@ fn relu() {
     // negative (zero gradient) and half positive.
     let f = unary_fn("relu", |x| x.relu());
     let case = VertexCase::random(&f, 6, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let want: Vec<f32> = case.pulls[0].iter().map(|x| x.max(0.0)).collect();
     assert_close(output(&f, &vals, "y"), &want);
     check(&f, &[true]);
@@ -264,7 +264,7 @@ fn exp() {
 fn gelu() {
     let f = unary_fn("gelu", |x| x.gelu());
     let case = VertexCase::random(&f, 7, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let gelu = |x: f32| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh());
     let want: Vec<f32> = case.pulls[0].iter().map(|&x| gelu(x)).collect();
     assert_close(output(&f, &vals, "y"), &want);
@@ -299,7 +299,7 @@ fn slice() {
     let f = f.build().unwrap();
 
     let case = VertexCase::random(&f, 7, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let x = &case.pulls[0];
     assert_close(output(&f, &vals, "a"), &[x[1], x[2], x[3], x[6], x[7], x[8]]);
     let h = &case.children[0].as_ref().unwrap()[0];
@@ -330,7 +330,7 @@ fn concat() {
     let f = f.build().unwrap();
 
     let case = VertexCase::random(&f, 8, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let (x, g) = (&case.pulls[0], &case.children[0].as_ref().unwrap()[0]);
     let want = [
         x[0], x[1], x[2], g[0], g[1], x[0], x[1], x[2], //
@@ -352,7 +352,7 @@ fn sum_cols() {
     let f = f.build().unwrap();
 
     let case = VertexCase::random(&f, 9, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let x = &case.pulls[0];
     assert_close(output(&f, &vals, "y"), &[x[0] + x[1] + x[2], x[3] + x[4] + x[5]]);
     check(&f, &[true]);
@@ -363,7 +363,7 @@ fn abs() {
     // Inputs have magnitude ≥ 0.1 > ε (as for relu), so no difference straddles the kink.
     let f = unary_fn("abs", |x| x.abs());
     let case = VertexCase::random(&f, 10, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let want: Vec<f32> = case.pulls[0].iter().map(|x| x.abs()).collect();
     assert_close(output(&f, &vals, "y"), &want);
     check(&f, &[true]);
@@ -385,7 +385,7 @@ fn dropout() {
     assert_eq!(f.dropout_rates(), [0.5, 0.25, 0.5, 0.75]);
 
     let case = VertexCase::random(&f, 13, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let (x, mx, mh) = (&case.pulls[0], &case.pulls[1], &case.pulls[2]);
     for (mask, keep) in [(mx, 2.0), (mh, 1.0 / 0.75)] {
         assert!(mask.iter().all(|&m| m == 0.0 || m == keep), "mask {mask:?}");
@@ -403,7 +403,7 @@ fn dropout() {
 fn constants() {
     let f = unary_fn("constants", |x| (1.0 - x) * (x + 2.0) - 0.5 * x.tanh() - 3.0);
     let case = VertexCase::random(&f, 11, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let want: Vec<f32> = case.pulls[0].iter().map(|&x| (1.0 - x) * (x + 2.0) - 0.5 * x.tanh() - 3.0).collect();
     assert_close(output(&f, &vals, "y"), &want);
     check(&f, &[true]);
@@ -421,7 +421,7 @@ fn broadcast_cols() {
     let f = f.build().unwrap();
 
     let case = VertexCase::random(&f, 12, &[true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let (x, h) = (&case.pulls[0], &case.children[0].as_ref().unwrap()[0]);
     let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
     let want: Vec<f32> = (0..6).map(|i| sig(x[i / 3 * 3]) * h[i]).collect();
@@ -444,7 +444,7 @@ fn softmax_and_log_softmax() {
 
     let mut case = VertexCase::random(&f, 13, &[true]);
     case.pulls[0][4..].copy_from_slice(&[100.0, 101.0, 99.5, 100.25]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let x: Vec<f64> = case.pulls[0].iter().map(|&v| f64::from(v)).collect();
     let mut want_log = Vec::new();
     for row in x.chunks(4) {
@@ -483,7 +483,7 @@ fn gather_with_a_missing_child() {
     assert_eq!(f.max_children(), Some(3));
     // A missing child reads zeros: with slot 1 empty, h = tanh(x + h0·U0 + h2·U2), c = 0.
     let case = VertexCase::random(&f, 10, &[true, false, true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     assert!(state(&f, &vals, "c").iter().all(|&c| c == 0.0));
     let (h0, h2) = (&case.children[0].as_ref().unwrap()[0], &case.children[2].as_ref().unwrap()[0]);
     let a = matmul(h0, &case.params[0], 1, 3, 3);
@@ -516,7 +516,7 @@ fn gather_sum() {
     let f = child_sum_fn();
     assert_eq!(f.max_children(), None);
     let case = VertexCase::random(&f, 11, &[true, true, true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let hs: Vec<f32> = (0..3).map(|e| case.children.iter().map(|c| c.as_ref().unwrap()[0][e]).sum()).collect();
     assert_close(&output(&f, &vals, "y")[3..], &hs);
     // Every child receives the same gradient of the summed state.
@@ -527,7 +527,7 @@ fn gather_sum() {
 
     // A leaf sums nothing: zeros.
     let leaf = VertexCase::random(&f, 12, &[]);
-    let vals = forward_vals(&f, &leaf);
+    let vals = leaf.forward(&f);
     assert!(output(&f, &vals, "y")[3..].iter().all(|&v| v == 0.0));
 
     for present in [&[][..], &[true], &[true, true, true], &[true, false, true]] {
@@ -548,7 +548,7 @@ fn binary_tree_lstm_forward_matches_hand_computation() {
     let (d, h) = (3, 2);
     let f = binary_tree_lstm(d, h);
     let case = VertexCase::random(&f, 13, &[true, true]);
-    let vals = forward_vals(&f, &case);
+    let vals = case.forward(&f);
     let (x, p) = (&case.pulls[0], &case.params);
     let ch = |k: usize, s: usize| &case.children[k].as_ref().unwrap()[s];
     let xw = matmul(x, &p[0], 1, d, 5 * h);

@@ -9,11 +9,6 @@ use arbor_core::fusion::{Plan, Step, PHASES};
 use arbor_core::ir::{Builder, Func, Init, Op, ParamGrad, ValueId, VertexFn};
 use arbor_core::testing::{check_vertex, GradReport, VertexCase};
 
-/// Every forward value of the vertex.
-pub fn forward_vals(f: &VertexFn, case: &VertexCase) -> Vec<Vec<f32>> {
-    case.forward(f)
-}
-
 /// The value of output `name` (pushed) in `vals`.
 pub fn output<'v>(f: &VertexFn, vals: &'v [Vec<f32>], name: &str) -> &'v [f32] {
     let o = f.outputs().iter().find(|o| o.name == name).unwrap_or_else(|| panic!("no output {name}"));

@@ -7,6 +7,7 @@ use arbor::cuda::Precision;
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::dist::{Collective, ThreadCollective};
 use arbor::layers::LossOn;
+#[cfg(feature = "cuda")]
 use arbor::loss_scale::LossScaler;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
@@ -192,25 +193,7 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
             let (seconds, flops) = measure(model, args, &examples, loss_on)?;
             (seconds, flops, None)
         }
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda => return crate::cuda_backend().map(drop),
-        #[cfg(feature = "cuda")]
-        Device::Cuda => {
-            let gpu = crate::cuda_backend()?;
-            let name = gpu.description().to_string();
-            gpu.set_precision(match args.precision {
-                PrecisionArg::F32 => Precision::F32,
-                PrecisionArg::Tf32 => Precision::Tf32,
-                PrecisionArg::Bf16 => Precision::Bf16,
-                PrecisionArg::F16 => Precision::F16,
-            });
-            let mut model = Classifier::on(gpu, cell, vocab, Some(PAD), classes, &mut rng)?;
-            if args.precision == PrecisionArg::F16 {
-                model.loss_scale = Some(LossScaler::dynamic());
-            }
-            let (seconds, flops) = measure(model, args, &examples, loss_on)?;
-            (seconds, flops, Some(name))
-        }
+        Device::Cuda => measure_on_gpu(cell, vocab, classes, args, &examples, loss_on, &mut rng)?,
     };
     let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
     let nominal = vertices as f64 * nominal_per_vertex as f64;
@@ -239,4 +222,45 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// The measurement on the first CUDA device: seconds, FLOPs and the device's name.
+#[cfg(feature = "cuda")]
+fn measure_on_gpu(
+    cell: arbor::VertexFn,
+    vocab: usize,
+    classes: usize,
+    args: &BenchArgs,
+    examples: &[&TreeExample],
+    loss_on: LossOn,
+    rng: &mut Rng,
+) -> Result<(f64, f64, Option<String>)> {
+    let gpu = crate::cuda_backend()?;
+    let name = gpu.description().to_string();
+    gpu.set_precision(match args.precision {
+        PrecisionArg::F32 => Precision::F32,
+        PrecisionArg::Tf32 => Precision::Tf32,
+        PrecisionArg::Bf16 => Precision::Bf16,
+        PrecisionArg::F16 => Precision::F16,
+    });
+    let mut model = Classifier::on(gpu, cell, vocab, Some(PAD), classes, rng)?;
+    if args.precision == PrecisionArg::F16 {
+        model.loss_scale = Some(LossScaler::dynamic());
+    }
+    let (seconds, flops) = measure(model, args, examples, loss_on)?;
+    Ok((seconds, flops, Some(name)))
+}
+
+/// `--device cuda` in a build without the `cuda` feature: the error saying so.
+#[cfg(not(feature = "cuda"))]
+fn measure_on_gpu(
+    _: arbor::VertexFn,
+    _: usize,
+    _: usize,
+    _: &BenchArgs,
+    _: &[&TreeExample],
+    _: LossOn,
+    _: &mut Rng,
+) -> Result<(f64, f64, Option<String>)> {
+    crate::cuda_backend().map(|_| (0.0, 0.0, None))
 }
