@@ -127,6 +127,11 @@ impl<B: Backend> Head<B> {
         self.engine.function()
     }
 
+    /// What the head's training passes draw their dropout masks from.
+    pub fn dropout_key(&self) -> crate::DropoutKey {
+        self.engine.dropout_key()
+    }
+
     /// A copy with the same function and learned values (and dropout key) on `backend`.
     pub fn replica_on(&self, backend: B) -> Result<Head<B>> {
         let mut head = Head::new(backend, self.function().clone(), &self.engine.params()?)?;
@@ -370,6 +375,6 @@ impl<B: Backend> ClassHead<B> {
 }
 
 /// The index of the largest value (the first on a tie).
-fn argmax(xs: &[f32]) -> usize {
+pub(crate) fn argmax(xs: &[f32]) -> usize {
     xs.iter().enumerate().fold(0, |best, (i, &x)| if x > xs[best] { i } else { best })
 }

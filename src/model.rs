@@ -112,8 +112,10 @@ pub struct Example<'a> {
 pub struct Model<B: Backend> {
     /// The word vectors.
     pub embedding: Embedding,
-    /// The vertex function's engine.
-    pub cells: Engine<B>,
+    /// The vertex functions' engines, bottom first: the bottom one pulls what [`Model::feeds`]
+    /// say, each one above pulls the first output the one below pushed at the same vertex (see
+    /// [`Model::stack`]).
+    pub cells: Vec<Engine<B>>,
     /// What feeds each of the vertex function's inputs.
     pub feeds: Vec<Feed>,
     /// The head.
@@ -137,9 +139,41 @@ pub trait AsExample: Sync + Sized {
     /// The example's graphs, words and target.
     fn example(&self) -> Example<'_>;
 
-    /// The scores of `model` on `data` by name, the first the one that picks the best epoch
-    /// (higher is better: a correlation of its predictions, an accuracy, a negated error, …).
-    fn score<B: Backend>(model: &mut Model<B>, data: &[Self]) -> Result<Scores>;
+    /// The scores on `data` by name from the head's `outputs` over it (inference, in order;
+    /// [`Model::infer_all`]), the first the one that picks the best epoch (higher is better: a
+    /// correlation of its predictions, an accuracy, a negated error, …).
+    fn score(outputs: &Outputs, data: &[Self]) -> Result<Scores>;
+}
+
+/// A head's pushed outputs over a data set, by name: each a block per example (or per vertex,
+/// with [`Readout::Vertices`]), in order.
+#[derive(Clone, Debug, Default)]
+pub struct Outputs {
+    names: Vec<String>,
+    values: Vec<Vec<f32>>,
+}
+
+impl Outputs {
+    /// Empty outputs named as `head` pushes them.
+    pub fn of(head: &VertexFn) -> Outputs {
+        let names: Vec<String> = head.outputs().iter().map(|o| o.name.clone()).collect();
+        Outputs { values: vec![Vec::new(); names.len()], names }
+    }
+
+    /// Appends one pass's outputs (as [`Model::infer`] returns them).
+    pub fn extend(&mut self, pass: Vec<Vec<f32>>) {
+        for (all, part) in self.values.iter_mut().zip(pass) {
+            all.extend(part);
+        }
+    }
+
+    /// The output pushed as `name`; an error lists the names there are.
+    pub fn get(&self, name: &str) -> Result<&[f32]> {
+        match self.names.iter().position(|n| n == name) {
+            Some(i) => Ok(&self.values[i]),
+            None => Err(Error::input("head outputs", format!("one of {:?}", self.names), format!("`{name}`"))),
+        }
+    }
 }
 
 /// The gradients of one step of a [`Model`] (or of one worker's share of it).
@@ -147,8 +181,8 @@ pub trait AsExample: Sync + Sized {
 pub struct ModelGrads {
     /// The head's pushed outputs, one block per example (the loss among them).
     pub outputs: Vec<Vec<f32>>,
-    /// Of the vertex function's parameters.
-    pub cell: Vec<Vec<f32>>,
+    /// Of each vertex function's parameters, bottom layer first.
+    pub cells: Vec<Vec<Vec<f32>>>,
     /// Of the head's parameters.
     pub head: Vec<Vec<f32>>,
     /// Of the word vectors the minibatch looked up.
@@ -180,7 +214,8 @@ impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
     }
 
     fn score(&mut self, data: &[E]) -> Result<Scores> {
-        E::score(self, data)
+        let outputs = self.infer_all(data)?;
+        E::score(&outputs, data)
     }
 }
 
@@ -198,14 +233,148 @@ impl<B: Backend> Learned for Model<B> {
     }
 }
 
-/// A minibatch laid out for the cells' engine.
-struct Layout<'a> {
-    graphs: Vec<&'a InputGraph>,
+/// A minibatch laid out for the cells' engines.
+pub(crate) struct Layout<'a> {
+    pub(crate) graphs: Vec<&'a InputGraph>,
     /// Per vertex (merged order): its word, and its parent's word (padding at a root).
-    words: Vec<u32>,
-    parent_words: Vec<u32>,
+    pub(crate) words: Vec<u32>,
+    pub(crate) parent_words: Vec<u32>,
     /// Per example, per graph: the merged index of the vertex read out.
-    roots: Vec<usize>,
+    pub(crate) roots: Vec<usize>,
+}
+
+/// The prefix of the tensor names of layer `k`'s parameters: `cell` for the bottom one, `cell1`,
+/// `cell2`, … above it.
+pub(crate) fn layer_prefix(k: usize) -> String {
+    if k == 0 {
+        "cell".to_string()
+    } else {
+        format!("cell{k}")
+    }
+}
+
+/// The width of `f`'s first pushed output.
+pub(crate) fn width_out(f: &VertexFn) -> usize {
+    f.outputs().first().map_or(0, |o| o.shape.numel())
+}
+
+/// Checks that `head` reads one or more rows as wide as `top` pushes, then a target.
+fn check_head(top: &VertexFn, head: &VertexFn) -> Result<()> {
+    let width = width_out(top);
+    let reads = head.inputs();
+    let readouts = reads.len().saturating_sub(1);
+    if readouts == 0 || reads[..readouts].iter().any(|p| p.shape.numel() != width) {
+        return Err(Error::input(
+            format!("model over `{}` with head `{}`: head inputs", top.name(), head.name()),
+            format!("one or more rows {width} wide (the top vertex function's first output), then the target"),
+            format!("{:?}", reads.iter().map(|p| p.shape.numel()).collect::<Vec<_>>()),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `above` can be stacked on `below`: one input as wide as `below`'s first output.
+fn check_above(below: &VertexFn, above: &VertexFn) -> Result<()> {
+    let width = width_out(below);
+    if above.inputs().len() != 1 || above.inputs()[0].shape.numel() != width {
+        return Err(Error::input(
+            format!("vertex function `{}` stacked on `{}`", above.name(), below.name()),
+            format!("one input {width} wide (the first output below)"),
+            format!("inputs {:?}", above.inputs().iter().map(|p| p.shape.numel()).collect::<Vec<_>>()),
+        ));
+    }
+    Ok(())
+}
+
+/// One engine's pass: training (scheduled ahead if `planned` is given) or inference, returning
+/// only `rows`' outputs if given.
+fn run_pass<B: Backend>(
+    engine: &mut Engine<B>,
+    graphs: &[&InputGraph],
+    pulls: &[Pull<'_>],
+    rows: Option<&[usize]>,
+    train: bool,
+    planned: Option<Planned<'_>>,
+) -> Result<Vec<Vec<f32>>> {
+    match (train, planned, rows) {
+        (true, Some(p), rows) => engine.forward_planned(p, pulls, rows),
+        (true, None, Some(rows)) => engine.forward_rows(graphs, pulls, rows),
+        (true, None, None) => engine.forward(graphs, pulls),
+        (false, _, Some(rows)) => engine.infer_rows(graphs, pulls, rows),
+        (false, _, None) => engine.infer(graphs, pulls),
+    }
+}
+
+/// What the head reads of a minibatch: `top` holds the top layer's rows of every vertex (or only
+/// of the roots when `at_roots` says the engine returned just those); gives the rows read (one
+/// per graph, or one per vertex) and, for a pooling readout, the pooling.
+pub(crate) fn read_rows(
+    top: Vec<f32>,
+    l: &Layout<'_>,
+    readout: Readout,
+    width: usize,
+    at_roots: bool,
+) -> (Vec<f32>, Option<Pooled>) {
+    match readout {
+        Readout::Vertices => (top, None),
+        Readout::Root if at_roots => (top, None),
+        Readout::Root => (l.roots.iter().flat_map(|&r| &top[r * width..][..width]).copied().collect(), None),
+        _ => {
+            let mut start = 0;
+            let groups = l
+                .graphs
+                .iter()
+                .map(|g| {
+                    start += g.len();
+                    start - g.len()..start
+                })
+                .collect();
+            let mut p = Pooled::forward(&top, width, groups, readout);
+            (std::mem::take(&mut p.rows), Some(p))
+        }
+    }
+}
+
+/// The head's inputs: per graph slot (of `k` per example), the rows `read` of every example in
+/// order, then the examples' targets.
+pub(crate) fn head_inputs(read: &[f32], k: usize, width: usize, targets: Vec<f32>) -> Vec<Vec<f32>> {
+    let mut inputs: Vec<Vec<f32>> =
+        (0..k).map(|slot| read.chunks(width.max(1)).skip(slot).step_by(k).flatten().copied().collect()).collect();
+    inputs.push(targets);
+    inputs
+}
+
+/// The gradient of the rows read (as [`read_rows`] gave them) from the head's input gradients
+/// `slots` (the first `k`).
+pub(crate) fn read_grad(slots: &[Vec<f32>], k: usize, width: usize, rows: usize) -> Vec<f32> {
+    let mut dh = vec![0.0; rows * width];
+    for (slot, g) in slots.iter().take(k).enumerate() {
+        for (e, row) in g.chunks(width.max(1)).enumerate() {
+            dh[(e * k + slot) * width..][..width].copy_from_slice(row);
+        }
+    }
+    dh
+}
+
+/// The gradient of the top layer's rows of every vertex from the gradient `dh` of the rows read.
+pub(crate) fn unread(
+    dh: Vec<f32>,
+    l: &Layout<'_>,
+    readout: Readout,
+    width: usize,
+    pooled: Option<&Pooled>,
+) -> Vec<f32> {
+    match (readout, pooled) {
+        (_, Some(p)) => p.backward(&dh, l.words.len()),
+        (Readout::Root, None) => {
+            let mut all = vec![0.0; l.words.len() * width];
+            for (&r, row) in l.roots.iter().zip(dh.chunks(width.max(1))) {
+                all[r * width..][..width].copy_from_slice(row);
+            }
+            all
+        }
+        _ => dh,
+    }
 }
 
 impl<B: Backend> Model<B> {
@@ -213,7 +382,21 @@ impl<B: Backend> Model<B> {
     /// vector), that [`Feed::ParentWords`] has a padding row, and that the head reads rows as
     /// wide as the cell pushes, then a target.
     pub fn new(embedding: Embedding, cells: Engine<B>, feeds: Vec<Feed>, head: Head<B>) -> Result<Model<B>> {
-        let f = cells.function();
+        Model::assemble(embedding, vec![cells], feeds, head, Readout::Root)
+    }
+
+    /// A model of stacked `cells` (bottom first); checks what [`Model::new`] and
+    /// [`Model::stack`] check.
+    pub(crate) fn assemble(
+        embedding: Embedding,
+        cells: Vec<Engine<B>>,
+        feeds: Vec<Feed>,
+        head: Head<B>,
+        readout: Readout,
+    ) -> Result<Model<B>> {
+        let Some(f) = cells.first().map(Engine::function) else {
+            return Err(Error::input("model", "at least one vertex function", "none"));
+        };
         let what = |w: &str| format!("model over `{}` with head `{}`: {w}", f.name(), head.function().name());
         if feeds.len() != f.inputs().len() || f.inputs().iter().any(|p| p.shape.numel() != embedding.dim()) {
             return Err(Error::input(
@@ -229,17 +412,11 @@ impl<B: Backend> Model<B> {
         if feeds.contains(&Feed::ParentWords) && embedding.padding().is_none() {
             return Err(Error::input(what("parent words"), "word vectors with a padding row (for roots)", "none"));
         }
-        let width = f.outputs().first().map_or(0, |o| o.shape.numel());
-        let reads = head.function().inputs();
-        let readouts = reads.len().saturating_sub(1);
-        if readouts == 0 || reads[..readouts].iter().any(|p| p.shape.numel() != width) {
-            return Err(Error::input(
-                what("head inputs"),
-                format!("one or more rows {width} wide (the cell's first output), then the target"),
-                format!("{:?}", reads.iter().map(|p| p.shape.numel()).collect::<Vec<_>>()),
-            ));
+        for pair in cells.windows(2) {
+            check_above(pair[0].function(), pair[1].function())?;
         }
-        Ok(Model { embedding, cells, feeds, head, readout: Readout::Root })
+        check_head(cells[cells.len() - 1].function(), head.function())?;
+        Ok(Model { embedding, cells, feeds, head, readout })
     }
 
     /// A model of `cell` and `head` with fresh parameters drawn from `rng`, each on a replica of
@@ -255,6 +432,29 @@ impl<B: Backend> Model<B> {
         let (cp, hp) = (cell.init_params(rng), head.init_params(rng));
         let cells = Engine::new(backend.replica()?, cell, &cp)?;
         Model::new(embedding, cells, feeds, Head::new(backend.replica()?, head, &hp)?)
+    }
+
+    /// The model with `f` stacked on its vertex functions, with fresh parameters drawn from
+    /// `rng`, on a replica of the top one's backend: `f` pulls, at every vertex, the first output
+    /// the layer below pushed there (its one input must be that wide), and the head reads `f`'s
+    /// first output from now on. A stacked model can be cut into pipeline stages
+    /// ([`Part::split`](crate::dist::pipeline::Part::split)).
+    pub fn stack(mut self, f: VertexFn, rng: &mut Rng) -> Result<Model<B>> {
+        let top = self.top();
+        check_above(top.function(), &f)?;
+        check_head(&f, self.head.function())?;
+        let params = f.init_params(rng);
+        let mut engine = Engine::new(top.backend().replica()?, f, &params)?;
+        // Each layer draws its own dropout masks.
+        let key = top.dropout_key();
+        engine.set_dropout_key(DropoutKey { seed: key.seed.wrapping_add(1), ..key });
+        self.cells.push(engine);
+        Ok(self)
+    }
+
+    /// The top vertex function's engine (whose first output the head reads).
+    fn top(&self) -> &Engine<B> {
+        &self.cells[self.cells.len() - 1]
     }
 
     /// The model reading each graph out with `readout` (its root's row, a pooling over its
@@ -275,6 +475,15 @@ impl<B: Backend> Model<B> {
         self.head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())
     }
 
+    /// The head's pushed outputs over all of `data`, by name (inference, in chunks).
+    pub fn infer_all<E: AsExample>(&mut self, data: &[E]) -> Result<Outputs> {
+        let mut out = Outputs::of(self.head.function());
+        for chunk in data.chunks(256) {
+            out.extend(self.infer(&chunk.iter().map(E::example).collect::<Vec<_>>())?);
+        }
+        Ok(out)
+    }
+
     /// Runs the cells over `batch` (keeping what a backward pass needs unless `pass` is
     /// inference); returns the layout, the head's inputs (per graph slot, the read-out rows of
     /// every example, then the targets) and, for a pooling readout, the pooling.
@@ -286,42 +495,28 @@ impl<B: Backend> Model<B> {
         let layout = self.layout(batch)?;
         let pulls = pulls(&self.embedding, &self.feeds, &layout);
         let rows = (self.readout == Readout::Root).then_some(layout.roots.as_slice());
-        let per_vertex = self.readout == Readout::Vertices;
-        let all = match (pass, rows) {
-            (Pass::Train(Some(planned)), rows) => self.cells.forward_planned(planned, &pulls, rows)?,
-            (Pass::Train(None), Some(rows)) => self.cells.forward_rows(&layout.graphs, &pulls, rows)?,
-            (Pass::Train(None), None) => self.cells.forward(&layout.graphs, &pulls)?,
-            (Pass::Infer, Some(rows)) => self.cells.infer_rows(&layout.graphs, &pulls, rows)?,
-            (Pass::Infer, None) => self.cells.infer(&layout.graphs, &pulls)?,
+        let (train, mut planned) = match pass {
+            Pass::Train(planned) => (true, planned),
+            Pass::Infer => (false, None),
         };
-        let (h, pooled) = if rows.is_some() || per_vertex {
-            (all.into_iter().next().unwrap_or_default(), None)
-        } else {
-            let width = self.cells.function().outputs().first().map_or(0, |o| o.shape.numel());
-            let mut start = 0;
-            let groups = layout
-                .graphs
-                .iter()
-                .map(|g| {
-                    start += g.len();
-                    start - g.len()..start
-                })
-                .collect();
-            let mut p = Pooled::forward(all.first().map_or(&[][..], Vec::as_slice), width, groups, self.readout);
-            (std::mem::take(&mut p.rows), Some(p))
-        };
-        let k = self.graphs_per_example();
-        let read = if per_vertex { layout.words.len() } else { layout.roots.len() };
-        let width = h.len() / read.max(1);
-        let mut inputs: Vec<Vec<f32>> =
-            (0..k).map(|slot| h.chunks(width).skip(slot).step_by(k).flatten().copied().collect()).collect();
-        inputs.push(batch.iter().flat_map(|e| e.target.iter().copied()).collect());
-        Ok((layout, inputs, pooled))
+        let top = self.cells.len() - 1;
+        let mut below = Vec::new();
+        for (k, engine) in self.cells.iter_mut().enumerate() {
+            let input = [Pull::Rows(&below)];
+            let pulls = if k == 0 { pulls.as_slice() } else { &input };
+            let mut out = run_pass(engine, &layout.graphs, pulls, rows.filter(|_| k == top), train, planned.take())?;
+            below = if out.is_empty() { Vec::new() } else { out.swap_remove(0) };
+        }
+        let width = width_out(self.top().function());
+        let (read, pooled) = read_rows(below, &layout, self.readout, width, rows.is_some());
+        let targets = batch.iter().flat_map(|e| e.target.iter().copied()).collect();
+        Ok((layout, head_inputs(&read, self.graphs_per_example(), width, targets), pooled))
     }
 
     /// One training step on `batch`: the mean loss's gradients of every parameter and word
-    /// vector, clipped to norm `clip` if given, applied by `opt` under the names `cell.<name>`,
-    /// `head.<name>` and `embedding`. Returns the head's outputs (the losses among them).
+    /// vector, clipped to norm `clip` if given, applied by `opt` under the names `cell.<name>`
+    /// (`cell1.<name>`, … for layers stacked above), `head.<name>` and `embedding`. Returns the
+    /// head's outputs (the losses among them).
     pub fn step(&mut self, batch: &[Example<'_>], opt: &mut Optimizer, clip: Option<f32>) -> Result<Vec<Vec<f32>>> {
         let mut grads = self.gradients(batch, batch.len(), None)?;
         self.apply(&mut grads, opt, clip)?;
@@ -341,70 +536,94 @@ impl<B: Backend> Model<B> {
         let (layout, inputs, pooled) = self.read_out(batch, Pass::Train(planned))?;
         let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         let hg = self.head.backward(1.0 / denom.max(1) as f32)?;
-        let cg = if self.readout == Readout::Vertices {
+        let (k, width) = (self.graphs_per_example(), width_out(self.top().function()));
+        let top = self.cells.len() - 1;
+        let mut g = match self.readout {
             // One graph per example, every vertex's row read in order: the head's input
             // gradient is the cells' output gradient as it is.
-            self.cells.backward(&[&hg.pulls[0]])?
-        } else {
-            let k = self.graphs_per_example();
-            let width = inputs[0].len() / batch.len().max(1);
-            let mut dh = vec![0.0; layout.roots.len() * width];
-            for (slot, g) in hg.pulls.iter().take(k).enumerate() {
-                for (e, row) in g.chunks(width).enumerate() {
-                    dh[(e * k + slot) * width..][..width].copy_from_slice(row);
+            Readout::Vertices => self.cells[top].backward(&[&hg.pulls[0]])?,
+            readout => {
+                let dh = read_grad(&hg.pulls, k, width, layout.roots.len());
+                match readout {
+                    Readout::Root => self.cells[top].backward_rows(&layout.roots, &[&dh])?,
+                    _ => {
+                        let all = unread(dh, &layout, readout, width, pooled.as_ref());
+                        self.cells[top].backward(&[&all])?
+                    }
                 }
             }
-            match pooled {
-                Some(p) => self.cells.backward(&[&p.backward(&dh, layout.words.len())])?,
-                None => self.cells.backward_rows(&layout.roots, &[&dh])?,
-            }
         };
-        let tables: Vec<SparseGrad> = cg.tables.into_iter().flatten().collect();
+        let mut cells = vec![Vec::new(); self.cells.len()];
+        for k in (0..top).rev() {
+            cells[k + 1] = std::mem::take(&mut g.params);
+            let below = g.pulls.swap_remove(0);
+            g = self.cells[k].backward(&[&below])?;
+        }
+        cells[0] = g.params;
+        let tables: Vec<SparseGrad> = g.tables.into_iter().flatten().collect();
         let words = merge(&tables, self.embedding.dim());
-        Ok(ModelGrads { outputs, cell: cg.params, head: hg.params, words })
+        Ok(ModelGrads { outputs, cells, head: hg.params, words })
+    }
+
+    /// The name prefix, function and gradients of every part: each layer, then the head.
+    fn parts<'g>(&self, grads: &'g ModelGrads) -> Vec<(String, &VertexFn, &'g Vec<Vec<f32>>)> {
+        let layers = self.cells.iter().zip(&grads.cells).enumerate();
+        let mut parts: Vec<_> = layers.map(|(k, (e, g))| (layer_prefix(k), e.function(), g)).collect();
+        parts.push(("head".to_string(), self.head.function(), &grads.head));
+        parts
     }
 
     /// Clips the joint norm of `grads` to `clip` if given and applies them with `opt` (see
     /// [`Model::step`]); the next step draws new dropout masks.
     pub fn apply(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<()> {
         // A step that is not finite ends training (steps counted from 1).
-        let step = self.cells.dropout_key().step + 1;
-        let parts = [("cell", self.cells.function(), &grads.cell), ("head", self.head.function(), &grads.head)];
-        check_gradients(step, &parts, &grads.words.values)?;
+        let step = self.cells[0].dropout_key().step + 1;
+        let parts = self.parts(grads);
+        let named: Vec<(&str, &VertexFn, &Vec<Vec<f32>>)> =
+            parts.iter().map(|(n, f, g)| (n.as_str(), *f, *g)).collect();
+        check_gradients(step, &named, &grads.words.values)?;
+        let names: Vec<Vec<String>> = parts.iter().map(|(n, f, _)| names(n, f)).collect();
         if let Some(max) = clip {
-            clip_all(&mut [&mut grads.cell, &mut grads.head], &mut grads.words.values, max);
+            let mut dense: Vec<&mut Vec<Vec<f32>>> = grads.cells.iter_mut().collect();
+            dense.push(&mut grads.head);
+            clip_all(&mut dense, &mut grads.words.values, max);
         }
-        let (cell_names, head_names) = (names("cell", self.cells.function()), names("head", self.head.function()));
         opt.begin_step();
-        self.cells.update_params(|ps| {
-            ps.into_iter().zip(&grads.cell).zip(&cell_names).for_each(|((p, g), n)| opt.dense(n, p, g));
-        })?;
-        self.head.engine().update_params(|ps| {
-            ps.into_iter().zip(&grads.head).zip(&head_names).for_each(|((p, g), n)| opt.dense(n, p, g));
-        })?;
+        let engines = self.cells.iter_mut().chain(std::iter::once(self.head.engine()));
+        for ((engine, g), names) in engines.zip(grads.cells.iter().chain(std::iter::once(&grads.head))).zip(&names) {
+            engine.update_params(|ps| {
+                ps.into_iter().zip(g).zip(names).for_each(|((p, g), n)| opt.dense(n, p, g));
+            })?;
+        }
         let dim = self.embedding.dim();
         opt.sparse("embedding", self.embedding.table_mut(), dim, &grads.words);
         // The next step draws new dropout masks.
-        for engine in [&mut self.cells, self.head.engine()] {
+        for engine in self.cells.iter_mut().chain(std::iter::once(self.head.engine())) {
             let key = engine.dropout_key();
-            engine.set_dropout_key(crate::DropoutKey { step: key.step + 1, ..key });
+            engine.set_dropout_key(DropoutKey { step: key.step + 1, ..key });
         }
         Ok(())
     }
 
-    /// The scheduler of the cells' engine (for [`Model::gradients`] with a minibatch planned
-    /// ahead).
+    /// The scheduler of the bottom cells' engine (for [`Model::gradients`] with a minibatch
+    /// planned ahead).
     pub fn planner(&self) -> Planner {
-        self.cells.planner()
+        self.cells[0].planner()
     }
 
     /// A copy with the same functions, sizes and learned values, each engine on a replica of its
     /// backend (for another worker).
     pub fn replica(&self) -> Result<Model<B>> {
-        let mut cells =
-            Engine::new(self.cells.backend().replica()?, self.cells.function().clone(), &self.cells.params()?)?;
-        cells.set_dropout_key(self.cells.dropout_key());
-        let head = self.head.replica_on(self.cells.backend().replica()?)?;
+        let cells = self
+            .cells
+            .iter()
+            .map(|e| {
+                let mut copy = Engine::new(e.backend().replica()?, e.function().clone(), &e.params()?)?;
+                copy.set_dropout_key(e.dropout_key());
+                Ok(copy)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let head = self.head.replica_on(self.cells[0].backend().replica()?)?;
         Ok(Model { embedding: self.embedding.clone(), cells, feeds: self.feeds.clone(), head, readout: self.readout })
     }
 
@@ -426,7 +645,9 @@ impl<B: Backend> Model<B> {
     ) -> Result<StepStats> {
         let share = Model::<B>::share(batch, coll.rank(), coll.size());
         let k = self.graphs_per_example();
-        self.cells.set_dropout_key(DropoutKey { step, first: share.start * k, ..self.cells.dropout_key() });
+        for engine in &mut self.cells {
+            engine.set_dropout_key(DropoutKey { step, first: share.start * k, ..engine.dropout_key() });
+        }
         // The head's examples are the examples, or with a per-vertex readout their vertices.
         let first = match self.readout {
             Readout::Vertices => batch[..share.start].iter().flat_map(|e| &e.trees).map(|t| t.graph.len()).sum(),
@@ -439,7 +660,7 @@ impl<B: Backend> Model<B> {
             let zeros = |f: &VertexFn| f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
             ModelGrads {
                 outputs: Vec::new(),
-                cell: zeros(self.cells.function()),
+                cells: self.cells.iter().map(|e| zeros(e.function())).collect(),
                 head: zeros(self.head.function()),
                 words: SparseGrad::default(),
             }
@@ -452,13 +673,15 @@ impl<B: Backend> Model<B> {
         if coll.size() > 1 {
             let mut numbers = vec![stats.loss, stats.count as f32, stats.vertices as f32];
             coll.start_all_reduce(&numbers)?;
-            let cells = grads.cell.len();
-            let dense = std::mem::take(&mut grads.cell).into_iter().chain(std::mem::take(&mut grads.head)).collect();
+            let counts: Vec<usize> = grads.cells.iter().map(Vec::len).collect();
+            let dense =
+                std::mem::take(&mut grads.cells).into_iter().flatten().chain(std::mem::take(&mut grads.head)).collect();
             let pending = Pending::start(coll, dense, std::mem::take(&mut grads.words))?;
             coll.finish_all_reduce(&mut numbers)?;
-            let (mut dense, words) = pending.finish(coll, self.embedding.vocab(), self.embedding.dim())?;
-            grads.head = dense.split_off(cells);
-            (grads.cell, grads.words) = (dense, words);
+            let (dense, words) = pending.finish(coll, self.embedding.vocab(), self.embedding.dim())?;
+            let mut dense = dense.into_iter();
+            grads.cells = counts.iter().map(|&n| dense.by_ref().take(n).collect()).collect();
+            (grads.head, grads.words) = (dense.collect(), words);
             stats =
                 StepStats { loss: numbers[0], count: numbers[1] as usize, vertices: numbers[2] as usize, correct: 0 };
         }
@@ -473,24 +696,29 @@ impl<B: Backend> Model<B> {
         shard(&weights, size).get(rank).cloned().unwrap_or_default()
     }
 
-    /// Every learned tensor under its name (`embedding`, `cell.<name>`, `head.<name>`), for a
-    /// checkpoint.
+    /// Every learned tensor under its name (`embedding`, `cell.<name>`, `cell1.<name>`, …,
+    /// `head.<name>`), for a checkpoint.
     pub fn tensors(&self) -> Result<Vec<Named>> {
         let mut out = vec![(
             "embedding".to_string(),
             vec![self.embedding.vocab(), self.embedding.dim()],
             self.embedding.table().to_vec(),
         )];
-        let parts = [
-            ("cell", self.cells.function(), self.cells.params()?),
-            ("head", self.head.function(), self.head.params()?),
-        ];
-        for (of, f, values) in parts {
+        let mut values: Vec<Vec<Vec<f32>>> = self.cells.iter().map(Engine::params).collect::<Result<_>>()?;
+        values.push(self.head.params()?);
+        for ((of, f), values) in self.functions().into_iter().zip(values) {
             for (decl, values) in f.params().iter().zip(values) {
-                out.push((tensor_name(of, &decl.name), decl.shape.dims().to_vec(), values));
+                out.push((tensor_name(&of, &decl.name), decl.shape.dims().to_vec(), values));
             }
         }
         Ok(out)
+    }
+
+    /// Every function with parameters under its name prefix: each layer's, then the head's.
+    fn functions(&self) -> Vec<(String, &VertexFn)> {
+        let mut all: Vec<_> = self.cells.iter().enumerate().map(|(k, e)| (layer_prefix(k), e.function())).collect();
+        all.push(("head".to_string(), self.head.function()));
+        all
     }
 
     /// Takes every learned tensor from `ck` (as [`Model::tensors`] names them); an error names
@@ -498,67 +726,81 @@ impl<B: Backend> Model<B> {
     pub fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
         let table = ck.sized("embedding", self.embedding.table().len())?;
         let mut params = Vec::new();
-        for (of, f) in [("cell", self.cells.function()), ("head", self.head.function())] {
+        for (of, f) in self.functions() {
             params.push(
                 f.params()
                     .iter()
-                    .map(|d| ck.sized(&tensor_name(of, &d.name), d.shape.numel()))
+                    .map(|d| ck.sized(&tensor_name(&of, &d.name), d.shape.numel()))
                     .collect::<Result<Vec<_>>>()?,
             );
         }
-        self.cells.set_params(&params[0])?;
-        self.head.engine().set_params(&params[1])?;
+        let head = params.pop().unwrap_or_default();
+        for (engine, p) in self.cells.iter_mut().zip(&params) {
+            engine.set_params(p)?;
+        }
+        self.head.engine().set_params(&head)?;
         self.embedding.table_mut().copy_from_slice(&table);
         Ok(())
     }
 
     /// Checks `batch` and lays it out for the cells.
     fn layout<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
-        let k = self.graphs_per_example();
-        if self.readout == Readout::Vertices && k != 1 {
-            return Err(Error::input(
-                format!("model over `{}` reading every vertex", self.cells.function().name()),
-                "a head reading one graph per example",
-                format!("a head reading {k}"),
-            ));
-        }
-        let pad = self.embedding.padding().unwrap_or(0);
-        let mut l = Layout { graphs: Vec::new(), words: Vec::new(), parent_words: Vec::new(), roots: Vec::new() };
-        for (e, example) in batch.iter().enumerate() {
-            if example.trees.len() != k {
-                return Err(Error::input(
-                    format!("example {e} of the minibatch"),
-                    format!("{k} graphs"),
-                    example.trees.len().to_string(),
-                ));
-            }
-            for (t, tree) in example.trees.iter().enumerate() {
-                let n = tree.graph.len();
-                if tree.words.len() != n || tree.root >= n {
-                    return Err(Error::input(
-                        format!("graph {t} of example {e} of the minibatch"),
-                        format!("{n} words and a root below {n}"),
-                        format!("{} words, root {}", tree.words.len(), tree.root),
-                    ));
-                }
-                let start = l.words.len();
-                l.roots.push(start + tree.root);
-                l.words.extend_from_slice(tree.words);
-                l.parent_words.resize(start + n, pad);
-                for v in 0..n {
-                    for &c in tree.graph.children(v).iter().filter(|&&c| c != arbor_core::graph::NO_CHILD) {
-                        l.parent_words[start + c as usize] = tree.words[v];
-                    }
-                }
-                l.graphs.push(tree.graph);
-            }
-        }
-        Ok(l)
+        layout(batch, self.graphs_per_example(), self.readout, self.embedding.padding(), self.cells[0].function())
     }
 }
 
+/// Checks `batch` (`k` graphs per example; one with [`Readout::Vertices`]) and lays it out for
+/// the cells (`f` the bottom one, for errors), `padding` the parent word of a root.
+pub(crate) fn layout<'a>(
+    batch: &[Example<'a>],
+    k: usize,
+    readout: Readout,
+    padding: Option<u32>,
+    f: &VertexFn,
+) -> Result<Layout<'a>> {
+    if readout == Readout::Vertices && k != 1 {
+        return Err(Error::input(
+            format!("model over `{}` reading every vertex", f.name()),
+            "a head reading one graph per example",
+            format!("a head reading {k}"),
+        ));
+    }
+    let pad = padding.unwrap_or(0);
+    let mut l = Layout { graphs: Vec::new(), words: Vec::new(), parent_words: Vec::new(), roots: Vec::new() };
+    for (e, example) in batch.iter().enumerate() {
+        if example.trees.len() != k {
+            return Err(Error::input(
+                format!("example {e} of the minibatch"),
+                format!("{k} graphs"),
+                example.trees.len().to_string(),
+            ));
+        }
+        for (t, tree) in example.trees.iter().enumerate() {
+            let n = tree.graph.len();
+            if tree.words.len() != n || tree.root >= n {
+                return Err(Error::input(
+                    format!("graph {t} of example {e} of the minibatch"),
+                    format!("{n} words and a root below {n}"),
+                    format!("{} words, root {}", tree.words.len(), tree.root),
+                ));
+            }
+            let start = l.words.len();
+            l.roots.push(start + tree.root);
+            l.words.extend_from_slice(tree.words);
+            l.parent_words.resize(start + n, pad);
+            for v in 0..n {
+                for &c in tree.graph.children(v).iter().filter(|&&c| c != arbor_core::graph::NO_CHILD) {
+                    l.parent_words[start + c as usize] = tree.words[v];
+                }
+            }
+            l.graphs.push(tree.graph);
+        }
+    }
+    Ok(l)
+}
+
 /// The cells' inputs over `l`, as `feeds` say.
-fn pulls<'a>(embedding: &'a Embedding, feeds: &[Feed], l: &'a Layout<'_>) -> Vec<Pull<'a>> {
+pub(crate) fn pulls<'a>(embedding: &'a Embedding, feeds: &[Feed], l: &'a Layout<'_>) -> Vec<Pull<'a>> {
     feeds
         .iter()
         .map(|feed| match feed {

@@ -473,7 +473,7 @@ impl<B: Backend> Classifier<B> {
 }
 
 /// The prefix of the output layer's tensors in checkpoints and optimizer state.
-pub(crate) const CLASSIFIER: &str = "classifier";
+const CLASSIFIER: &str = "classifier";
 
 /// A tensor's name in checkpoints and optimizer state: `cell.W`, `classifier.bias`, ….
 pub(crate) fn tensor_name(of: &str, param: &str) -> String {

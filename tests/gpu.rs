@@ -206,41 +206,49 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_pipeline_on_the_gpu_follows_the_cpu_pipeline() {
-    use arbor::data::{synthetic, TreeExample, PAD};
-    use arbor::dist::pipeline::{PipeSettings, Stack, Stage};
+    use arbor::data::labelled::Labelled;
+    use arbor::data::{synthetic, PAD};
+    use arbor::dist::pipeline::{Part, PipeSettings, Stage};
     use arbor::dist::schedule::Kind;
-    use arbor::layers::LossOn;
-    use arbor::nn::Model;
+    use arbor::head::softmax_classifier;
+    use arbor::layers::{Embedding, LossOn};
+    use arbor::model::{Feed, Model};
     use arbor::optim::{Config, Optimizer, Rule};
-    let stack = || {
-        let vocab = synthetic::vocab().len();
-        Stack::new(Model::TreeLstm, 2, 8, 10, vocab, Some(PAD), synthetic::CLASSES, &mut Rng::new(11)).unwrap()
+    use arbor::readout::Readout;
+    // A two-layer stacked Tree-LSTM with a classifier at every vertex, cut into two stages.
+    let parts = || {
+        let mut rng = Rng::new(11);
+        let words = Embedding::new(synthetic::vocab().len(), 8, 0.1, &mut rng).with_padding(PAD);
+        let head = softmax_classifier(10, synthetic::CLASSES).unwrap();
+        let model =
+            Model::init(&CpuBackend::new(), words, nn::tree_lstm(8, 10).unwrap(), vec![Feed::Words], head, &mut rng)
+                .unwrap()
+                .with_readout(Readout::Vertices)
+                .stack(nn::tree_lstm(10, 10).unwrap(), &mut rng)
+                .unwrap();
+        Part::split(&model, 2).unwrap()
     };
-    let layers = |parts: &[Stack]| -> Vec<f32> {
+    let layers = |parts: &[Part]| -> Vec<f32> {
         parts.iter().flat_map(|s| s.layers.iter().flat_map(|l| l.params.concat())).collect()
     };
     let data = synthetic::generate(120, 10, 5);
-    let batches: Vec<Vec<&TreeExample>> = data.chunks(30).map(|c| c.iter().collect()).collect();
+    let data = Labelled::all(&data, LossOn::All, synthetic::CLASSES);
+    let batches: Vec<Vec<&Labelled>> = data.chunks(30).map(|c| c.iter().collect()).collect();
     let plan = PipeSettings {
         kind: Kind::OneFOneBFlush,
         micro_batches: 3,
         epochs: 1,
         batch: 30,
-        loss_on: LossOn::All,
         clip: Some(5.0),
         max_steps: None,
     };
-    fn pipelined<B: Backend>(backend: B, stack: Stack, batches: &[Vec<&TreeExample>], plan: &PipeSettings) -> Vec<Stack>
+    fn pipelined<B: Backend>(backend: B, parts: Vec<Part>, batches: &[Vec<&Labelled>], plan: &PipeSettings) -> Vec<Part>
     where
         Stage<B>: Send,
     {
         let opt = || Optimizer::new(Config::new(Rule::Adam, 0.01));
-        let parts: Vec<Stage<B>> = stack
-            .split(2)
-            .unwrap()
-            .into_iter()
-            .map(|p| Stage::on(backend.replica().unwrap(), p, opt(), Rng::new(0)))
-            .collect();
+        let parts: Vec<Stage<B>> =
+            parts.into_iter().map(|p| Stage::on(backend.replica().unwrap(), p, opt(), Rng::new(0))).collect();
         let timeout = std::time::Duration::from_secs(120);
         arbor::trainer::on_threads(parts, timeout, 1, &mut |_| {}, |mut stage, coll, _| {
             stage.train(batches, plan, coll, &mut |_, _| {})?;
@@ -248,9 +256,9 @@ fn a_pipeline_on_the_gpu_follows_the_cpu_pipeline() {
         })
         .unwrap()
     }
-    let on_gpu = layers(&pipelined(CudaBackend::new(0).unwrap(), stack(), &batches, &plan));
-    let on_cpu = layers(&pipelined(CpuBackend::new(), stack(), &batches, &plan));
-    assert_ne!(on_cpu, layers(&[stack()]), "training changed nothing");
+    let on_gpu = layers(&pipelined(CudaBackend::new(0).unwrap(), parts(), &batches, &plan));
+    let on_cpu = layers(&pipelined(CpuBackend::new(), parts(), &batches, &plan));
+    assert_ne!(on_cpu, layers(&parts()), "training changed nothing");
     let d: f64 = on_gpu.iter().zip(&on_cpu).map(|(g, c)| f64::from(g - c).powi(2)).sum();
     let n: f64 = on_cpu.iter().map(|c| f64::from(*c).powi(2)).sum();
     assert!((d / n).sqrt() <= 1e-3, "GPU pipeline differs from the CPU's by {}", (d / n).sqrt());

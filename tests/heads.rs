@@ -246,11 +246,12 @@ fn a_pair_model_gradient_matches_finite_differences() {
     });
 }
 
-/// A whole model, through [`Model`]: word vectors, a Tree-LSTM over each example's tree, a
-/// pooling readout (sum, mean, max), the root, or every vertex with a target of its own (or
-/// none), and a head with a hidden layer and dropout, trained by one SGD step of rate 1 — so each parameter moves by minus its gradient. Those
-/// gradients match central differences of the mean loss (the dropout masks held fixed: same
-/// key, training mode).
+/// A whole model, through [`Model`]: word vectors, a Tree-LSTM over each example's tree (with a
+/// second Tree-LSTM stacked on it, dropout on its rows, for the sum, mean and per-vertex
+/// readouts), a pooling readout (sum, mean, max), the root, or every vertex with a target of its
+/// own (or none), and a head with a hidden layer and dropout, trained by one SGD step of rate 1 —
+/// so each parameter moves by minus its gradient. Those gradients match central differences of
+/// the mean loss (the dropout masks held fixed: same key, training mode).
 #[test]
 fn a_pooled_model_gradient_matches_finite_differences() {
     use arbor::layers::Embedding;
@@ -298,6 +299,11 @@ fn a_pooled_model_gradient_matches_finite_differences() {
         let mut model = Model::init(&CpuBackend::new(), table, cell, vec![Feed::Words], head(), &mut rng)
             .unwrap()
             .with_readout(readout);
+        if matches!(readout, Readout::Sum | Readout::Mean | Readout::Vertices) {
+            // A second layer with dropout on what it pulls and pushes, stacked on the first.
+            let above = nn::Model::TreeLstm.cell_with_dropout(hidden, hidden, 0.2).unwrap();
+            model = model.stack(above, &mut rng).unwrap();
+        }
         // The gradients, against central differences of the mean loss (dropout masks fixed).
         let report = check_model_gradients(&mut model, batch, &GradCheck { max_entries: 24, ..GradCheck::default() })
             .unwrap_or_else(|e| panic!("{readout:?}: {e}"));
@@ -311,7 +317,7 @@ fn a_pooled_model_gradient_matches_finite_differences() {
         for (&row, g) in grads.words.rows.iter().zip(grads.words.values.chunks(embed)) {
             want[0][row as usize * embed..][..embed].copy_from_slice(g);
         }
-        want.extend(grads.cell.iter().chain(&grads.head).cloned());
+        want.extend(grads.cells.iter().flatten().chain(&grads.head).cloned());
         for ((name, _, b), ((_, _, a), g)) in before.iter().zip(after.iter().zip(&want)) {
             for (i, ((b, a), g)) in b.iter().zip(a).zip(g).enumerate() {
                 assert!(

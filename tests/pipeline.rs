@@ -2,13 +2,17 @@
 //! gradient accumulation on one worker, and PipeDream-2BW against a single-process simulation of
 //! its delayed-update rule.
 
+use arbor::data::labelled::Labelled;
 use arbor::data::{synthetic, TreeExample, PAD};
-use arbor::dist::pipeline::{PipeSettings, Stack, Stage};
+use arbor::dist::pipeline::{Part, PipeSettings, Stage};
 use arbor::dist::schedule::{ops, simulate, Kind, Op};
 use arbor::dist::{Collective, ThreadCollective};
-use arbor::layers::LossOn;
-use arbor::nn::Model;
+use arbor::head::softmax_classifier;
+use arbor::layers::{Embedding, LossOn};
+use arbor::model::{AsExample, Feed, Model};
+use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::readout::Readout;
 use arbor::rng::Rng;
 use arbor::trainer::on_threads;
 use arbor::{Backend, CpuBackend};
@@ -61,51 +65,54 @@ fn simulation_catches_broken_schedules() {
     assert!(simulate(&stuck, 3).is_err());
 }
 
-/// A two-layer stacked Tree-LSTM over the synthetic vocabulary.
-fn stack() -> Stack {
+/// A two-layer stacked Tree-LSTM over the synthetic vocabulary with a softmax classifier at
+/// every vertex, as a model.
+fn model() -> Model<CpuBackend> {
+    let mut rng = Rng::new(11);
     let vocab = synthetic::vocab().len();
-    Stack::new(Model::TreeLstm, 2, 8, 10, vocab, Some(PAD), synthetic::CLASSES, &mut Rng::new(11))
-        .expect("the stack builds")
+    let words = Embedding::new(vocab, 8, 0.1, &mut rng).with_padding(PAD);
+    let (bottom, top) = (nn::tree_lstm(8, 10).expect("cell"), nn::tree_lstm(10, 10).expect("cell"));
+    let head = softmax_classifier(10, synthetic::CLASSES).expect("head");
+    Model::init(&CpuBackend::new(), words, bottom, vec![Feed::Words], head, &mut rng)
+        .and_then(|m| m.with_readout(Readout::Vertices).stack(top, &mut rng))
+        .expect("the model builds")
+}
+
+/// The parts of [`model`] for `stages` stages.
+fn parts(stages: usize) -> Vec<Part> {
+    Part::split(&model(), stages).expect("split")
 }
 
 /// Every learned value of a pipeline's stages, in stage order.
-fn values(stages: &[Stack]) -> Vec<f32> {
-    let mut out = Vec::new();
-    for s in stages {
-        if let Some(e) = &s.embed {
-            out.extend(e.table());
-        }
-        s.layers.iter().chain(&s.out).for_each(|l| l.params.iter().for_each(|p| out.extend(p)));
-    }
-    out
+fn values(stages: &[Part]) -> Vec<f32> {
+    stages.iter().flat_map(Part::values).collect()
 }
 
 fn plan(kind: Kind, micro_batches: usize, clip: Option<f32>) -> PipeSettings {
-    PipeSettings { kind, micro_batches, epochs: 1, batch: 30, loss_on: LossOn::All, clip, max_steps: None }
+    PipeSettings { kind, micro_batches, epochs: 1, batch: 30, clip, max_steps: None }
 }
 
 fn optimizer() -> Config {
     Config::new(Rule::Adam, 0.01)
 }
 
-/// Trains `stack` cut into `stages` stages (one thread each) on `minibatches`; returns the parts.
-fn pipelined(stages: usize, minibatches: &[Vec<&TreeExample>], plan: &PipeSettings) -> Vec<Stack> {
-    pipelined_on(CpuBackend::new(), stages, minibatches, plan)
+/// Trains `parts` (one stage per thread) on `minibatches`; returns the trained parts.
+fn pipelined<E: AsExample>(parts: Vec<Part>, minibatches: &[Vec<&E>], plan: &PipeSettings) -> Vec<Part> {
+    pipelined_on(CpuBackend::new(), parts, minibatches, plan)
 }
 
 /// [`pipelined`] with every stage's engines on replicas of `backend`.
-fn pipelined_on<B: Backend>(
+fn pipelined_on<B: Backend, E: AsExample>(
     backend: B,
-    stages: usize,
-    minibatches: &[Vec<&TreeExample>],
+    parts: Vec<Part>,
+    minibatches: &[Vec<&E>],
     plan: &PipeSettings,
-) -> Vec<Stack>
+) -> Vec<Part>
 where
     Stage<B>: Send,
 {
-    let parts: Vec<Stage<B>> = stack()
-        .split(stages)
-        .expect("split")
+    let stages = parts.len();
+    let parts: Vec<Stage<B>> = parts
         .into_iter()
         .map(|p| Stage::on(backend.replica().expect("a replica"), p, Optimizer::new(optimizer()), Rng::new(0)))
         .collect();
@@ -116,7 +123,12 @@ where
     .expect("the pipeline trains")
 }
 
-fn minibatches(data: &[TreeExample]) -> Vec<Vec<&TreeExample>> {
+/// Trees with a loss at every vertex.
+fn labelled(data: &[TreeExample]) -> Vec<Labelled<'_>> {
+    Labelled::all(data, LossOn::All, synthetic::CLASSES)
+}
+
+fn minibatches<E>(data: &[E]) -> Vec<Vec<&E>> {
     data.chunks(30).map(|c| c.iter().collect()).collect()
 }
 
@@ -132,12 +144,13 @@ fn max_relative(a: &[f32], b: &[f32]) -> f64 {
 #[test]
 fn one_f_one_b_equals_accumulation() {
     let data = synthetic::generate(120, 10, 5);
+    let data = labelled(&data);
     let batches = minibatches(&data);
     for (clip, exact) in [(None, true), (Some(0.5), false)] {
         let p = plan(Kind::OneFOneBFlush, 3, clip);
-        let two = values(&pipelined(2, &batches, &p));
-        let one = values(&pipelined_on(CpuBackend::with_threads(1), 1, &batches, &p));
-        assert_ne!(one, values(&[stack()]), "training changed nothing");
+        let two = values(&pipelined(parts(2), &batches, &p));
+        let one = values(&pipelined_on(CpuBackend::with_threads(1), parts(1), &batches, &p));
+        assert_ne!(one, values(&parts(1)), "training changed nothing");
         if exact {
             assert!(two == one, "1F1B differs from accumulation by {}", max_relative(&two, &one));
         } else {
@@ -152,13 +165,14 @@ fn one_f_one_b_equals_accumulation() {
 #[test]
 fn two_bw_equals_the_delayed_update_rule() {
     let data = synthetic::generate(150, 10, 6);
+    let data = labelled(&data);
     let batches = minibatches(&data);
     let p = plan(Kind::TwoBw, 3, None);
-    let piped = values(&pipelined(2, &batches, &p));
+    let piped = values(&pipelined(parts(2), &batches, &p));
 
     let mut coll = ThreadCollective::group(1, Duration::from_secs(10)).pop().expect("one worker");
-    let mut current = Stage::new(stack(), Optimizer::new(optimizer()), Rng::new(0));
-    let mut previous = stack();
+    let mut current = Stage::new(parts(1).remove(0), Optimizer::new(optimizer()), Rng::new(0));
+    let mut previous = parts(1).remove(0);
     for b in &batches {
         let mut stale = Stage::new(previous, Optimizer::new(optimizer()), Rng::new(0));
         let g = stale.gradients(b, &p, &mut coll).expect("gradients at W(t-1)");
@@ -167,7 +181,7 @@ fn two_bw_equals_the_delayed_update_rule() {
     }
     let simulated = values(&[current.part]);
     assert!(piped == simulated, "2BW differs from its rule by {}", max_relative(&piped, &simulated));
-    let flushed = values(&pipelined(2, &batches, &plan(Kind::OneFOneBFlush, 3, None)));
+    let flushed = values(&pipelined(parts(2), &batches, &plan(Kind::OneFOneBFlush, 3, None)));
     assert!(max_relative(&piped, &flushed) > 1e-4, "2BW should lag one version behind 1F1B");
     assert_eq!(coll.size(), 1);
 }
@@ -177,9 +191,11 @@ fn two_bw_equals_the_delayed_update_rule() {
 #[test]
 fn accumulated_micro_batches_equal_the_whole_minibatch() {
     let data = synthetic::generate(90, 10, 7);
+    let data = labelled(&data);
     let batches = minibatches(&data);
     let train = |m: usize| {
-        let mut stage = Stage::new(stack(), Optimizer::new(Config::new(Rule::Sgd { momentum: 0.9 }, 0.1)), Rng::new(0));
+        let mut stage =
+            Stage::new(parts(1).remove(0), Optimizer::new(Config::new(Rule::Sgd { momentum: 0.9 }, 0.1)), Rng::new(0));
         let mut coll = ThreadCollective::group(1, Duration::from_secs(10)).pop().expect("one worker");
         stage.train(&batches, &plan(Kind::OneFOneBFlush, m, Some(5.0)), &mut coll, &mut |_, _| {}).expect("trains");
         values(&[stage.part])
@@ -191,12 +207,92 @@ fn accumulated_micro_batches_equal_the_whole_minibatch() {
 /// Bad pipeline settings are refused with errors naming them.
 #[test]
 fn bad_pipeline_settings_are_refused() {
-    let err = stack().split(3).err().expect("3 stages of 2 layers");
+    let err = Part::split(&model(), 3).err().expect("3 stages of 2 layers");
     assert!(err.to_string().contains("between 1 and the number of layers (2)"), "{err}");
     let data = synthetic::generate(30, 8, 1);
+    let data = labelled(&data);
     let batches = minibatches(&data);
-    let mut stage = Stage::new(stack(), Optimizer::new(optimizer()), Rng::new(0));
+    let mut stage = Stage::new(parts(1).remove(0), Optimizer::new(optimizer()), Rng::new(0));
     let mut group = ThreadCollective::group(1, Duration::from_secs(1));
     let err = stage.train(&batches, &plan(Kind::OneFOneBFlush, 0, None), &mut group[0], &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("--micro-batches"), "{err}");
+}
+
+/// Trains `model` one minibatch at a time with [`Model::step`] (Adagrad, no clipping); returns
+/// its learned values as one part.
+fn stepped<E: AsExample>(mut model: Model<CpuBackend>, minibatches: &[Vec<&E>]) -> Vec<f32> {
+    let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
+    for batch in minibatches {
+        let examples: Vec<_> = batch.iter().map(|e| e.example()).collect();
+        model.step(&examples, &mut opt, None).expect("a step");
+    }
+    values(&Part::split(&model, 1).expect("one part"))
+}
+
+/// [`pipelined`] with Adagrad (as [`stepped`]) on `stages` stages of `model`.
+fn piped<E: AsExample>(model: &Model<CpuBackend>, stages: usize, minibatches: &[Vec<&E>], m: usize) -> Vec<f32> {
+    let parts: Vec<Stage> = Part::split(model, stages)
+        .expect("split")
+        .into_iter()
+        .map(|p| Stage::new(p, Optimizer::new(Config::new(Rule::Adagrad, 0.05)), Rng::new(0)))
+        .collect();
+    let trained = on_threads(parts, Duration::from_secs(60), stages - 1, &mut |_| {}, |mut stage, coll, _| {
+        stage.train(minibatches, &plan(Kind::OneFOneBFlush, m, None), coll, &mut |_, _| {})?;
+        Ok(stage.part)
+    })
+    .expect("the pipeline trains");
+    values(&trained)
+}
+
+/// A model cut into pipeline stages trains as the model itself does with [`Model::step`]: one
+/// stage and one micro-batch bitwise, two stages and three micro-batches up to the order of the
+/// micro-batches' sums.
+#[test]
+fn a_model_in_stages_trains_as_the_model() {
+    let data = synthetic::generate(90, 10, 8);
+    let data = labelled(&data);
+    let batches = minibatches(&data);
+    let whole = stepped(model(), &batches);
+    assert_ne!(whole, values(&parts(1)), "training changed nothing");
+    assert!(piped(&model(), 1, &batches, 1) == whole, "one stage differs from Model::step");
+    let rel = max_relative(&piped(&model(), 2, &batches, 3), &whole);
+    assert!(rel <= 1e-5, "two stages: relative difference {rel}");
+}
+
+/// Tai et al.'s pair model with a second layer stacked on the child-sum cell (one of the test's
+/// own: the sum of the children's states through a tanh layer), two dependency trees per SICK
+/// example read at their roots: cut into two stages it trains as [`Model::step`] does, and put
+/// back together ([`Part::join`]) it is the model again.
+#[test]
+fn a_pair_model_in_stages_trains_as_the_model() {
+    use arbor::data::{data_dir, sick};
+    use arbor::{Builder, Init};
+    let data = sick::read_splits(&data_dir().join("sick"), true).expect("SICK data (ARBOR_DATA)");
+    let (embed, hidden) = (8, 6);
+    let model = || {
+        let mut rng = Rng::new(5);
+        let words = Embedding::new(data.vocab.len(), embed, 0.1, &mut rng).with_padding(PAD);
+        let cell = nn::child_sum_tree_lstm_nary(embed, hidden).expect("cell");
+        let head = nn::relatedness_head(hidden, 7, sick::CLASSES).expect("head");
+        let f = Builder::new("sum-tanh", 0);
+        let (x, children) = (f.pull("x", hidden), f.gather_sum("h", hidden));
+        let w = f.param("W", [hidden, hidden], Init::Xavier);
+        let u = f.param("U", [hidden, hidden], Init::Xavier);
+        let h = (x.matmul(w) + children.matmul(u) + f.param("b", [1, hidden], Init::Zeros)).tanh();
+        f.scatter("h", h);
+        f.push("h", h);
+        Model::init(&CpuBackend::new(), words, cell, vec![Feed::Words, Feed::ParentWords], head, &mut rng)
+            .and_then(|m| m.stack(f.build()?, &mut rng))
+            .expect("the pair model builds")
+    };
+    let pairs = &data.train[..75];
+    let batches: Vec<Vec<&sick::Pair>> = pairs.chunks(25).map(|c| c.iter().collect()).collect();
+    let whole = stepped(model(), &batches);
+    assert_ne!(whole, values(&Part::split(&model(), 1).expect("one part")), "training changed nothing");
+    let rel = max_relative(&piped(&model(), 2, &batches, 3), &whole);
+    assert!(rel <= 1e-5, "two stages: relative difference {rel}");
+    let mut joined = Part::join(Part::split(&model(), 2).expect("split"), &CpuBackend::new()).expect("join");
+    let mut original = model();
+    let (a, b) = (sick::predict(&mut joined, &data.dev[..50]), sick::predict(&mut original, &data.dev[..50]));
+    assert_eq!(a.expect("joined"), b.expect("original"), "split and joined again, the model predicts otherwise");
 }

@@ -2,6 +2,7 @@
 //! built-in synthetic treebank.
 
 pub mod glove;
+pub mod labelled;
 pub mod sick;
 pub mod sst;
 pub mod synthetic;

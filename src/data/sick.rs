@@ -8,7 +8,7 @@ use super::Vocab;
 use crate::error::{Error, Result};
 use crate::graph::InputGraph;
 use crate::metrics;
-use crate::model::{AsExample, Example, Model, Tree};
+use crate::model::{AsExample, Example, Model, Outputs, Tree};
 use crate::trainer::Scores;
 use crate::Backend;
 use std::path::Path;
@@ -64,8 +64,8 @@ impl AsExample for Pair {
 
     /// Pearson's correlation of the expected scores with the gold ones (which picks the best
     /// epoch), Spearman's, and the mean squared error.
-    fn score<B: Backend>(model: &mut Model<B>, data: &[Pair]) -> Result<Scores> {
-        let (got, gold) = (predict(model, data)?, gold(data));
+    fn score(outputs: &Outputs, data: &[Pair]) -> Result<Scores> {
+        let (got, gold) = (expected_scores(outputs)?, gold(data));
         Ok(vec![
             ("pearson".into(), metrics::pearson(&got, &gold)),
             ("spearman".into(), metrics::spearman(&got, &gold)),
@@ -188,15 +188,15 @@ fn expected_score(q: &[f32]) -> f64 {
 }
 
 /// The expected scores that a model whose head is
-/// [`relatedness_head`](crate::nn::relatedness_head) (its second output the score distribution)
+/// [`relatedness_head`](crate::nn::relatedness_head) (its output `q` the score distribution)
 /// predicts for `pairs`, 256 pairs at a time.
 pub fn predict<B: Backend>(model: &mut Model<B>, pairs: &[Pair]) -> Result<Vec<f64>> {
-    let mut scores = Vec::with_capacity(pairs.len());
-    for chunk in pairs.chunks(256) {
-        let q = model.infer(&chunk.iter().map(Pair::example).collect::<Vec<_>>())?.swap_remove(1);
-        scores.extend(q.chunks(CLASSES).map(expected_score));
-    }
-    Ok(scores)
+    expected_scores(&model.infer_all(pairs)?)
+}
+
+/// The expected scores from a relatedness head's outputs (its distribution `q` over 1..=5).
+fn expected_scores(outputs: &Outputs) -> Result<Vec<f64>> {
+    Ok(outputs.get("q")?.chunks(CLASSES).map(expected_score).collect())
 }
 
 /// The gold scores of `pairs`.

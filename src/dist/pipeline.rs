@@ -1,8 +1,10 @@
-//! Pipeline parallelism for stacked models: an embedding, `L` layers of a vertex function (layer
-//! `k + 1` pulls the row layer `k` pushed at the same vertex) and a softmax classifier, cut into
-//! stages of whole layers. Stage 0 holds the embedding, the last stage the classifier; every
-//! stage runs on its own worker of a [`Collective`] (a thread or an MPI rank) and passes
-//! activations forward and their gradients back.
+//! Pipeline parallelism for a [`Model`] of stacked vertex functions ([`Model::stack`]: layer
+//! `k + 1` pulls the row layer `k` pushed at the same vertex), cut into stages of whole layers
+//! ([`Part::split`]). Stage 0 holds the word vectors, the last stage the head; every stage runs
+//! on its own worker of a [`Collective`] (a thread or an MPI rank) and passes the rows of every
+//! vertex forward and their gradients back. Examples are any [`AsExample`]: trees with a label
+//! per vertex ([`Labelled`](crate::data::labelled::Labelled)), sentence pairs, graphs with a
+//! pooled readout.
 //!
 //! A minibatch is cut into micro-batches of about equal vertex counts; the stages run them in
 //! the order of a [`schedule`] (1F1B with a flush, or PipeDream-2BW). A stage
@@ -10,17 +12,17 @@
 //! its forward's values — and the weights its forward saw — untouched.
 
 use super::collective::{Collective, Mailbox};
-use super::data_parallel::{merge, split};
+use super::data_parallel::{merge, shard};
 use super::schedule::{self, Kind, Op};
-use crate::data::TreeExample;
-use crate::engine::{Engine, Planned, Planner, Pull};
-use crate::head::{softmax_classifier, ClassHead};
-use crate::layers::{Embedding, LossOn, SparseGrad};
-use crate::nn::Model;
+use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
+use crate::head::Head;
+use crate::layers::Embedding;
+use crate::model::{self, layer_prefix, AsExample, Example, Feed, Layout, Model, Outputs};
 use crate::optim::{check_finite, clip_to, sum_squares, Optimizer};
-use crate::train::{batch, names, update, StepStats, CLASSIFIER};
-use crate::trainer::{each_step, epoch_order, Event, Splits, Summary};
-use crate::{Backend, CpuBackend, InputGraph, VertexFn};
+use crate::readout::Readout;
+use crate::train::{names, update, StepStats};
+use crate::trainer::{each_step, epoch_order, Event, Scores, Splits, Summary};
+use crate::{Backend, CpuBackend, DropoutKey, VertexFn};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 use std::collections::VecDeque;
@@ -32,70 +34,59 @@ const GRAD: u8 = 1;
 const NORM: u8 = 2;
 const FLAG: u8 = 3;
 
-/// One layer of a stack: a vertex function and its parameters.
+/// One layer of a model: a function (a vertex function, or the head) and its parameters.
 #[derive(Clone)]
 pub struct Layer {
-    /// The vertex function.
+    /// The function.
     pub f: VertexFn,
     /// Its parameters, in the function's order.
     pub params: Vec<Vec<f32>>,
+    /// The seed its dropout masks are drawn from.
+    pub seed: u64,
 }
 
 impl Layer {
-    fn width(&self, pulled: bool) -> usize {
-        let ports = if pulled { self.f.inputs() } else { self.f.outputs() };
-        ports.first().map_or(0, |p| p.shape.numel())
+    fn of<B: Backend>(engine: &Engine<B>) -> Result<Layer> {
+        Ok(Layer { f: engine.function().clone(), params: engine.params()?, seed: engine.dropout_key().seed })
+    }
+
+    /// An engine running this layer on `backend`.
+    fn engine<B: Backend>(&self, backend: B) -> Result<Engine<B>> {
+        let mut e = Engine::new(backend, self.f.clone(), &self.params)?;
+        e.set_dropout_key(DropoutKey { seed: self.seed, ..DropoutKey::default() });
+        Ok(e)
+    }
+
+    /// A head running this layer on `backend`.
+    fn head<B: Backend>(&self, backend: B) -> Result<Head<B>> {
+        let mut h = Head::new(backend, self.f.clone(), &self.params)?;
+        h.engine().set_dropout_key(DropoutKey { seed: self.seed, ..DropoutKey::default() });
+        Ok(h)
     }
 }
 
-/// A stacked classifier, or the part of one that a pipeline stage holds.
+/// The part of a [`Model`] that one pipeline stage holds, as plain values.
 #[derive(Clone)]
-pub struct Stack {
-    /// The input layer (on the first stage only).
-    pub embed: Option<Embedding>,
-    /// The vertex-function layers, bottom first.
+pub struct Part {
+    /// The word vectors and what feeds each input of the bottom layer (first stage only).
+    pub input: Option<(Embedding, Vec<Feed>)>,
+    /// The index of its first layer in the whole model (its tensors are named after it).
+    pub first: usize,
+    /// Its vertex-function layers, bottom first.
     pub layers: Vec<Layer>,
-    /// The output layer, a classifier head (on the last stage only).
-    pub out: Option<Layer>,
+    /// The head (last stage only).
+    pub head: Option<Layer>,
+    /// How the head reads the top layer.
+    pub readout: Readout,
+    /// Graphs per example.
+    pub graphs: usize,
 }
 
-impl Stack {
-    /// A whole stacked classifier: `depth` layers of `model` (the first pulls `embed`-wide word
-    /// vectors, the others the `hidden`-wide row below), over `vocab` words of which `padding`
-    /// (if any) stays zero, into `classes` classes.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        model: Model,
-        depth: usize,
-        embed: usize,
-        hidden: usize,
-        vocab: usize,
-        padding: Option<u32>,
-        classes: usize,
-        rng: &mut Rng,
-    ) -> Result<Stack> {
-        if depth == 0 {
-            return Err(Error::input("stacked model", "at least 1 layer", "0"));
-        }
-        let mut table = Embedding::new(vocab, embed, 0.1, rng);
-        if let Some(id) = padding {
-            table = table.with_padding(id);
-        }
-        let layers = (0..depth)
-            .map(|k| {
-                let f = model.cell(if k == 0 { embed } else { hidden }, hidden)?;
-                let params = f.init_params(rng);
-                Ok(Layer { f, params })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let f = softmax_classifier(hidden, classes)?;
-        let out = Layer { params: f.init_params(rng), f };
-        Ok(Stack { embed: Some(table), layers, out: Some(out) })
-    }
-
-    /// Cuts a whole stack into `stages` parts of whole layers, as even as the layer count allows.
-    pub fn split(self, stages: usize) -> Result<Vec<Stack>> {
-        let n = self.layers.len();
+impl Part {
+    /// Cuts `model` into `stages` parts of whole layers, as even as the layer count allows
+    /// (copies of its learned values).
+    pub fn split<B: Backend>(model: &Model<B>, stages: usize) -> Result<Vec<Part>> {
+        let n = model.cells.len();
         if stages == 0 || stages > n {
             return Err(Error::input(
                 "pipeline stages",
@@ -103,15 +94,51 @@ impl Stack {
                 stages.to_string(),
             ));
         }
-        let (mut embed, mut out) = (self.embed, self.out);
-        let mut layers = self.layers.into_iter();
+        let mut layers = model.cells.iter().map(Layer::of).collect::<Result<Vec<_>>>()?.into_iter();
+        let head = Layer {
+            f: model.head.function().clone(),
+            params: model.head.params()?,
+            seed: model.head.dropout_key().seed,
+        };
+        let (mut input, mut head) = (Some((model.embedding.clone(), model.feeds.clone())), Some(head));
         Ok((0..stages)
-            .map(|s| Stack {
-                embed: if s == 0 { embed.take() } else { None },
+            .map(|s| Part {
+                input: if s == 0 { input.take() } else { None },
+                first: s * n / stages,
                 layers: layers.by_ref().take((s + 1) * n / stages - s * n / stages).collect(),
-                out: if s + 1 == stages { out.take() } else { None },
+                head: if s + 1 == stages { head.take() } else { None },
+                readout: model.readout,
+                graphs: model.graphs_per_example(),
             })
             .collect())
+    }
+
+    /// The model that `parts` (in order, as [`Part::split`] cut them) make up, each engine on a
+    /// replica of `backend`.
+    pub fn join<B: Backend>(parts: Vec<Part>, backend: &B) -> Result<Model<B>> {
+        let mut input = None;
+        let (mut cells, mut head, mut readout) = (Vec::new(), None, Readout::Root);
+        for part in parts {
+            input = input.or(part.input);
+            head = head.or(part.head);
+            readout = part.readout;
+            for l in &part.layers {
+                cells.push(l.engine(backend.replica()?)?);
+            }
+        }
+        let missing = |what: &str| Error::input("pipeline parts", format!("{what} on one of them"), "none");
+        let (embedding, feeds) = input.ok_or_else(|| missing("the word vectors"))?;
+        let head = head.ok_or_else(|| missing("the head"))?.head(backend.replica()?)?;
+        Model::assemble(embedding, cells, feeds, head, readout)
+    }
+
+    /// Every learned value, in order: the word vectors, each layer's parameters, the head's.
+    pub fn values(&self) -> Vec<f32> {
+        let mut out = self.input.as_ref().map(|(e, _)| e.table().to_vec()).unwrap_or_default();
+        for l in self.layers.iter().chain(&self.head) {
+            l.params.iter().for_each(|p| out.extend(p));
+        }
+        out
     }
 }
 
@@ -124,10 +151,8 @@ pub struct PipeSettings {
     pub micro_batches: usize,
     /// Passes over the training set.
     pub epochs: usize,
-    /// Trees per minibatch.
+    /// Examples per minibatch.
     pub batch: usize,
-    /// Where the loss is taken.
-    pub loss_on: LossOn,
     /// Bound on the joint gradient norm of all stages.
     pub clip: Option<f32>,
     /// Stop after this many minibatches in all.
@@ -150,57 +175,59 @@ impl PipeSettings {
     }
 }
 
-/// One micro-batch, merged.
+/// One micro-batch, laid out.
 struct Micro<'a> {
-    graphs: Vec<&'a InputGraph>,
-    words: Vec<u32>,
-    targets: Vec<Option<u32>>,
-    /// Targets in the whole minibatch: the loss is their mean.
+    layout: Layout<'a>,
+    /// The examples' target rows, in order.
+    targets: Vec<f32>,
+    /// Its examples, and the index of the first in its minibatch (dropout masks are keyed by it).
+    examples: usize,
+    first: usize,
+    /// The index in its minibatch of the head's first example: `first`, or with a per-vertex
+    /// readout the vertices before it.
+    head_first: usize,
+    /// The minibatch's step (from 1), for the dropout masks.
+    step: u64,
+    /// Examples in the whole minibatch: the loss is their mean.
     denom: usize,
-    /// Trees in the whole minibatch if this is its last micro-batch.
+    /// Examples in the whole minibatch if this is its last micro-batch.
     ends: Option<usize>,
 }
 
-/// The micro-batches of `minibatches`, `m` per minibatch (balanced by vertex count; some may be
-/// empty when a minibatch has few trees).
-fn micro_batches<'a>(minibatches: &[Vec<&'a TreeExample>], m: usize, loss_on: LossOn) -> Result<Vec<Micro<'a>>> {
-    let mut out = Vec::with_capacity(minibatches.len() * m);
-    for examples in minibatches {
-        let (denom, parts) = split(examples, m, loss_on)?;
-        for (i, r) in parts.iter().enumerate() {
-            let b = batch(&examples[r.clone()]);
-            let targets = loss_on.select(&b.graphs, &b.labels)?;
-            let ends = (i + 1 == parts.len()).then_some(examples.len());
-            out.push(Micro { graphs: b.graphs, words: b.words, targets, denom, ends });
-        }
+impl Micro<'_> {
+    fn vertices(&self) -> usize {
+        self.layout.words.len()
     }
-    Ok(out)
 }
 
 /// Gradients of one minibatch on one stage, summed over its micro-batches in order.
 #[derive(Default)]
 struct Accum {
-    cell: Vec<Vec<Vec<f32>>>,
-    classifier: Vec<Vec<f32>>,
+    cells: Vec<Vec<Vec<f32>>>,
+    head: Vec<Vec<f32>>,
     parts: Vec<SparseGrad>,
     embedding: SparseGrad,
     stats: StepStats,
     squares: f64,
 }
 
-fn add_into(dst: &mut Vec<f32>, src: Vec<f32>) {
-    if dst.is_empty() {
-        *dst = src;
-    } else {
-        dst.iter_mut().zip(&src).for_each(|(d, s)| *d += s);
+/// Adds every gradient of `src` to `dst` (taking `src` where `dst` is still empty).
+fn add_all(dst: &mut Vec<Vec<f32>>, src: Vec<Vec<f32>>) {
+    dst.resize_with(src.len(), Vec::new);
+    for (d, s) in dst.iter_mut().zip(src) {
+        if d.is_empty() {
+            *d = s;
+        } else {
+            d.iter_mut().zip(&s).for_each(|(d, s)| *d += s);
+        }
     }
 }
 
 impl Accum {
     /// Every dense and sparse gradient value, for clipping.
     fn all_mut(&mut self) -> Vec<&mut [f32]> {
-        let mut all: Vec<&mut [f32]> = self.cell.iter_mut().flatten().map(Vec::as_mut_slice).collect();
-        all.extend(self.classifier.iter_mut().map(Vec::as_mut_slice));
+        let mut all: Vec<&mut [f32]> = self.cells.iter_mut().flatten().map(Vec::as_mut_slice).collect();
+        all.extend(self.head.iter_mut().map(Vec::as_mut_slice));
         all.push(&mut self.embedding.values);
         all
     }
@@ -212,21 +239,21 @@ pub struct MinibatchGrads(Accum);
 /// A worker's part of a pipeline: its layers, their optimizer state, and the engines of the
 /// micro-batches in flight, each on a replica of the stage's backend.
 pub struct Stage<B: Backend = CpuBackend> {
-    /// The layers this stage holds (the newest weights).
-    pub part: Stack,
+    /// The part of the model this stage holds (the newest weights).
+    pub part: Part,
     /// The optimizer of this stage's parameters.
     pub opt: Optimizer,
     /// Optimizer steps applied to `part`.
     pub version: usize,
-    /// Best dev accuracy so far (on the last stage).
+    /// Best dev score so far (the first of the examples' scores; on the last stage).
     pub best_dev: f64,
-    /// Test accuracy at the best dev accuracy (on the last stage).
-    pub test_acc: f64,
+    /// The test scores at the best dev score (on the last stage).
+    pub test_scores: Scores,
     /// The RNG state the next epoch's order is drawn from.
     pub order: Rng,
     backend: B,
-    /// The output layer's head and the weights version it holds (on the last stage).
-    head: Option<(ClassHead<B>, usize)>,
+    /// The head and the weights version it holds (on the last stage).
+    head: Option<(Head<B>, usize)>,
     engines: Vec<Vec<Engine<B>>>,
     loaded: Vec<Option<usize>>,
     push_grads: Vec<Vec<f32>>,
@@ -236,7 +263,7 @@ pub struct Stage<B: Backend = CpuBackend> {
 
 impl Stage {
     /// A stage holding `part`, updated by `opt`, on the CPU; epochs are shuffled by `order`.
-    pub fn new(part: Stack, opt: Optimizer, order: Rng) -> Stage {
+    pub fn new(part: Part, opt: Optimizer, order: Rng) -> Stage {
         Stage::on(CpuBackend::new(), part, opt, order)
     }
 }
@@ -244,14 +271,14 @@ impl Stage {
 impl<B: Backend> Stage<B> {
     /// A stage holding `part`, updated by `opt`, whose engines run on replicas of `backend`
     /// ([`Backend::replica`]); epochs are shuffled by `order`.
-    pub fn on(backend: B, part: Stack, opt: Optimizer, order: Rng) -> Stage<B> {
+    pub fn on(backend: B, part: Part, opt: Optimizer, order: Rng) -> Stage<B> {
         Stage {
             backend,
             part,
             opt,
             version: 0,
-            best_dev: 0.0,
-            test_acc: 0.0,
+            best_dev: f64::NEG_INFINITY,
+            test_scores: Scores::new(),
             order,
             head: None,
             engines: Vec::new(),
@@ -262,41 +289,32 @@ impl<B: Backend> Stage<B> {
         }
     }
 
+    /// The main test score at the best dev score (NaN before any evaluation or off the last
+    /// stage).
+    pub fn test_score(&self) -> f64 {
+        self.test_scores.first().map_or(f64::NAN, |s| s.1)
+    }
+
     /// One engine per layer for each of `slots` micro-batches in flight.
     fn make_slots(&mut self, slots: usize) -> Result<()> {
-        let skip_padding = self.part.embed.as_ref().is_some_and(|e| e.padding().is_some());
         self.engines = (0..slots)
-            .map(|_| {
-                self.part
-                    .layers
-                    .iter()
-                    .enumerate()
-                    .map(|(k, l)| {
-                        let mut e = Engine::new(self.backend.replica()?, l.f.clone(), &l.params)?;
-                        // Padding rows of the embedding get no gradient, so layer 0 need not form it.
-                        e.set_skip_padding_grads(k == 0 && skip_padding);
-                        Ok(e)
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })
+            .map(|_| self.part.layers.iter().map(|l| l.engine(self.backend.replica()?)).collect::<Result<Vec<_>>>())
             .collect::<Result<_>>()?;
         self.loaded = vec![Some(self.version); slots];
         self.push_grads = vec![Vec::new(); slots];
         Ok(())
     }
 
-    /// The output layer's head with the newest weights (on the last stage; `None` elsewhere).
-    fn head(&mut self) -> Result<Option<&mut ClassHead<B>>> {
-        let Some(out) = &self.part.out else { return Ok(None) };
+    /// The head with the newest weights (on the last stage; `None` elsewhere).
+    fn head(&mut self) -> Result<Option<&mut Head<B>>> {
+        let Some(out) = &self.part.head else { return Ok(None) };
         match &mut self.head {
             Some((head, version)) if *version != self.version => {
-                head.head().engine().set_params(&out.params)?;
+                head.engine().set_params(&out.params)?;
                 *version = self.version;
             }
             Some(_) => {}
-            None => {
-                self.head = Some((ClassHead::new(self.backend.replica()?, out.f.clone(), &out.params)?, self.version))
-            }
+            None => self.head = Some((out.head(self.backend.replica()?)?, self.version)),
         }
         Ok(self.head.as_mut().map(|(head, _)| head))
     }
@@ -312,14 +330,14 @@ impl<B: Backend> Stage<B> {
         Ok(())
     }
 
-    /// Checks that this stage's part fits its place: the embedding on the first stage only, the
-    /// classifier on the last only.
+    /// Checks that this stage's part fits its place: the word vectors on the first stage only,
+    /// the head on the last only.
     fn check_place(&self, mail: &Mailbox<'_>) -> Result<()> {
         let (rank, stages) = (mail.rank(), mail.size());
-        if self.part.embed.is_some() != (rank == 0) || self.part.out.is_some() != (rank + 1 == stages) {
+        if self.part.input.is_some() != (rank == 0) || self.part.head.is_some() != (rank + 1 == stages) {
             return Err(Error::input(
                 format!("pipeline stage {rank} of {stages}"),
-                "the parts of Stack::split in order (embedding first, classifier last)",
+                "the parts of Part::split in order (word vectors first, head last)",
                 "a part that belongs elsewhere",
             ));
         }
@@ -327,57 +345,148 @@ impl<B: Backend> Stage<B> {
     }
 
     fn width_in(&self) -> usize {
-        self.part.layers.first().map_or(0, |l| l.width(true))
+        self.part.layers.first().and_then(|l| l.f.inputs().first()).map_or(0, |p| p.shape.numel())
     }
 
     fn width_out(&self) -> usize {
-        self.part.layers.last().map_or(0, |l| l.width(false))
+        self.part.layers.last().map_or(0, |l| model::width_out(&l.f))
     }
 
-    /// The input rows of a micro-batch: looked up (stage 0) or received from the stage before.
-    fn input(&self, mail: &mut Mailbox<'_>, words: &[u32], tag: u8) -> Result<Vec<f32>> {
-        match &self.part.embed {
-            Some(e) => e.lookup(words),
-            None => mail.recv_f32(mail.rank() - 1, tag, words.len() * self.width_in()),
+    /// Lays out `batch`.
+    fn lay_out<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
+        let padding = self.part.input.as_ref().and_then(|(e, _)| e.padding());
+        let f = self
+            .part
+            .layers
+            .first()
+            .map(|l| &l.f)
+            .ok_or_else(|| Error::input("pipeline stage", "at least one layer", "none"))?;
+        model::layout(batch, self.part.graphs, self.part.readout, padding, f)
+    }
+
+    /// The micro-batches of `minibatches` (the first numbered `step`), `m` per minibatch
+    /// (balanced by vertex count; some may be empty when a minibatch has few examples).
+    fn micro_batches<'a, E: AsExample>(
+        &self,
+        minibatches: &[Vec<&'a E>],
+        m: usize,
+        step: u64,
+    ) -> Result<Vec<Micro<'a>>> {
+        let mut out = Vec::with_capacity(minibatches.len() * m);
+        for (t, batch) in minibatches.iter().enumerate() {
+            let examples: Vec<Example<'a>> = batch.iter().map(|e| e.example()).collect();
+            let weights: Vec<usize> = examples.iter().map(|e| e.trees.iter().map(|t| t.graph.len()).sum()).collect();
+            let parts = shard(&weights, m);
+            for (i, r) in parts.iter().enumerate() {
+                let mine = &examples[r.clone()];
+                out.push(Micro {
+                    layout: self.lay_out(mine)?,
+                    targets: mine.iter().flat_map(|e| e.target.iter().copied()).collect(),
+                    examples: mine.len(),
+                    first: r.start,
+                    head_first: if self.part.readout == Readout::Vertices {
+                        weights[..r.start].iter().sum()
+                    } else {
+                        r.start
+                    },
+                    step: step + t as u64,
+                    denom: examples.len(),
+                    ends: (i + 1 == parts.len()).then_some(examples.len()),
+                });
+            }
         }
+        Ok(out)
+    }
+
+    /// Runs this stage's layers over `layout` in slot `k` (training, with their schedules
+    /// `plans`, one per layer) or in slot 0 (inference, `plans` empty): the rows of every vertex
+    /// the top layer pushed.
+    fn layers(
+        &mut self,
+        mail: &mut Mailbox<'_>,
+        layout: &Layout<'_>,
+        k: usize,
+        plans: Option<Vec<Planned<'_>>>,
+        key: DropoutKey,
+    ) -> Result<Vec<f32>> {
+        let n = layout.words.len();
+        let mut x = match &self.part.input {
+            Some(_) => Vec::new(),
+            None => mail.recv_f32(mail.rank() - 1, ACT, n * self.width_in())?,
+        };
+        if n == 0 {
+            return Ok(x);
+        }
+        let Stage { engines, part, .. } = self;
+        let train = plans.is_some();
+        let mut plans = plans.unwrap_or_default().into_iter();
+        for (i, e) in engines[k].iter_mut().enumerate() {
+            let input = [Pull::Rows(&x)];
+            let pulls = match (&part.input, i) {
+                (Some((embedding, feeds)), 0) => model::pulls(embedding, feeds, layout),
+                _ => input.to_vec(),
+            };
+            let mut out = if train {
+                e.set_dropout_key(DropoutKey { seed: e.dropout_key().seed, ..key });
+                let plan = plans.next().ok_or_else(|| Error::Worker {
+                    rank: mail.rank(),
+                    msg: format!("no schedule for layer {}", part.first + i),
+                })?;
+                e.forward_planned(plan, &pulls, None)?
+            } else {
+                e.infer(&layout.graphs, &pulls)?
+            };
+            x = out.swap_remove(0);
+        }
+        Ok(x)
+    }
+
+    /// The head's inputs over the top layer's rows `x` of `layout`, and the pooling if any.
+    fn head_inputs(
+        &self,
+        x: Vec<f32>,
+        layout: &Layout<'_>,
+        targets: Vec<f32>,
+    ) -> (Vec<Vec<f32>>, Option<crate::readout::Pooled>, usize, usize) {
+        let width = self.width_out();
+        let (read, pooled) = model::read_rows(x, layout, self.part.readout, width, false);
+        let rows = read.len() / width.max(1);
+        (model::head_inputs(&read, self.part.graphs, width, targets), pooled, width, rows)
     }
 
     /// The forward pass of a micro-batch in slot `k`, through each layer's engine with its
-    /// schedule from `plans` (one per layer; none for an empty micro-batch).
+    /// schedule from `plans` (one per layer; none for an empty micro-batch); on the last stage
+    /// also the head's forward and backward passes.
     fn forward(&mut self, mail: &mut Mailbox<'_>, mb: &Micro<'_>, k: usize, plans: Vec<Planned<'_>>) -> Result<()> {
         self.load(k)?;
-        let mut x = self.input(mail, &mb.words, ACT)?;
-        if !mb.words.is_empty() {
-            if plans.len() != self.engines[k].len() {
-                return Err(Error::Worker {
-                    rank: mail.rank(),
-                    msg: format!("{} schedules for {} layers", plans.len(), self.engines[k].len()),
-                });
-            }
-            for (e, plan) in self.engines[k].iter_mut().zip(plans) {
-                x = e.forward_planned(plan, &[Pull::Rows(&x)], None)?.swap_remove(0);
-            }
+        let key = DropoutKey { seed: 0, step: mb.step, first: mb.first * self.part.graphs };
+        let x = self.layers(mail, &mb.layout, k, Some(plans), key)?;
+        if self.part.head.is_none() {
+            return mail.send_f32(mail.rank() + 1, ACT, &x);
         }
-        let Some(out) = self.head()? else { return mail.send_f32(mail.rank() + 1, ACT, &x) };
-        self.push_grads[k] = if mb.words.is_empty() {
-            Vec::new()
-        } else {
-            let step = out.loss_over(&x, &mb.targets, mb.denom)?;
-            let acc = self.acc.get_or_insert_with(Accum::default);
-            acc.classifier.resize_with(step.grads.len(), Vec::new);
-            for (c, g) in acc.classifier.iter_mut().zip(step.grads) {
-                add_into(c, g);
-            }
-            let s = &mut acc.stats;
-            (s.loss, s.correct, s.count) = (s.loss + step.loss, s.correct + step.correct, s.count + step.count);
-            s.vertices += mb.words.len();
-            step.grad_input
-        };
+        if mb.examples == 0 {
+            self.push_grads[k] = Vec::new();
+            return Ok(());
+        }
+        let (inputs, pooled, width, rows) = self.head_inputs(x, &mb.layout, mb.targets.clone());
+        let (readout, graphs) = (self.part.readout, self.part.graphs);
+        let head = self.head()?.ok_or_else(|| Error::Worker { rank: mail.rank(), msg: "no head".into() })?;
+        let key = head.dropout_key();
+        head.engine().set_dropout_key(DropoutKey { step: mb.step, first: mb.head_first, ..key });
+        let outputs = head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        let hg = head.backward(1.0 / mb.denom.max(1) as f32)?;
+        let loss = outputs.get(head.loss_output()).map_or(0.0, |l| l.iter().sum::<f32>()) / mb.denom.max(1) as f32;
+        let dh = model::read_grad(&hg.pulls, graphs, width, rows);
+        self.push_grads[k] = model::unread(dh, &mb.layout, readout, width, pooled.as_ref());
+        let acc = self.acc.get_or_insert_with(Accum::default);
+        add_all(&mut acc.head, hg.params);
+        let s = &mut acc.stats;
+        (s.loss, s.count, s.vertices) = (s.loss + loss, s.count + mb.examples, s.vertices + mb.vertices());
         Ok(())
     }
 
-    /// The backward pass of a micro-batch; after a minibatch's last one, returns its trees and
-    /// numbers.
+    /// The backward pass of a micro-batch; after a minibatch's last one, returns its examples
+    /// and numbers.
     fn backward(
         &mut self,
         mail: &mut Mailbox<'_>,
@@ -385,30 +494,33 @@ impl<B: Backend> Stage<B> {
         k: usize,
         clip: bool,
     ) -> Result<Option<(usize, StepStats)>> {
-        let mut g = match self.part.out {
+        let n = mb.vertices();
+        let mut g = match self.part.head {
             Some(_) => std::mem::take(&mut self.push_grads[k]),
-            None => mail.recv_f32(mail.rank() + 1, GRAD, mb.words.len() * self.width_out())?,
+            None => mail.recv_f32(mail.rank() + 1, GRAD, n * self.width_out())?,
         };
         let acc = self.acc.get_or_insert_with(Accum::default);
-        if !mb.words.is_empty() {
-            acc.cell.resize_with(self.engines[k].len(), Vec::new);
-            for (e, cell) in self.engines[k].iter_mut().zip(&mut acc.cell).rev() {
+        if n > 0 {
+            acc.cells.resize_with(self.engines[k].len(), Vec::new);
+            let bottom = self.part.input.is_some();
+            for (i, (e, cell)) in self.engines[k].iter_mut().zip(&mut acc.cells).enumerate().rev() {
                 let mut grads = e.backward(&[&g])?;
-                cell.resize_with(grads.params.len(), Vec::new);
-                for (c, p) in cell.iter_mut().zip(grads.params) {
-                    add_into(c, p);
+                add_all(cell, std::mem::take(&mut grads.params));
+                if bottom && i == 0 {
+                    // The word vectors' gradient, as rows of the looked-up words.
+                    acc.parts.extend(grads.tables.into_iter().flatten());
+                    g = Vec::new();
+                } else {
+                    g = grads.pulls.swap_remove(0);
                 }
-                g = grads.pulls.swap_remove(0);
             }
         }
-        match &self.part.embed {
-            Some(e) if !mb.words.is_empty() => acc.parts.push(e.sparse_grad(&mb.words, &g)?),
-            Some(_) => {}
-            None => mail.send_f32(mail.rank() - 1, GRAD, &g)?,
+        if self.part.input.is_none() {
+            mail.send_f32(mail.rank() - 1, GRAD, &g)?;
         }
-        let Some(trees) = mb.ends else { return Ok(None) };
+        let Some(examples) = mb.ends else { return Ok(None) };
         let mut acc = self.acc.take().unwrap_or_default();
-        if let Some(e) = &self.part.embed {
+        if let Some((e, _)) = &self.part.input {
             acc.embedding = merge(&acc.parts, e.dim());
         }
         if clip {
@@ -416,7 +528,7 @@ impl<B: Backend> Stage<B> {
         }
         let stats = acc.stats;
         self.pending.push_back(acc);
-        Ok(Some((trees, stats)))
+        Ok(Some((examples, stats)))
     }
 
     /// Applies finished minibatch gradients, oldest first, until the weights are `version`.
@@ -444,9 +556,12 @@ impl<B: Backend> Stage<B> {
                 }
                 clip_to(&mut acc.all_mut(), total.sqrt() as f32, max);
             }
-            let layers = self.part.layers.iter_mut().zip(&acc.cell).enumerate();
-            let mut tensors: Vec<_> = layers.map(|(l, (layer, grads))| (format!("layer{l}"), layer, grads)).collect();
-            tensors.extend(self.part.out.as_mut().map(|out| (CLASSIFIER.to_string(), out, &acc.classifier)));
+            let part = &mut self.part;
+            let first = part.first;
+            let layers = part.layers.iter_mut().zip(&acc.cells).enumerate();
+            let mut tensors: Vec<_> =
+                layers.map(|(i, (layer, grads))| (layer_prefix(first + i), layer, grads)).collect();
+            tensors.extend(part.head.as_mut().map(|head| ("head".to_string(), head, &acc.head)));
             let dense: Vec<(String, &mut [f32], &[f32])> = tensors
                 .into_iter()
                 .flat_map(|(of, layer, grads)| names(&of, &layer.f).into_iter().zip(&mut layer.params).zip(grads))
@@ -455,17 +570,17 @@ impl<B: Backend> Stage<B> {
             let embedding = std::iter::once(("embedding", acc.embedding.values.as_slice()));
             let named = dense.iter().map(|(n, _, g)| (n.as_str(), *g)).chain(embedding);
             check_finite(self.version as u64 + 1, "the gradient of", named)?;
-            update(&mut self.opt, dense, self.part.embed.as_mut().map(|e| (e, &acc.embedding)));
+            update(&mut self.opt, dense, part.input.as_mut().map(|(e, _)| (e, &acc.embedding)));
             self.version += 1;
         }
         Ok(())
     }
 
-    /// Trains on `minibatches` (trees, in order) as stage `coll.rank()` of `coll.size()`; the
-    /// last stage reports every finished minibatch to `done` with its numbers.
-    pub fn train(
+    /// Trains on `minibatches` (examples, in order) as stage `coll.rank()` of `coll.size()`;
+    /// the last stage reports every finished minibatch to `done` with its numbers.
+    pub fn train<E: AsExample>(
         &mut self,
-        minibatches: &[Vec<&TreeExample>],
+        minibatches: &[Vec<&E>],
         plan: &PipeSettings,
         coll: &mut dyn Collective,
         done: &mut dyn FnMut(usize, StepStats),
@@ -476,9 +591,9 @@ impl<B: Backend> Stage<B> {
 
     /// The gradients of one minibatch at the current weights, cut into `plan.micro_batches`
     /// micro-batches and summed, without applying them (every stage must call it).
-    pub fn gradients(
+    pub fn gradients<E: AsExample>(
         &mut self,
-        minibatch: &[&TreeExample],
+        minibatch: &[&E],
         plan: &PipeSettings,
         coll: &mut dyn Collective,
     ) -> Result<MinibatchGrads> {
@@ -504,10 +619,10 @@ impl<B: Backend> Stage<B> {
         self.catch_up(&mut mail, self.version + self.pending.len(), clip)
     }
 
-    fn train_on(
+    fn train_on<E: AsExample>(
         &mut self,
         mail: &mut Mailbox<'_>,
-        minibatches: &[Vec<&TreeExample>],
+        minibatches: &[Vec<&E>],
         plan: &PipeSettings,
         done: &mut dyn FnMut(usize, StepStats),
     ) -> Result<()> {
@@ -519,10 +634,10 @@ impl<B: Backend> Stage<B> {
 
     /// Runs this stage's passes over `minibatches`, applying updates only as the schedule
     /// needs them.
-    fn run_ops(
+    fn run_ops<E: AsExample>(
         &mut self,
         mail: &mut Mailbox<'_>,
-        minibatches: &[Vec<&TreeExample>],
+        minibatches: &[Vec<&E>],
         plan: &PipeSettings,
         done: &mut dyn FnMut(usize, StepStats),
     ) -> Result<()> {
@@ -533,8 +648,8 @@ impl<B: Backend> Stage<B> {
         if self.engines.len() != slots {
             self.make_slots(slots)?;
         }
-        let micro = micro_batches(minibatches, m, plan.loss_on)?;
         let base = self.version;
+        let micro = self.micro_batches(minibatches, m, base as u64 + 1)?;
         let ops = schedule::ops(plan.kind, rank, stages, minibatches.len(), m);
         // The steps of the loop: each forward pass with the backward passes after it (and any
         // backward passes before the first forward), its micro-batch scheduled ahead.
@@ -542,8 +657,8 @@ impl<B: Backend> Stage<B> {
         let planners: Vec<Vec<Planner>> =
             self.engines.iter().map(|s| s.iter().map(Engine::planner).collect()).collect();
         let prepare = |u: usize| match ops[starts[u]] {
-            Op::Forward(j) if !micro[j].words.is_empty() => {
-                planners[j % slots].iter().map(|p| p.plan(&micro[j].graphs)).collect::<Result<Vec<_>>>()
+            Op::Forward(j) if micro[j].vertices() > 0 => {
+                planners[j % slots].iter().map(|p| p.plan(&micro[j].layout.graphs)).collect::<Result<Vec<_>>>()
             }
             _ => Ok(Vec::new()),
         };
@@ -557,9 +672,11 @@ impl<B: Backend> Stage<B> {
                         self.forward(mail, &micro[j], j % slots, std::mem::take(&mut plans))?;
                     }
                     Op::Backward(j) => {
-                        if let Some((trees, stats)) = self.backward(mail, &micro[j], j % slots, plan.clip.is_some())? {
-                            if self.part.out.is_some() {
-                                done(trees, stats);
+                        if let Some((examples, stats)) =
+                            self.backward(mail, &micro[j], j % slots, plan.clip.is_some())?
+                        {
+                            if self.part.head.is_some() {
+                                done(examples, stats);
                             }
                         }
                     }
@@ -569,43 +686,37 @@ impl<B: Backend> Stage<B> {
         })
     }
 
-    /// Root accuracy over `data`, run through the pipeline in inference mode; every stage must
-    /// call it, and the last stage's answer is the one that counts (the others return 0).
-    fn accuracy(&mut self, mail: &mut Mailbox<'_>, data: &[TreeExample]) -> Result<f64> {
+    /// The examples' scores on `data`, run through the pipeline in inference mode; every stage
+    /// must call it, and the last stage's answer is the one that counts (the others return none).
+    fn score<E: AsExample>(&mut self, mail: &mut Mailbox<'_>, data: &[E]) -> Result<Scores> {
         self.check_place(mail)?;
         if self.engines.is_empty() {
             self.make_slots(mail.size() - mail.rank())?;
         }
         self.load(0)?;
-        let (mut correct, mut count) = (0usize, 0usize);
+        let mut outputs = self.part.head.as_ref().map(|h| Outputs::of(&h.f));
         for chunk in data.chunks(256) {
-            let refs: Vec<&TreeExample> = chunk.iter().collect();
-            let b = batch(&refs);
-            let mut x = self.input(mail, &b.words, ACT)?;
-            for e in &mut self.engines[0] {
-                x = e.infer(&b.graphs, &[Pull::Rows(&x)])?.swap_remove(0);
-            }
-            let Some(out) = self.head()? else {
+            let examples: Vec<Example<'_>> = chunk.iter().map(E::example).collect();
+            let layout = self.lay_out(&examples)?;
+            let x = self.layers(mail, &layout, 0, None, DropoutKey::default())?;
+            let Some(out) = &mut outputs else {
                 mail.send_f32(mail.rank() + 1, ACT, &x)?;
                 continue;
             };
-            let predicted = out.predict(&x)?;
-            for (row, t) in LossOn::Root.select(&b.graphs, &b.labels)?.iter().enumerate() {
-                if let Some(t) = t {
-                    count += 1;
-                    correct += usize::from(predicted[row] == *t as usize);
-                }
-            }
+            let targets = examples.iter().flat_map(|e| e.target.iter().copied()).collect();
+            let (inputs, ..) = self.head_inputs(x, &layout, targets);
+            let head = self.head()?.ok_or_else(|| Error::Worker { rank: mail.rank(), msg: "no head".into() })?;
+            out.extend(head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?);
         }
-        Ok(if count == 0 { 0.0 } else { correct as f64 / count as f64 })
+        outputs.map_or(Ok(Scores::new()), |out| E::score(&out, data))
     }
 
     /// Trains for `plan.epochs` epochs (or `plan.max_steps` minibatches) as stage `coll.rank()`
-    /// of `coll.size()`, evaluating on dev after every epoch (and on test when dev improves).
-    /// The last stage reports `events` and holds the accuracies.
-    pub fn fit(
+    /// of `coll.size()`, scoring dev after every epoch (and test when dev improves). The last
+    /// stage reports `events` and holds the scores.
+    pub fn fit<E: AsExample>(
         &mut self,
-        data: Splits<'_>,
+        data: Splits<'_, E>,
         plan: &PipeSettings,
         coll: &mut dyn Collective,
         events: &mut dyn FnMut(Event),
@@ -616,7 +727,7 @@ impl<B: Backend> Stage<B> {
         let mut steps = 0u64;
         for epoch in 1..=plan.epochs {
             let order = epoch_order(data.train.len(), &mut self.order);
-            let mut minibatches: Vec<Vec<&TreeExample>> =
+            let mut minibatches: Vec<Vec<&E>> =
                 order.chunks(plan.batch.max(1)).map(|c| c.iter().map(|&i| &data.train[i]).collect()).collect();
             if let Some(max) = plan.max_steps {
                 minibatches.truncate(max.saturating_sub(steps) as usize);
@@ -628,14 +739,14 @@ impl<B: Backend> Stage<B> {
                 events(Event::EpochStart { epoch, done: 0, total: data.train.len() });
             }
             let (mut loss, start) = (0.0f64, Instant::now());
-            self.train_on(&mut mail, &minibatches, plan, &mut |trees, stats| {
+            self.train_on(&mut mail, &minibatches, plan, &mut |examples, stats| {
                 loss += f64::from(stats.loss);
-                events(Event::Trees(trees));
+                events(Event::Trees(examples));
             })?;
             summary.train_seconds += start.elapsed().as_secs_f64();
             summary.sentences += minibatches.iter().map(Vec::len).sum::<usize>();
             steps += minibatches.len() as u64;
-            let dev = self.accuracy(&mut mail, data.dev)?;
+            let dev = self.score(&mut mail, data.dev)?.first().map_or(f64::NAN, |s| s.1);
             let improved = dev > self.best_dev;
             let me = mail.rank();
             for to in (0..mail.size()).filter(|&r| last && r != me) {
@@ -643,8 +754,8 @@ impl<B: Backend> Stage<B> {
             }
             let improved = if last { improved } else { mail.recv(mail.size() - 1, FLAG)? == [1] };
             if improved {
-                let test = self.accuracy(&mut mail, data.test)?;
-                (self.best_dev, self.test_acc) = (dev, test);
+                self.test_scores = self.score(&mut mail, data.test)?;
+                self.best_dev = dev;
             }
             if last {
                 let loss = loss / minibatches.len() as f64;

@@ -8,7 +8,8 @@ use crate::CpuBackend;
 /// Which tensor an entry belongs to.
 #[derive(Clone, Copy)]
 enum Part {
-    Cell(usize),
+    /// Parameter `p` of layer `k`.
+    Cell(usize, usize),
     Head(usize),
     /// A row of the word vectors.
     Word(u32),
@@ -19,7 +20,8 @@ enum Part {
 /// the batch looks up) against central differences of that loss, in training mode with the
 /// dropout masks held fixed, up to [`GradCheck::max_entries`] sampled entries of each tensor
 /// (and of each word vector). The model is left as it was. A [`Mismatch`] names each wrong
-/// entry: ``cell `W`[2, 5]``, ``head `V`[0, 1]``, `word 3 [1]`.
+/// entry: ``cell `W`[2, 5]`` (``cell1 `W`[2, 5]`` for the layer stacked on it), ``head `V`[0, 1]``,
+/// `word 3 [1]`.
 pub fn check_model_gradients(
     model: &mut Model<CpuBackend>,
     batch: &[Example<'_>],
@@ -37,20 +39,20 @@ pub fn check_model_gradients(
     };
     let grads = model.gradients(batch, n, None).map_err(fail)?;
     let (_, scale) = loss(model).map_err(fail)?;
-    let cell_names: Vec<String> = model.cells.function().params().iter().map(|p| p.name.clone()).collect();
-    let head_names: Vec<String> = model.head.function().params().iter().map(|p| p.name.clone()).collect();
-    let cols = |f: &crate::VertexFn, p: usize| f.params()[p].shape.cols().max(1);
-    let (cell_cols, head_cols): (Vec<usize>, Vec<usize>) = (
-        (0..cell_names.len()).map(|p| cols(model.cells.function(), p)).collect(),
-        (0..head_names.len()).map(|p| cols(model.head.function(), p)).collect(),
-    );
+    // Each parameter's name and width, per layer and for the head.
+    let shapes = |f: &crate::VertexFn| -> Vec<(String, usize)> {
+        f.params().iter().map(|p| (p.name.clone(), p.shape.cols().max(1))).collect()
+    };
+    let cell_shapes: Vec<Vec<(String, usize)>> = model.cells.iter().map(|e| shapes(e.function())).collect();
+    let head_shapes = shapes(model.head.function());
     let dim = model.embedding.dim();
     let mut rng = Rng::new(opts.seed);
     let mut targets: Vec<(Part, usize, f32)> = Vec::new();
-    for (p, g) in grads.cell.iter().enumerate() {
-        targets.extend(
-            super::gradients::sample(&mut rng, g.len(), opts.max_entries).into_iter().map(|e| (Part::Cell(p), e, g[e])),
-        );
+    for (k, layer) in grads.cells.iter().enumerate() {
+        for (p, g) in layer.iter().enumerate() {
+            let entries = super::gradients::sample(&mut rng, g.len(), opts.max_entries);
+            targets.extend(entries.into_iter().map(|e| (Part::Cell(k, p), e, g[e])));
+        }
     }
     for (p, g) in grads.head.iter().enumerate() {
         targets.extend(
@@ -62,25 +64,30 @@ pub fn check_model_gradients(
             super::gradients::sample(&mut rng, dim, opts.max_entries).into_iter().map(|e| (Part::Word(row), e, g[e])),
         );
     }
-    let label = |part: Part, e: usize| match part {
-        Part::Cell(p) => format!("cell `{}`[{}, {}]", cell_names[p], e / cell_cols[p], e % cell_cols[p]),
-        Part::Head(p) => format!("head `{}`[{}, {}]", head_names[p], e / head_cols[p], e % head_cols[p]),
-        Part::Word(r) => format!("word {r} [{e}]"),
+    let label = |part: Part, e: usize| {
+        let at = |of: String, (name, cols): &(String, usize)| format!("{of} `{name}`[{}, {}]", e / cols, e % cols);
+        match part {
+            Part::Cell(k, p) => at(crate::model::layer_prefix(k), &cell_shapes[k][p]),
+            Part::Head(p) => at("head".into(), &head_shapes[p]),
+            Part::Word(r) => format!("word {r} [{e}]"),
+        }
     };
-    let (mut cell_params, mut head_params) = (model.cells.params().map_err(fail)?, model.head.params().map_err(fail)?);
+    let mut cell_params: Vec<Vec<Vec<f32>>> =
+        model.cells.iter().map(|e| e.params()).collect::<crate::Result<_>>().map_err(fail)?;
+    let mut head_params = model.head.params().map_err(fail)?;
     let mut check = GradComparisons::new(what.clone(), opts.tolerance, scale);
     for (part, e, analytic) in targets {
         // Sets the entry to `value` (its original when `value` is `None`), returns the original.
         let mut set = |model: &mut Model<CpuBackend>, value: Option<f32>| -> crate::Result<f32> {
             let slot = match part {
-                Part::Cell(p) => &mut cell_params[p][e],
+                Part::Cell(k, p) => &mut cell_params[k][p][e],
                 Part::Head(p) => &mut head_params[p][e],
                 Part::Word(r) => &mut model.embedding.table_mut()[r as usize * dim + e],
             };
             let old = *slot;
             *slot = value.unwrap_or(old);
             match part {
-                Part::Cell(_) => model.cells.set_params(&cell_params)?,
+                Part::Cell(k, _) => model.cells[k].set_params(&cell_params[k])?,
                 Part::Head(_) => model.head.engine().set_params(&head_params)?,
                 Part::Word(_) => {}
             }

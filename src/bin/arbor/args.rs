@@ -90,7 +90,7 @@ pub(crate) struct BenchArgs {
     pub(crate) leaves: usize,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ModelArg {
     /// Binary constituency Tree-LSTM (Tai et al. 2015).
     TreeLstm,
@@ -184,8 +184,8 @@ pub(crate) struct TrainArgs {
     /// Clip the joint gradient norm to this value (0: no clipping).
     #[arg(long, default_value_t = 5.0)]
     pub(crate) clip: f32,
-    /// Dropout rate on every vertex's word vector and on the row the classifier reads, in
-    /// training (tree and sequence models, one layer; 0: none).
+    /// Dropout rate on every layer's pulled row (the word vector at the bottom) and pushed row
+    /// (what the classifier reads at the top), in training (tree and sequence models; 0: none).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) dropout: f32,
     /// Lowercase words (SST only).

@@ -34,7 +34,7 @@ fn pair_model<B: Backend>(backend: &B, vocab: usize, embed: usize, hidden: usize
 
 /// The scores of `AsExample::score` for pairs as a JSON object.
 fn scores<B: Backend>(model: &mut Model<B>, pairs: &[Pair]) -> Result<Value> {
-    let scores = <Pair as AsExample>::score(model, pairs)?;
+    let scores = Pair::score(&model.infer_all(pairs)?, pairs)?;
     Ok(scores.into_iter().map(|(k, v)| (k, json!(v))).collect::<serde_json::Map<_, _>>().into())
 }
 

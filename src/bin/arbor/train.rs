@@ -4,13 +4,18 @@
 use crate::args::*;
 use crate::{bar, load, meta_usize, Data};
 use arbor::checkpoint::Checkpoint;
+use arbor::data::labelled::Labelled;
 use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD};
-use arbor::dist::pipeline::{PipeSettings, Stack, Stage};
+use arbor::dist::pipeline::{Part, PipeSettings, Stage};
 use arbor::dist::Collective;
+use arbor::head::softmax_classifier;
+use arbor::layers::Embedding;
 use arbor::layers::LossOn;
+use arbor::model::Feed;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
+use arbor::readout::Readout;
 use arbor::rng::Rng;
 use arbor::train::{cross_validate, cross_validate_on, Classifier, GraphTraining};
 use arbor::trainer::{fit_threads, on_threads, Event, Learned, Run, Settings, Splits, Summary};
@@ -210,16 +215,11 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         ));
     }
     check_flags(args, &sizes)?;
-    let stacked = args.layers > 1 || args.stages > 1;
-    if args.dropout > 0.0 && (stacked || matches!(args.model, ModelArg::Ggnn | ModelArg::Sick)) {
+    if args.dropout > 0.0 && matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
         return Err(Error::input(
             "--dropout",
-            "a one-layer tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
-            match args.model {
-                ModelArg::Ggnn => "--model ggnn".to_string(),
-                ModelArg::Sick => "--model sick".to_string(),
-                _ => format!("{} layers in {} stages", args.layers, args.stages),
-            },
+            "a tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
+            format!("--model {}", if args.model == ModelArg::Ggnn { "ggnn" } else { "sick" }),
         ));
     }
     let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| {
@@ -245,6 +245,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
     let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
     let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev root accuracy")?;
     let mut events = |e: Event| progress.on(e);
+    let stacked = args.layers > 1 || args.stages > 1;
     let report = if stacked { train_pipeline(setup, &mut events)? } else { train_data_parallel(setup, &mut events)? };
     progress.finish();
     if let Some(Value::Object(fields)) = report {
@@ -432,29 +433,45 @@ where
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
     let cells = (0..args.layers)
-        .map(|k| setup.kind.cell(if k == 0 { embed } else { hidden }, hidden))
+        .map(|k| setup.kind.cell_with_dropout(if k == 0 { embed } else { hidden }, hidden, args.dropout))
         .collect::<Result<Vec<_>>>()?;
     let floats = crate::model_floats(vocab, embed, &cells.iter().collect::<Vec<_>>(), hidden, classes);
     crate::check_memory("--hidden, --embed and --layers", floats)?;
-    let mut stack = Stack::new(setup.kind, args.layers, embed, hidden, vocab, Some(PAD), classes, &mut setup.rng)?;
-    if let Some(e) = &mut stack.embed {
-        setup.pretrained(e.table_mut())?;
+    // Word vectors, the stacked cells and a softmax classifier reading every vertex.
+    let mut words = Embedding::new(vocab, embed, 0.1, &mut setup.rng).with_padding(PAD);
+    setup.pretrained(words.table_mut())?;
+    let mut cells = cells.into_iter();
+    let bottom = cells.next().ok_or_else(|| Error::input("--layers", "at least 1", "0"))?;
+    let head = softmax_classifier(hidden, classes)?;
+    let mut model = arbor::model::Model::init(&backend, words, bottom, vec![Feed::Words], head, &mut setup.rng)?
+        .with_readout(Readout::Vertices);
+    for f in cells {
+        model = model.stack(f, &mut setup.rng)?;
+    }
+    let seed = args.seed;
+    for e in &mut model.cells {
+        e.set_dropout_key(DropoutKey { seed: seed.wrapping_add(e.dropout_key().seed), ..e.dropout_key() });
     }
     let plan = PipeSettings {
         kind: args.schedule.kind(),
         micro_batches: args.micro_batches,
         epochs,
         batch: args.batch,
-        loss_on: setup.loss_on,
         clip: (args.clip > 0.0).then_some(args.clip),
         max_steps: args.max_steps,
     };
     plan.check(args.stages)?;
-    let stages: Vec<Stage<B>> = stack
-        .split(args.stages)?
+    let stages: Vec<Stage<B>> = Part::split(&model, args.stages)?
         .into_iter()
         .map(|part| Ok(Stage::on(backend.replica()?, part, Optimizer::new(optimizer(args, lr)), setup.rng.clone())))
         .collect::<Result<_>>()?;
+    let d = &setup.data;
+    let (train, dev, test) = (
+        Labelled::all(&d.train, setup.loss_on, classes),
+        Labelled::all(&d.dev, setup.loss_on, classes),
+        Labelled::all(&d.test, setup.loss_on, classes),
+    );
+    let splits = Splits { train: &train, dev: &dev, test: &test };
     let how = |on: &str| {
         format!(
             "{} in {} on {on}, {} schedule, {}",
@@ -465,7 +482,7 @@ where
         )
     };
     let finish = |stage: &Stage<B>, summary: &Summary| {
-        let mut report = outcome(summary, stage.version as u64, stage.best_dev, stage.test_acc);
+        let mut report = outcome(summary, stage.version as u64, stage.best_dev, stage.test_score());
         report["layers"] = json!(args.layers);
         report["stages"] = json!(args.stages);
         report["schedule"] = json!(args.schedule.name());
@@ -477,7 +494,7 @@ where
             setup.announce(&how("threads"));
             let last = stages.len() - 1;
             let results = on_threads(stages, setup.timeout, last, events, |mut stage, coll, report| {
-                let summary = stage.fit(setup.splits(), &plan, coll, report)?;
+                let summary = stage.fit(splits, &plan, coll, report)?;
                 Ok(finish(&stage, &summary))
             })?;
             Ok(results.into_iter().last())
@@ -499,7 +516,7 @@ where
                 stages.into_iter().nth(rank).ok_or_else(|| Error::Worker { rank, msg: "no stage".into() })?;
             let mut quiet = |_: Event| {};
             let events: &mut dyn FnMut(Event) = if last { events } else { &mut quiet };
-            let summary = stage.fit(setup.splits(), &plan, coll, events)?;
+            let summary = stage.fit(splits, &plan, coll, events)?;
             Ok(last.then(|| finish(&stage, &summary)))
         }),
     }
