@@ -201,7 +201,12 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
 }
 
 pub(crate) fn plural(n: usize, what: &str) -> String {
-    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+    let ending = match n {
+        1 => "",
+        _ if what.ends_with("ch") || what.ends_with('s') => "es",
+        _ => "s",
+    };
+    format!("{n} {what}{ending}")
 }
 
 pub(crate) fn train(args: &TrainArgs) -> Result<()> {
