@@ -26,6 +26,9 @@ use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 use std::ops::Range;
 
+mod layout;
+pub(crate) use layout::{head_inputs, layout, pulls, read_grad, read_rows, unread, Layout};
+
 /// What feeds an input of the vertex function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Feed {
@@ -233,16 +236,6 @@ impl<B: Backend> Learned for Model<B> {
     }
 }
 
-/// A minibatch laid out for the cells' engines.
-pub(crate) struct Layout<'a> {
-    pub(crate) graphs: Vec<&'a InputGraph>,
-    /// Per vertex (merged order): its word, and its parent's word (padding at a root).
-    pub(crate) words: Vec<u32>,
-    pub(crate) parent_words: Vec<u32>,
-    /// Per example, per graph: the merged index of the vertex read out.
-    pub(crate) roots: Vec<usize>,
-}
-
 /// The prefix of the tensor names of layer `k`'s parameters: `cell` for the bottom one, `cell1`,
 /// `cell2`, … above it.
 pub(crate) fn layer_prefix(k: usize) -> String {
@@ -302,78 +295,6 @@ fn run_pass<B: Backend>(
         (true, None, None) => engine.forward(graphs, pulls),
         (false, _, Some(rows)) => engine.infer_rows(graphs, pulls, rows),
         (false, _, None) => engine.infer(graphs, pulls),
-    }
-}
-
-/// What the head reads of a minibatch: `top` holds the top layer's rows of every vertex (or only
-/// of the roots when `at_roots` says the engine returned just those); gives the rows read (one
-/// per graph, or one per vertex) and, for a pooling readout, the pooling.
-pub(crate) fn read_rows(
-    top: Vec<f32>,
-    l: &Layout<'_>,
-    readout: Readout,
-    width: usize,
-    at_roots: bool,
-) -> (Vec<f32>, Option<Pooled>) {
-    match readout {
-        Readout::Vertices => (top, None),
-        Readout::Root if at_roots => (top, None),
-        Readout::Root => (l.roots.iter().flat_map(|&r| &top[r * width..][..width]).copied().collect(), None),
-        _ => {
-            let mut start = 0;
-            let groups = l
-                .graphs
-                .iter()
-                .map(|g| {
-                    start += g.len();
-                    start - g.len()..start
-                })
-                .collect();
-            let mut p = Pooled::forward(&top, width, groups, readout);
-            (std::mem::take(&mut p.rows), Some(p))
-        }
-    }
-}
-
-/// The head's inputs: per graph slot (of `k` per example), the rows `read` of every example in
-/// order, then the examples' targets.
-pub(crate) fn head_inputs(read: &[f32], k: usize, width: usize, targets: Vec<f32>) -> Vec<Vec<f32>> {
-    let mut inputs: Vec<Vec<f32>> =
-        (0..k).map(|slot| read.chunks(width.max(1)).skip(slot).step_by(k).flatten().copied().collect()).collect();
-    inputs.push(targets);
-    inputs
-}
-
-/// The gradient of the rows read (as [`read_rows`] gave them) from the head's input gradients
-/// `slots` (the first `k`).
-pub(crate) fn read_grad(slots: &[Vec<f32>], k: usize, width: usize, rows: usize) -> Vec<f32> {
-    let mut dh = vec![0.0; rows * width];
-    for (slot, g) in slots.iter().take(k).enumerate() {
-        for (e, row) in g.chunks(width.max(1)).enumerate() {
-            dh[(e * k + slot) * width..][..width].copy_from_slice(row);
-        }
-    }
-    dh
-}
-
-/// The gradient of the top layer's rows of every vertex from the gradient `dh` of the rows read.
-pub(crate) fn unread(
-    dh: Vec<f32>,
-    l: &Layout<'_>,
-    readout: Readout,
-    width: usize,
-    pooled: Option<&Pooled>,
-) -> Vec<f32> {
-    match (readout, pooled) {
-        (_, Some(p)) => p.backward(&dh, l.words.len()),
-        (Readout::Root, None) => {
-            let mut all = vec![0.0; l.words.len() * width];
-            for (&r, row) in l.roots.iter().zip(dh.chunks(width.max(1))) {
-                all[r * width..][..width].copy_from_slice(row);
-            }
-            all
-        }
-        _ => dh,
     }
 }
 
@@ -747,65 +668,4 @@ impl<B: Backend> Model<B> {
     fn layout<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
         layout(batch, self.graphs_per_example(), self.readout, self.embedding.padding(), self.cells[0].function())
     }
-}
-
-/// Checks `batch` (`k` graphs per example; one with [`Readout::Vertices`]) and lays it out for
-/// the cells (`f` the bottom one, for errors), `padding` the parent word of a root.
-pub(crate) fn layout<'a>(
-    batch: &[Example<'a>],
-    k: usize,
-    readout: Readout,
-    padding: Option<u32>,
-    f: &VertexFn,
-) -> Result<Layout<'a>> {
-    if readout == Readout::Vertices && k != 1 {
-        return Err(Error::input(
-            format!("model over `{}` reading every vertex", f.name()),
-            "a head reading one graph per example",
-            format!("a head reading {k}"),
-        ));
-    }
-    let pad = padding.unwrap_or(0);
-    let mut l = Layout { graphs: Vec::new(), words: Vec::new(), parent_words: Vec::new(), roots: Vec::new() };
-    for (e, example) in batch.iter().enumerate() {
-        if example.trees.len() != k {
-            return Err(Error::input(
-                format!("example {e} of the minibatch"),
-                format!("{k} graphs"),
-                example.trees.len().to_string(),
-            ));
-        }
-        for (t, tree) in example.trees.iter().enumerate() {
-            let n = tree.graph.len();
-            if tree.words.len() != n || tree.root >= n {
-                return Err(Error::input(
-                    format!("graph {t} of example {e} of the minibatch"),
-                    format!("{n} words and a root below {n}"),
-                    format!("{} words, root {}", tree.words.len(), tree.root),
-                ));
-            }
-            let start = l.words.len();
-            l.roots.push(start + tree.root);
-            l.words.extend_from_slice(tree.words);
-            l.parent_words.resize(start + n, pad);
-            for v in 0..n {
-                for &c in tree.graph.children(v).iter().filter(|&&c| c != arbor_core::graph::NO_CHILD) {
-                    l.parent_words[start + c as usize] = tree.words[v];
-                }
-            }
-            l.graphs.push(tree.graph);
-        }
-    }
-    Ok(l)
-}
-
-/// The cells' inputs over `l`, as `feeds` say.
-pub(crate) fn pulls<'a>(embedding: &'a Embedding, feeds: &[Feed], l: &'a Layout<'_>) -> Vec<Pull<'a>> {
-    feeds
-        .iter()
-        .map(|feed| match feed {
-            Feed::Words => embedding.pull(&l.words),
-            Feed::ParentWords => embedding.pull(&l.parent_words),
-        })
-        .collect()
 }
