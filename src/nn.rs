@@ -3,16 +3,43 @@
 use arbor_core::ir::{Builder, Init, Var, VertexFn};
 use arbor_core::Result;
 
+/// Dropout rates of a ready-made cell, in training: on its pulled input (the word vector) and on
+/// its pushed output (what the layer above or the head reads). The recurrence (the gathered and
+/// scattered states) is left alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CellDropout {
+    /// Rate on the pulled input.
+    pub input: f32,
+    /// Rate on the pushed output.
+    pub output: f32,
+}
+
+impl CellDropout {
+    /// No dropout.
+    pub const NONE: CellDropout = CellDropout { input: 0.0, output: 0.0 };
+
+    /// Rate `p` on both the pulled input and the pushed output.
+    pub fn both(p: f32) -> CellDropout {
+        CellDropout { input: p, output: p }
+    }
+
+    /// Rate `p` on the pushed output only (Tai et al. (2015) on SST: dropout before the
+    /// classifier).
+    pub fn output(p: f32) -> CellDropout {
+        CellDropout { input: 0.0, output: p }
+    }
+}
+
 /// The binary (N-ary, N = 2) Tree-LSTM cell of Tai et al. (2015), with a forget gate per child.
 /// Pulls `x` (`embed` wide), gathers and scatters states `h` and `c`, pushes `h`.
 pub fn tree_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
-    tree_lstm_with(embed, hidden, 0.0)
+    tree_lstm_with(embed, hidden, CellDropout::NONE)
 }
 
-/// [`tree_lstm`] with dropout at rate `p` on the pulled input and the pushed output.
-fn tree_lstm_with(embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
+/// [`tree_lstm`] with dropout `p`.
+fn tree_lstm_with(embed: usize, hidden: usize, p: CellDropout) -> Result<VertexFn> {
     let f = Builder::new("tree-lstm", 2);
-    let x = f.pull("x", embed).dropout(p);
+    let x = f.pull("x", embed).dropout(p.input);
     let (h0, c0) = (f.gather(0, "h", hidden), f.gather(0, "c", hidden));
     let (h1, c1) = (f.gather(1, "h", hidden), f.gather(1, "c", hidden));
     let w = f.param("W", [embed, 5 * hidden], Init::Xavier);
@@ -29,7 +56,7 @@ fn tree_lstm_with(embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
     let h = o * c.tanh();
     f.scatter("h", h);
     f.scatter("c", c);
-    f.push("h", h.dropout(p));
+    f.push("h", h.dropout(p.output));
     f.build()
 }
 
@@ -38,16 +65,16 @@ fn tree_lstm_with(embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
 /// child, `f_k = σ(x·W_f + h_k·U_f + b_f)` with `U_f` shared by all children. A missing child
 /// reads zeros, so it adds nothing to the memory; a vertex with more children is refused.
 pub fn child_sum_tree_lstm(embed: usize, hidden: usize, max_children: usize) -> Result<VertexFn> {
-    child_sum_tree_lstm_with(embed, hidden, max_children, 0.0)
+    child_sum_tree_lstm_with(embed, hidden, max_children, CellDropout::NONE)
 }
 
-/// [`child_sum_tree_lstm`] with dropout at rate `p` on the pulled input and the pushed output.
-fn child_sum_tree_lstm_with(embed: usize, hidden: usize, max_children: usize, p: f32) -> Result<VertexFn> {
+/// [`child_sum_tree_lstm`] with dropout `p`.
+fn child_sum_tree_lstm_with(embed: usize, hidden: usize, max_children: usize, p: CellDropout) -> Result<VertexFn> {
     if max_children == 0 {
         return Err(arbor_core::Error::input("child-sum Tree-LSTM", "max_children of at least 1", "0"));
     }
     let f = Builder::new("child-sum-tree-lstm", max_children);
-    let x = f.pull("x", embed).dropout(p);
+    let x = f.pull("x", embed).dropout(p.input);
     let kids: Vec<_> = (0..max_children).map(|k| (f.gather(k, "h", hidden), f.gather(k, "c", hidden))).collect();
     let [w, u, b, wf, uf, bf] = child_sum_params(&f, embed, hidden);
     let sum_h = kids.iter().skip(1).fold(kids[0].0, |s, k| s + k.0);
@@ -59,7 +86,7 @@ fn child_sum_tree_lstm_with(embed: usize, hidden: usize, max_children: usize, p:
     let h_new = o * c_new.tanh();
     f.scatter("h", h_new);
     f.scatter("c", c_new);
-    f.push("h", h_new.dropout(p));
+    f.push("h", h_new.dropout(p.output));
     f.build()
 }
 
@@ -101,13 +128,13 @@ pub fn child_sum_tree_lstm_nary(embed: usize, hidden: usize) -> Result<VertexFn>
 /// An LSTM cell over a chain (Var-LSTM: a sentence as a chain graph, each vertex gathering its
 /// predecessor). Pulls `x`, gathers and scatters `h` and `c`, pushes `h`.
 pub fn var_lstm(embed: usize, hidden: usize) -> Result<VertexFn> {
-    var_lstm_with(embed, hidden, 0.0)
+    var_lstm_with(embed, hidden, CellDropout::NONE)
 }
 
-/// [`var_lstm`] with dropout at rate `p` on the pulled input and the pushed output.
-fn var_lstm_with(embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
+/// [`var_lstm`] with dropout `p`.
+fn var_lstm_with(embed: usize, hidden: usize, p: CellDropout) -> Result<VertexFn> {
     let f = Builder::new("var-lstm", 1);
-    let x = f.pull("x", embed).dropout(p);
+    let x = f.pull("x", embed).dropout(p.input);
     let (h, c) = (f.gather(0, "h", hidden), f.gather(0, "c", hidden));
     let w = f.param("W", [embed, 4 * hidden], Init::Xavier);
     let u = f.param("U", [hidden, 4 * hidden], Init::Xavier);
@@ -119,20 +146,20 @@ fn var_lstm_with(embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
     let h_new = o * c_new.tanh();
     f.scatter("h", h_new);
     f.scatter("c", c_new);
-    f.push("h", h_new.dropout(p));
+    f.push("h", h_new.dropout(p.output));
     f.build()
 }
 
 /// Tree-FC, the Cavs benchmark cell: one fully connected layer over a vertex's input and its two
 /// children's states, `h = tanh(x·W + h₀·U₀ + h₁·U₁ + b)`.
 pub fn tree_fc(embed: usize, hidden: usize) -> Result<VertexFn> {
-    tree_fc_with(embed, hidden, 0.0)
+    tree_fc_with(embed, hidden, CellDropout::NONE)
 }
 
-/// [`tree_fc`] with dropout at rate `p` on the pulled input and the pushed output.
-fn tree_fc_with(embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
+/// [`tree_fc`] with dropout `p`.
+fn tree_fc_with(embed: usize, hidden: usize, p: CellDropout) -> Result<VertexFn> {
     let f = Builder::new("tree-fc", 2);
-    let x = f.pull("x", embed).dropout(p);
+    let x = f.pull("x", embed).dropout(p.input);
     let (h0, h1) = (f.gather(0, "h", hidden), f.gather(1, "h", hidden));
     let w = f.param("W", [embed, hidden], Init::Xavier);
     let u0 = f.param("U0", [hidden, hidden], Init::Xavier);
@@ -140,7 +167,7 @@ fn tree_fc_with(embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
     let b = f.param("b", [1, hidden], Init::Zeros);
     let h = (x.matmul(w) + h0.matmul(u0) + h1.matmul(u1) + b).tanh();
     f.scatter("h", h);
-    f.push("h", h.dropout(p));
+    f.push("h", h.dropout(p.output));
     f.build()
 }
 
@@ -181,13 +208,13 @@ impl Model {
 
     /// The model's vertex function.
     pub fn cell(self, embed: usize, hidden: usize) -> Result<VertexFn> {
-        self.cell_with_dropout(embed, hidden, 0.0)
+        self.cell_with_dropout(embed, hidden, CellDropout::NONE)
     }
 
-    /// The model's vertex function with dropout at rate `p` on its pulled input (the word
-    /// vector) and its pushed output (what the classifier reads), as Tai et al. train on SST;
-    /// the recurrence itself is left alone. `p = 0` gives [`Model::cell`].
-    pub fn cell_with_dropout(self, embed: usize, hidden: usize, p: f32) -> Result<VertexFn> {
+    /// The model's vertex function with dropout `p` on its pulled input (the word vector) and
+    /// its pushed output (what the classifier reads); [`CellDropout::NONE`] gives
+    /// [`Model::cell`].
+    pub fn cell_with_dropout(self, embed: usize, hidden: usize, p: CellDropout) -> Result<VertexFn> {
         match self {
             Model::TreeLstm => tree_lstm_with(embed, hidden, p),
             // Constituency trees (SST, the synthetic treebank) are binary.
@@ -242,4 +269,21 @@ pub fn relatedness_head(hidden: usize, units: usize, classes: usize) -> Result<V
     f.push("loss", crate::head::kl_divergence(log_q, p));
     f.push("q", log_q.exp());
     f.build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cell_dropout_puts_each_rate_where_it_says() {
+        for model in Model::ALL {
+            let rates = |p| model.cell_with_dropout(4, 3, p).unwrap().dropout_rates().to_vec();
+            assert_eq!(rates(CellDropout::NONE), Vec::<f32>::new(), "{}", model.name());
+            assert_eq!(rates(CellDropout::output(0.5)), [0.5], "{}", model.name());
+            // The pulled input is declared first.
+            assert_eq!(rates(CellDropout { input: 0.2, output: 0.4 }), [0.2, 0.4], "{}", model.name());
+            assert_eq!(rates(CellDropout::both(0.3)), [0.3, 0.3], "{}", model.name());
+        }
+    }
 }

@@ -59,7 +59,7 @@ const SMALL: [&str; 6] = ["--hidden", "4", "--embed", "4", "--epochs", "1"];
 
 #[test]
 fn nonsensical_training_flags_are_refused() {
-    let cases: [(&[&str], &[&str]); 14] = [
+    let cases: [(&[&str], &[&str]); 15] = [
         (&["--lr", "nan"], &["--lr", "finite rate above 0"]),
         (&["--lr", "inf"], &["--lr"]),
         (&["--lr=-1"], &["--lr"]),
@@ -74,6 +74,7 @@ fn nonsensical_training_flags_are_refused() {
         (&["--model", "ggnn", "--workers", "2"], &["--model ggnn", "one worker"]),
         (&["--model", "ggnn", "--stages", "2"], &["--model ggnn"]),
         (&["--dropout", "1.5"], &["--dropout"]),
+        (&["--input-dropout=-0.5"], &["--input-dropout", "a rate in [0, 1)"]),
     ];
     for (flags, words) in cases {
         refused(&[&["train"], &SMALL[..], flags].concat(), words);

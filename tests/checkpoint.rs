@@ -138,7 +138,7 @@ fn resume_mid_epoch_is_bitwise_exact() {
 /// uninterrupted one drew.
 #[test]
 fn resume_with_dropout_is_bitwise_exact() {
-    resume_is_exact("exact-dropout", &["--dropout", "0.3"]);
+    resume_is_exact("exact-dropout", &["--dropout", "0.3", "--input-dropout", "0.2"]);
 }
 
 /// As [`resume_mid_epoch_is_bitwise_exact`], with two data-parallel workers in every run.

@@ -23,12 +23,13 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    let bad: [&[&str]; 9] = [
+    let bad: [&[&str]; 10] = [
         &["train", "--data", "/no/such/dir"],
         &["train", "--batch", "0"],
         &["train", "--dropout", "1"],
         &["train", "--dropout", "NaN"],
         &["train", "--model", "ggnn", "--dropout", "0.5"],
+        &["train", "--model", "sick", "--input-dropout", "0.5"],
         &["train", "--hidden", "x"],
         &["bench", "--precision", "bf16"],
         &["bench", "--precision", "f8"],
@@ -156,7 +157,19 @@ fn pipeline_flags() {
     assert_eq!((v["stages"].as_u64(), v["layers"].as_u64(), v["steps"].as_u64()), (Some(2), Some(2), Some(8)));
     assert_eq!(v["schedule"], "2bw");
     // A stacked model with dropout in two stages learns the synthetic treebank.
-    let out = arbor(&["train", "--layers", "2", "--stages", "2", "--dropout", "0.1", "--epochs", "2"]);
+    let out = arbor(&[
+        "train",
+        "--layers",
+        "2",
+        "--stages",
+        "2",
+        "--dropout",
+        "0.1",
+        "--input-dropout",
+        "0.1",
+        "--epochs",
+        "2",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value =
         serde_json::from_str(String::from_utf8(out.stdout).unwrap().lines().last().unwrap()).unwrap();

@@ -1,7 +1,7 @@
 //! The command line: subcommands and their flags.
 
 use arbor::dist::schedule::Kind;
-use arbor::nn::Model;
+use arbor::nn::{CellDropout, Model};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -184,10 +184,13 @@ pub(crate) struct TrainArgs {
     /// Clip the joint gradient norm to this value (0: no clipping).
     #[arg(long, default_value_t = 5.0)]
     pub(crate) clip: f32,
-    /// Dropout rate on every layer's pulled row (the word vector at the bottom) and pushed row
-    /// (what the classifier reads at the top), in training (tree and sequence models; 0: none).
+    /// Dropout rate on every layer's pushed row (what the layer above or the classifier reads),
+    /// in training (tree and sequence models; 0: none).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) dropout: f32,
+    /// Dropout rate on the word vectors, in training (tree and sequence models; 0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) input_dropout: f32,
     /// Lowercase words (SST only).
     #[arg(long)]
     pub(crate) lowercase: bool,
@@ -241,6 +244,15 @@ pub(crate) struct TrainArgs {
     /// Pause inside each checkpoint write, in milliseconds (for crash tests).
     #[arg(long, default_value_t = 0, hide = true)]
     pub(crate) persist_pause_ms: u64,
+}
+
+impl TrainArgs {
+    /// The dropout of stacked layer `k` (0 at the bottom): `--input-dropout` on the word vectors
+    /// the bottom layer pulls, `--dropout` on every layer's pushed row (so a row between two
+    /// layers is dropped once).
+    pub(crate) fn cell_dropout(&self, k: usize) -> CellDropout {
+        CellDropout { input: if k == 0 { self.input_dropout } else { 0.0 }, output: self.dropout }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]

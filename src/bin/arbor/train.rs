@@ -182,8 +182,10 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if !(args.clip.is_finite() && args.clip >= 0.0) {
         return bad("--clip", "a finite gradient-norm bound of 0 (none) or more", args.clip.to_string());
     }
-    if !(0.0..1.0).contains(&args.dropout) {
-        return bad("--dropout", "a rate in [0, 1)", args.dropout.to_string());
+    for (flag, rate) in [("--dropout", args.dropout), ("--input-dropout", args.input_dropout)] {
+        if !(0.0..1.0).contains(&rate) {
+            return bad(flag, "a rate in [0, 1)", rate.to_string());
+        }
     }
     if args.workers == 0 || args.workers > args.batch {
         let expected = format!("between 1 and the examples of a minibatch (--batch {})", args.batch);
@@ -220,9 +222,9 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         ));
     }
     check_flags(args, &sizes)?;
-    if args.dropout > 0.0 && matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
+    if args.dropout + args.input_dropout > 0.0 && matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
         return Err(Error::input(
-            "--dropout",
+            if args.dropout > 0.0 { "--dropout" } else { "--input-dropout" },
             "a tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
             format!("--model {}", if args.model == ModelArg::Ggnn { "ggnn" } else { "sick" }),
         ));
@@ -356,7 +358,7 @@ where
 {
     let args = setup.args;
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
-    let cell = setup.kind.cell_with_dropout(embed, hidden, args.dropout)?;
+    let cell = setup.kind.cell_with_dropout(embed, hidden, args.cell_dropout(0))?;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
     let floats = crate::model_floats(vocab, embed, &[&cell], hidden, classes) * args.workers as u128;
     crate::check_memory("--hidden, --embed and --workers", floats)?;
@@ -376,9 +378,12 @@ where
             "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
         }),
     );
+    // Recorded only when used, so checkpoints of runs without dropout resume as before.
     if args.dropout > 0.0 {
-        // Recorded only when used, so checkpoints of runs without dropout resume as before.
         plan.meta["dropout"] = json!(args.dropout);
+    }
+    if args.input_dropout > 0.0 {
+        plan.meta["input_dropout"] = json!(args.input_dropout);
     }
     prepare_run(&mut run, args, &plan)?;
     let (summary, lead, workers) = match args.distributed {
@@ -438,7 +443,7 @@ where
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
     let cells = (0..args.layers)
-        .map(|k| setup.kind.cell_with_dropout(if k == 0 { embed } else { hidden }, hidden, args.dropout))
+        .map(|k| setup.kind.cell_with_dropout(if k == 0 { embed } else { hidden }, hidden, args.cell_dropout(k)))
         .collect::<Result<Vec<_>>>()?;
     let floats = crate::model_floats(vocab, embed, &cells.iter().collect::<Vec<_>>(), hidden, classes);
     crate::check_memory("--hidden, --embed and --layers", floats)?;
