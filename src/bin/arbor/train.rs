@@ -378,9 +378,10 @@ where
             "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
         }),
     );
-    // Recorded only when used, so checkpoints of runs without dropout resume as before.
+    // Recorded only when used, so checkpoints of runs without dropout resume as before; under a
+    // new name, since `dropout` once meant the input and the output rate both.
     if args.dropout > 0.0 {
-        plan.meta["dropout"] = json!(args.dropout);
+        plan.meta["output_dropout"] = json!(args.dropout);
     }
     if args.input_dropout > 0.0 {
         plan.meta["input_dropout"] = json!(args.input_dropout);
