@@ -50,9 +50,11 @@
 //! # Ok::<(), arbor::Error>(())
 //! ```
 
+use arbor_core::dropout::{self, DropoutKey};
 use arbor_core::error::{Error, Result};
 use arbor_core::graph::InputGraph;
 use arbor_core::rng::Rng;
+use std::borrow::Cow;
 
 /// An embedding table: one `dim`-wide row per vocabulary entry.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,6 +62,49 @@ pub struct Embedding {
     dim: usize,
     table: Vec<f32>,
     padding: Option<u32>,
+    word_dropout: Option<WordDropout>,
+}
+
+/// Word dropout (Iyyer et al. 2015; Kiperwasser and Goldberg 2016): in training, a vertex's word
+/// is replaced by the unknown word with a probability of the word's own, so the unknown word's
+/// vector learns to stand for the words evaluation brings that training never saw, and rare
+/// words are not memorised. Each vertex's draw is hashed from its place, as
+/// [`Var::dropout`](crate::Var::dropout)'s masks are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WordDropout {
+    unk: u32,
+    rates: Vec<f32>,
+}
+
+/// The dropout site of word dropout's draws (apart from any vertex function's sites).
+const WORD_SITE: usize = usize::MAX;
+
+impl WordDropout {
+    /// Replaces a word seen `counts[id]` times in training by `unk` with probability
+    /// `alpha / (alpha + counts[id])`; a word never seen (the padding, `unk` itself) is kept.
+    pub fn by_frequency(unk: u32, counts: &[usize], alpha: f32) -> WordDropout {
+        let rate = |&c: &usize| if c == 0 { 0.0 } else { alpha / (alpha + c as f32) };
+        WordDropout { unk, rates: counts.iter().map(rate).collect() }
+    }
+
+    /// The probability that `id` is replaced (0 for ids beyond the counts).
+    pub fn rate(&self, id: u32) -> f32 {
+        self.rates.get(id as usize).copied().unwrap_or(0.0)
+    }
+
+    /// `ids` of a training pass at `key` (merged over `graphs`, vertex by vertex), with each word
+    /// drawn to be dropped replaced by the unknown word.
+    pub fn apply(&self, key: DropoutKey, graphs: &[&InputGraph], ids: &[u32]) -> Vec<u32> {
+        let mut out = ids.to_vec();
+        let places = graphs.iter().enumerate().flat_map(|(g, graph)| (0..graph.len()).map(move |v| (g, v)));
+        for (id, (g, v)) in out.iter_mut().zip(places) {
+            let p = self.rate(*id);
+            if p > 0.0 && dropout::vertex_dropped(key, WORD_SITE, key.first + g, v, p) {
+                *id = self.unk;
+            }
+        }
+        out
+    }
 }
 
 use crate::engine::Pull;
@@ -68,7 +113,32 @@ pub use crate::engine::SparseGrad;
 impl Embedding {
     /// A `vocab × dim` table drawn uniformly from `[-scale, scale]`.
     pub fn new(vocab: usize, dim: usize, scale: f32, rng: &mut Rng) -> Embedding {
-        Embedding { dim, table: (0..vocab * dim).map(|_| rng.range(-scale, scale)).collect(), padding: None }
+        let table = (0..vocab * dim).map(|_| rng.range(-scale, scale)).collect();
+        Embedding { dim, table, padding: None, word_dropout: None }
+    }
+
+    /// Drops words in training passes as `w` says (never the padding row).
+    pub fn with_word_dropout(mut self, w: WordDropout) -> Embedding {
+        self.word_dropout = Some(w);
+        self
+    }
+
+    /// The word ids a training pass at `key` over `graphs` pulls: `ids`, with the words word
+    /// dropout (if any) replaces.
+    pub fn training_ids<'a>(&self, key: DropoutKey, graphs: &[&InputGraph], ids: &'a [u32]) -> Cow<'a, [u32]> {
+        match &self.word_dropout {
+            Some(w) => {
+                let mut dropped = w.apply(key, graphs, ids);
+                // The padding row stays where it was: a vertex without a word has none to drop.
+                for (d, &id) in dropped.iter_mut().zip(ids) {
+                    if Some(id) == self.padding {
+                        *d = id;
+                    }
+                }
+                Cow::Owned(dropped)
+            }
+            None => Cow::Borrowed(ids),
+        }
     }
 
     /// Makes row `id` an all-zero row that never gets a gradient (for vertices without a word).
@@ -95,7 +165,7 @@ impl Embedding {
                 format!("{} values", table.len()),
             ));
         }
-        Ok(Embedding { dim, table, padding: None })
+        Ok(Embedding { dim, table, padding: None, word_dropout: None })
     }
 
     /// The padding row, if any.

@@ -66,12 +66,26 @@ pub struct Optimizer {
     pub steps: u64,
     /// State per tensor, by name.
     pub slots: BTreeMap<String, Slot>,
+    /// Learning rates in place of `config.lr` for the tensors named (see [`Optimizer::with_lr`]).
+    pub lrs: BTreeMap<String, f32>,
 }
 
 impl Optimizer {
     /// An optimizer with no state yet.
     pub fn new(config: Config) -> Optimizer {
-        Optimizer { config, steps: 0, slots: BTreeMap::new() }
+        Optimizer { config, steps: 0, slots: BTreeMap::new(), lrs: BTreeMap::new() }
+    }
+
+    /// Updates the tensor `name` at learning rate `lr` instead of `config.lr` (e.g. a slower
+    /// `embedding`, whose rows of rare words otherwise move far on the few steps that see them).
+    pub fn with_lr(mut self, name: &str, lr: f32) -> Optimizer {
+        self.lrs.insert(name.to_string(), lr);
+        self
+    }
+
+    /// The settings `name` is updated with.
+    fn config_of(&self, name: &str) -> Config {
+        Config { lr: self.lrs.get(name).copied().unwrap_or(self.config.lr), ..self.config }
     }
 
     /// The state as named tensors (`opt.<tensor>.m`, `opt.<tensor>.v`), for checkpoints.
@@ -119,7 +133,7 @@ impl Optimizer {
 
     /// Updates the dense tensor `name` (values `p`) with gradient `g`.
     pub fn dense(&mut self, name: &str, p: &mut [f32], g: &[f32]) {
-        let c = self.config;
+        let c = self.config_of(name);
         let t = self.steps.max(1);
         let s = self.slot(name, p.len());
         let pieces = p.chunks_mut(PIECE).zip(g.chunks(PIECE)).zip(s.m.chunks_mut(PIECE)).zip(s.v.chunks_mut(PIECE));
@@ -131,7 +145,7 @@ impl Optimizer {
     /// Updates the rows that `g` touches of the embedding table `name` (`dim` wide), with state
     /// kept for every row, so a row's history survives minibatches that skip it.
     pub fn sparse(&mut self, name: &str, table: &mut [f32], dim: usize, g: &SparseGrad) {
-        let c = self.config;
+        let c = self.config_of(name);
         let t = self.steps.max(1);
         let s = self.slot(name, table.len());
         let vocab = table.len() / dim.max(1);

@@ -287,7 +287,8 @@ impl<B: Backend> Classifier<B> {
         denom: Option<usize>,
         planned: Option<Planned<'_>>,
     ) -> Result<OutputPass> {
-        let pull = self.embed.pull(ids);
+        let dropped = self.embed.training_ids(self.engine.dropout_key(), graphs, ids);
+        let pull = self.embed.pull(&dropped);
         // A loss on some vertices (the roots) reads and feeds back only their rows.
         let rows: Option<Vec<usize>> = match readout {
             Readout::Vertices(targets) if targets.iter().any(Option::is_none) => {

@@ -302,7 +302,7 @@ fn edited_metadata_is_refused() {
     assert!(err.contains("meta.json") && err.contains("checksum mismatch"), "{err}");
 }
 
-/// Resuming with other settings (batch, seed, learning rate), or from a checkpoint without
+/// Resuming with other settings (batch, seed, learning rates), or from a checkpoint without
 /// optimizer state (`best/`), is refused with an error naming the reason.
 #[test]
 fn resume_refuses_other_settings_and_best_checkpoints() {
@@ -325,6 +325,9 @@ fn resume_refuses_other_settings_and_best_checkpoints() {
     // A long setting shows only what differs: the learning rate inside the optimizer's.
     let err = refused(&[last, "--lr", "0.02"]);
     assert!(err.contains("`optimizer` = …lr: 0.01…") && err.contains("got …lr: 0.02…"), "{err}");
+    // A flag recorded only as `null` when unused is still compared.
+    let err = refused(&[last, "--embed-lr", "0.005"]);
+    assert!(err.starts_with("arbor: resuming from a checkpoint with `embed_lr` = null"), "{err}");
     let best = ck.join("best");
     let err = refused(&[s(&best), "--epochs", "2"]);
     assert!(err.contains("a `best/` folder is for `arbor eval`"), "{err}");

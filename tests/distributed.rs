@@ -2,10 +2,10 @@
 //! the whole minibatch; shards balance vertices; a worker that dies or hangs ends the others'
 //! run with an error in bounded time.
 
-use arbor::data::{synthetic, TreeExample, PAD};
+use arbor::data::{synthetic, TreeExample, PAD, UNK};
 use arbor::dist::data_parallel::{self, merge, shard};
 use arbor::dist::{Collective, ThreadCollective};
-use arbor::layers::LossOn;
+use arbor::layers::{LossOn, WordDropout};
 use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::rng::Rng;
@@ -92,8 +92,9 @@ fn two_and_four_workers_equal_one() {
     }
 }
 
-/// With dropout, two and four workers draw the masks one worker draws (each tree's masks keyed
-/// by its place in the minibatch) and so end where it does; and dropout does change training.
+/// With dropout (in the cell, and of words), two and four workers draw the masks one worker
+/// draws (each tree's masks keyed by its place in the minibatch) and so end where it does; and
+/// dropout does change training.
 #[test]
 fn workers_draw_the_dropout_masks_of_one() {
     let data = synthetic::generate(160, 10, 9);
@@ -104,6 +105,9 @@ fn workers_draw_the_dropout_masks_of_one() {
         let mut m = Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut Rng::new(3))
             .expect("the classifier builds");
         m.engine.set_dropout_key(DropoutKey { seed: 11, ..DropoutKey::default() });
+        let mut counts = vec![0; synthetic::vocab().len()];
+        data.iter().flat_map(|e| &e.words).for_each(|&w| counts[w as usize] += 1);
+        m.embed = m.embed.clone().with_word_dropout(WordDropout::by_frequency(UNK, &counts, 20.0));
         m
     };
     let one = values(&data_parallel(&with_dropout(), 1, &batches, opt)[0]);

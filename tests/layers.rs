@@ -1,10 +1,12 @@
 //! The input layer and the classifier head: gradients against finite differences, sparse rows,
-//! target selection and errors.
+//! target selection, word dropout and errors.
 
 use arbor::head::ClassHead;
-use arbor::layers::{Embedding, LossOn};
+use arbor::layers::{Embedding, LossOn, WordDropout};
+use arbor::optim::{Config, Optimizer, Rule};
 use arbor::rng::Rng;
-use arbor::{CpuBackend, InputGraph};
+use arbor::train::{Classifier, Readout};
+use arbor::{nn, CpuBackend, DropoutKey, InputGraph};
 
 fn softmax(d: usize, c: usize, seed: u64) -> ClassHead<CpuBackend> {
     ClassHead::softmax(CpuBackend::new(), d, c, &mut Rng::new(seed)).unwrap()
@@ -120,4 +122,61 @@ fn classifier_needs_one_input_and_one_output() {
     let cell = f.build().unwrap();
     let err = arbor::train::Classifier::new(cell, 5, None, 2, &mut Rng::new(1)).err().expect("refused");
     assert!(err.to_string().contains("1 inputs and 2 outputs"), "{err}");
+}
+
+/// Word dropout replaces a word seen `c` times by the unknown word at rate α / (α + c), never the
+/// padding, and draws by place: one pass over many graphs drops what a pass per graph (its
+/// `first` at the graph's place) drops, and another step draws anew.
+#[test]
+fn word_dropout_replaces_rare_words_at_their_rate_by_place() {
+    let (pad, unk, rare, common) = (0u32, 1u32, 2u32, 3u32);
+    // α = 0.25: a word seen once goes at 0.2, one seen 99 times at about 0.0025.
+    let w = WordDropout::by_frequency(unk, &[500, 0, 1, 99], 0.25);
+    assert_eq!((w.rate(pad), w.rate(unk)), (0.25 / 500.25, 0.0));
+    assert!((w.rate(rare) - 0.2).abs() < 1e-6 && (w.rate(common) - 0.25 / 99.25).abs() < 1e-6);
+    let chains: Vec<InputGraph> = (0..400).map(|_| InputGraph::chain(50)).collect();
+    let graphs: Vec<&InputGraph> = chains.iter().collect();
+    let ids: Vec<u32> = (0..400 * 50).map(|i| [pad, rare, common, rare][i % 4]).collect();
+    let embed = Embedding::new(4, 2, 0.1, &mut Rng::new(1)).with_padding(pad).with_word_dropout(w.clone());
+    let key = DropoutKey { seed: 9, step: 4, first: 0 };
+    let out = embed.training_ids(key, &graphs, &ids);
+    let replaced = |of: u32| {
+        let at: Vec<usize> = (0..ids.len()).filter(|&i| ids[i] == of).collect();
+        assert!(at.iter().all(|&i| out[i] == of || out[i] == unk), "{of} became something else");
+        at.iter().filter(|&&i| out[i] == unk).count() as f64 / at.len() as f64
+    };
+    assert_eq!(replaced(pad), 0.0, "the padding was dropped");
+    assert!((replaced(rare) - 0.2).abs() < 0.015, "rare words dropped at {}", replaced(rare));
+    assert!(replaced(common) < 0.01, "common words dropped at {}", replaced(common));
+    let one_by_one: Vec<u32> = graphs
+        .iter()
+        .enumerate()
+        .flat_map(|(g, &graph)| {
+            let mine = &ids[g * 50..(g + 1) * 50];
+            w.apply(DropoutKey { first: g, ..key }, &[graph], mine)
+        })
+        .collect();
+    // `apply` itself knows no padding: compare the words.
+    let words = |v: &[u32]| v.iter().zip(&ids).filter(|(_, &i)| i != pad).map(|(&o, _)| o).collect::<Vec<_>>();
+    assert_eq!(words(&out), words(&one_by_one));
+    assert_ne!(out, embed.training_ids(DropoutKey { step: 5, ..key }, &graphs, &ids));
+}
+
+/// A training step with word dropout moves the unknown word's vector in place of the dropped
+/// words' (here every word is seen once and α is large: nearly all are dropped).
+#[test]
+fn a_training_step_trains_the_unknown_word_for_the_dropped_ones() {
+    let mut rng = Rng::new(2);
+    let mut model = Classifier::new(nn::tree_lstm(4, 4).unwrap(), 5, Some(0), 3, &mut rng).unwrap();
+    let words = WordDropout::by_frequency(1, &[0, 0, 1, 1, 1], 1e6);
+    model.embed = model.embed.clone().with_word_dropout(words);
+    let before = model.embed.table().to_vec();
+    let tree = InputGraph::balanced_binary(2);
+    let ids = [2, 3, 0];
+    let targets = [None, None, Some(1)];
+    let mut opt = Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.5));
+    model.step(&[&tree], &ids, Readout::Vertices(&targets), &mut opt, None).unwrap();
+    let moved = |id: usize| before[id * 4..][..4] != model.embed.table()[id * 4..][..4];
+    assert!(moved(1), "the unknown word's vector did not move");
+    assert!(!moved(2) && !moved(3) && !moved(4), "a dropped word's vector moved");
 }

@@ -163,3 +163,18 @@ fn state_follows_the_tensor_name_not_the_call_order() {
     c.restore(&ck, a.steps).unwrap();
     assert_eq!(c, a);
 }
+
+#[test]
+fn a_tensor_named_in_with_lr_moves_at_its_own_rate() {
+    // Adagrad's first step is lr·sign(g): the dense tensor at 0.5, the table's row at 0.01,
+    // another dense tensor at the default.
+    let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.5)).with_lr("embedding", 0.01);
+    let (mut w, mut other, mut table) = ([1.0f32], [1.0f32], vec![0.0f32; 2 * 2]);
+    opt.begin_step();
+    opt.dense("w", &mut w, &[2.0]);
+    opt.dense("v", &mut other, &[-2.0]);
+    opt.sparse("embedding", &mut table, 2, &SparseGrad { rows: vec![1], values: vec![3.0, -3.0] });
+    assert!((w[0] - 0.5).abs() < 1e-6 && (other[0] - 1.5).abs() < 1e-6, "{w:?} {other:?}");
+    assert_eq!(table[0..2], [0.0, 0.0]);
+    assert!((table[2] + 0.01).abs() < 1e-7 && (table[3] - 0.01).abs() < 1e-7, "{table:?}");
+}

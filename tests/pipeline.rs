@@ -3,12 +3,12 @@
 //! its delayed-update rule.
 
 use arbor::data::labelled::Labelled;
-use arbor::data::{synthetic, TreeExample, PAD};
+use arbor::data::{synthetic, TreeExample, PAD, UNK};
 use arbor::dist::pipeline::{Part, PipeSettings, Stage};
 use arbor::dist::schedule::{ops, simulate, Kind, Op};
 use arbor::dist::{Collective, ThreadCollective};
 use arbor::head::softmax_classifier;
-use arbor::layers::{Embedding, LossOn};
+use arbor::layers::{Embedding, LossOn, WordDropout};
 use arbor::model::{AsExample, Feed, Model};
 use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
@@ -259,10 +259,31 @@ fn a_model_in_stages_trains_as_the_model() {
     assert!(rel <= 1e-5, "two stages: relative difference {rel}");
 }
 
+/// Word dropout (every word at rate 1/3) in stages drops what [`Model::step`] drops: one stage
+/// bitwise, two stages up to rounding; and it does change training.
+#[test]
+fn word_dropout_in_stages_drops_what_the_model_drops() {
+    let data = synthetic::generate(90, 10, 8);
+    let data = labelled(&data);
+    let batches = minibatches(&data);
+    let dropping = || {
+        let mut m = model();
+        let every_word_once = vec![1; synthetic::vocab().len()];
+        m.embedding = m.embedding.clone().with_word_dropout(WordDropout::by_frequency(UNK, &every_word_once, 0.5));
+        m
+    };
+    let whole = stepped(dropping(), &batches);
+    assert!(max_relative(&whole, &stepped(model(), &batches)) > 1e-3, "word dropout changed nothing");
+    assert!(piped(&dropping(), 1, &batches, 1) == whole, "one stage differs from Model::step");
+    let rel = max_relative(&piped(&dropping(), 2, &batches, 3), &whole);
+    assert!(rel <= 1e-5, "two stages: relative difference {rel}");
+}
+
 /// Tai et al.'s pair model with a second layer stacked on the child-sum cell (one of the test's
 /// own: the sum of the children's states through a tanh layer), two dependency trees per SICK
-/// example read at their roots: cut into two stages it trains as [`Model::step`] does, and put
-/// back together ([`Part::join`]) it is the model again.
+/// example read at their roots, with word dropout (so the parent words drop with the words):
+/// cut into two stages it trains as [`Model::step`] does, and put back together
+/// ([`Part::join`]) it is the model again.
 #[test]
 fn a_pair_model_in_stages_trains_as_the_model() {
     use arbor::data::{data_dir, sick};
@@ -271,7 +292,10 @@ fn a_pair_model_in_stages_trains_as_the_model() {
     let (embed, hidden) = (8, 6);
     let model = || {
         let mut rng = Rng::new(5);
-        let words = Embedding::new(data.vocab.len(), embed, 0.1, &mut rng).with_padding(PAD);
+        let every_word_once = vec![1; data.vocab.len()];
+        let words = Embedding::new(data.vocab.len(), embed, 0.1, &mut rng)
+            .with_padding(PAD)
+            .with_word_dropout(WordDropout::by_frequency(UNK, &every_word_once, 0.5));
         let cell = nn::child_sum_tree_lstm_nary(embed, hidden).expect("cell");
         let head = nn::relatedness_head(hidden, 7, sick::CLASSES).expect("head");
         let f = Builder::new("sum-tanh", 0);

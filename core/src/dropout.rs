@@ -34,17 +34,31 @@ fn absorb(h: u64, v: u64) -> u64 {
     mix(h ^ v.wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
+/// The hash every draw of `graph`'s vertex `vertex` at site `site` starts from.
+fn place(key: DropoutKey, site: usize, graph: usize, vertex: usize) -> u64 {
+    [key.step, site as u64, graph as u64, vertex as u64].into_iter().fold(mix(key.seed), absorb)
+}
+
+/// Whether draw `j` from `base` drops at rate `p`: a 24-bit uniform falls below p·2^24.
+fn drops(base: u64, j: u64, p: f32) -> bool {
+    let threshold = (f64::from(p) * f64::from(1u32 << 24)) as u64;
+    absorb(base, j) >> 40 < threshold
+}
+
 /// Writes the mask row of `graph`'s vertex `vertex` at site `site` into `row`: each element is
 /// dropped (`0`) with probability `p`, else kept and scaled to `1 / (1 − p)`.
 pub fn mask_row(key: DropoutKey, site: usize, graph: usize, vertex: usize, p: f32, row: &mut [f32]) {
-    let base = [key.step, site as u64, graph as u64, vertex as u64].into_iter().fold(mix(key.seed), absorb);
-    // Dropped when a 24-bit uniform falls below p·2^24.
-    let threshold = (f64::from(p) * f64::from(1u32 << 24)) as u64;
+    let base = place(key, site, graph, vertex);
     let keep = 1.0 / (1.0 - p);
     for (j, m) in row.iter_mut().enumerate() {
-        let u = absorb(base, j as u64) >> 40;
-        *m = if u < threshold { 0.0 } else { keep };
+        *m = if drops(base, j as u64, p) { 0.0 } else { keep };
     }
+}
+
+/// Whether `graph`'s vertex `vertex` is dropped as a whole at site `site` with probability `p`
+/// (word dropout: one draw per vertex rather than per element).
+pub fn vertex_dropped(key: DropoutKey, site: usize, graph: usize, vertex: usize, p: f32) -> bool {
+    drops(place(key, site, graph, vertex), 0, p)
 }
 
 /// The masks of every dropout site of `f` over one pass's graphs, given their vertex counts
@@ -116,5 +130,22 @@ mod tests {
         ] {
             assert_ne!(first, other);
         }
+    }
+
+    /// A whole vertex is dropped at about rate `p`, and its draw is the first element's.
+    #[test]
+    fn a_vertex_is_dropped_at_rate_p_as_its_first_element_is() {
+        let key = DropoutKey { seed: 5, step: 2, first: 0 };
+        for p in [0.05f32, 0.2, 0.5] {
+            let n = 20_000;
+            let dropped = (0..n).filter(|&v| vertex_dropped(key, 9, 1, v, p)).count() as f32 / n as f32;
+            assert!((dropped - p).abs() < 0.015, "p {p}: dropped {dropped}");
+            for v in 0..100 {
+                let mut row = [0.0];
+                mask_row(key, 9, 1, v, p, &mut row);
+                assert_eq!(vertex_dropped(key, 9, 1, v, p), row[0] == 0.0);
+            }
+        }
+        assert!((0..1000).all(|v| !vertex_dropped(key, 0, 0, v, 0.0)));
     }
 }

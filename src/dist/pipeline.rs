@@ -186,7 +186,8 @@ struct Micro<'a> {
     /// The index in its minibatch of the head's first example: `first`, or with a per-vertex
     /// readout the vertices before it.
     head_first: usize,
-    /// The minibatch's step (from 1), for the dropout masks.
+    /// The minibatch's step, for the dropout masks: the steps before it (as [`Model::step`]
+    /// counts them, so one stage draws the masks the model draws).
     step: u64,
     /// Examples in the whole minibatch: the loss is their mean.
     denom: usize,
@@ -420,10 +421,16 @@ impl<B: Backend> Stage<B> {
         let Stage { engines, part, .. } = self;
         let train = plans.is_some();
         let mut plans = plans.unwrap_or_default().into_iter();
+        let dropped = match (&part.input, engines[k].first()) {
+            (Some((embedding, _)), Some(e)) if train => {
+                model::with_words_dropped(embedding, DropoutKey { seed: e.dropout_key().seed, ..key }, layout)
+            }
+            _ => None,
+        };
         for (i, e) in engines[k].iter_mut().enumerate() {
             let input = [Pull::Rows(&x)];
             let pulls = match (&part.input, i) {
-                (Some((embedding, feeds)), 0) => model::pulls(embedding, feeds, layout),
+                (Some((embedding, feeds)), 0) => model::pulls(embedding, feeds, dropped.as_ref().unwrap_or(layout)),
                 _ => input.to_vec(),
             };
             let mut out = if train {
@@ -649,7 +656,7 @@ impl<B: Backend> Stage<B> {
             self.make_slots(slots)?;
         }
         let base = self.version;
-        let micro = self.micro_batches(minibatches, m, base as u64 + 1)?;
+        let micro = self.micro_batches(minibatches, m, base as u64)?;
         let ops = schedule::ops(plan.kind, rank, stages, minibatches.len(), m);
         // The steps of the loop: each forward pass with the backward passes after it (and any
         // backward passes before the first forward), its micro-batch scheduled ahead.

@@ -7,7 +7,9 @@ use crate::engine::Pull;
 use crate::layers::Embedding;
 use crate::readout::{Pooled, Readout};
 use crate::{InputGraph, VertexFn};
+use arbor_core::dropout::DropoutKey;
 use arbor_core::error::{Error, Result};
+use std::borrow::Cow;
 
 /// A minibatch laid out for the cells' engines.
 pub(crate) struct Layout<'a> {
@@ -126,19 +128,36 @@ pub(crate) fn layout<'a>(
                     format!("{} words, root {}", tree.words.len(), tree.root),
                 ));
             }
-            let start = l.words.len();
-            l.roots.push(start + tree.root);
+            l.roots.push(l.words.len() + tree.root);
             l.words.extend_from_slice(tree.words);
-            l.parent_words.resize(start + n, pad);
-            for v in 0..n {
-                for &c in tree.graph.children(v).iter().filter(|&&c| c != arbor_core::graph::NO_CHILD) {
-                    l.parent_words[start + c as usize] = tree.words[v];
-                }
-            }
             l.graphs.push(tree.graph);
         }
     }
+    l.parent_words = parent_words(&l.graphs, &l.words, pad);
     Ok(l)
+}
+
+/// Per vertex of `graphs` (merged order), its parent's word in `words` (`pad` at a root).
+fn parent_words(graphs: &[&InputGraph], words: &[u32], pad: u32) -> Vec<u32> {
+    let mut out = vec![pad; words.len()];
+    let mut start = 0;
+    for g in graphs {
+        for v in 0..g.len() {
+            for &c in g.children(v).iter().filter(|&&c| c != arbor_core::graph::NO_CHILD) {
+                out[start + c as usize] = words[start + v];
+            }
+        }
+        start += g.len();
+    }
+    out
+}
+
+/// `l` as a training pass at `key` sees it when `embedding` drops words (its words, and the
+/// parent words naming them, replaced where dropped); `None` when it drops none.
+pub(crate) fn with_words_dropped<'a>(embedding: &Embedding, key: DropoutKey, l: &Layout<'a>) -> Option<Layout<'a>> {
+    let Cow::Owned(words) = embedding.training_ids(key, &l.graphs, &l.words) else { return None };
+    let parent_words = parent_words(&l.graphs, &words, embedding.padding().unwrap_or(0));
+    Some(Layout { graphs: l.graphs.clone(), words, parent_words, roots: l.roots.clone() })
 }
 
 /// The cells' inputs over `l`, as `feeds` say.

@@ -27,7 +27,7 @@ use arbor_core::rng::Rng;
 use std::ops::Range;
 
 mod layout;
-pub(crate) use layout::{head_inputs, layout, pulls, read_grad, read_rows, unread, Layout};
+pub(crate) use layout::{head_inputs, layout, pulls, read_grad, read_rows, unread, with_words_dropped, Layout};
 
 /// What feeds an input of the vertex function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -414,12 +414,14 @@ impl<B: Backend> Model<B> {
         pass: Pass<'_>,
     ) -> Result<(Layout<'a>, Vec<Vec<f32>>, Option<Pooled>)> {
         let layout = self.layout(batch)?;
-        let pulls = pulls(&self.embedding, &self.feeds, &layout);
         let rows = (self.readout == Readout::Root).then_some(layout.roots.as_slice());
         let (train, mut planned) = match pass {
             Pass::Train(planned) => (true, planned),
             Pass::Infer => (false, None),
         };
+        let dropped =
+            train.then(|| with_words_dropped(&self.embedding, self.cells[0].dropout_key(), &layout)).flatten();
+        let pulls = pulls(&self.embedding, &self.feeds, dropped.as_ref().unwrap_or(&layout));
         let top = self.cells.len() - 1;
         let mut below = Vec::new();
         for (k, engine) in self.cells.iter_mut().enumerate() {

@@ -178,6 +178,10 @@ pub(crate) struct TrainArgs {
     /// Learning rate (default 0.01; 0.005 for ggnn).
     #[arg(long)]
     pub(crate) lr: Option<f32>,
+    /// Learning rate of the word vectors (default: --lr; not ggnn). A rare word's vector is
+    /// otherwise moved as far as a shared weight on the few steps that see it.
+    #[arg(long)]
+    pub(crate) embed_lr: Option<f32>,
     /// Weight decay.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) weight_decay: f32,
@@ -191,6 +195,11 @@ pub(crate) struct TrainArgs {
     /// Dropout rate on the word vectors, in training (tree and sequence models; 0: none).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) input_dropout: f32,
+    /// Word dropout α: in training, a word seen c times in the training split is replaced by the
+    /// unknown word with probability α / (α + c), which trains the unknown word's vector for the
+    /// words dev and test bring (tree and sequence models; 0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) word_dropout: f32,
     /// Lowercase words (SST only).
     #[arg(long)]
     pub(crate) lowercase: bool,

@@ -5,14 +5,15 @@
 
 use crate::args::{Device, Distributed, EvalArgs, TrainArgs};
 use crate::meta_usize;
-use crate::train::{on_mpi, optimizer, plural, prepare_run, settings, Progress, Sizes};
+use crate::train::{
+    new_optimizer, on_mpi, optimizer, plural, prepare_run, record_optional_flags, settings, Progress, Sizes,
+};
 use arbor::checkpoint::Checkpoint;
 use arbor::data::sick::{self, Pair};
 use arbor::data::{Vocab, PAD};
 use arbor::layers::Embedding;
 use arbor::layers::LossOn;
 use arbor::model::{AsExample, Feed, Model};
-use arbor::optim::Optimizer;
 use arbor::rng::Rng;
 use arbor::trainer::{fit_threads, Event, Run, Splits};
 use arbor::{nn, Backend, CpuBackend, Error, Result};
@@ -66,8 +67,8 @@ where
     let (epochs, hidden, embed, lr) = (sizes.epochs, sizes.hidden, sizes.embed, sizes.lr);
     let mut rng = Rng::new(args.seed);
     let model = pair_model(&backend, data.vocab.len(), embed, hidden, &mut rng)?;
-    let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &rng);
-    let plan = settings(
+    let mut run = Run::new(model, new_optimizer(args, lr), &rng);
+    let mut plan = settings(
         args,
         epochs,
         LossOn::Root,
@@ -77,6 +78,7 @@ where
             "optimizer": format!("{:?}", optimizer(args, lr)), "clip": args.clip,
         }),
     );
+    record_optional_flags(args, &mut plan.meta);
     prepare_run(&mut run, args, &plan)?;
     let splits = Splits { train: &data.train, dev: &data.dev, test: &data.test };
     let announce = |workers: String| {

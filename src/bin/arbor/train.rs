@@ -5,12 +5,12 @@ use crate::args::*;
 use crate::{bar, load, meta_usize, Data};
 use arbor::checkpoint::Checkpoint;
 use arbor::data::labelled::Labelled;
-use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD};
+use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD, UNK};
 use arbor::dist::pipeline::{Part, PipeSettings, Stage};
 use arbor::dist::Collective;
 use arbor::head::softmax_classifier;
-use arbor::layers::Embedding;
 use arbor::layers::LossOn;
+use arbor::layers::{Embedding, WordDropout};
 use arbor::model::Feed;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
@@ -58,6 +58,32 @@ pub(crate) fn optimizer(args: &TrainArgs, lr: f32) -> Config {
         Opt::Sgd => Rule::Sgd { momentum: 0.9 },
     };
     Config { weight_decay: args.weight_decay, ..Config::new(rule, lr) }
+}
+
+/// The optimizer of a run at learning rate `lr`, with the word vectors at `--embed-lr` if given.
+pub(crate) fn new_optimizer(args: &TrainArgs, lr: f32) -> Optimizer {
+    let opt = Optimizer::new(optimizer(args, lr));
+    match args.embed_lr {
+        Some(e) => opt.with_lr("embedding", e),
+        None => opt,
+    }
+}
+
+/// Records in `meta` the flags a checkpoint must resume with that older checkpoints lack: the
+/// word-vector learning rate as `null` when unset (an old checkpoint reads as `null` too), the
+/// dropout rates only when used (an old checkpoint with dropout must not match: `dropout` once
+/// meant both rates, hence `output_dropout`).
+pub(crate) fn record_optional_flags(args: &TrainArgs, meta: &mut Value) {
+    meta["embed_lr"] = json!(args.embed_lr);
+    if args.word_dropout > 0.0 {
+        meta["word_dropout"] = json!(args.word_dropout);
+    }
+    if args.dropout > 0.0 {
+        meta["output_dropout"] = json!(args.dropout);
+    }
+    if args.input_dropout > 0.0 {
+        meta["input_dropout"] = json!(args.input_dropout);
+    }
 }
 
 /// A training run's progress on stderr: a bar per epoch and a line per finished epoch, whose
@@ -154,6 +180,20 @@ impl Setup<'_> {
         Ok(())
     }
 
+    /// `--word-dropout` with the words' counts in the training split, if asked for.
+    pub(crate) fn word_dropout(&self) -> Option<WordDropout> {
+        let alpha = self.args.word_dropout;
+        (alpha > 0.0).then(|| {
+            let mut counts = vec![0; self.data.vocab.len()];
+            for &w in self.data.train.iter().flat_map(|e| &e.words) {
+                if let Some(c) = counts.get_mut(w as usize) {
+                    *c += 1;
+                }
+            }
+            WordDropout::by_frequency(UNK, &counts, alpha)
+        })
+    }
+
     pub(crate) fn announce(&self, how: &str) {
         let d = &self.data;
         eprintln!(
@@ -176,6 +216,12 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if !(sizes.lr.is_finite() && sizes.lr > 0.0) {
         return bad("--lr", "a finite rate above 0", sizes.lr.to_string());
     }
+    if !(args.word_dropout.is_finite() && args.word_dropout >= 0.0) {
+        return bad("--word-dropout", "a finite α of 0 (none) or more", args.word_dropout.to_string());
+    }
+    if let Some(e) = args.embed_lr.filter(|e| !(e.is_finite() && *e > 0.0)) {
+        return bad("--embed-lr", "a finite rate above 0", e.to_string());
+    }
     if !(args.weight_decay.is_finite() && args.weight_decay >= 0.0) {
         return bad("--weight-decay", "a finite value of 0 or more", args.weight_decay.to_string());
     }
@@ -193,6 +239,13 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     }
     if args.checkpoint_every.is_some() && args.checkpoint.is_none() {
         return bad("--checkpoint-every", "a --checkpoint DIR to write to", "no --checkpoint".into());
+    }
+    if matches!(args.model, ModelArg::Ggnn) && args.embed_lr.is_some() {
+        return bad(
+            "--embed-lr",
+            "a model over words (not ggnn: its node labels learn at --lr)",
+            "--model ggnn".into(),
+        );
     }
     if matches!(args.model, ModelArg::Ggnn) && (args.workers > 1 || args.stages > 1 || args.layers > 1) {
         return bad("--model ggnn", "one worker on one stage (cross-validation runs a fold at a time)", {
@@ -222,12 +275,16 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         ));
     }
     check_flags(args, &sizes)?;
-    if args.dropout + args.input_dropout > 0.0 && matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
-        return Err(Error::input(
-            if args.dropout > 0.0 { "--dropout" } else { "--input-dropout" },
-            "a tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
-            format!("--model {}", if args.model == ModelArg::Ggnn { "ggnn" } else { "sick" }),
-        ));
+    let dropouts =
+        [("--dropout", args.dropout), ("--input-dropout", args.input_dropout), ("--word-dropout", args.word_dropout)];
+    if let Some((flag, _)) = dropouts.iter().find(|(_, rate)| *rate > 0.0) {
+        if matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
+            return Err(Error::input(
+                *flag,
+                "a tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
+                format!("--model {}", if args.model == ModelArg::Ggnn { "ggnn" } else { "sick" }),
+            ));
+        }
     }
     let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| {
         Error::input("--timeout", "a number of seconds from 0 to about 1.8e19", args.timeout.to_string())
@@ -365,7 +422,10 @@ where
     let mut model = Classifier::on(backend, cell, vocab, Some(PAD), classes, &mut setup.rng)?;
     model.engine.set_dropout_key(DropoutKey { seed: args.seed, ..DropoutKey::default() });
     setup.pretrained(model.embed.table_mut())?;
-    let mut run = Run::new(model, Optimizer::new(optimizer(args, lr)), &setup.rng);
+    if let Some(w) = setup.word_dropout() {
+        model.embed = model.embed.clone().with_word_dropout(w);
+    }
+    let mut run = Run::new(model, new_optimizer(args, lr), &setup.rng);
     let data = &setup.data;
     let mut plan = settings(
         args,
@@ -378,14 +438,7 @@ where
             "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
         }),
     );
-    // Recorded only when used, so checkpoints of runs without dropout resume as before; under a
-    // new name, since `dropout` once meant the input and the output rate both.
-    if args.dropout > 0.0 {
-        plan.meta["output_dropout"] = json!(args.dropout);
-    }
-    if args.input_dropout > 0.0 {
-        plan.meta["input_dropout"] = json!(args.input_dropout);
-    }
+    record_optional_flags(args, &mut plan.meta);
     prepare_run(&mut run, args, &plan)?;
     let (summary, lead, workers) = match args.distributed {
         None => {
@@ -451,6 +504,9 @@ where
     // Word vectors, the stacked cells and a softmax classifier reading every vertex.
     let mut words = Embedding::new(vocab, embed, 0.1, &mut setup.rng).with_padding(PAD);
     setup.pretrained(words.table_mut())?;
+    if let Some(w) = setup.word_dropout() {
+        words = words.with_word_dropout(w);
+    }
     let mut cells = cells.into_iter();
     let bottom = cells.next().ok_or_else(|| Error::input("--layers", "at least 1", "0"))?;
     let head = softmax_classifier(hidden, classes)?;
@@ -474,7 +530,7 @@ where
     plan.check(args.stages)?;
     let stages: Vec<Stage<B>> = Part::split(&model, args.stages)?
         .into_iter()
-        .map(|part| Ok(Stage::on(backend.replica()?, part, Optimizer::new(optimizer(args, lr)), setup.rng.clone())))
+        .map(|part| Ok(Stage::on(backend.replica()?, part, new_optimizer(args, lr), setup.rng.clone())))
         .collect::<Result<_>>()?;
     let d = &setup.data;
     let (train, dev, test) = (
