@@ -134,11 +134,11 @@ fn resume_mid_epoch_is_bitwise_exact() {
     resume_is_exact("exact-1", &[]);
 }
 
-/// As [`resume_mid_epoch_is_bitwise_exact`], with dropout: the resumed run draws the masks the
-/// uninterrupted one drew.
+/// As [`resume_mid_epoch_is_bitwise_exact`], with dropout (of rows, vectors and words): the
+/// resumed run draws the masks the uninterrupted one drew.
 #[test]
 fn resume_with_dropout_is_bitwise_exact() {
-    resume_is_exact("exact-dropout", &["--dropout", "0.3", "--input-dropout", "0.2"]);
+    resume_is_exact("exact-dropout", &["--dropout", "0.3", "--input-dropout", "0.2", "--word-dropout", "0.5"]);
 }
 
 /// As [`resume_mid_epoch_is_bitwise_exact`], with two data-parallel workers in every run.

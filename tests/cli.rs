@@ -23,8 +23,10 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    let bad: [&[&str]; 10] = [
+    let bad: [&[&str]; 12] = [
         &["train", "--data", "/no/such/dir"],
+        &["train", "--word-dropout=-1"],
+        &["train", "--model", "sick", "--word-dropout", "0.25"],
         &["train", "--batch", "0"],
         &["train", "--dropout", "1"],
         &["train", "--dropout", "NaN"],
@@ -156,7 +158,8 @@ fn pipeline_flags() {
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!((v["stages"].as_u64(), v["layers"].as_u64(), v["steps"].as_u64()), (Some(2), Some(2), Some(8)));
     assert_eq!(v["schedule"], "2bw");
-    // A stacked model with dropout in two stages learns the synthetic treebank.
+    // A stacked model with dropout (of rows, vectors and words) in two stages learns the
+    // synthetic treebank.
     let out = arbor(&[
         "train",
         "--layers",
@@ -167,6 +170,8 @@ fn pipeline_flags() {
         "0.1",
         "--input-dropout",
         "0.1",
+        "--word-dropout",
+        "0.25",
         "--epochs",
         "2",
     ]);
