@@ -93,12 +93,13 @@ impl WordDropout {
     }
 
     /// `ids` of a training pass at `key` (merged over `graphs`, vertex by vertex), with each word
-    /// drawn to be dropped replaced by the unknown word.
-    pub fn apply(&self, key: DropoutKey, graphs: &[&InputGraph], ids: &[u32]) -> Vec<u32> {
+    /// drawn to be dropped replaced by the unknown word; `keep` (the padding: a vertex without a
+    /// word has none to drop) is never replaced.
+    pub fn apply(&self, key: DropoutKey, graphs: &[&InputGraph], ids: &[u32], keep: Option<u32>) -> Vec<u32> {
         let mut out = ids.to_vec();
         let places = graphs.iter().enumerate().flat_map(|(g, graph)| (0..graph.len()).map(move |v| (g, v)));
         for (id, (g, v)) in out.iter_mut().zip(places) {
-            let p = self.rate(*id);
+            let p = if Some(*id) == keep { 0.0 } else { self.rate(*id) };
             if p > 0.0 && dropout::vertex_dropped(key, WORD_SITE, key.first + g, v, p) {
                 *id = self.unk;
             }
@@ -127,16 +128,7 @@ impl Embedding {
     /// dropout (if any) replaces.
     pub fn training_ids<'a>(&self, key: DropoutKey, graphs: &[&InputGraph], ids: &'a [u32]) -> Cow<'a, [u32]> {
         match &self.word_dropout {
-            Some(w) => {
-                let mut dropped = w.apply(key, graphs, ids);
-                // The padding row stays where it was: a vertex without a word has none to drop.
-                for (d, &id) in dropped.iter_mut().zip(ids) {
-                    if Some(id) == self.padding {
-                        *d = id;
-                    }
-                }
-                Cow::Owned(dropped)
-            }
+            Some(w) => Cow::Owned(w.apply(key, graphs, ids, self.padding)),
             None => Cow::Borrowed(ids),
         }
     }

@@ -278,7 +278,7 @@ mod tests {
     #[test]
     fn cell_dropout_puts_each_rate_where_it_says() {
         for model in Model::ALL {
-            let rates = |p| model.cell_with_dropout(4, 3, p).unwrap().dropout_rates().to_vec();
+            let rates = |p| model.cell_with_dropout(4, 3, p).expect("a zoo cell builds").dropout_rates().to_vec();
             assert_eq!(rates(CellDropout::NONE), Vec::<f32>::new(), "{}", model.name());
             assert_eq!(rates(CellDropout::output(0.5)), [0.5], "{}", model.name());
             // The pulled input is declared first.
