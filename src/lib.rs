@@ -1,5 +1,6 @@
 #![doc = include_str!("guide.md")]
 
+pub mod average;
 pub mod checkpoint;
 pub mod data;
 pub mod dist;

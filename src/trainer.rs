@@ -8,6 +8,7 @@
 //! the data iterator (epoch, minibatch within it, and the RNG state the epoch's order was drawn
 //! from) and the best accuracies, so [`Run::resume`] continues exactly where the run stopped.
 
+use crate::average::Average;
 use crate::checkpoint::{Checkpoint, Named, Persister};
 use crate::data::TreeExample;
 use crate::dist::{data_parallel, Collective, ThreadCollective};
@@ -235,6 +236,10 @@ pub struct Run<L = Classifier<CpuBackend>> {
     /// Every test score at the best dev score (the first is `test_acc`); none before the first
     /// epoch's end.
     pub test_scores: Scores,
+    /// A moving average of the learned tensors, updated after every step, that is scored (and
+    /// kept as `best/`) in place of the trained values; none by default (see
+    /// [`Run::with_average`]).
+    pub average: Option<Average>,
 }
 
 fn meta_error(key: &str, got: &Value) -> Error {
@@ -245,7 +250,16 @@ impl<L> Run<L> {
     /// A fresh run whose first epoch's order is drawn from `rng`.
     pub fn new(model: L, opt: Optimizer, rng: &Rng) -> Run<L> {
         let pos = Position { epoch: 1, step_in_epoch: 0, epoch_rng: rng.state(), steps: 0 };
-        Run { model, opt, pos, best_dev: f64::NEG_INFINITY, test_acc: f64::NAN, test_scores: Scores::new() }
+        let (best_dev, test_acc) = (f64::NEG_INFINITY, f64::NAN);
+        Run { model, opt, pos, best_dev, test_acc, test_scores: Scores::new(), average: None }
+    }
+
+    /// Scores the model with its tensors averaged over the steps, at `decay` per step (see
+    /// [`Average`]): 0.999 averages about the last thousand steps. The trained values go on
+    /// training; checkpoints' `last/` keeps both, `best/` the average.
+    pub fn with_average(mut self, decay: f32) -> Result<Run<L>> {
+        self.average = Some(Average::new(decay)?);
+        Ok(self)
     }
 
     /// A copy for another worker.
@@ -253,7 +267,13 @@ impl<L> Run<L> {
     where
         L: Learned,
     {
-        Ok(Run { model: self.model.replica()?, opt: self.opt.clone(), test_scores: self.test_scores.clone(), ..*self })
+        Ok(Run {
+            model: self.model.replica()?,
+            opt: self.opt.clone(),
+            test_scores: self.test_scores.clone(),
+            average: self.average.clone(),
+            ..*self
+        })
     }
 
     /// The run's state as a checkpoint (phase one of CheckFreq: an in-memory copy); `meta` says
@@ -268,6 +288,7 @@ impl<L> Run<L> {
         crate::optim::check_finite(self.pos.steps, "the value of", values)?;
         if with_optimizer {
             tensors.extend(self.opt.tensors());
+            tensors.extend(self.average.iter().flat_map(Average::named));
         }
         let mut meta = meta.clone();
         let p = self.pos;
@@ -328,6 +349,9 @@ impl<L> Run<L> {
         };
         self.model.restore(ck)?;
         self.opt.restore(ck, pos.steps)?;
+        if let Some(avg) = &mut self.average {
+            avg.restore(ck, &self.model.tensors()?)?;
+        }
         self.pos = pos;
         // No epoch evaluated yet: recorded as null.
         self.best_dev = m["best_dev_acc"].as_f64().unwrap_or(f64::NEG_INFINITY);
@@ -386,6 +410,9 @@ impl<L> Run<L> {
                 let start = Instant::now();
                 let examples = &batches[k];
                 let stats = self.model.step(coll, examples, &mut self.opt, plan, self.pos.steps, planned)?;
+                if let Some(avg) = &mut self.average {
+                    avg.update(self.pos.steps, &self.model.tensors()?)?;
+                }
                 summary.train_seconds += start.elapsed().as_secs_f64();
                 summary.sentences += examples.len();
                 loss += f64::from(stats.loss);
@@ -422,8 +449,10 @@ impl<L> Run<L> {
         if stopped && trained && self.best_dev == f64::NEG_INFINITY {
             // A run stopped before any epoch's end is scored on what it trained (not kept as a
             // best epoch, so that a resumed run goes on as an uninterrupted one would).
-            let dev = main_score(&self.model.score(data.dev)?);
-            summary.unfinished = Some((dev, self.model.score(data.test)?));
+            summary.unfinished = Some(self.averaged(|run| {
+                let dev = main_score(&run.model.score(data.dev)?);
+                Ok((dev, run.model.score(data.test)?))
+            })?);
         }
         if let (true, true, Some(dir)) = (lead, stopped, &plan.checkpoint) {
             persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
@@ -445,16 +474,32 @@ impl<L> Run<L> {
     where
         L: Learner<E>,
     {
-        let dev = main_score(&self.model.score(data.dev)?);
-        if dev > self.best_dev {
-            self.best_dev = dev;
-            self.test_scores = self.model.score(data.test)?;
-            self.test_acc = main_score(&self.test_scores);
-            if let (true, Some(dir)) = (lead, &plan.checkpoint) {
-                persister.persist(self.snapshot(&plan.meta, false)?, dir.join("best"))?;
+        self.averaged(|run| {
+            let dev = main_score(&run.model.score(data.dev)?);
+            if dev > run.best_dev {
+                run.best_dev = dev;
+                run.test_scores = run.model.score(data.test)?;
+                run.test_acc = main_score(&run.test_scores);
+                if let (true, Some(dir)) = (lead, &plan.checkpoint) {
+                    persister.persist(run.snapshot(&plan.meta, false)?, dir.join("best"))?;
+                }
             }
-        }
-        Ok(dev)
+            Ok(dev)
+        })
+    }
+
+    /// Runs `f` on the run with the model's tensors replaced by their [average](Run::average)
+    /// (if it has one and has begun), and puts the trained values back after, whatever `f` returns.
+    fn averaged<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T>
+    where
+        L: Learned,
+    {
+        let Some(avg) = self.average.as_ref().filter(|a| !a.tensors().is_empty()) else { return f(self) };
+        let trained = Checkpoint { tensors: self.model.tensors()?, meta: Value::Null };
+        self.model.restore(&avg.as_model())?;
+        let out = f(self);
+        self.model.restore(&trained)?;
+        out
     }
 }
 

@@ -120,6 +120,8 @@ fn resume_is_exact(name: &str, extra: &[&str]) {
         ca.tensors.iter().map(|t| &t.0).collect::<Vec<_>>()
     );
     assert!(ca.tensors.len() > optimizer, "no parameters in the checkpoint");
+    let averaged = ca.tensors.iter().any(|t| t.0.starts_with("avg."));
+    assert_eq!(averaged, extra.contains(&"--average"), "weight averages in the checkpoint: {averaged}");
     // The second half trained: the comparison below is not between two copies of step 100.
     assert!(first_difference(&halfway, &ca).is_some(), "steps 101..200 changed nothing");
     if let Some(diff) = first_difference(&ca, &cb) {
@@ -145,6 +147,13 @@ fn resume_with_dropout_is_bitwise_exact() {
 #[test]
 fn resume_mid_epoch_is_bitwise_exact_with_two_workers() {
     resume_is_exact("exact-2", &["--workers", "2"]);
+}
+
+/// As [`resume_mid_epoch_is_bitwise_exact`], with a moving average of the weights on two
+/// workers: the average is kept in `last/` and resumed.
+#[test]
+fn resume_with_a_weight_average_is_bitwise_exact() {
+    resume_is_exact("exact-average", &["--average", "0.99", "--workers", "2"]);
 }
 
 /// The tensor file `meta.json` in `dir` names now, if it can be read.
@@ -328,6 +337,8 @@ fn resume_refuses_other_settings_and_best_checkpoints() {
     // A flag recorded only as `null` when unused is still compared.
     let err = refused(&[last, "--embed-lr", "0.005"]);
     assert!(err.starts_with("arbor: resuming from a checkpoint with `embed_lr` = null"), "{err}");
+    let err = refused(&[last, "--average", "0.99"]);
+    assert!(err.starts_with("arbor: resuming from a checkpoint with `average` = null"), "{err}");
     let best = ck.join("best");
     let err = refused(&[s(&best), "--epochs", "2"]);
     assert!(err.contains("a `best/` folder is for `arbor eval`"), "{err}");

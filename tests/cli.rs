@@ -23,8 +23,11 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    let bad: [&[&str]; 12] = [
+    let bad: [&[&str]; 15] = [
         &["train", "--data", "/no/such/dir"],
+        &["train", "--average", "1"],
+        &["train", "--average", "0.9", "--layers", "2", "--stages", "2"],
+        &["train", "--model", "ggnn", "--average", "0.9"],
         &["train", "--word-dropout=-1"],
         &["train", "--model", "sick", "--word-dropout", "0.25"],
         &["train", "--batch", "0"],
@@ -88,16 +91,22 @@ fn temp(name: &str) -> std::path::PathBuf {
 
 const SMALL: [&str; 6] = ["--hidden", "3", "--embed", "3", "--lr", "0.002"];
 
+/// `arbor eval` of `best/` gives the test accuracy training reported, also when training
+/// scored a moving average of the weights.
 #[test]
 fn eval_reproduces_the_checkpoint_accuracy_exactly() {
     let ck = temp("eval");
-    let mut args = vec!["train", "--epochs", "1", "--checkpoint", ck.to_str().unwrap()];
-    args.extend(SMALL);
-    let trained = last_json(&arbor(&args));
-    let evaluated = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
-    let acc = trained["test_acc"].as_f64().unwrap();
-    assert!(acc < 1.0, "the tiny model should not be perfect ({acc}), or this test shows nothing");
-    assert_eq!(trained["test_acc"], evaluated["test_acc"]);
+    for extra in [&[][..], &["--average", "0.9"]] {
+        std::fs::remove_dir_all(&ck).ok();
+        let mut args = vec!["train", "--epochs", "1", "--checkpoint", ck.to_str().unwrap()];
+        args.extend(SMALL);
+        args.extend(extra);
+        let trained = last_json(&arbor(&args));
+        let evaluated = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
+        let acc = trained["test_acc"].as_f64().unwrap();
+        assert!(acc < 1.0, "the tiny model should not be perfect ({acc}), or this test shows nothing");
+        assert_eq!(trained["test_acc"], evaluated["test_acc"], "{extra:?}");
+    }
     // A corrupted tensor file is refused with a checksum error.
     let file = arbor::checkpoint::Checkpoint::tensors_path(&ck.join("best")).unwrap();
     let mut bytes = std::fs::read(&file).unwrap();

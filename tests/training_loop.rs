@@ -1,6 +1,7 @@
 //! Training-loop mechanics on the CPU backend: loss scaling (for half-precision products), where
 //! a power-of-two scale changes no gradient and a step whose scaled gradients overflow is
-//! skipped with the scale halved; and minibatches scheduled ahead, which change nothing.
+//! skipped with the scale halved; minibatches scheduled ahead, which change nothing; and a
+//! moving average of the weights, which is scored while the trained values go on training.
 
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::layers::LossOn;
@@ -8,7 +9,9 @@ use arbor::loss_scale::LossScaler;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::rng::Rng;
 use arbor::train::{Classifier, Readout};
+use arbor::trainer::{fit_threads, Run, Settings, Splits};
 use arbor::{nn, train, InputGraph};
+use std::time::Duration;
 
 fn model(seed: u64) -> Classifier {
     let mut rng = Rng::new(seed);
@@ -83,4 +86,60 @@ fn planning_ahead_changes_nothing() {
     ahead.train_batches(&batches, LossOn::Root, &mut opt_ahead, Some(5.0), &mut |s, _| got.push(*s)).unwrap();
     assert_eq!(got, want);
     assert_eq!(params(&ahead), params(&plain));
+}
+
+/// A run that averages its weights trains bitwise as one that does not, on one worker or two;
+/// its dev scores are the average's, and `best/` holds the average of the best epoch.
+#[test]
+fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
+    let data = synthetic::generate(150, 8, 13);
+    let splits = Splits { train: &data[..100], dev: &data[100..125], test: &data[125..] };
+    let dir = std::env::temp_dir().join(format!("arbor-average-{}", std::process::id()));
+    let plan = Settings {
+        epochs: 3,
+        batch: 10,
+        loss_on: LossOn::All,
+        clip: Some(5.0),
+        checkpoint: Some(dir.clone()),
+        checkpoint_every: None,
+        max_steps: None,
+        persist_pause: Duration::ZERO,
+        meta: serde_json::Value::Null,
+    };
+    let fit = |average: Option<f32>, workers: usize| {
+        let mut run = Run::new(model(5), Optimizer::new(Config::new(Rule::Adam, 0.02)), &Rng::new(2));
+        if let Some(decay) = average {
+            run = run.with_average(decay).unwrap();
+        }
+        let summary = fit_threads(&mut run, workers, Duration::from_secs(60), splits, &plan, &mut |_| {}).unwrap();
+        (run, summary)
+    };
+    let (plain, plain_summary) = fit(None, 1);
+    let (averaged, summary) = fit(Some(0.9), 1);
+    assert_eq!(params(&averaged.model), params(&plain.model), "averaging changed training");
+    let avg = averaged.average.as_ref().expect("the run averages");
+    let trained = params(&averaged.model);
+    assert!(avg.tensors().iter().zip(&trained).any(|(a, t)| a.2 != *t), "the average is the last step");
+    // Scored: the model restored from the average gives the last epoch's dev accuracy.
+    let mut scored = model(5);
+    scored.restore(&avg.as_model()).unwrap();
+    assert_eq!(Some(scored.accuracy(splits.dev, 256).unwrap()), summary.dev_curve.last().copied());
+    assert_ne!(summary.dev_curve, plain_summary.dev_curve, "the dev scores are the trained values'");
+    // Kept: `best/` holds the average of the best epoch, whose dev accuracy is the best.
+    let best = arbor::checkpoint::Checkpoint::load(&dir.join("best")).unwrap();
+    let mut kept = model(5);
+    kept.restore(&best).unwrap();
+    assert_eq!(kept.accuracy(splits.dev, 256).unwrap(), averaged.best_dev);
+    assert_eq!(kept.accuracy(splits.test, 256).unwrap(), averaged.test_acc);
+    // Two workers keep the same average.
+    let (two, _) = fit(Some(0.9), 2);
+    let close = two
+        .average
+        .unwrap()
+        .tensors()
+        .iter()
+        .zip(avg.tensors())
+        .all(|(a, b)| a.2.iter().zip(&b.2).all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs())));
+    assert!(close, "two workers' average differs from one's");
+    std::fs::remove_dir_all(&dir).ok();
 }

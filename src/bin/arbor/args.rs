@@ -185,6 +185,10 @@ pub(crate) struct TrainArgs {
     /// Weight decay.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) weight_decay: f32,
+    /// Score (and keep as the best checkpoint) a moving average of the weights, at this decay
+    /// per step (0.999: about the last thousand steps), instead of the last step's weights.
+    #[arg(long)]
+    pub(crate) average: Option<f32>,
     /// Clip the joint gradient norm to this value (0: no clipping).
     #[arg(long, default_value_t = 5.0)]
     pub(crate) clip: f32,

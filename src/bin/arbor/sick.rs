@@ -5,9 +5,7 @@
 
 use crate::args::{Device, Distributed, EvalArgs, TrainArgs};
 use crate::meta_usize;
-use crate::train::{
-    new_optimizer, on_mpi, optimizer, plural, prepare_run, record_optional_flags, settings, Progress, Sizes,
-};
+use crate::train::{new_run, on_mpi, optimizer, plural, prepare_run, record_optional_flags, settings, Progress, Sizes};
 use arbor::checkpoint::Checkpoint;
 use arbor::data::sick::{self, Pair};
 use arbor::data::{Vocab, PAD};
@@ -67,7 +65,7 @@ where
     let (epochs, hidden, embed, lr) = (sizes.epochs, sizes.hidden, sizes.embed, sizes.lr);
     let mut rng = Rng::new(args.seed);
     let model = pair_model(&backend, data.vocab.len(), embed, hidden, &mut rng)?;
-    let mut run = Run::new(model, new_optimizer(args, lr), &rng);
+    let mut run = new_run(model, args, lr, &rng)?;
     let mut plan = settings(
         args,
         epochs,

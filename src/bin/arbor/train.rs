@@ -69,12 +69,23 @@ pub(crate) fn new_optimizer(args: &TrainArgs, lr: f32) -> Optimizer {
     }
 }
 
+/// A fresh run of `model` at learning rate `lr` ([`new_optimizer`]), scoring a moving average of
+/// the weights with `--average`.
+pub(crate) fn new_run<L>(model: L, args: &TrainArgs, lr: f32, rng: &Rng) -> Result<Run<L>> {
+    let run = Run::new(model, new_optimizer(args, lr), rng);
+    match args.average {
+        Some(decay) => run.with_average(decay),
+        None => Ok(run),
+    }
+}
+
 /// Records in `meta` the flags a checkpoint must resume with that older checkpoints lack: the
-/// word-vector learning rate as `null` when unset (an old checkpoint reads as `null` too), the
-/// dropout rates only when used (an old checkpoint with dropout must not match: `dropout` once
-/// meant both rates, hence `output_dropout`).
+/// word-vector learning rate and the weight average's decay as `null` when unset (an old
+/// checkpoint reads as `null` too), the dropout rates only when used (an old checkpoint with
+/// dropout must not match: `dropout` once meant both rates, hence `output_dropout`).
 pub(crate) fn record_optional_flags(args: &TrainArgs, meta: &mut Value) {
     meta["embed_lr"] = json!(args.embed_lr);
+    meta["average"] = json!(args.average);
     if args.word_dropout > 0.0 {
         meta["word_dropout"] = json!(args.word_dropout);
     }
@@ -239,6 +250,13 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     }
     if args.checkpoint_every.is_some() && args.checkpoint.is_none() {
         return bad("--checkpoint-every", "a --checkpoint DIR to write to", "no --checkpoint".into());
+    }
+    if let Some(d) = args.average.filter(|d| !(0.0..1.0).contains(d)) {
+        return bad("--average", "a decay in [0, 1)", d.to_string());
+    }
+    if args.average.is_some() && (args.stages > 1 || matches!(args.model, ModelArg::Ggnn)) {
+        let got = if args.stages > 1 { format!("--stages {}", args.stages) } else { "--model ggnn".into() };
+        return bad("--average", "one stage of a tree, sequence or sick model", got);
     }
     if matches!(args.model, ModelArg::Ggnn) && args.embed_lr.is_some() {
         return bad(
@@ -425,7 +443,7 @@ where
     if let Some(w) = setup.word_dropout() {
         model.embed = model.embed.clone().with_word_dropout(w);
     }
-    let mut run = Run::new(model, new_optimizer(args, lr), &setup.rng);
+    let mut run = new_run(model, args, lr, &setup.rng)?;
     let data = &setup.data;
     let mut plan = settings(
         args,
