@@ -6,11 +6,12 @@
 //! ```
 //! use arbor::average::Average;
 //!
-//! let mut avg = Average::new(0.9).unwrap();
-//! avg.update(0, &[("w".into(), vec![1], vec![1.0])]).unwrap();
-//! avg.update(1, &[("w".into(), vec![1], vec![3.0])]).unwrap();
+//! let mut avg = Average::new(0.9)?;
+//! avg.update(0, &[("w".into(), vec![1], vec![1.0])])?;
+//! avg.update(1, &[("w".into(), vec![1], vec![3.0])])?;
 //! // Early steps are averaged evenly (the decay starts low), later ones at `decay`.
 //! assert!((avg.tensors()[0].2[0] - 1.0 - 2.0 * (1.0 - 2.0 / 11.0)).abs() < 1e-6);
+//! # Ok::<(), arbor::Error>(())
 //! ```
 
 use crate::checkpoint::{Checkpoint, Named};
@@ -24,8 +25,9 @@ const PREFIX: &str = "avg.";
 pub struct Average {
     /// How much of the average a step keeps (0.999: about the last thousand steps).
     decay: f32,
-    /// The averages, as the model names its tensors; empty before the first update.
-    tensors: Vec<Named>,
+    /// The averages as a checkpoint of the model's own tensors (to restore a model from); no
+    /// tensors before the first update.
+    model: Checkpoint,
 }
 
 impl Average {
@@ -34,7 +36,7 @@ impl Average {
         if !(0.0..1.0).contains(&decay) {
             return Err(Error::input("a weight average's decay", "a value in [0, 1)", decay.to_string()));
         }
-        Ok(Average { decay, tensors: Vec::new() })
+        Ok(Average { decay, model: Checkpoint { tensors: Vec::new(), meta: serde_json::Value::Null } })
     }
 
     /// The decay it was made with.
@@ -44,26 +46,27 @@ impl Average {
 
     /// The averaged tensors (empty before the first update).
     pub fn tensors(&self) -> &[Named] {
-        &self.tensors
+        &self.model.tensors
     }
 
     /// Folds in the values `current` after optimizer step `step` (from 0). The decay of step `t`
     /// is `min(decay, (1 + t) / (10 + t))`, so the first steps (and their random start) do not
     /// linger in the average. An error names a tensor whose size changed, and changes nothing.
     pub fn update(&mut self, step: u64, current: &[Named]) -> Result<()> {
-        if self.tensors.is_empty() {
-            self.tensors = current.to_vec();
+        let averages = &mut self.model.tensors;
+        if averages.is_empty() {
+            *averages = current.to_vec();
             return Ok(());
         }
-        let same = self.tensors.len() == current.len()
-            && self.tensors.iter().zip(current).all(|(a, c)| a.0 == c.0 && a.2.len() == c.2.len());
+        let same = averages.len() == current.len()
+            && averages.iter().zip(current).all(|(a, c)| a.0 == c.0 && a.2.len() == c.2.len());
         if !same {
             let names = |t: &[Named]| t.iter().map(|(n, s, _)| format!("{n} {s:?}")).collect::<Vec<_>>().join(", ");
-            return Err(Error::input("a weight average's tensors", names(&self.tensors), names(current)));
+            return Err(Error::input("a weight average's tensors", names(averages), names(current)));
         }
         let t = step as f32;
         let keep = self.decay.min((1.0 + t) / (10.0 + t));
-        for ((_, _, avg), (_, _, now)) in self.tensors.iter_mut().zip(current) {
+        for ((_, _, avg), (_, _, now)) in averages.iter_mut().zip(current) {
             arbor_ops::cpu::host::vectorised(|| {
                 for (a, &x) in avg.iter_mut().zip(now) {
                     *a += (1.0 - keep) * (x - *a);
@@ -74,23 +77,23 @@ impl Average {
     }
 
     /// The averages as a checkpoint of the model's own tensors (to restore a model from).
-    pub fn as_model(&self) -> Checkpoint {
-        Checkpoint { tensors: self.tensors.clone(), meta: serde_json::Value::Null }
+    pub fn as_model(&self) -> &Checkpoint {
+        &self.model
     }
 
     /// The averages under `avg.`-prefixed names, for a checkpoint beside the model's tensors.
     pub fn named(&self) -> Vec<Named> {
-        self.tensors.iter().map(|(n, s, v)| (format!("{PREFIX}{n}"), s.clone(), v.clone())).collect()
+        self.tensors().iter().map(|(n, s, v)| (format!("{PREFIX}{n}"), s.clone(), v.clone())).collect()
     }
 
     /// Takes the averages saved by [`Average::named`] from `ck`, one for each of the model's
     /// tensors `like` (an error names a missing one); with none saved, the average is empty.
     pub fn restore(&mut self, ck: &Checkpoint, like: &[Named]) -> Result<()> {
         if !ck.tensors.iter().any(|(n, _, _)| n.starts_with(PREFIX)) {
-            self.tensors.clear();
+            self.model.tensors.clear();
             return Ok(());
         }
-        self.tensors = like
+        self.model.tensors = like
             .iter()
             .map(|(n, s, v)| Ok((n.clone(), s.clone(), ck.sized(&format!("{PREFIX}{n}"), v.len())?)))
             .collect::<Result<_>>()?;

@@ -496,7 +496,7 @@ impl<L> Run<L> {
     {
         let Some(avg) = self.average.as_ref().filter(|a| !a.tensors().is_empty()) else { return f(self) };
         let trained = Checkpoint { tensors: self.model.tensors()?, meta: Value::Null };
-        self.model.restore(&avg.as_model())?;
+        self.model.restore(avg.as_model())?;
         let out = f(self);
         self.model.restore(&trained)?;
         out

@@ -122,7 +122,7 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     assert!(avg.tensors().iter().zip(&trained).any(|(a, t)| a.2 != *t), "the average is the last step");
     // Scored: the model restored from the average gives the last epoch's dev accuracy.
     let mut scored = model(5);
-    scored.restore(&avg.as_model()).unwrap();
+    scored.restore(avg.as_model()).unwrap();
     assert_eq!(Some(scored.accuracy(splits.dev, 256).unwrap()), summary.dev_curve.last().copied());
     assert_ne!(summary.dev_curve, plain_summary.dev_curve, "the dev scores are the trained values'");
     // Kept: `best/` holds the average of the best epoch, whose dev accuracy is the best.
