@@ -3,30 +3,33 @@
 use arbor_core::ir::{Builder, Init, Var, VertexFn};
 use arbor_core::Result;
 
-/// Dropout rates of a ready-made cell, in training: on its pulled input (the word vector) and on
-/// its pushed output (what the layer above or the head reads). The recurrence (the gathered and
-/// scattered states) is left alone.
+/// Dropout rates of a ready-made cell, in training: on its pulled input (the word vector), on
+/// its pushed output (what the layer above or the head reads), and on the recurrence's update
+/// (Semeniuta et al. 2016: an LSTM's candidate `u` before it enters the memory, Tree-FC's new
+/// state; what a vertex carries over from its children is never dropped).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CellDropout {
     /// Rate on the pulled input.
     pub input: f32,
     /// Rate on the pushed output.
     pub output: f32,
+    /// Rate on the update of the recurrent state.
+    pub recurrent: f32,
 }
 
 impl CellDropout {
     /// No dropout.
-    pub const NONE: CellDropout = CellDropout { input: 0.0, output: 0.0 };
+    pub const NONE: CellDropout = CellDropout { input: 0.0, output: 0.0, recurrent: 0.0 };
 
-    /// Rate `p` on both the pulled input and the pushed output.
-    pub fn both(p: f32) -> CellDropout {
-        CellDropout { input: p, output: p }
+    /// Rate `p` everywhere: on the pulled input, the recurrent update and the pushed output.
+    pub fn all(p: f32) -> CellDropout {
+        CellDropout { input: p, output: p, recurrent: p }
     }
 
     /// Rate `p` on the pushed output only (Tai et al. (2015) on SST: dropout before the
     /// classifier).
     pub fn output(p: f32) -> CellDropout {
-        CellDropout { input: 0.0, output: p }
+        CellDropout { output: p, ..CellDropout::NONE }
     }
 }
 
@@ -50,7 +53,7 @@ fn tree_lstm_with(embed: usize, hidden: usize, p: CellDropout) -> Result<VertexF
     let gate = |k: usize| gates.slice(k * hidden, hidden);
     // Gates `[i o u f0 f1]`: a leaf's non-zero gates (its forget gates scale missing cells) are
     // one run of columns, so its products are one call each.
-    let (i, o, u) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).tanh());
+    let (i, o, u) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).tanh().dropout(p.recurrent));
     let (f0, f1) = (gate(3).sigmoid(), gate(4).sigmoid());
     let c = i * u + f0 * c0 + f1 * c1;
     let h = o * c.tanh();
@@ -80,7 +83,7 @@ fn child_sum_tree_lstm_with(embed: usize, hidden: usize, max_children: usize, p:
     let sum_h = kids.iter().skip(1).fold(kids[0].0, |s, k| s + k.0);
     let gates = x.matmul(w) + sum_h.matmul(u) + b;
     let gate = |k: usize| gates.slice(k * hidden, hidden);
-    let (i, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).tanh());
+    let (i, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).tanh().dropout(p.recurrent));
     let xf = x.matmul(wf) + bf;
     let c_new = kids.iter().fold(i * uu, |c, &(hk, ck)| c + (xf + hk.matmul(uf)).sigmoid() * ck);
     let h_new = o * c_new.tanh();
@@ -141,7 +144,7 @@ fn var_lstm_with(embed: usize, hidden: usize, p: CellDropout) -> Result<VertexFn
     let b = f.param("b", [1, 4 * hidden], Init::Zeros);
     let gates = x.matmul(w) + h.matmul(u) + b;
     let gate = |k: usize| gates.slice(k * hidden, hidden);
-    let (i, fg, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).sigmoid(), gate(3).tanh());
+    let (i, fg, o, uu) = (gate(0).sigmoid(), gate(1).sigmoid(), gate(2).sigmoid(), gate(3).tanh().dropout(p.recurrent));
     let c_new = i * uu + fg * c;
     let h_new = o * c_new.tanh();
     f.scatter("h", h_new);
@@ -166,7 +169,7 @@ fn tree_fc_with(embed: usize, hidden: usize, p: CellDropout) -> Result<VertexFn>
     let u1 = f.param("U1", [hidden, hidden], Init::Xavier);
     let b = f.param("b", [1, hidden], Init::Zeros);
     let h = (x.matmul(w) + h0.matmul(u0) + h1.matmul(u1) + b).tanh();
-    f.scatter("h", h);
+    f.scatter("h", h.dropout(p.recurrent));
     f.push("h", h.dropout(p.output));
     f.build()
 }
@@ -211,9 +214,9 @@ impl Model {
         self.cell_with_dropout(embed, hidden, CellDropout::NONE)
     }
 
-    /// The model's vertex function with dropout `p` on its pulled input (the word vector) and
-    /// its pushed output (what the classifier reads); [`CellDropout::NONE`] gives
-    /// [`Model::cell`].
+    /// The model's vertex function with dropout `p` on its pulled input (the word vector), its
+    /// recurrent update and its pushed output (what the classifier reads);
+    /// [`CellDropout::NONE`] gives [`Model::cell`].
     pub fn cell_with_dropout(self, embed: usize, hidden: usize, p: CellDropout) -> Result<VertexFn> {
         match self {
             Model::TreeLstm => tree_lstm_with(embed, hidden, p),
@@ -281,9 +284,10 @@ mod tests {
             let rates = |p| model.cell_with_dropout(4, 3, p).expect("a zoo cell builds").dropout_rates().to_vec();
             assert_eq!(rates(CellDropout::NONE), Vec::<f32>::new(), "{}", model.name());
             assert_eq!(rates(CellDropout::output(0.5)), [0.5], "{}", model.name());
-            // The pulled input is declared first.
-            assert_eq!(rates(CellDropout { input: 0.2, output: 0.4 }), [0.2, 0.4], "{}", model.name());
-            assert_eq!(rates(CellDropout::both(0.3)), [0.3, 0.3], "{}", model.name());
+            // The pulled input is declared first, the recurrent update before the pushed output.
+            let all = CellDropout { input: 0.2, output: 0.4, recurrent: 0.1 };
+            assert_eq!(rates(all), [0.2, 0.1, 0.4], "{}", model.name());
+            assert_eq!(rates(CellDropout::all(0.3)), [0.3; 3], "{}", model.name());
         }
     }
 }

@@ -59,7 +59,7 @@ const SMALL: [&str; 6] = ["--hidden", "4", "--embed", "4", "--epochs", "1"];
 
 #[test]
 fn nonsensical_training_flags_are_refused() {
-    let cases: [(&[&str], &[&str]); 17] = [
+    let cases: [(&[&str], &[&str]); 18] = [
         (&["--lr", "nan"], &["--lr", "finite rate above 0"]),
         (&["--lr", "inf"], &["--lr"]),
         (&["--lr=-1"], &["--lr"]),
@@ -75,6 +75,7 @@ fn nonsensical_training_flags_are_refused() {
         (&["--model", "ggnn", "--stages", "2"], &["--model ggnn"]),
         (&["--dropout", "1.5"], &["--dropout"]),
         (&["--input-dropout=-0.5"], &["--input-dropout", "a rate in [0, 1)"]),
+        (&["--recurrent-dropout", "1"], &["--recurrent-dropout", "a rate in [0, 1)"]),
         (&["--embed-lr", "0"], &["--embed-lr", "a finite rate above 0"]),
         (&["--model", "ggnn", "--embed-lr", "0.01"], &["--embed-lr", "--model ggnn"]),
     ];

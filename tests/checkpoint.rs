@@ -136,11 +136,12 @@ fn resume_mid_epoch_is_bitwise_exact() {
     resume_is_exact("exact-1", &[]);
 }
 
-/// As [`resume_mid_epoch_is_bitwise_exact`], with dropout (of rows, vectors and words): the
+/// As [`resume_mid_epoch_is_bitwise_exact`], with dropout (of rows, recurrent updates, vectors and words): the
 /// resumed run draws the masks the uninterrupted one drew.
 #[test]
 fn resume_with_dropout_is_bitwise_exact() {
-    resume_is_exact("exact-dropout", &["--dropout", "0.3", "--input-dropout", "0.2", "--word-dropout", "0.5"]);
+    let rates = ["--dropout", "0.3", "--input-dropout", "0.2", "--recurrent-dropout", "0.1", "--word-dropout", "0.5"];
+    resume_is_exact("exact-dropout", &rates);
 }
 
 /// As [`resume_mid_epoch_is_bitwise_exact`], with two data-parallel workers in every run.

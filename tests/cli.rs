@@ -23,7 +23,7 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    let bad: [&[&str]; 15] = [
+    let bad: [&[&str]; 16] = [
         &["train", "--data", "/no/such/dir"],
         &["train", "--average", "1"],
         &["train", "--average", "0.9", "--layers", "2", "--stages", "2"],
@@ -35,6 +35,7 @@ fn bad_input_gives_one_line_and_a_failure() {
         &["train", "--dropout", "NaN"],
         &["train", "--model", "ggnn", "--dropout", "0.5"],
         &["train", "--model", "sick", "--input-dropout", "0.5"],
+        &["train", "--model", "ggnn", "--recurrent-dropout", "0.25"],
         &["train", "--hidden", "x"],
         &["bench", "--precision", "bf16"],
         &["bench", "--precision", "f8"],
@@ -167,7 +168,7 @@ fn pipeline_flags() {
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!((v["stages"].as_u64(), v["layers"].as_u64(), v["steps"].as_u64()), (Some(2), Some(2), Some(8)));
     assert_eq!(v["schedule"], "2bw");
-    // A stacked model with dropout (of rows, vectors and words) in two stages learns the
+    // A stacked model with dropout (of rows, recurrent updates, vectors and words) in two stages learns the
     // synthetic treebank.
     let out = arbor(&[
         "train",
@@ -178,6 +179,8 @@ fn pipeline_flags() {
         "--dropout",
         "0.1",
         "--input-dropout",
+        "0.1",
+        "--recurrent-dropout",
         "0.1",
         "--word-dropout",
         "0.25",

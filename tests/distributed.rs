@@ -101,7 +101,7 @@ fn workers_draw_the_dropout_masks_of_one() {
     let batches = minibatches(&data, 40, 4);
     let opt = Config::new(Rule::Sgd { momentum: 0.9 }, 0.1);
     let with_dropout = || {
-        let cell = nn::Model::TreeLstm.cell_with_dropout(8, 12, nn::CellDropout::both(0.3)).expect("the cell builds");
+        let cell = nn::Model::TreeLstm.cell_with_dropout(8, 12, nn::CellDropout::all(0.3)).expect("the cell builds");
         let mut m = Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut Rng::new(3))
             .expect("the classifier builds");
         m.engine.set_dropout_key(DropoutKey { seed: 11, ..DropoutKey::default() });

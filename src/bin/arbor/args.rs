@@ -199,6 +199,11 @@ pub(crate) struct TrainArgs {
     /// Dropout rate on the word vectors, in training (tree and sequence models; 0: none).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) input_dropout: f32,
+    /// Dropout rate on the update of every layer's recurrent state (an LSTM's candidate before
+    /// it enters the memory, Semeniuta et al. 2016), in training (tree and sequence models; 0:
+    /// none).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) recurrent_dropout: f32,
     /// Word dropout α: in training, a word seen c times in the training split is replaced by the
     /// unknown word with probability α / (α + c), which trains the unknown word's vector for the
     /// words dev and test bring (tree and sequence models; 0: none).
@@ -262,9 +267,13 @@ pub(crate) struct TrainArgs {
 impl TrainArgs {
     /// The dropout of stacked layer `k` (0 at the bottom): `--input-dropout` on the word vectors
     /// the bottom layer pulls, `--dropout` on every layer's pushed row (so a row between two
-    /// layers is dropped once).
+    /// layers is dropped once), `--recurrent-dropout` on every layer's recurrent update.
     pub(crate) fn cell_dropout(&self, k: usize) -> CellDropout {
-        CellDropout { input: if k == 0 { self.input_dropout } else { 0.0 }, output: self.dropout }
+        CellDropout {
+            input: if k == 0 { self.input_dropout } else { 0.0 },
+            output: self.dropout,
+            recurrent: self.recurrent_dropout,
+        }
     }
 }
 

@@ -216,12 +216,21 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
             "seconds": (seconds * 1e4).round() / 1e4,
             "sent_per_s": (args.sentences as f64 / seconds).round(),
             "vertices_per_s": (vertices as f64 / seconds).round(),
-            "gflops": (flops / seconds / 1e7).round() / 100.0,
-            "nominal_gflops": (nominal / seconds / 1e7).round() / 100.0,
+            "gflops": significant(flops / seconds / 1e9),
+            "nominal_gflops": significant(nominal / seconds / 1e9),
             "peak_rss_mb": (peak_rss_mb() * 10.0).round() / 10.0,
         })
     );
     Ok(())
+}
+
+/// `x` to three significant digits (a small model's GFLOP/s do not round to 0).
+fn significant(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(2 - x.abs().log10().floor() as i32);
+    (x * scale).round() / scale
 }
 
 /// The measurement on the first CUDA device: seconds, FLOPs and the device's name.

@@ -95,6 +95,9 @@ pub(crate) fn record_optional_flags(args: &TrainArgs, meta: &mut Value) {
     if args.input_dropout > 0.0 {
         meta["input_dropout"] = json!(args.input_dropout);
     }
+    if args.recurrent_dropout > 0.0 {
+        meta["recurrent_dropout"] = json!(args.recurrent_dropout);
+    }
 }
 
 /// A training run's progress on stderr: a bar per epoch and a line per finished epoch, whose
@@ -239,7 +242,12 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if !(args.clip.is_finite() && args.clip >= 0.0) {
         return bad("--clip", "a finite gradient-norm bound of 0 (none) or more", args.clip.to_string());
     }
-    for (flag, rate) in [("--dropout", args.dropout), ("--input-dropout", args.input_dropout)] {
+    let rates = [
+        ("--dropout", args.dropout),
+        ("--input-dropout", args.input_dropout),
+        ("--recurrent-dropout", args.recurrent_dropout),
+    ];
+    for (flag, rate) in rates {
         if !(0.0..1.0).contains(&rate) {
             return bad(flag, "a rate in [0, 1)", rate.to_string());
         }
@@ -293,8 +301,12 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         ));
     }
     check_flags(args, &sizes)?;
-    let dropouts =
-        [("--dropout", args.dropout), ("--input-dropout", args.input_dropout), ("--word-dropout", args.word_dropout)];
+    let dropouts = [
+        ("--dropout", args.dropout),
+        ("--input-dropout", args.input_dropout),
+        ("--recurrent-dropout", args.recurrent_dropout),
+        ("--word-dropout", args.word_dropout),
+    ];
     if let Some((flag, _)) = dropouts.iter().find(|(_, rate)| *rate > 0.0) {
         if matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
             return Err(Error::input(
