@@ -265,6 +265,15 @@ pub(crate) struct TrainArgs {
 }
 
 impl TrainArgs {
+    /// The cell's dropout rates by flag (each a rate in `[0, 1)`).
+    pub(crate) fn dropout_rates(&self) -> [(&'static str, f32); 3] {
+        [
+            ("--dropout", self.dropout),
+            ("--input-dropout", self.input_dropout),
+            ("--recurrent-dropout", self.recurrent_dropout),
+        ]
+    }
+
     /// The dropout of stacked layer `k` (0 at the bottom): `--input-dropout` on the word vectors
     /// the bottom layer pulls, `--dropout` on every layer's pushed row (so a row between two
     /// layers is dropped once), `--recurrent-dropout` on every layer's recurrent update.

@@ -242,12 +242,7 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if !(args.clip.is_finite() && args.clip >= 0.0) {
         return bad("--clip", "a finite gradient-norm bound of 0 (none) or more", args.clip.to_string());
     }
-    let rates = [
-        ("--dropout", args.dropout),
-        ("--input-dropout", args.input_dropout),
-        ("--recurrent-dropout", args.recurrent_dropout),
-    ];
-    for (flag, rate) in rates {
+    for (flag, rate) in args.dropout_rates() {
         if !(0.0..1.0).contains(&rate) {
             return bad(flag, "a rate in [0, 1)", rate.to_string());
         }
@@ -301,16 +296,11 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         ));
     }
     check_flags(args, &sizes)?;
-    let dropouts = [
-        ("--dropout", args.dropout),
-        ("--input-dropout", args.input_dropout),
-        ("--recurrent-dropout", args.recurrent_dropout),
-        ("--word-dropout", args.word_dropout),
-    ];
-    if let Some((flag, _)) = dropouts.iter().find(|(_, rate)| *rate > 0.0) {
+    let mut dropouts = args.dropout_rates().into_iter().chain([("--word-dropout", args.word_dropout)]);
+    if let Some((flag, _)) = dropouts.find(|(_, rate)| *rate > 0.0) {
         if matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
             return Err(Error::input(
-                *flag,
+                flag,
                 "a tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
                 format!("--model {}", if args.model == ModelArg::Ggnn { "ggnn" } else { "sick" }),
             ));
