@@ -158,7 +158,7 @@ fn plot_writes_both_curves() {
 }
 
 /// Pipelined runs: a two-stage run prints its layout in the summary, one with dropout reaches
-/// test accuracy 0.95 in two epochs; bad pipeline settings get one-line errors that name them.
+/// test accuracy 0.95 in two epochs, micro-batches default to 1 with one stage and 4 with more; bad pipeline settings get one-line errors that name them.
 #[test]
 fn pipeline_flags() {
     let small = ["train", "--hidden", "8", "--embed", "8", "--max-steps", "8", "--layers", "2"];
@@ -168,6 +168,12 @@ fn pipeline_flags() {
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!((v["stages"].as_u64(), v["layers"].as_u64(), v["steps"].as_u64()), (Some(2), Some(2), Some(8)));
     assert_eq!(v["schedule"], "2bw");
+    // Without --micro-batches, one stage runs whole minibatches; more stages cut them in 4.
+    let out = arbor(&small);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().lines().last().unwrap()).unwrap();
+    assert_eq!((v["stages"].as_u64(), v["micro_batches"].as_u64()), (Some(1), Some(1)), "{v}");
     // A stacked model with dropout (of rows, recurrent updates, vectors and words) in two stages learns the
     // synthetic treebank.
     let out = arbor(&[
@@ -191,6 +197,7 @@ fn pipeline_flags() {
     let v: serde_json::Value =
         serde_json::from_str(String::from_utf8(out.stdout).unwrap().lines().last().unwrap()).unwrap();
     assert!(v["test_acc"].as_f64().is_some_and(|a| a >= 0.95), "{v}");
+    assert_eq!(v["micro_batches"].as_u64(), Some(4), "{v}");
     for (extra, says) in [
         (&["--stages", "3"][..], "between 1 and the number of layers (2)"),
         (&["--stages", "2", "--schedule", "2bw", "--micro-batches", "1"], "at least the number of stages (2) for 2BW"),

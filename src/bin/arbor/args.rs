@@ -253,9 +253,10 @@ pub(crate) struct TrainArgs {
     /// The pipeline schedule.
     #[arg(long, value_enum, default_value = "1f1b")]
     pub(crate) schedule: ScheduleArg,
-    /// Micro-batches per minibatch in a pipeline (balanced by vertex count).
-    #[arg(long, default_value_t = 4)]
-    pub(crate) micro_batches: usize,
+    /// Micro-batches per minibatch in a pipeline (balanced by vertex count); default 4, or 1
+    /// with one stage (where cutting a minibatch only makes its batches smaller).
+    #[arg(long)]
+    pub(crate) micro_batches: Option<usize>,
     /// Seconds a worker waits for a peer before the run ends with an error.
     #[arg(long, default_value_t = 120.0)]
     pub(crate) timeout: f64,
@@ -265,6 +266,11 @@ pub(crate) struct TrainArgs {
 }
 
 impl TrainArgs {
+    /// Micro-batches per minibatch: `--micro-batches`, or its default for `--stages`.
+    pub(crate) fn micro_batches(&self) -> usize {
+        self.micro_batches.unwrap_or(if self.stages == 1 { 1 } else { 4 })
+    }
+
     /// The cell's dropout rates by flag (each a rate in `[0, 1)`).
     pub(crate) fn dropout_rates(&self) -> [(&'static str, f32); 3] {
         [

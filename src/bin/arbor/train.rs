@@ -541,7 +541,7 @@ where
     }
     let plan = PipeSettings {
         kind: args.schedule.kind(),
-        micro_batches: args.micro_batches,
+        micro_batches: args.micro_batches(),
         epochs,
         batch: args.batch,
         clip: (args.clip > 0.0).then_some(args.clip),
@@ -565,7 +565,7 @@ where
             plural(args.layers, "layer"),
             plural(args.stages, "stage"),
             args.schedule.name(),
-            plural(args.micro_batches, "micro-batch")
+            plural(args.micro_batches(), "micro-batch")
         )
     };
     let finish = |stage: &Stage<B>, summary: &Summary| {
@@ -573,7 +573,7 @@ where
         report["layers"] = json!(args.layers);
         report["stages"] = json!(args.stages);
         report["schedule"] = json!(args.schedule.name());
-        report["micro_batches"] = json!(args.micro_batches);
+        report["micro_batches"] = json!(args.micro_batches());
         report
     };
     match args.distributed {
