@@ -317,7 +317,7 @@ impl<L> Run<L> {
         let m = &ck.meta;
         for (key, want) in settings.as_object().into_iter().flatten() {
             if &m[key] != want {
-                let (had, asked) = differing(&m[key].to_string(), &want.to_string());
+                let (had, asked) = differing(&as_typed(&m[key]).to_string(), &as_typed(want).to_string());
                 return Err(Error::input(
                     format!("resuming from a checkpoint with `{key}` = {had}"),
                     "the same setting in this run",
@@ -500,6 +500,22 @@ impl<L> Run<L> {
         let out = f(self);
         self.model.restore(&trained)?;
         out
+    }
+}
+
+/// `v` with every number that a flag typed as `f32` recorded (`0.10000000149011612`) shown as
+/// typed (`0.1`).
+fn as_typed(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(x) if n.is_f64() && f64::from(x as f32) == x => {
+                (x as f32).to_string().parse::<f64>().map_or_else(|_| v.clone(), |x| json!(x))
+            }
+            _ => v.clone(),
+        },
+        Value::Array(items) => Value::Array(items.iter().map(as_typed).collect()),
+        Value::Object(fields) => Value::Object(fields.iter().map(|(k, x)| (k.clone(), as_typed(x))).collect()),
+        _ => v.clone(),
     }
 }
 

@@ -312,7 +312,7 @@ fn edited_metadata_is_refused() {
     assert!(err.contains("meta.json") && err.contains("checksum mismatch"), "{err}");
 }
 
-/// Resuming with other settings (batch, seed, learning rates), or from a checkpoint without
+/// Resuming with other settings (batch, seed, learning rates, dropout), or from a checkpoint without
 /// optimizer state (`best/`), is refused with an error naming the reason.
 #[test]
 fn resume_refuses_other_settings_and_best_checkpoints() {
@@ -340,6 +340,13 @@ fn resume_refuses_other_settings_and_best_checkpoints() {
     assert!(err.starts_with("arbor: resuming from a checkpoint with `embed_lr` = null"), "{err}");
     let err = refused(&[last, "--average", "0.99"]);
     assert!(err.starts_with("arbor: resuming from a checkpoint with `average` = null"), "{err}");
+    // So are the dropout rates, both ways.
+    let err = refused(&[last, "--dropout", "0.1"]);
+    assert!(err.starts_with("arbor: resuming from a checkpoint with `output_dropout` = null"), "{err}");
+    let dropped = tmp.join("d");
+    train(&["--epochs", "1", "--recurrent-dropout", "0.1", "--checkpoint", s(&dropped)]);
+    let err = refused(&[s(&dropped), "--epochs", "2"]);
+    assert!(err.starts_with("arbor: resuming from a checkpoint with `recurrent_dropout` = 0.1: "), "{err}");
     let best = ck.join("best");
     let err = refused(&[s(&best), "--epochs", "2"]);
     assert!(err.contains("a `best/` folder is for `arbor eval`"), "{err}");

@@ -79,25 +79,18 @@ pub(crate) fn new_run<L>(model: L, args: &TrainArgs, lr: f32, rng: &Rng) -> Resu
     }
 }
 
-/// Records in `meta` the flags a checkpoint must resume with that older checkpoints lack: the
-/// word-vector learning rate and the weight average's decay as `null` when unset (an old
-/// checkpoint reads as `null` too), the dropout rates only when used (an old checkpoint with
-/// dropout must not match: `dropout` once meant both rates, hence `output_dropout`).
+/// Records in `meta` the flags a checkpoint must resume with that older checkpoints lack, each
+/// as `null` when unset (an old checkpoint reads as `null` too): the word-vector learning rate,
+/// the weight average's decay and the dropout rates (`output_dropout`: `dropout` once meant both
+/// rates, so an old checkpoint with dropout must not match).
 pub(crate) fn record_optional_flags(args: &TrainArgs, meta: &mut Value) {
+    let used = |rate: f32| (rate > 0.0).then_some(rate);
     meta["embed_lr"] = json!(args.embed_lr);
     meta["average"] = json!(args.average);
-    if args.word_dropout > 0.0 {
-        meta["word_dropout"] = json!(args.word_dropout);
-    }
-    if args.dropout > 0.0 {
-        meta["output_dropout"] = json!(args.dropout);
-    }
-    if args.input_dropout > 0.0 {
-        meta["input_dropout"] = json!(args.input_dropout);
-    }
-    if args.recurrent_dropout > 0.0 {
-        meta["recurrent_dropout"] = json!(args.recurrent_dropout);
-    }
+    meta["word_dropout"] = json!(used(args.word_dropout));
+    meta["output_dropout"] = json!(used(args.dropout));
+    meta["input_dropout"] = json!(used(args.input_dropout));
+    meta["recurrent_dropout"] = json!(used(args.recurrent_dropout));
 }
 
 /// A training run's progress on stderr: a bar per epoch and a line per finished epoch, whose
