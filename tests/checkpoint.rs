@@ -136,8 +136,8 @@ fn resume_mid_epoch_is_bitwise_exact() {
     resume_is_exact("exact-1", &[]);
 }
 
-/// As [`resume_mid_epoch_is_bitwise_exact`], with dropout (of rows, recurrent updates, vectors and words): the
-/// resumed run draws the masks the uninterrupted one drew.
+/// As [`resume_mid_epoch_is_bitwise_exact`], with dropout (of rows, recurrent updates, vectors
+/// and words): the resumed run draws the masks the uninterrupted one drew.
 #[test]
 fn resume_with_dropout_is_bitwise_exact() {
     let rates = ["--dropout", "0.3", "--input-dropout", "0.2", "--recurrent-dropout", "0.1", "--word-dropout", "0.5"];

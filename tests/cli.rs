@@ -158,7 +158,8 @@ fn plot_writes_both_curves() {
 }
 
 /// Pipelined runs: a two-stage run prints its layout in the summary, one with dropout reaches
-/// test accuracy 0.95 in two epochs, micro-batches default to 1 with one stage and 4 with more; bad pipeline settings get one-line errors that name them.
+/// test accuracy 0.95 in two epochs, micro-batches default to 1 with one stage and 4 with more;
+/// bad pipeline settings get one-line errors that name them.
 #[test]
 fn pipeline_flags() {
     let small = ["train", "--hidden", "8", "--embed", "8", "--max-steps", "8", "--layers", "2"];
@@ -174,8 +175,8 @@ fn pipeline_flags() {
     let v: serde_json::Value =
         serde_json::from_str(String::from_utf8(out.stdout).unwrap().lines().last().unwrap()).unwrap();
     assert_eq!((v["stages"].as_u64(), v["micro_batches"].as_u64()), (Some(1), Some(1)), "{v}");
-    // A stacked model with dropout (of rows, recurrent updates, vectors and words) in two stages learns the
-    // synthetic treebank.
+    // A stacked model with dropout (of rows, recurrent updates, vectors and words) in two stages
+    // learns the synthetic treebank.
     let out = arbor(&[
         "train",
         "--layers",
