@@ -35,9 +35,9 @@ stacked = ["--layers", "2"]
 comparisons = [
     ("data parallel, 2 threads", [arbor] + common, [arbor] + common + ["--workers", "2"]),
     ("data parallel, 2 MPI ranks", [arbor] + common, mpirun + [arbor] + common + ["--distributed", "mpi"]),
-    ("pipeline, 2 stages, 1F1B, 4 micro-batches", [arbor] + common + stacked + ["--micro-batches", "1"],
+    ("pipeline, 2 stages, 1F1B, 4 micro-batches", [arbor] + common + stacked,
      [arbor] + common + stacked + ["--stages", "2", "--schedule", "1f1b", "--micro-batches", "4"]),
-    ("pipeline, 2 stages, 2BW, 2 micro-batches", [arbor] + common + stacked + ["--micro-batches", "1"],
+    ("pipeline, 2 stages, 2BW, 2 micro-batches", [arbor] + common + stacked,
      [arbor] + common + stacked + ["--stages", "2", "--schedule", "2bw", "--micro-batches", "2"]),
 ]
 

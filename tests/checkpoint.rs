@@ -157,6 +157,13 @@ fn resume_with_a_weight_average_is_bitwise_exact() {
     resume_is_exact("exact-average", &["--average", "0.99", "--workers", "2"]);
 }
 
+/// As [`resume_mid_epoch_is_bitwise_exact`], for a stack of two layers with dropout and a
+/// weight average on two workers: one stage of `--layers` trains by the same loop.
+#[test]
+fn resume_of_a_stacked_model_is_bitwise_exact() {
+    resume_is_exact("exact-layers", &["--layers", "2", "--dropout", "0.2", "--average", "0.99", "--workers", "2"]);
+}
+
 /// The tensor file `meta.json` in `dir` names now, if it can be read.
 fn committed_file(dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(dir.join("meta.json")).ok()?;
@@ -340,6 +347,9 @@ fn resume_refuses_other_settings_and_best_checkpoints() {
     assert!(err.starts_with("arbor: resuming from a checkpoint with `embed_lr` = null"), "{err}");
     let err = refused(&[last, "--average", "0.99"]);
     assert!(err.starts_with("arbor: resuming from a checkpoint with `average` = null"), "{err}");
+    // And the number of layers (`null` for one).
+    let err = refused(&[last, "--layers", "2"]);
+    assert!(err.starts_with("arbor: resuming from a checkpoint with `layers` = null"), "{err}");
     // So are the dropout rates, both ways.
     let err = refused(&[last, "--dropout", "0.1"]);
     assert!(err.starts_with("arbor: resuming from a checkpoint with `output_dropout` = null"), "{err}");

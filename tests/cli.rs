@@ -93,11 +93,11 @@ fn temp(name: &str) -> std::path::PathBuf {
 const SMALL: [&str; 6] = ["--hidden", "3", "--embed", "3", "--lr", "0.002"];
 
 /// `arbor eval` of `best/` gives the test accuracy training reported, also when training
-/// scored a moving average of the weights.
+/// scored a moving average of the weights and for a stack of two layers.
 #[test]
 fn eval_reproduces_the_checkpoint_accuracy_exactly() {
     let ck = temp("eval");
-    for extra in [&[][..], &["--average", "0.9"]] {
+    for extra in [&[][..], &["--average", "0.9"], &["--layers", "2", "--dropout", "0.1"]] {
         std::fs::remove_dir_all(&ck).ok();
         let mut args = vec!["train", "--epochs", "1", "--checkpoint", ck.to_str().unwrap()];
         args.extend(SMALL);
@@ -158,8 +158,9 @@ fn plot_writes_both_curves() {
 }
 
 /// Pipelined runs: a two-stage run prints its layout in the summary, one with dropout reaches
-/// test accuracy 0.95 in two epochs, micro-batches default to 1 with one stage and 4 with more;
-/// bad pipeline settings get one-line errors that name them.
+/// test accuracy 0.95 in two epochs with micro-batches defaulting to 4; one stage of two layers
+/// trains data-parallel (no micro-batches, two workers); bad pipeline settings get one-line
+/// errors that name them.
 #[test]
 fn pipeline_flags() {
     let small = ["train", "--hidden", "8", "--embed", "8", "--max-steps", "8", "--layers", "2"];
@@ -169,12 +170,13 @@ fn pipeline_flags() {
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!((v["stages"].as_u64(), v["layers"].as_u64(), v["steps"].as_u64()), (Some(2), Some(2), Some(8)));
     assert_eq!(v["schedule"], "2bw");
-    // Without --micro-batches, one stage runs whole minibatches; more stages cut them in 4.
-    let out = arbor(&small);
+    // One stage is no pipeline: the stack trains by the data-parallel loop, on two workers here.
+    let out = arbor(&[&small[..], &["--workers", "2"]].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value =
         serde_json::from_str(String::from_utf8(out.stdout).unwrap().lines().last().unwrap()).unwrap();
-    assert_eq!((v["stages"].as_u64(), v["micro_batches"].as_u64()), (Some(1), Some(1)), "{v}");
+    assert_eq!((v["layers"].as_u64(), v["workers"].as_u64(), v["steps"].as_u64()), (Some(2), Some(2), Some(8)), "{v}");
+    assert!(v.get("micro_batches").is_none() && v.get("stages").is_none(), "{v}");
     // A stacked model with dropout (of rows, recurrent updates, vectors and words) in two stages
     // learns the synthetic treebank.
     let out = arbor(&[
@@ -203,6 +205,8 @@ fn pipeline_flags() {
         (&["--stages", "3"][..], "between 1 and the number of layers (2)"),
         (&["--stages", "2", "--schedule", "2bw", "--micro-batches", "1"], "at least the number of stages (2) for 2BW"),
         (&["--stages", "2", "--checkpoint", "x"], "got --checkpoint"),
+        (&["--micro-batches", "2"], "--stages above 1"),
+        (&["--schedule", "2bw"], "--stages above 1"),
         (&["--timeout", "inf"], "--timeout"),
     ] {
         let out = arbor(&[&small[..], extra].concat());

@@ -250,11 +250,11 @@ pub(crate) struct TrainArgs {
     /// Pipeline stages (threads, or MPI ranks), each holding a contiguous share of the layers.
     #[arg(long, default_value_t = 1)]
     pub(crate) stages: usize,
-    /// The pipeline schedule.
-    #[arg(long, value_enum, default_value = "1f1b")]
-    pub(crate) schedule: ScheduleArg,
-    /// Micro-batches per minibatch in a pipeline (balanced by vertex count); default 4, or 1
-    /// with one stage (where cutting a minibatch only makes its batches smaller).
+    /// The pipeline schedule (default 1f1b; with --stages above 1).
+    #[arg(long, value_enum)]
+    pub(crate) schedule: Option<ScheduleArg>,
+    /// Micro-batches per minibatch in a pipeline, balanced by vertex count (default 4; with
+    /// --stages above 1).
     #[arg(long)]
     pub(crate) micro_batches: Option<usize>,
     /// Seconds a worker waits for a peer before the run ends with an error.
@@ -266,9 +266,14 @@ pub(crate) struct TrainArgs {
 }
 
 impl TrainArgs {
-    /// Micro-batches per minibatch: `--micro-batches`, or its default for `--stages`.
+    /// Micro-batches per minibatch of a pipeline: `--micro-batches`, or 4.
     pub(crate) fn micro_batches(&self) -> usize {
-        self.micro_batches.unwrap_or(if self.stages == 1 { 1 } else { 4 })
+        self.micro_batches.unwrap_or(4)
+    }
+
+    /// The pipeline schedule: `--schedule`, or 1F1B.
+    pub(crate) fn schedule(&self) -> ScheduleArg {
+        self.schedule.unwrap_or(ScheduleArg::OneFOneB)
     }
 
     /// The cell's dropout rates by flag (each a rate in `[0, 1)`).

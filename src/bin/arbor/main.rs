@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod eval;
 mod sick;
 mod train;
 
@@ -11,10 +12,11 @@ use arbor::{Error, Result};
 use args::{Cli, Command};
 use bench::bench;
 use clap::Parser;
+use eval::eval;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 use std::path::Path;
-use train::{eval, train};
+use train::train;
 
 /// Has glibc's malloc keep freed memory for reuse. Every training step allocates and frees the
 /// same large gradient buffers; by default glibc hands such memory back to the kernel (unmapping

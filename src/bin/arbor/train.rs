@@ -1,28 +1,27 @@
-//! `arbor train` (trees and sequences data-parallel or pipelined, graphs by cross-validation)
-//! and `arbor eval`.
+//! `arbor train`: trees and sequences data-parallel or pipelined, graphs by cross-validation.
 
 use crate::args::*;
-use crate::{bar, load, meta_usize, Data};
+use crate::{bar, load, Data};
 use arbor::checkpoint::Checkpoint;
 use arbor::data::labelled::Labelled;
-use arbor::data::{glove, sst, synthetic, tu, TreeExample, Vocab, PAD, UNK};
+use arbor::data::{glove, tu, PAD, UNK};
 use arbor::dist::pipeline::{Part, PipeSettings, Stage};
 use arbor::dist::Collective;
 use arbor::head::softmax_classifier;
 use arbor::layers::LossOn;
 use arbor::layers::{Embedding, WordDropout};
-use arbor::model::Feed;
+use arbor::model::{self, Feed};
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::readout::Readout;
 use arbor::rng::Rng;
 use arbor::train::{cross_validate, cross_validate_on, Classifier, GraphTraining};
-use arbor::trainer::{fit_threads, on_threads, Event, Learned, Run, Settings, Splits, Summary};
+use arbor::trainer::{fit_threads, on_threads, Event, Learned, Learner, Run, Settings, Splits, Summary};
 use arbor::{Backend, CpuBackend, DropoutKey, Error, Result, VertexFn};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The sizes and rates of a run: the flags, or the model's defaults.
@@ -81,8 +80,8 @@ pub(crate) fn new_run<L>(model: L, args: &TrainArgs, lr: f32, rng: &Rng) -> Resu
 
 /// Records in `meta` the flags a checkpoint must resume with that older checkpoints lack, each
 /// as `null` when unset (an old checkpoint reads as `null` too): the word-vector learning rate,
-/// the weight average's decay and the dropout rates (`output_dropout`: `dropout` once meant both
-/// rates, so an old checkpoint with dropout must not match).
+/// the weight average's decay, the dropout rates (`output_dropout`: `dropout` once meant both
+/// rates, so an old checkpoint with dropout must not match) and the layers (`null` for one).
 pub(crate) fn record_optional_flags(args: &TrainArgs, meta: &mut Value) {
     let used = |rate: f32| (rate > 0.0).then_some(rate);
     meta["embed_lr"] = json!(args.embed_lr);
@@ -91,6 +90,7 @@ pub(crate) fn record_optional_flags(args: &TrainArgs, meta: &mut Value) {
     meta["output_dropout"] = json!(used(args.dropout));
     meta["input_dropout"] = json!(used(args.input_dropout));
     meta["recurrent_dropout"] = json!(used(args.recurrent_dropout));
+    meta["layers"] = json!((args.layers > 1).then_some(args.layers));
 }
 
 /// A training run's progress on stderr: a bar per epoch and a line per finished epoch, whose
@@ -201,6 +201,25 @@ impl Setup<'_> {
         })
     }
 
+    /// The stacked classifier of `--layers` layers ([`stacked_model`]) on `backend`, its word
+    /// vectors from `--embeddings` with `--word-dropout`, every flag's dropout in its cells;
+    /// refused before anything is allocated where `replicas` copies would not fit in memory.
+    pub(crate) fn stacked_model<B: Backend>(&mut self, backend: &B, replicas: usize) -> Result<model::Model<B>> {
+        let (args, hidden, embed) = (self.args, self.sizes.hidden, self.sizes.embed);
+        let (vocab, classes) = (self.data.vocab.len(), self.data.classes);
+        let cells = (0..args.layers)
+            .map(|k| self.kind.cell_with_dropout(if k == 0 { embed } else { hidden }, hidden, args.cell_dropout(k)))
+            .collect::<Result<Vec<_>>>()?;
+        let floats = crate::model_floats(vocab, embed, &cells.iter().collect::<Vec<_>>(), hidden, classes);
+        crate::check_memory("--hidden, --embed, --layers and --workers", floats * replicas as u128)?;
+        let mut words = Embedding::new(vocab, embed, 0.1, &mut self.rng).with_padding(PAD);
+        self.pretrained(words.table_mut())?;
+        if let Some(w) = self.word_dropout() {
+            words = words.with_word_dropout(w);
+        }
+        stacked_model(backend, words, cells, hidden, classes, args.seed, &mut self.rng)
+    }
+
     pub(crate) fn announce(&self, how: &str) {
         let d = &self.data;
         eprintln!(
@@ -253,6 +272,13 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if args.average.is_some() && (args.stages > 1 || matches!(args.model, ModelArg::Ggnn)) {
         let got = if args.stages > 1 { format!("--stages {}", args.stages) } else { "--model ggnn".into() };
         return bad("--average", "one stage of a tree, sequence or sick model", got);
+    }
+    if args.stages == 1 {
+        let pipeline_only =
+            [("--micro-batches", args.micro_batches.is_some()), ("--schedule", args.schedule.is_some())];
+        if let Some((flag, _)) = pipeline_only.iter().find(|(_, set)| *set) {
+            return bad(flag, "--stages above 1 (a pipeline)", "--stages 1".into());
+        }
     }
     if matches!(args.model, ModelArg::Ggnn) && args.embed_lr.is_some() {
         return bad(
@@ -322,8 +348,8 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
     let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
     let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev root accuracy")?;
     let mut events = |e: Event| progress.on(e);
-    let stacked = args.layers > 1 || args.stages > 1;
-    let report = if stacked { train_pipeline(setup, &mut events)? } else { train_data_parallel(setup, &mut events)? };
+    let report =
+        if args.stages > 1 { train_pipeline(setup, &mut events)? } else { train_data_parallel(setup, &mut events)? };
     progress.finish();
     if let Some(Value::Object(fields)) = report {
         let mut summary = json!({
@@ -417,7 +443,8 @@ pub(crate) fn train_data_parallel(setup: Setup<'_>, events: &mut dyn FnMut(Event
     }
 }
 
-/// [`train_data_parallel`] with the vertex function on `backend` (and each worker's replica of it).
+/// [`train_data_parallel`] with the vertex functions on `backend` (and each worker's replica of
+/// it): a [`Classifier`] around one layer, or a stacked [`model::Model`] of `--layers`.
 fn train_data_parallel_on<B: Backend>(
     backend: B,
     mut setup: Setup<'_>,
@@ -425,9 +452,21 @@ fn train_data_parallel_on<B: Backend>(
 ) -> Result<Option<Value>>
 where
     Run<Classifier<B>>: Send,
+    Run<model::Model<B>>: Send,
 {
     let args = setup.args;
-    let Sizes { epochs, hidden, embed, lr } = setup.sizes;
+    if args.layers > 1 {
+        let model = setup.stacked_model(&backend, args.workers)?;
+        let d = &setup.data;
+        let (loss_on, classes) = (setup.loss_on, d.classes);
+        let (train, dev, test) = (
+            Labelled::all(&d.train, loss_on, classes),
+            Labelled::all(&d.dev, loss_on, classes),
+            Labelled::all(&d.test, loss_on, classes),
+        );
+        return fit_data_parallel(model, &setup, Splits { train: &train, dev: &dev, test: &test }, events);
+    }
+    let Sizes { hidden, embed, .. } = setup.sizes;
     let cell = setup.kind.cell_with_dropout(embed, hidden, args.cell_dropout(0))?;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
     let floats = crate::model_floats(vocab, embed, &[&cell], hidden, classes) * args.workers as u128;
@@ -438,40 +477,89 @@ where
     if let Some(w) = setup.word_dropout() {
         model.embed = model.embed.clone().with_word_dropout(w);
     }
+    fit_data_parallel(model, &setup, setup.splits(), events)
+}
+
+/// Trains `model` data-parallel (`--workers` threads or the ranks of an MPI job) on `data`, with
+/// checkpoints and `--resume`; returns the summary's fields on the reporting worker.
+fn fit_data_parallel<L, E>(
+    model: L,
+    setup: &Setup<'_>,
+    data: Splits<'_, E>,
+    events: &mut dyn FnMut(Event),
+) -> Result<Option<Value>>
+where
+    L: Learner<E> + Learned,
+    E: Sync,
+    Run<L>: Send,
+{
+    let args = setup.args;
+    let Sizes { epochs, hidden, embed, lr } = setup.sizes;
     let mut run = new_run(model, args, lr, &setup.rng)?;
-    let data = &setup.data;
+    let d = &setup.data;
     let mut plan = settings(
         args,
         epochs,
         setup.loss_on,
         json!({
-            "model": setup.kind.name(), "embed": embed, "hidden": hidden, "classes": classes,
-            "data": data.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": data.vocab.words(),
+            "model": setup.kind.name(), "embed": embed, "hidden": hidden, "classes": d.classes,
+            "data": d.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": d.vocab.words(),
             "batch": args.batch, "loss": args.loss.name(), "optimizer": format!("{:?}", optimizer(args, lr)),
             "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
         }),
     );
     record_optional_flags(args, &mut plan.meta);
     prepare_run(&mut run, args, &plan)?;
+    let layers = if args.layers > 1 { format!("{}, ", plural(args.layers, "layer")) } else { String::new() };
     let (summary, lead, workers) = match args.distributed {
         None => {
-            setup.announce(&plural(args.workers, "worker"));
-            let summary = fit_threads(&mut run, args.workers, setup.timeout, setup.splits(), &plan, events)?;
+            setup.announce(&format!("{layers}{}", plural(args.workers, "worker")));
+            let summary = fit_threads(&mut run, args.workers, setup.timeout, data, &plan, events)?;
             (summary, true, args.workers)
         }
         Some(Distributed::Mpi) => on_mpi(setup.timeout, |coll| {
             let (rank, size) = (coll.rank(), coll.size());
             if rank == 0 {
-                setup.announce(&plural(size, "MPI rank"));
+                setup.announce(&format!("{layers}{}", plural(size, "MPI rank")));
             }
             let mut quiet = |_: Event| {};
             let events: &mut dyn FnMut(Event) = if rank == 0 { events } else { &mut quiet };
-            Ok((run.fit(setup.splits(), &plan, coll, events)?, rank == 0, size))
+            Ok((run.fit(data, &plan, coll, events)?, rank == 0, size))
         })?,
     };
     let mut report = outcome(&summary, run.pos.steps, run.best_dev, run.test_acc);
     report["workers"] = json!(workers);
+    if args.layers > 1 {
+        report["layers"] = json!(args.layers);
+    }
     Ok(lead.then_some(report))
+}
+
+/// The CLI's stacked classifier on replicas of `backend`: word vectors `words`, the vertex
+/// functions `cells` bottom first (each above the first pulling the row the one below pushes)
+/// and a softmax classifier over `classes` reading every vertex's `hidden`-wide row, with fresh parameters from `rng` and each layer's
+/// dropout masks keyed by `seed`.
+pub(crate) fn stacked_model<B: Backend>(
+    backend: &B,
+    words: Embedding,
+    cells: Vec<VertexFn>,
+    hidden: usize,
+    classes: usize,
+    seed: u64,
+    rng: &mut Rng,
+) -> Result<model::Model<B>> {
+    let mut cells = cells.into_iter();
+    let bottom = cells.next().ok_or_else(|| Error::input("--layers", "at least 1", "0"))?;
+    let head = softmax_classifier(hidden, classes)?;
+    let mut stacked =
+        model::Model::init(backend, words, bottom, vec![Feed::Words], head, rng)?.with_readout(Readout::Vertices);
+    for f in cells {
+        stacked = stacked.stack(f, rng)?;
+    }
+    for e in &mut stacked.cells {
+        e.set_dropout_key(DropoutKey { seed: seed.wrapping_add(e.dropout_key().seed), ..e.dropout_key() });
+    }
+    Ok(stacked)
 }
 
 /// Trains a stacked model of --layers layers, cut into --stages pipeline stages (threads, or the
@@ -486,8 +574,8 @@ pub(crate) fn train_pipeline(setup: Setup<'_>, events: &mut dyn FnMut(Event)) ->
     ];
     if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
         return Err(Error::input(
-            "a stacked (--layers above 1) or pipelined (--stages above 1) run",
-            "no checkpoints and no data-parallel workers (not supported with pipelines yet)",
+            "a pipelined (--stages above 1) run",
+            "no checkpoints and no data-parallel workers (not supported with pipelines yet; one stage of --layers has both)",
             *flag,
         ));
     }
@@ -507,33 +595,11 @@ where
     Stage<B>: Send,
 {
     let args = setup.args;
-    let Sizes { epochs, hidden, embed, lr } = setup.sizes;
-    let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
-    let cells = (0..args.layers)
-        .map(|k| setup.kind.cell_with_dropout(if k == 0 { embed } else { hidden }, hidden, args.cell_dropout(k)))
-        .collect::<Result<Vec<_>>>()?;
-    let floats = crate::model_floats(vocab, embed, &cells.iter().collect::<Vec<_>>(), hidden, classes);
-    crate::check_memory("--hidden, --embed and --layers", floats)?;
-    // Word vectors, the stacked cells and a softmax classifier reading every vertex.
-    let mut words = Embedding::new(vocab, embed, 0.1, &mut setup.rng).with_padding(PAD);
-    setup.pretrained(words.table_mut())?;
-    if let Some(w) = setup.word_dropout() {
-        words = words.with_word_dropout(w);
-    }
-    let mut cells = cells.into_iter();
-    let bottom = cells.next().ok_or_else(|| Error::input("--layers", "at least 1", "0"))?;
-    let head = softmax_classifier(hidden, classes)?;
-    let mut model = arbor::model::Model::init(&backend, words, bottom, vec![Feed::Words], head, &mut setup.rng)?
-        .with_readout(Readout::Vertices);
-    for f in cells {
-        model = model.stack(f, &mut setup.rng)?;
-    }
-    let seed = args.seed;
-    for e in &mut model.cells {
-        e.set_dropout_key(DropoutKey { seed: seed.wrapping_add(e.dropout_key().seed), ..e.dropout_key() });
-    }
+    let Sizes { epochs, lr, .. } = setup.sizes;
+    let classes = setup.data.classes;
+    let model = setup.stacked_model(&backend, 1)?;
     let plan = PipeSettings {
-        kind: args.schedule.kind(),
+        kind: args.schedule().kind(),
         micro_batches: args.micro_batches(),
         epochs,
         batch: args.batch,
@@ -557,7 +623,7 @@ where
             "{} in {} on {on}, {} schedule, {}",
             plural(args.layers, "layer"),
             plural(args.stages, "stage"),
-            args.schedule.name(),
+            args.schedule().name(),
             plural(args.micro_batches(), "micro-batch")
         )
     };
@@ -565,7 +631,7 @@ where
         let mut report = outcome(summary, stage.version as u64, stage.best_dev, stage.test_score());
         report["layers"] = json!(args.layers);
         report["stages"] = json!(args.stages);
-        report["schedule"] = json!(args.schedule.name());
+        report["schedule"] = json!(args.schedule().name());
         report["micro_batches"] = json!(args.micro_batches());
         report
     };
@@ -709,67 +775,6 @@ pub(crate) fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
             "graphs_per_s": result.graphs_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
         })
-    );
-    Ok(())
-}
-
-/// The root accuracy on `test` of the classifier around `cell` restored from `ck`, on `backend`.
-fn accuracy<B: Backend>(
-    backend: B,
-    cell: VertexFn,
-    ck: &Checkpoint,
-    vocab: usize,
-    classes: usize,
-    test: &[TreeExample],
-) -> Result<f64> {
-    let mut model = Classifier::on(backend, cell, vocab, Some(PAD), classes, &mut Rng::new(0))?;
-    model.restore(ck)?;
-    model.accuracy(test, 256)
-}
-
-pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
-    // `best/` (the best dev epoch), else `last/` (a run stopped before an epoch's end), else
-    // the folder itself.
-    let dir = ["best", "last"]
-        .iter()
-        .map(|d| args.checkpoint.join(d))
-        .find(|d| d.join("meta.json").is_file())
-        .unwrap_or_else(|| args.checkpoint.clone());
-    if dir.ends_with("last") {
-        eprintln!("arbor: no best/ in {} (no epoch ended); evaluating last/", args.checkpoint.display());
-    }
-    let ck = Checkpoint::load(&dir)?;
-    if ck.meta["model"] == "sick" {
-        return crate::sick::eval(args, &dir, &ck);
-    }
-    let meta = &ck.meta;
-    let model_kind = Model::from_name(meta["model"].as_str().unwrap_or_default())?;
-    let (embed, hidden, classes) =
-        (meta_usize(meta, "embed")?, meta_usize(meta, "hidden")?, meta_usize(meta, "classes")?);
-    let lowercase = meta["lowercase"].as_bool().unwrap_or(false);
-    let words: Vec<String> = meta["vocab"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
-        .unwrap_or_default();
-    let trained_on = meta["data"].as_str().unwrap_or("synthetic");
-    let data_dir = args.data.clone().or_else(|| (trained_on != "synthetic").then(|| PathBuf::from(trained_on)));
-    let test = match &data_dir {
-        None => synthetic::generate(500, 12, meta_usize(meta, "seed")? as u64 + 2_000_003),
-        Some(dir) => {
-            let mut vocab = Vocab::from_words(&words, lowercase);
-            sst::read(&dir.join("test.txt"), &mut vocab, false)?
-        }
-    };
-    let test: Vec<TreeExample> =
-        if model_kind.chains() { test.iter().map(TreeExample::to_chain).collect() } else { test };
-    let cell = model_kind.cell(embed, hidden)?;
-    let acc = match args.device {
-        Device::Cpu => accuracy(CpuBackend::new(), cell, &ck, words.len(), classes, &test)?,
-        Device::Cuda => accuracy(crate::cuda_backend()?, cell, &ck, words.len(), classes, &test)?,
-    };
-    println!(
-        "{}",
-        json!({"model": model_kind.name(), "checkpoint": dir.display().to_string(), "test_acc": acc, "trees": test.len()})
     );
     Ok(())
 }
