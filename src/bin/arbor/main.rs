@@ -3,6 +3,7 @@
 mod args;
 mod bench;
 mod eval;
+mod graphs;
 mod sick;
 mod train;
 

@@ -4,7 +4,7 @@ use crate::args::*;
 use crate::{bar, load, Data};
 use arbor::checkpoint::Checkpoint;
 use arbor::data::labelled::Labelled;
-use arbor::data::{glove, tu, PAD, UNK};
+use arbor::data::{glove, PAD, UNK};
 use arbor::dist::pipeline::{Part, PipeSettings, Stage};
 use arbor::dist::Collective;
 use arbor::head::softmax_classifier;
@@ -16,13 +16,13 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::readout::Readout;
 use arbor::rng::Rng;
-use arbor::train::{cross_validate, cross_validate_on, Classifier, GraphTraining};
+use arbor::train::Classifier;
 use arbor::trainer::{fit_threads, on_threads, Event, Learned, Learner, Run, Settings, Splits, Summary};
 use arbor::{Backend, CpuBackend, DropoutKey, Error, Result, VertexFn};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use serde_json::{json, Value};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The sizes and rates of a run: the flags, or the model's defaults.
 pub(crate) struct Sizes {
@@ -329,7 +329,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         Error::input("--timeout", "a number of seconds from 0 to about 1.8e19", args.timeout.to_string())
     })?;
     match args.model {
-        ModelArg::Ggnn => return train_graphs(args, &sizes),
+        ModelArg::Ggnn => return crate::graphs::train(args, &sizes),
         ModelArg::Sick => return crate::sick::train(args, &sizes, timeout),
         _ => {}
     }
@@ -693,88 +693,4 @@ pub(crate) fn on_mpi<T>(_: Duration, _: impl FnOnce(&mut dyn Collective) -> Resu
         "an arbor built with MPI support (cargo build --release --features mpi)",
         "a build without it",
     ))
-}
-
-/// The name of the TU data set in `dir` (the prefix of its `NAME_A.txt`).
-pub(crate) fn tu_name(dir: &Path) -> Result<String> {
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| Error::Io { path: dir.display().to_string(), msg: e.to_string() })?;
-    let mut names: Vec<String> =
-        entries.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix("_A.txt").map(String::from)).collect();
-    names.sort();
-    let io = |msg: String| Error::Io { path: dir.display().to_string(), msg };
-    match &names[..] {
-        [name] => Ok(name.clone()),
-        [] => Err(io("no NAME_A.txt here: not a TU data set".into())),
-        _ => Err(io(format!("more than one TU data set here ({}): keep one per folder", names.join(", ")))),
-    }
-}
-
-pub(crate) fn train_graphs(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
-    let epochs = sizes.epochs;
-    let tree_only = [
-        ("--checkpoint", args.checkpoint.is_some()),
-        ("--resume", args.resume.is_some()),
-        ("--plot", args.plot.is_some()),
-        ("--embeddings", args.embeddings.is_some()),
-    ];
-    if let Some((flag, _)) = tree_only.iter().find(|(_, set)| *set) {
-        return Err(Error::input(
-            "--model ggnn",
-            "the cross-validation flags (--folds, --steps, sizes, optimizer)",
-            format!("{flag}, which applies to tree and sequence models only"),
-        ));
-    }
-    let dir = args.data.as_deref().ok_or_else(|| {
-        Error::input("--model ggnn", "--data DIR with a TU data set (e.g. ../shared/data/mutag)", "no --data")
-    })?;
-    let name = tu_name(dir)?;
-    let data = tu::read(dir, &name)?;
-    eprintln!(
-        "arbor: {}-fold cross-validation of ggnn on {name} ({} graphs, {} node labels, {} classes)",
-        args.folds,
-        data.graphs.len(),
-        data.node_label_count,
-        data.classes
-    );
-    let cfg = GraphTraining {
-        steps: args.steps,
-        features: sizes.embed,
-        hidden: sizes.hidden,
-        epochs,
-        batch: args.batch,
-        folds: args.folds,
-        seed: args.seed,
-        optimizer: optimizer(args, sizes.lr),
-        clip: (args.clip > 0.0).then_some(args.clip),
-    };
-    let pb = ProgressBar::new((args.folds * epochs) as u64);
-    pb.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} epochs, eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    let start = Instant::now();
-    let mut progress = |fold: usize, _| {
-        pb.set_message(format!("fold {}/{}", fold + 1, args.folds));
-        pb.inc(1);
-    };
-    let result = match args.device {
-        Device::Cpu => cross_validate(&data, &cfg, &mut progress)?,
-        Device::Cuda => cross_validate_on(&crate::cuda_backend()?, &data, &cfg, &mut progress)?,
-    };
-    pb.finish_and_clear();
-    for (k, a) in result.fold_acc.iter().enumerate() {
-        eprintln!("fold {}: held-out accuracy {a:.4}", k + 1);
-    }
-    println!(
-        "{}",
-        json!({
-            "model": "ggnn", "data": dir.display().to_string(), "folds": result.fold_acc.len(), "epochs": epochs,
-            "steps": args.steps, "hidden": sizes.hidden, "embed": sizes.embed,
-            "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
-            "graphs_per_s": result.graphs_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
-        })
-    );
-    Ok(())
 }
