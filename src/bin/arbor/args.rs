@@ -148,7 +148,8 @@ pub(crate) struct TrainArgs {
     /// The model.
     #[arg(long, value_enum, default_value = "tree-lstm")]
     pub(crate) model: ModelArg,
-    /// An SST directory (train.txt, dev.txt, test.txt); without it, the synthetic treebank.
+    /// An SST directory (train.txt, dev.txt, test.txt), a TU data set folder (ggnn) or the SICK
+    /// folder (sick); without it, the synthetic treebank.
     #[arg(long)]
     pub(crate) data: Option<PathBuf>,
     /// Passes over the training set (default 5; 100 per fold for ggnn).
@@ -237,7 +238,7 @@ pub(crate) struct TrainArgs {
     /// Data-parallel workers (threads of this process), each with a share of every minibatch.
     #[arg(long, default_value_t = 1)]
     pub(crate) workers: usize,
-    /// Where the vertex function runs (tree and sequence models without pipeline stages).
+    /// Where the vertex functions and heads run, for every model (`cuda`: the first GPU).
     #[arg(long, value_enum, default_value = "cpu")]
     pub(crate) device: Device,
     /// Run as one rank of an MPI job (`mpirun -np N arbor train ... --distributed mpi`).
@@ -337,7 +338,7 @@ pub(crate) struct EvalArgs {
     /// The data directory (default: the one the checkpoint was trained on).
     #[arg(long)]
     pub(crate) data: Option<PathBuf>,
-    /// Where the vertex function runs.
+    /// Where the vertex functions and heads run (`cuda`: the first GPU).
     #[arg(long, value_enum, default_value = "cpu")]
     pub(crate) device: Device,
 }
