@@ -50,37 +50,41 @@ fn args<'a>(dir: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
 }
 
 /// Two and three MPI ranks end bitwise equal to as many threads, and within 1e-6 relative of
-/// one worker (SGD: only the gradients' summation order differs).
+/// one worker (SGD: only the gradients' summation order differs); for one layer and for a stack
+/// of two (one stage: the same loop).
 #[test]
 fn mpi_ranks_equal_threads_and_one_worker() {
-    let one = scratch("one");
-    run({
-        let mut c = Command::new(ARBOR);
-        c.args(args(&one, &[]));
-        c
-    });
-    let single = tensors(&one);
-    for n in [2usize, 3] {
-        let (ranks, threads) = (scratch(&format!("ranks{n}")), scratch(&format!("threads{n}")));
-        run(mpirun(n, &args(&ranks, &["--distributed", "mpi"])));
-        let workers = n.to_string();
+    for model in [&[][..], &["--layers", "2"]] {
+        let one = scratch("one");
         run({
             let mut c = Command::new(ARBOR);
-            c.args(args(&threads, &["--workers", &workers]));
+            c.args(args(&one, model));
             c
         });
-        let got = tensors(&ranks);
-        assert!(got == tensors(&threads), "{n} MPI ranks differ from {n} threads");
-        for ((name, a), (_, b)) in got.iter().zip(&single).filter(|(t, _)| !t.0.starts_with("opt.")) {
-            let d: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
-            let s: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-            let rel = (d / s.max(1e-30)).sqrt();
-            assert!(rel <= 1e-6, "{n} ranks, {name}: relative difference {rel}");
+        let single = tensors(&one);
+        assert!(single.iter().any(|t| t.0.starts_with("cell1.")) == !model.is_empty(), "{model:?}");
+        for n in [2usize, 3] {
+            let (ranks, threads) = (scratch(&format!("ranks{n}")), scratch(&format!("threads{n}")));
+            run(mpirun(n, &args(&ranks, &[model, &["--distributed", "mpi"]].concat())));
+            let workers = n.to_string();
+            run({
+                let mut c = Command::new(ARBOR);
+                c.args(args(&threads, &[model, &["--workers", &workers]].concat()));
+                c
+            });
+            let got = tensors(&ranks);
+            assert!(got == tensors(&threads), "{model:?}: {n} MPI ranks differ from {n} threads");
+            for ((name, a), (_, b)) in got.iter().zip(&single).filter(|(t, _)| !t.0.starts_with("opt.")) {
+                let d: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+                let s: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+                let rel = (d / s.max(1e-30)).sqrt();
+                assert!(rel <= 1e-6, "{model:?}: {n} ranks, {name}: relative difference {rel}");
+            }
+            std::fs::remove_dir_all(&ranks).ok();
+            std::fs::remove_dir_all(&threads).ok();
         }
-        std::fs::remove_dir_all(&ranks).ok();
-        std::fs::remove_dir_all(&threads).ok();
+        std::fs::remove_dir_all(&one).ok();
     }
-    std::fs::remove_dir_all(&one).ok();
 }
 
 /// A two-stage pipeline over two MPI ranks reports what the same pipeline on threads does.
