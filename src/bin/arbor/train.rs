@@ -220,6 +220,12 @@ impl Setup<'_> {
         stacked_model(backend, words, cells, hidden, classes, args.seed, &mut self.rng)
     }
 
+    /// The train, dev and test trees as examples of a [`model::Model`] reading every vertex.
+    fn labelled(&self) -> [Vec<Labelled<'_>>; 3] {
+        let (d, on) = (&self.data, self.loss_on);
+        [&d.train, &d.dev, &d.test].map(|trees| Labelled::all(trees, on, d.classes))
+    }
+
     pub(crate) fn announce(&self, how: &str) {
         let d = &self.data;
         eprintln!(
@@ -457,13 +463,7 @@ where
     let args = setup.args;
     if args.layers > 1 {
         let model = setup.stacked_model(&backend, args.workers)?;
-        let d = &setup.data;
-        let (loss_on, classes) = (setup.loss_on, d.classes);
-        let (train, dev, test) = (
-            Labelled::all(&d.train, loss_on, classes),
-            Labelled::all(&d.dev, loss_on, classes),
-            Labelled::all(&d.test, loss_on, classes),
-        );
+        let [train, dev, test] = setup.labelled();
         return fit_data_parallel(model, &setup, Splits { train: &train, dev: &dev, test: &test }, events);
     }
     let Sizes { hidden, embed, .. } = setup.sizes;
@@ -537,8 +537,8 @@ where
 
 /// The CLI's stacked classifier on replicas of `backend`: word vectors `words`, the vertex
 /// functions `cells` bottom first (each above the first pulling the row the one below pushes)
-/// and a softmax classifier over `classes` reading every vertex's `hidden`-wide row, with fresh parameters from `rng` and each layer's
-/// dropout masks keyed by `seed`.
+/// and a softmax classifier over `classes` reading every vertex's `hidden`-wide row, with fresh
+/// parameters from `rng` and each layer's dropout masks keyed by `seed`.
 pub(crate) fn stacked_model<B: Backend>(
     backend: &B,
     words: Embedding,
@@ -596,7 +596,6 @@ where
 {
     let args = setup.args;
     let Sizes { epochs, lr, .. } = setup.sizes;
-    let classes = setup.data.classes;
     let model = setup.stacked_model(&backend, 1)?;
     let plan = PipeSettings {
         kind: args.schedule().kind(),
@@ -611,12 +610,7 @@ where
         .into_iter()
         .map(|part| Ok(Stage::on(backend.replica()?, part, new_optimizer(args, lr), setup.rng.clone())))
         .collect::<Result<_>>()?;
-    let d = &setup.data;
-    let (train, dev, test) = (
-        Labelled::all(&d.train, setup.loss_on, classes),
-        Labelled::all(&d.dev, setup.loss_on, classes),
-        Labelled::all(&d.test, setup.loss_on, classes),
-    );
+    let [train, dev, test] = setup.labelled();
     let splits = Splits { train: &train, dev: &dev, test: &test };
     let how = |on: &str| {
         format!(
