@@ -107,6 +107,7 @@ fn eval_reproduces_the_checkpoint_accuracy_exactly() {
         let acc = trained["test_acc"].as_f64().unwrap();
         assert!(acc < 1.0, "the tiny model should not be perfect ({acc}), or this test shows nothing");
         assert_eq!(trained["test_acc"], evaluated["test_acc"], "{extra:?}");
+        assert_eq!(trained["layers"], evaluated["layers"], "{extra:?}");
     }
     // A corrupted tensor file is refused with a checksum error.
     let file = arbor::checkpoint::Checkpoint::tensors_path(&ck.join("best")).unwrap();

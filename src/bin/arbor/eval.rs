@@ -52,10 +52,12 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         Device::Cpu => accuracy(CpuBackend::new(), kind, &ck, words.len(), &test)?,
         Device::Cuda => accuracy(crate::cuda_backend()?, kind, &ck, words.len(), &test)?,
     };
-    println!(
-        "{}",
-        json!({"model": kind.name(), "checkpoint": dir.display().to_string(), "test_acc": acc, "trees": test.len()})
-    );
+    let mut report =
+        json!({"model": kind.name(), "checkpoint": dir.display().to_string(), "test_acc": acc, "trees": test.len()});
+    if let Some(layers) = meta["layers"].as_u64() {
+        report["layers"] = json!(layers);
+    }
+    println!("{report}");
     Ok(())
 }
 
