@@ -16,9 +16,13 @@
 
 use crate::checkpoint::{Checkpoint, Named};
 use arbor_core::error::{Error, Result};
+use arbor_ops::cpu::host::{for_each_on_team, vectorised};
 
 /// The name prefix of the averaged tensors in a checkpoint (`avg.embedding`, `avg.cell.W`, …).
 const PREFIX: &str = "avg.";
+
+/// Elements per piece of an update shared out between the threads.
+const PIECE: usize = 1 << 14;
 
 /// An exponential moving average of named tensors.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,30 +53,39 @@ impl Average {
         &self.model.tensors
     }
 
-    /// Folds in the values `current` after optimizer step `step` (from 0). The decay of step `t`
-    /// is `min(decay, (1 + t) / (10 + t))`, so the first steps (and their random start) do not
-    /// linger in the average. An error names a tensor whose size changed, and changes nothing.
-    pub fn update(&mut self, step: u64, current: &[Named]) -> Result<()> {
+    /// Folds in the values `current` (owned, as [`Named`], or lent) after optimizer step `step`
+    /// (from 0). The decay of step `t` is `min(decay, (1 + t) / (10 + t))`, so the first steps
+    /// (and their random start) do not linger in the average. An error names a tensor whose size
+    /// changed, and changes nothing.
+    pub fn update<T: AsRef<[f32]>>(&mut self, step: u64, current: &[(String, Vec<usize>, T)]) -> Result<()> {
         let averages = &mut self.model.tensors;
         if averages.is_empty() {
-            *averages = current.to_vec();
+            *averages = current.iter().map(|(n, s, v)| (n.clone(), s.clone(), v.as_ref().to_vec())).collect();
             return Ok(());
         }
         let same = averages.len() == current.len()
-            && averages.iter().zip(current).all(|(a, c)| a.0 == c.0 && a.2.len() == c.2.len());
+            && averages.iter().zip(current).all(|(a, c)| a.0 == c.0 && a.2.len() == c.2.as_ref().len());
         if !same {
-            let names = |t: &[Named]| t.iter().map(|(n, s, _)| format!("{n} {s:?}")).collect::<Vec<_>>().join(", ");
-            return Err(Error::input("a weight average's tensors", names(averages), names(current)));
+            let names = |t: Vec<(&String, &Vec<usize>)>| {
+                t.iter().map(|(n, s)| format!("{n} {s:?}")).collect::<Vec<_>>().join(", ")
+            };
+            let (was, now) = (averages.iter().map(|t| (&t.0, &t.1)), current.iter().map(|t| (&t.0, &t.1)));
+            return Err(Error::input("a weight average's tensors", names(was.collect()), names(now.collect())));
         }
         let t = step as f32;
         let keep = self.decay.min((1.0 + t) / (10.0 + t));
-        for ((_, _, avg), (_, _, now)) in averages.iter_mut().zip(current) {
-            arbor_ops::cpu::host::vectorised(|| {
+        // In pieces shared out between the CPU team's threads, as the optimizer's updates are.
+        let pieces = averages
+            .iter_mut()
+            .zip(current)
+            .flat_map(|((_, _, avg), (_, _, now))| avg.chunks_mut(PIECE).zip(now.as_ref().chunks(PIECE)));
+        for_each_on_team(pieces.collect(), |(avg, now)| {
+            vectorised(|| {
                 for (a, &x) in avg.iter_mut().zip(now) {
                     *a += (1.0 - keep) * (x - *a);
                 }
-            });
-        }
+            })
+        });
         Ok(())
     }
 

@@ -24,6 +24,14 @@ const META_CHECKSUM: &str = "meta_checksum";
 /// A named tensor: name, shape, values.
 pub type Named = (String, Vec<usize>, Vec<f32>);
 
+/// A named tensor whose values may be lent by the model that holds them.
+pub type Lent<'a> = (String, Vec<usize>, std::borrow::Cow<'a, [f32]>);
+
+/// `lent` as owned tensors.
+pub fn owned(lent: Vec<Lent<'_>>) -> Vec<Named> {
+    lent.into_iter().map(|(name, shape, values)| (name, shape, values.into_owned())).collect()
+}
+
 /// Everything a checkpoint holds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checkpoint {

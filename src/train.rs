@@ -1,7 +1,7 @@
 //! Training classifiers: embedding → vertex function (on the engine) → softmax classifier, with
 //! a target per vertex (trees, sequences) or per graph (a mean over its final vertices).
 
-use crate::checkpoint::{Checkpoint, Named};
+use crate::checkpoint::{Checkpoint, Lent, Named};
 use crate::data::TreeExample;
 use crate::engine::{Engine, Planned};
 use crate::head::ClassHead;
@@ -10,6 +10,7 @@ use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::{check_finite, clip_grad_norm, Optimizer};
 use crate::readout::{Pooled, Readout as Pool};
 use crate::{Backend, CpuBackend, InputGraph, VertexFn};
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// How the pushed rows of a minibatch become predictions.
@@ -420,6 +421,11 @@ impl<B: Backend> Classifier<B> {
     /// Every learned tensor, named: `cell.<param>`, `classifier.<param>` (`classifier.weight`
     /// and `classifier.bias` for the softmax classifier), `embedding`.
     pub fn tensors(&self) -> Result<Vec<Named>> {
+        Ok(crate::checkpoint::owned(self.tensors_lent()?))
+    }
+
+    /// [`Classifier::tensors`] with the word vectors lent, not copied.
+    pub fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
         let mut out = Vec::new();
         let parts = [
             ("cell", self.engine.function(), self.engine.params()?),
@@ -427,10 +433,10 @@ impl<B: Backend> Classifier<B> {
         ];
         for (of, f, values) in parts {
             for (p, v) in f.params().iter().zip(values) {
-                out.push((tensor_name(of, &p.name), p.shape.dims().to_vec(), v));
+                out.push((tensor_name(of, &p.name), p.shape.dims().to_vec(), Cow::Owned(v)));
             }
         }
-        out.push(("embedding".into(), vec![self.embed.vocab(), self.embed.dim()], self.embed.table().to_vec()));
+        out.push(("embedding".into(), vec![self.embed.vocab(), self.embed.dim()], Cow::Borrowed(self.embed.table())));
         Ok(out)
     }
 

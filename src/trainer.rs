@@ -9,7 +9,7 @@
 //! from) and the best accuracies, so [`Run::resume`] continues exactly where the run stopped.
 
 use crate::average::Average;
-use crate::checkpoint::{Checkpoint, Named, Persister};
+use crate::checkpoint::{Checkpoint, Lent, Named, Persister};
 use crate::data::TreeExample;
 use crate::dist::{data_parallel, Collective, ThreadCollective};
 use crate::engine::{Planned, Planner};
@@ -20,6 +20,7 @@ use crate::{Backend, CpuBackend, InputGraph};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 use serde_json::{json, Value};
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -123,6 +124,12 @@ pub trait Learned: Sized {
     /// Every learned tensor under its name, for a checkpoint.
     fn tensors(&self) -> Result<Vec<Named>>;
 
+    /// [`Learned::tensors`], lending the values the model holds on the host instead of copying
+    /// them (the default copies), for a weight average updated every step.
+    fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
+        Ok(self.tensors()?.into_iter().map(|(name, shape, values)| (name, shape, Cow::Owned(values))).collect())
+    }
+
     /// Takes every learned tensor from a checkpoint made of [`Learned::tensors`].
     fn restore(&mut self, ck: &Checkpoint) -> Result<()>;
 
@@ -167,6 +174,10 @@ impl<B: Backend> Learner<TreeExample> for Classifier<B> {
 impl<B: Backend> Learned for Classifier<B> {
     fn tensors(&self) -> Result<Vec<Named>> {
         Classifier::tensors(self)
+    }
+
+    fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
+        Classifier::tensors_lent(self)
     }
 
     fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
@@ -411,7 +422,7 @@ impl<L> Run<L> {
                 let examples = &batches[k];
                 let stats = self.model.step(coll, examples, &mut self.opt, plan, self.pos.steps, planned)?;
                 if let Some(avg) = &mut self.average {
-                    avg.update(self.pos.steps, &self.model.tensors()?)?;
+                    avg.update(self.pos.steps, &self.model.tensors_lent()?)?;
                 }
                 summary.train_seconds += start.elapsed().as_secs_f64();
                 summary.sentences += examples.len();

@@ -10,7 +10,7 @@
 //! of zeros for cross-entropy or KL divergence; for other losses, e.g. a last column the loss is
 //! multiplied by, 0 there), and an example's loss is the sum over its vertices.
 
-use crate::checkpoint::{Checkpoint, Named};
+use crate::checkpoint::{Checkpoint, Lent, Named};
 use crate::dist::data_parallel::{merge, shard, Pending};
 use crate::dist::Collective;
 use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
@@ -24,6 +24,7 @@ use crate::DropoutKey;
 use crate::{Backend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
+use std::borrow::Cow;
 use std::ops::Range;
 
 mod layout;
@@ -225,6 +226,10 @@ impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
 impl<B: Backend> Learned for Model<B> {
     fn tensors(&self) -> Result<Vec<Named>> {
         Model::tensors(self)
+    }
+
+    fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
+        Model::tensors_lent(self)
     }
 
     fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
@@ -622,16 +627,21 @@ impl<B: Backend> Model<B> {
     /// Every learned tensor under its name (`embedding`, `cell.<name>`, `cell1.<name>`, …,
     /// `head.<name>`), for a checkpoint.
     pub fn tensors(&self) -> Result<Vec<Named>> {
+        Ok(crate::checkpoint::owned(self.tensors_lent()?))
+    }
+
+    /// [`Model::tensors`] with the word vectors lent, not copied.
+    pub fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
         let mut out = vec![(
             "embedding".to_string(),
             vec![self.embedding.vocab(), self.embedding.dim()],
-            self.embedding.table().to_vec(),
+            Cow::Borrowed(self.embedding.table()),
         )];
         let mut values: Vec<Vec<Vec<f32>>> = self.cells.iter().map(Engine::params).collect::<Result<_>>()?;
         values.push(self.head.params()?);
         for ((of, f), values) in self.functions().into_iter().zip(values) {
             for (decl, values) in f.params().iter().zip(values) {
-                out.push((tensor_name(&of, &decl.name), decl.shape.dims().to_vec(), values));
+                out.push((tensor_name(&of, &decl.name), decl.shape.dims().to_vec(), Cow::Owned(values)));
             }
         }
         Ok(out)
