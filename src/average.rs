@@ -15,14 +15,12 @@
 //! ```
 
 use crate::checkpoint::{Checkpoint, Named};
+use crate::optim::PIECE;
 use arbor_core::error::{Error, Result};
 use arbor_ops::cpu::host::{for_each_on_team, vectorised};
 
 /// The name prefix of the averaged tensors in a checkpoint (`avg.embedding`, `avg.cell.W`, …).
 const PREFIX: &str = "avg.";
-
-/// Elements per piece of an update shared out between the threads.
-const PIECE: usize = 1 << 14;
 
 /// An exponential moving average of named tensors.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,11 +64,9 @@ impl Average {
         let same = averages.len() == current.len()
             && averages.iter().zip(current).all(|(a, c)| a.0 == c.0 && a.2.len() == c.2.as_ref().len());
         if !same {
-            let names = |t: Vec<(&String, &Vec<usize>)>| {
-                t.iter().map(|(n, s)| format!("{n} {s:?}")).collect::<Vec<_>>().join(", ")
-            };
-            let (was, now) = (averages.iter().map(|t| (&t.0, &t.1)), current.iter().map(|t| (&t.0, &t.1)));
-            return Err(Error::input("a weight average's tensors", names(was.collect()), names(now.collect())));
+            let was = averages.iter().map(|(n, s, _)| format!("{n} {s:?}")).collect::<Vec<_>>().join(", ");
+            let now = current.iter().map(|(n, s, _)| format!("{n} {s:?}")).collect::<Vec<_>>().join(", ");
+            return Err(Error::input("a weight average's tensors", was, now));
         }
         let t = step as f32;
         let keep = self.decay.min((1.0 + t) / (10.0 + t));

@@ -171,8 +171,9 @@ impl Optimizer {
     }
 }
 
-/// Elements per piece of a dense update shared out between the threads.
-const PIECE: usize = 1 << 14;
+/// Elements per piece of a dense update shared out between the threads (the optimizer's and a
+/// weight average's).
+pub(crate) const PIECE: usize = 1 << 14;
 
 /// `len` zeros with every page written (a zeroed allocation may leave its pages unmapped until
 /// first touched).
