@@ -248,9 +248,20 @@ pub fn check_finite<'a>(
     tensors: impl IntoIterator<Item = (&'a str, &'a [f32])>,
 ) -> Result<()> {
     for (name, values) in tensors {
-        if let Some(&value) = values.iter().find(|v| !v.is_finite()) {
+        if !all_finite(values) {
+            let value = values.iter().copied().find(|v| !v.is_finite()).unwrap_or(f32::NAN);
             return Err(Error::Diverged { step, what, tensor: name.to_string(), value });
         }
     }
     Ok(())
+}
+
+/// Whether every value is finite. A float is not when its exponent bits are all ones; a block's
+/// test of every value, or-ed together, has no branch and vectorises on any x86-64 (a scan that
+/// stops at the first bad value does not).
+pub fn all_finite(values: &[f32]) -> bool {
+    const EXPONENT: u32 = 0x7f80_0000;
+    values
+        .chunks(4096)
+        .all(|block| block.iter().fold(0, |bad, v| bad | u32::from(v.to_bits() & EXPONENT == EXPONENT)) == 0)
 }

@@ -7,7 +7,7 @@ use crate::engine::{Engine, Planned};
 use crate::head::ClassHead;
 use crate::layers::{Embedding, LossOn, SparseGrad};
 use crate::loss_scale::{scale_all, LossScaler};
-use crate::optim::{check_finite, clip_grad_norm, Optimizer};
+use crate::optim::{all_finite, check_finite, clip_grad_norm, Optimizer};
 use crate::readout::{Pooled, Readout as Pool};
 use crate::{Backend, CpuBackend, InputGraph, VertexFn};
 use std::borrow::Cow;
@@ -372,7 +372,8 @@ impl<B: Backend> Classifier<B> {
             engine.set_dropout_key(crate::DropoutKey { step: key.step + 1, ..key });
         }
         if let Some(scaler) = &mut self.loss_scale {
-            let finite = grads.cell.iter().flatten().chain(&grads.embedding.values).all(|x| x.is_finite());
+            let finite =
+                grads.cell.iter().map(Vec::as_slice).chain([grads.embedding.values.as_slice()]).all(all_finite);
             if !scaler.update(finite) {
                 return Ok(false);
             }

@@ -178,3 +178,24 @@ fn a_tensor_named_in_with_lr_moves_at_its_own_rate() {
     assert_eq!(table[0..2], [0.0, 0.0]);
     assert!((table[2] + 0.01).abs() < 1e-7 && (table[3] - 0.01).abs() < 1e-7, "{table:?}");
 }
+
+/// `all_finite` finds an infinity or a NaN at any place of slices of any length (blocks and
+/// their tails), and takes the largest floats and subnormals for finite.
+#[test]
+fn all_finite_finds_every_bad_value_anywhere() {
+    use arbor::optim::all_finite;
+    let mut rng = arbor::rng::Rng::new(3);
+    assert!(all_finite(&[]));
+    assert!(all_finite(&[f32::MAX, f32::MIN, f32::MIN_POSITIVE / 2.0, -0.0]));
+    for len in [1, 7, 8, 9, 4095, 4096, 4097, 9000] {
+        let values: Vec<f32> = (0..len).map(|_| rng.range(-1.0, 1.0) * 3e38).collect();
+        assert!(all_finite(&values), "length {len}");
+        for at in [0, len / 2, len - 1] {
+            for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN] {
+                let mut v = values.clone();
+                v[at] = bad;
+                assert!(!all_finite(&v), "{bad} at {at} of {len}");
+            }
+        }
+    }
+}
