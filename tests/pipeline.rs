@@ -218,13 +218,16 @@ fn bad_pipeline_settings_are_refused() {
     assert!(err.to_string().contains("--micro-batches"), "{err}");
 }
 
-/// Trains `model` one minibatch at a time with [`Model::step`] (Adagrad, no clipping); returns
-/// its learned values as one part.
+/// Trains `model` one minibatch at a time as [`Model::step`] does (Adagrad, no clipping), with
+/// the summed loss divided by the examples' [`AsExample::terms`] as the stages divide it;
+/// returns its learned values as one part.
 fn stepped<E: AsExample>(mut model: Model<CpuBackend>, minibatches: &[Vec<&E>]) -> Vec<f32> {
     let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
     for batch in minibatches {
         let examples: Vec<_> = batch.iter().map(|e| e.example()).collect();
-        model.step(&examples, &mut opt, None).expect("a step");
+        let terms = batch.iter().map(|e| e.terms()).sum();
+        let mut grads = model.gradients(&examples, terms, None).expect("gradients");
+        model.apply(&mut grads, &mut opt, None).expect("a step");
     }
     values(&Part::split(&model, 1).expect("one part"))
 }

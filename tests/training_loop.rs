@@ -143,3 +143,67 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     assert!(close, "two workers' average differs from one's");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A one-layer [`Model`](arbor::model::Model) reading every vertex of labelled trees trains as
+/// the [`Classifier`] with the same values does: both divide a minibatch's summed loss by its
+/// labelled vertices ([`AsExample::terms`](arbor::model::AsExample::terms)), so plain SGD, which
+/// feels the loss's scale, takes the same steps and reports the same losses.
+#[test]
+fn a_model_reading_every_vertex_trains_as_the_classifier() {
+    use arbor::data::labelled::Labelled;
+    use arbor::head::softmax_classifier;
+    use arbor::model::{Feed, Model};
+    use arbor::readout::Readout as ModelReadout;
+    use arbor::CpuBackend;
+
+    let data = synthetic::generate(60, 8, 21);
+    let labelled = Labelled::all(&data, LossOn::All, synthetic::CLASSES);
+    let plan = Settings {
+        epochs: 2,
+        batch: 6,
+        loss_on: LossOn::All,
+        clip: None,
+        checkpoint: None,
+        checkpoint_every: None,
+        max_steps: None,
+        persist_pause: Duration::ZERO,
+        meta: serde_json::Value::Null,
+    };
+    let sgd = || Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.5));
+    let mut classifier = model(7);
+    let mut m = Model::init(
+        &CpuBackend::new(),
+        classifier.embed.clone(),
+        nn::tree_lstm(8, 8).unwrap(),
+        vec![Feed::Words],
+        softmax_classifier(8, synthetic::CLASSES).unwrap(),
+        &mut Rng::new(0),
+    )
+    .unwrap()
+    .with_readout(ModelReadout::Vertices);
+    m.cells[0].set_params(&classifier.engine.params().unwrap()).unwrap();
+    m.head.engine().set_params(&classifier.out.params().unwrap()).unwrap();
+
+    let mut one = Run::new(classifier, sgd(), &Rng::new(4));
+    let splits = Splits { train: &data[..40], dev: &data[40..50], test: &data[50..] };
+    let expected = fit_threads(&mut one, 1, Duration::from_secs(60), splits, &plan, &mut |_| {}).unwrap();
+    let mut run = Run::new(m, sgd(), &Rng::new(4));
+    let splits = Splits { train: &labelled[..40], dev: &labelled[40..50], test: &labelled[50..] };
+    let got = fit_threads(&mut run, 1, Duration::from_secs(60), splits, &plan, &mut |_| {}).unwrap();
+
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * (1.0 + b.abs());
+    assert!(
+        got.loss_curve.iter().zip(&expected.loss_curve).all(|(&a, &b)| close(a, b)),
+        "losses {:?}, the classifier's {:?}",
+        got.loss_curve,
+        expected.loss_curve
+    );
+    classifier = one.model;
+    let trained = [classifier.engine.params().unwrap(), classifier.out.params().unwrap()];
+    let mine = [run.model.cells[0].params().unwrap(), run.model.head.params().unwrap()];
+    for (a, b) in mine.iter().flatten().flatten().zip(trained.iter().flatten().flatten()) {
+        assert!(close(f64::from(*a), f64::from(*b)), "parameter {a}, the classifier's {b}");
+    }
+    let (a, b) = (run.model.embedding.table(), classifier.embed.table());
+    assert!(a.iter().zip(b).all(|(x, y)| close(f64::from(*x), f64::from(*y))), "word vectors differ");
+}

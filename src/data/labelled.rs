@@ -43,6 +43,15 @@ impl AsExample for Labelled<'_> {
         Example { trees: vec![Tree { graph: &t.graph, words: &t.words, root }], target }
     }
 
+    /// The vertices [`example`](Self::example) gives a target: the loss is the mean over them,
+    /// as a [`Classifier`](crate::train::Classifier)'s.
+    fn terms(&self) -> usize {
+        match self.loss_on {
+            LossOn::All => self.tree.labels.iter().filter(|&&l| (l as usize) < self.classes).count(),
+            LossOn::Root => 1,
+        }
+    }
+
     /// The accuracy at the roots (which picks the best epoch), then over every vertex, from the
     /// head's `logits` (one row per vertex).
     fn score(outputs: &Outputs, data: &[Self]) -> Result<Scores> {

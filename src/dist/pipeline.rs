@@ -189,7 +189,8 @@ struct Micro<'a> {
     /// The minibatch's step, for the dropout masks: the steps before it (as [`Model::step`]
     /// counts them, so one stage draws the masks the model draws).
     step: u64,
-    /// Examples in the whole minibatch: the loss is their mean.
+    /// The whole minibatch's loss terms ([`AsExample::terms`]): its summed loss is divided by
+    /// them.
     denom: usize,
     /// Examples in the whole minibatch if this is its last micro-batch.
     ends: Option<usize>,
@@ -376,6 +377,7 @@ impl<B: Backend> Stage<B> {
         let mut out = Vec::with_capacity(minibatches.len() * m);
         for (t, batch) in minibatches.iter().enumerate() {
             let examples: Vec<Example<'a>> = batch.iter().map(|e| e.example()).collect();
+            let denom = batch.iter().map(|e| e.terms()).sum();
             let weights: Vec<usize> = examples.iter().map(|e| e.trees.iter().map(|t| t.graph.len()).sum()).collect();
             let parts = shard(&weights, m);
             for (i, r) in parts.iter().enumerate() {
@@ -391,7 +393,7 @@ impl<B: Backend> Stage<B> {
                         r.start
                     },
                     step: step + t as u64,
-                    denom: examples.len(),
+                    denom,
                     ends: (i + 1 == parts.len()).then_some(examples.len()),
                 });
             }

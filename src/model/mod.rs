@@ -143,6 +143,15 @@ pub trait AsExample: Sync + Sized {
     /// The example's graphs, words and target.
     fn example(&self) -> Example<'_>;
 
+    /// How many terms the example's loss sums (its loss-carrying vertices, for a target per
+    /// vertex). The training loop divides a minibatch's summed loss by its examples' total, so
+    /// the default of one per example trains on the mean over examples, and a count of
+    /// labelled vertices on the mean over them, as [`Classifier`](crate::train::Classifier)
+    /// does.
+    fn terms(&self) -> usize {
+        1
+    }
+
     /// The scores on `data` by name from the head's `outputs` over it (inference, in order;
     /// [`Model::infer_all`]), the first the one that picks the best epoch (higher is better: a
     /// correlation of its predictions, an accuracy, a negated error, …).
@@ -214,7 +223,8 @@ impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
         planned: Planned<'_>,
     ) -> Result<StepStats> {
         let examples: Vec<Example<'_>> = batch.iter().map(|e| e.example()).collect();
-        self.step_shared(coll, &examples, opt, plan.clip, step, Some(planned))
+        let denom = batch.iter().map(|e| e.terms()).sum();
+        self.step_shared(coll, &examples, denom, opt, plan.clip, step, Some(planned))
     }
 
     fn score(&mut self, data: &[E]) -> Result<Scores> {
@@ -441,8 +451,8 @@ impl<B: Backend> Model<B> {
         Ok((layout, head_inputs(&read, self.graphs_per_example(), width, targets), pooled))
     }
 
-    /// One training step on `batch`: the mean loss's gradients of every parameter and word
-    /// vector, clipped to norm `clip` if given, applied by `opt` under the names `cell.<name>`
+    /// One training step on `batch`: the gradients of the mean loss over its examples, of every
+    /// parameter and word vector, clipped to norm `clip` if given, applied by `opt` under the names `cell.<name>`
     /// (`cell1.<name>`, … for layers stacked above), `head.<name>` and `embedding`. Returns the
     /// head's outputs (the losses among them).
     pub fn step(&mut self, batch: &[Example<'_>], opt: &mut Optimizer, clip: Option<f32>) -> Result<Vec<Vec<f32>>> {
@@ -452,7 +462,8 @@ impl<B: Backend> Model<B> {
     }
 
     /// The gradients of the loss summed over `batch` and divided by `denom` (the examples of
-    /// the whole minibatch when `batch` is one worker's share of it), with the head's outputs;
+    /// the whole minibatch when `batch` is one worker's share of it, or their
+    /// [`AsExample::terms`]), with the head's outputs;
     /// `planned` is `batch`'s graphs (in order, as [`Example::trees`] lists them) already
     /// scheduled by [`Model::planner`], if they are.
     pub fn gradients(
@@ -559,13 +570,16 @@ impl<B: Backend> Model<B> {
     /// the examples of its share (balanced by vertex count), the gradients are summed across the
     /// workers in rank order and every replica applies the same update, so the replicas stay
     /// identical and the step equals [`Model::step`] on the whole minibatch up to the rounding of
-    /// the sums. Dropout masks are keyed by step `step` and each example's place in `batch`.
-    /// `planned` is this worker's graphs ([`Model::share`]) as scheduled. Returns the whole
-    /// minibatch's mean loss and size.
+    /// the sums. The loss summed over `batch` is divided by `denom` (`batch.len()` for the mean
+    /// over examples; [`AsExample::terms`]). Dropout masks are keyed by step `step` and each
+    /// example's place in `batch`. `planned` is this worker's graphs ([`Model::share`]) as
+    /// scheduled. Returns the whole minibatch's loss so divided, and its size.
+    #[allow(clippy::too_many_arguments)]
     pub fn step_shared(
         &mut self,
         coll: &mut dyn Collective,
         batch: &[Example<'_>],
+        denom: usize,
         opt: &mut Optimizer,
         clip: Option<f32>,
         step: u64,
@@ -593,10 +607,10 @@ impl<B: Backend> Model<B> {
                 words: SparseGrad::default(),
             }
         } else {
-            self.gradients(mine, batch.len(), planned)?
+            self.gradients(mine, denom, planned)?
         };
         let loss = grads.outputs.get(self.head.loss_output()).map_or(0.0, |l| l.iter().sum::<f32>());
-        let mut stats = StepStats { loss: loss / batch.len().max(1) as f32, count: mine.len(), ..StepStats::default() };
+        let mut stats = StepStats { loss: loss / denom.max(1) as f32, count: mine.len(), ..StepStats::default() };
         stats.vertices = mine.iter().flat_map(|e| &e.trees).map(|t| t.graph.len()).sum();
         if coll.size() > 1 {
             let mut numbers = vec![stats.loss, stats.count as f32, stats.vertices as f32];
