@@ -43,7 +43,8 @@ impl AsExample for Labelled<'_> {
         Example { trees: vec![Tree { graph: &t.graph, words: &t.words, root }], target }
     }
 
-    /// The vertices [`example`](Self::example) gives a target: the loss is the mean over them,
+    /// The number of vertices [`example`](Self::example) gives a target: the loss is the mean
+    /// over them,
     /// as a [`Classifier`](crate::train::Classifier)'s.
     fn terms(&self) -> usize {
         match self.loss_on {

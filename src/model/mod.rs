@@ -452,9 +452,9 @@ impl<B: Backend> Model<B> {
     }
 
     /// One training step on `batch`: the gradients of the mean loss over its examples, of every
-    /// parameter and word vector, clipped to norm `clip` if given, applied by `opt` under the names `cell.<name>`
-    /// (`cell1.<name>`, … for layers stacked above), `head.<name>` and `embedding`. Returns the
-    /// head's outputs (the losses among them).
+    /// parameter and word vector, clipped to norm `clip` if given, applied by `opt` under the
+    /// names `cell.<name>` (`cell1.<name>`, … for layers stacked above), `head.<name>` and
+    /// `embedding`. Returns the head's outputs (the losses among them).
     pub fn step(&mut self, batch: &[Example<'_>], opt: &mut Optimizer, clip: Option<f32>) -> Result<Vec<Vec<f32>>> {
         let mut grads = self.gradients(batch, batch.len(), None)?;
         self.apply(&mut grads, opt, clip)?;
