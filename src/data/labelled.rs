@@ -44,8 +44,7 @@ impl AsExample for Labelled<'_> {
     }
 
     /// The number of vertices [`example`](Self::example) gives a target: the loss is the mean
-    /// over them,
-    /// as a [`Classifier`](crate::train::Classifier)'s.
+    /// over them, as a [`Classifier`](crate::train::Classifier)'s.
     fn terms(&self) -> usize {
         match self.loss_on {
             LossOn::All => self.tree.labels.iter().filter(|&&l| (l as usize) < self.classes).count(),
