@@ -170,7 +170,7 @@ fn a_model_reading_every_vertex_trains_as_the_classifier() {
         meta: serde_json::Value::Null,
     };
     let sgd = || Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.5));
-    let mut classifier = model(7);
+    let classifier = model(7);
     let mut m = Model::init(
         &CpuBackend::new(),
         classifier.embed.clone(),
@@ -198,7 +198,7 @@ fn a_model_reading_every_vertex_trains_as_the_classifier() {
         got.loss_curve,
         expected.loss_curve
     );
-    classifier = one.model;
+    let classifier = one.model;
     let trained = [classifier.engine.params().unwrap(), classifier.out.params().unwrap()];
     let mine = [run.model.cells[0].params().unwrap(), run.model.head.params().unwrap()];
     for (a, b) in mine.iter().flatten().flatten().zip(trained.iter().flatten().flatten()) {
