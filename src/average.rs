@@ -95,6 +95,20 @@ impl Average {
         self.tensors().iter().map(|(n, s, v)| (format!("{PREFIX}{n}"), s.clone(), v.clone())).collect()
     }
 
+    /// The weights a run with an average scores, from a checkpoint of it: each of the model's
+    /// tensors replaced by its average where `ck` holds one (a `last/` written with an average
+    /// that has begun; `best/` holds the average as the model's own tensors already).
+    pub fn scored_weights(ck: &Checkpoint) -> Checkpoint {
+        let averaged = |name: &str| ck.tensor(&format!("{PREFIX}{name}")).ok();
+        let tensors = ck
+            .tensors
+            .iter()
+            .filter(|(n, _, _)| !n.starts_with(PREFIX))
+            .map(|(n, s, v)| (n.clone(), s.clone(), averaged(n).map_or_else(|| v.clone(), <[f32]>::to_vec)))
+            .collect();
+        Checkpoint { tensors, meta: ck.meta.clone() }
+    }
+
     /// Takes the averages saved by [`Average::named`] from `ck`, one for each of the model's
     /// tensors `like` (an error names a missing one); with none saved, the average is empty.
     pub fn restore(&mut self, ck: &Checkpoint, like: &[Named]) -> Result<()> {

@@ -2,7 +2,8 @@
 //! tensor file and records its checksum. The tensor file is named by its checksum, and each file
 //! is written to a temporary file, synced and renamed into place; the metadata's rename commits
 //! the checkpoint, and older tensor files are removed only after it. A crash at any point leaves
-//! the previous checkpoint whole. Loading verifies the checksum.
+//! the previous checkpoint whole. Loading verifies the checksum, and reads the metadata again
+//! when a save committed in the meantime removed the tensor file it named.
 //!
 //! [`Persister`] writes checkpoints in the background (CheckFreq's two phases: the caller
 //! snapshots the state in memory between steps, a thread persists the snapshot).
@@ -176,10 +177,25 @@ impl Checkpoint {
     }
 
     /// Loads from `dir`, refusing files whose checksum does not match and tensors holding a value
-    /// that is not finite.
+    /// that is not finite. A writer may commit a newer checkpoint (and remove the tensor file the metadata read
+    /// first named) while this reads: the metadata is then read again, so a reader always gets
+    /// one whole checkpoint.
     pub fn load(dir: &Path) -> Result<Checkpoint> {
-        let (meta, path) = read_meta(dir)?;
-        let data = std::fs::read(&path).map_err(|e| io(&path, e))?;
+        let (mut meta, mut path) = read_meta(dir)?;
+        let mut tries = 0;
+        let data = loop {
+            match std::fs::read(&path) {
+                Ok(data) => break data,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 100 => {
+                    let (newer, newer_path) = read_meta(dir)?;
+                    if newer_path == path {
+                        return Err(io(&path, e));
+                    }
+                    (meta, path, tries) = (newer, newer_path, tries + 1);
+                }
+                Err(e) => return Err(io(&path, e)),
+            }
+        };
         let want = meta["tensors_checksum"].as_str().unwrap_or_default();
         if checksum(&data) != want {
             return Err(io(

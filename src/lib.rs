@@ -8,12 +8,14 @@ pub mod engine;
 pub mod head;
 pub mod layers;
 pub mod loss_scale;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod nn;
 pub mod optim;
 pub mod plot;
 pub mod readout;
+pub mod run_folder;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod train;

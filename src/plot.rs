@@ -16,7 +16,8 @@ const W: f64 = 420.0;
 const H: f64 = 260.0;
 const PAD: f64 = 56.0;
 
-/// Draws the series side by side and writes the SVG to `path`.
+/// Draws the series side by side and writes the SVG to `path`; values that are not finite are
+/// left out.
 pub fn write_svg(path: &Path, series: &[Series<'_>]) -> Result<()> {
     let mut svg = String::new();
     let total = W * series.len() as f64;
@@ -27,8 +28,15 @@ pub fn write_svg(path: &Path, series: &[Series<'_>]) -> Result<()> {
     let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
     for (k, s) in series.iter().enumerate() {
         let x0 = k as f64 * W;
-        let (lo, hi) = s.values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
-        let (lo, hi) = if lo.is_finite() && hi > lo { (lo, hi) } else { (lo.min(0.0), lo.max(0.0) + 1.0) };
+        // A value that is not finite (a NaN dev score of an empty split) is left out.
+        let shown = || s.values.iter().enumerate().filter(|(_, v)| v.is_finite());
+        let (lo, hi) =
+            shown().map(|(_, v)| v).fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
+        let (lo, hi) = match (lo.is_finite(), hi > lo) {
+            (true, true) => (lo, hi),
+            (true, false) => (lo.min(0.0), lo.max(0.0) + 1.0),
+            (false, _) => (0.0, 1.0),
+        };
         let n = s.values.len().max(2) - 1;
         let px = |i: usize| x0 + PAD + (W - 2.0 * PAD) * i as f64 / n as f64;
         let py = |v: f64| H - PAD - (H - 2.0 * PAD) * (v - lo) / (hi - lo);
@@ -44,14 +52,13 @@ pub fn write_svg(path: &Path, series: &[Series<'_>]) -> Result<()> {
         let _ = writeln!(svg, r#"<text x="{}" y="{}" text-anchor="end">{hi:.3}</text>"#, x0 + PAD - 4.0, PAD + 4.0);
         let _ = writeln!(svg, r#"<text x="{}" y="{}" text-anchor="end">{lo:.3}</text>"#, x0 + PAD - 4.0, H - PAD);
         let _ = writeln!(svg, r#"<text x="{}" y="{}" text-anchor="middle">epoch</text>"#, x0 + W / 2.0, H - 10.0);
-        let points: Vec<String> =
-            s.values.iter().enumerate().map(|(i, &v)| format!("{:.1},{:.1}", px(i), py(v))).collect();
+        let points: Vec<String> = shown().map(|(i, &v)| format!("{:.1},{:.1}", px(i), py(v))).collect();
         let _ = writeln!(
             svg,
             r#"<polyline points="{}" stroke="steelblue" stroke-width="2" fill="none"/>"#,
             points.join(" ")
         );
-        for (i, &v) in s.values.iter().enumerate() {
+        for (i, &v) in shown() {
             let _ = writeln!(svg, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="steelblue"/>"#, px(i), py(v));
         }
     }

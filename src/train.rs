@@ -586,6 +586,33 @@ fn graph_batch(examples: &[&crate::data::tu::GraphExample], steps: usize) -> Gra
     b
 }
 
+/// Refuses graph training that would not fit in memory, before anything is allocated: the
+/// model (node-label vectors, cell, classifier), every training graph unrolled over
+/// `cfg.steps` (an epoch's minibatches are unrolled up front) and the values of the largest
+/// minibatch.
+fn check_graph_training(data: &crate::data::tu::TuDataset, cfg: &GraphTraining) -> Result<()> {
+    let cell = crate::nn::ggnn(cfg.features, cfg.hidden)?;
+    let labels = (data.node_label_count * cfg.features) as u128 + (cfg.hidden * data.classes) as u128;
+    crate::memory::check_model("--hidden and --embed", crate::memory::param_floats(&cell) + labels)?;
+    let steps = cfg.steps as u128 + 1;
+    // A vertex of an unrolled graph: its slot list, its label id and its child slots.
+    let unrolled: u128 = data
+        .graphs
+        .iter()
+        .map(|g| 36 * g.node_labels.len() as u128 + 4 * g.neighbours.iter().map(|n| n.len() as u128).sum::<u128>())
+        .sum::<u128>()
+        * steps;
+    let mut sizes: Vec<usize> = data.graphs.iter().map(|g| g.node_labels.len()).collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    let largest: u128 = sizes.iter().take(cfg.batch.max(1)).map(|&n| n as u128).sum::<u128>() * steps;
+    let values = largest * crate::memory::vertex_floats(&cell) * 4;
+    crate::memory::check(
+        "--steps, --hidden, --embed and --batch",
+        unrolled.saturating_add(values),
+        "unrolled graphs and a minibatch's values",
+    )
+}
+
 /// Trains a fresh gated graph network per fold on the CPU and reports held-out accuracy;
 /// `progress` is told `(fold, epoch)` after every epoch.
 pub fn cross_validate(
@@ -614,6 +641,7 @@ pub fn cross_validate_on<B: Backend>(
             folds.to_string(),
         ));
     }
+    check_graph_training(data, cfg)?;
     let mut fold_acc = Vec::with_capacity(folds);
     let (mut seconds, mut seen) = (0.0, 0usize);
     for k in 0..folds {

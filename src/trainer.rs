@@ -251,6 +251,9 @@ pub struct Run<L = Classifier<CpuBackend>> {
     /// kept as `best/`) in place of the trained values; none by default (see
     /// [`Run::with_average`]).
     pub average: Option<Average>,
+    /// The summed training losses of the current epoch's steps so far (`pos.step_in_epoch` of
+    /// them), kept in checkpoints so that a resumed epoch reports the loss of the whole epoch.
+    pub epoch_loss: f64,
 }
 
 fn meta_error(key: &str, got: &Value) -> Error {
@@ -262,7 +265,7 @@ impl<L> Run<L> {
     pub fn new(model: L, opt: Optimizer, rng: &Rng) -> Run<L> {
         let pos = Position { epoch: 1, step_in_epoch: 0, epoch_rng: rng.state(), steps: 0 };
         let (best_dev, test_acc) = (f64::NEG_INFINITY, f64::NAN);
-        Run { model, opt, pos, best_dev, test_acc, test_scores: Scores::new(), average: None }
+        Run { model, opt, pos, best_dev, test_acc, test_scores: Scores::new(), average: None, epoch_loss: 0.0 }
     }
 
     /// Scores the model with its tensors averaged over the steps, at `decay` per step (see
@@ -306,7 +309,9 @@ impl<L> Run<L> {
         let state = json!({
             "epoch": p.epoch - usize::from(p.step_in_epoch == 0),
             "steps": p.steps,
-            "position": { "epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "epoch_rng": p.epoch_rng },
+            "position": {
+                "epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "epoch_rng": p.epoch_rng, "epoch_loss": self.epoch_loss,
+            },
             "best_dev_acc": self.best_dev,
             "test_acc": self.test_acc,
             "test_scores": self.test_scores.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
@@ -326,6 +331,13 @@ impl<L> Run<L> {
         L: Learned,
     {
         let m = &ck.meta;
+        if settings.get("model").is_some_and(|want| &m["model"] != want) {
+            return Err(Error::input(
+                "--resume",
+                format!("a checkpoint of this run's model {}", settings["model"]),
+                format!("one of model {}", m["model"]),
+            ));
+        }
         for (key, want) in settings.as_object().into_iter().flatten() {
             if &m[key] != want {
                 let (had, asked) = differing(&as_typed(&m[key]).to_string(), &as_typed(want).to_string());
@@ -364,6 +376,8 @@ impl<L> Run<L> {
             avg.restore(ck, &self.model.tensors()?)?;
         }
         self.pos = pos;
+        // Written by arbor before the epoch's loss was kept: the epoch's mean from here on.
+        self.epoch_loss = p["epoch_loss"].as_f64().unwrap_or(0.0);
         // No epoch evaluated yet: recorded as null.
         self.best_dev = m["best_dev_acc"].as_f64().unwrap_or(f64::NEG_INFINITY);
         self.test_acc = m["test_acc"].as_f64().unwrap_or(f64::NAN);
@@ -393,7 +407,7 @@ impl<L> Run<L> {
         let batch = plan.batch.max(1);
         let mut persister = Persister::paced(plan.persist_pause);
         let mut summary = Summary::default();
-        let (mut stopped, mut trained) = (false, false);
+        let (mut stopped, mut trained, mut ended) = (false, false, false);
         let done = |steps: u64| plan.max_steps.is_some_and(|m| steps >= m);
         while self.pos.epoch <= plan.epochs && !stopped {
             let mut rng = Rng::from_state(self.pos.epoch_rng);
@@ -404,7 +418,6 @@ impl<L> Run<L> {
                 done: (self.pos.step_in_epoch * batch).min(total),
                 total,
             });
-            let (mut loss, mut steps) = (0.0f64, 0usize);
             let batches: Vec<Vec<&E>> = order
                 .chunks(batch)
                 .skip(self.pos.step_in_epoch)
@@ -426,8 +439,7 @@ impl<L> Run<L> {
                 }
                 summary.train_seconds += start.elapsed().as_secs_f64();
                 summary.sentences += examples.len();
-                loss += f64::from(stats.loss);
-                steps += 1;
+                self.epoch_loss += f64::from(stats.loss);
                 trained = true;
                 self.pos.step_in_epoch += 1;
                 self.pos.steps += 1;
@@ -444,14 +456,16 @@ impl<L> Run<L> {
             if stopped {
                 break;
             }
+            let loss = self.epoch_loss / self.pos.step_in_epoch.max(1) as f64;
+            self.epoch_loss = 0.0;
             self.pos = Position { epoch: self.pos.epoch + 1, step_in_epoch: 0, epoch_rng: rng.state(), ..self.pos };
             let epoch = self.pos.epoch - 1;
             let dev = self.evaluate(data, plan, lead, &mut persister)?;
+            ended = true;
             if lead {
                 if let Some(dir) = &plan.checkpoint {
                     persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
                 }
-                let loss = loss / steps.max(1) as f64;
                 summary.loss_curve.push(loss);
                 summary.dev_curve.push(dev);
                 events(Event::EpochEnd { epoch, loss, dev });
@@ -464,6 +478,11 @@ impl<L> Run<L> {
                 let dev = main_score(&run.model.score(data.dev)?);
                 Ok((dev, run.model.score(data.test)?))
             })?);
+        } else if ended && self.best_dev == f64::NEG_INFINITY {
+            // No epoch had a finite dev score (an empty or constant dev split): test is scored on
+            // the weights `last/` holds, those of the last epoch.
+            self.test_scores = self.averaged(|run| run.model.score(data.test))?;
+            self.test_acc = main_score(&self.test_scores);
         }
         if let (true, true, Some(dir)) = (lead, stopped, &plan.checkpoint) {
             persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;

@@ -73,7 +73,8 @@ impl AsExample for Labelled<'_> {
             vertices += (0..n).filter(|&v| right(v)).count();
             (start, all) = (start + n, all + n);
         }
-        let share = |k: usize, of: usize| if of == 0 { 0.0 } else { k as f64 / of as f64 };
+        // No data, no accuracy (NaN, `null` in JSON): never a best epoch, never a 0.
+        let share = |k: usize, of: usize| if of == 0 { f64::NAN } else { k as f64 / of as f64 };
         Ok(vec![("root_accuracy".into(), share(roots, data.len())), ("phrase_accuracy".into(), share(vertices, all))])
     }
 }

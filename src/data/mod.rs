@@ -3,6 +3,7 @@
 
 pub mod glove;
 pub mod labelled;
+pub mod lines;
 pub mod sick;
 pub mod sst;
 pub mod synthetic;

@@ -104,11 +104,10 @@ pub fn read(dir: &Path, vocab: &mut Vocab, grow: bool) -> Result<Vec<Pair>> {
     let mut files = Vec::with_capacity(names.len());
     for name in names {
         let path = dir.join(name);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| Error::Io { path: path.display().to_string(), msg: e.to_string() })?;
+        let text: Vec<String> = super::lines::read_all(&path)?.into_iter().map(|(_, line)| line).collect();
         files.push((path.display().to_string(), text));
     }
-    let lines: Vec<Vec<&str>> = files.iter().map(|(_, text)| text.lines().collect()).collect();
+    let lines: Vec<Vec<&str>> = files.iter().map(|(_, text)| text.iter().map(String::as_str).collect()).collect();
     let pairs = lines[0].len();
     if let Some(k) = (1..names.len()).find(|&k| lines[k].len() != pairs) {
         return Err(Error::Parse {
@@ -141,13 +140,14 @@ fn sentence(
     vocab: &mut Vocab,
     grow: bool,
 ) -> Result<Sentence> {
-    let tokens: Vec<&str> = toks.split_whitespace().collect();
+    // Tokens are separated by ASCII spaces and tabs: a no-break space is part of a word.
+    let tokens: Vec<&str> = toks.split_ascii_whitespace().collect();
     if tokens.is_empty() {
         return Err(parse_error(toks_at, "an empty sentence".into()));
     }
     let n = tokens.len();
     let mut heads = Vec::with_capacity(n);
-    for (t, field) in parents.split_whitespace().enumerate() {
+    for (t, field) in parents.split_ascii_whitespace().enumerate() {
         match field.parse::<usize>() {
             Ok(h) if h <= n && h != t + 1 => heads.push(h),
             _ => {
@@ -169,10 +169,47 @@ fn sentence(
             format!("{} roots (tokens [{}]): expected one", roots.len(), which.join(", ")),
         ));
     };
+    if let Some(t) = on_a_cycle(&heads) {
+        return Err(parse_error(parents_at, format!("token {t} lies on a cycle of heads (tokens count from 1)")));
+    }
     let parents: Vec<Option<usize>> = heads.iter().map(|&h| h.checked_sub(1)).collect();
     let graph = InputGraph::from_parents(&parents).map_err(|e| parse_error(parents_at, format!("not a tree: {e}")))?;
+    // A word heading very many dependents makes batching costly (memory grows with the count
+    // times a minibatch's words): refused here, naming it, when even its own sentence would not fit.
+    crate::memory::check_batch_named(&[&graph], |_, v| format!("token {}", v + 1))
+        .map_err(|e| parse_error(parents_at, e.to_string()))?;
     let words = tokens.iter().map(|w| if grow { vocab.add(w) } else { vocab.get(w) }).collect();
     Ok(Sentence { graph, words, root })
+}
+
+/// A token (from 1) on a cycle of `heads` (each token's head, from 1; 0 for the root), if any:
+/// every token's path of heads is followed once, without recursion.
+fn on_a_cycle(heads: &[usize]) -> Option<usize> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Seen {
+        No,
+        OnPath,
+        Done,
+    }
+    let mut seen = vec![Seen::No; heads.len() + 1];
+    seen[0] = Seen::Done;
+    let mut path = Vec::new();
+    for start in 1..=heads.len() {
+        let mut t = start;
+        while seen[t] == Seen::No {
+            seen[t] = Seen::OnPath;
+            path.push(t);
+            t = heads[t - 1];
+        }
+        if seen[t] == Seen::OnPath {
+            return Some(t);
+        }
+        for &p in &path {
+            seen[p] = Seen::Done;
+        }
+        path.clear();
+    }
+    None
 }
 
 fn parse_score(field: &str, at: (&str, usize)) -> Result<f32> {

@@ -4,7 +4,6 @@
 use super::{TreeExample, Vocab, PAD};
 use crate::error::{Error, Result};
 use crate::ptb::PtbTree;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 /// Number of sentiment classes.
@@ -14,21 +13,13 @@ pub const CLASSES: usize = 5;
 /// map to `<unk>`. Errors name the file and line.
 pub fn read(path: &Path, vocab: &mut Vocab, grow: bool) -> Result<Vec<TreeExample>> {
     let name = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|e| Error::Io { path: name.clone(), msg: e.to_string() })?;
     let mut out = Vec::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidData => {
-                Error::Parse { file: name.clone(), line: i + 1, msg: "not valid UTF-8".into() }
-            }
-            _ => Error::Io { path: name.clone(), msg: e.to_string() },
-        })?;
-        // A byte-order mark at the start of the file is not part of the tree.
-        let line = if i == 0 { line.strip_prefix('\u{feff}').unwrap_or(&line) } else { &line };
+    for line in super::lines::lines(path)? {
+        let (number, line) = line?;
         if line.trim().is_empty() {
             continue;
         }
-        out.push(parse_line(line, &name, i + 1, vocab, grow)?);
+        out.push(parse_line(&line, &name, number, vocab, grow)?);
     }
     Ok(out)
 }

@@ -29,14 +29,9 @@ pub struct TuDataset {
 }
 
 fn read_lines(path: &Path) -> Result<Vec<(usize, String)>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::Io { path: path.display().to_string(), msg: e.to_string() })?;
-    Ok(text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| (i + 1, l.trim().to_string()))
-        .collect())
+    let mut lines = super::lines::read_all(path)?;
+    lines.retain(|(_, l)| !l.trim().is_empty());
+    Ok(lines.into_iter().map(|(i, l)| (i, l.trim().to_string())).collect())
 }
 
 fn number(path: &Path, line: usize, text: &str) -> Result<i64> {

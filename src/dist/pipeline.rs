@@ -756,7 +756,10 @@ impl<B: Backend> Stage<B> {
             summary.sentences += minibatches.iter().map(Vec::len).sum::<usize>();
             steps += minibatches.len() as u64;
             let dev = self.score(&mut mail, data.dev)?.first().map_or(f64::NAN, |s| s.1);
-            let improved = dev > self.best_dev;
+            // With no finite dev score by the last epoch (an empty or constant dev split), test
+            // is scored on the last epoch's weights.
+            let end = epoch == plan.epochs || plan.max_steps.is_some_and(|m| steps >= m);
+            let improved = dev > self.best_dev || (end && self.best_dev == f64::NEG_INFINITY);
             let me = mail.rank();
             for to in (0..mail.size()).filter(|&r| last && r != me) {
                 mail.send(to, FLAG, vec![u8::from(improved)])?;

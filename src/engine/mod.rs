@@ -92,7 +92,8 @@ fn internal(msg: String) -> Error {
     Error::Backend { backend: "engine", op: "plan".into(), msg }
 }
 
-/// An error unless every graph fits `f` (arity, labels), naming the graph's place.
+/// An error unless every graph fits `f` (arity, labels), naming the graph's place, and
+/// unless batching them fits in memory ([`crate::memory::check_batch`]).
 fn check_graphs(f: &VertexFn, graphs: &[&InputGraph]) -> Result<()> {
     for (gi, g) in graphs.iter().enumerate() {
         g.check_for(f).map_err(|e| match e {
@@ -100,7 +101,7 @@ fn check_graphs(f: &VertexFn, graphs: &[&InputGraph]) -> Result<()> {
             e => e,
         })?;
     }
-    Ok(())
+    crate::memory::check_batch(graphs)
 }
 
 /// The scheduler, also after a panic on another thread while it was held: it keeps no state

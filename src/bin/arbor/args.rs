@@ -108,6 +108,18 @@ pub(crate) enum ModelArg {
 }
 
 impl ModelArg {
+    /// The name `--model` takes.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ModelArg::TreeLstm => "tree-lstm",
+            ModelArg::ChildSum => "child-sum",
+            ModelArg::VarLstm => "var-lstm",
+            ModelArg::TreeFc => "tree-fc",
+            ModelArg::Ggnn => "ggnn",
+            ModelArg::Sick => "sick",
+        }
+    }
+
     pub(crate) fn model(self) -> Model {
         match self {
             ModelArg::TreeLstm => Model::TreeLstm,
@@ -155,12 +167,12 @@ pub(crate) struct TrainArgs {
     /// Passes over the training set (default 5; 100 per fold for ggnn).
     #[arg(long)]
     pub(crate) epochs: Option<usize>,
-    /// Cross-validation folds (ggnn).
-    #[arg(long, default_value_t = 10)]
-    pub(crate) folds: usize,
-    /// Message-passing steps (ggnn).
-    #[arg(long, default_value_t = 4)]
-    pub(crate) steps: usize,
+    /// Cross-validation folds (ggnn; default 10).
+    #[arg(long)]
+    pub(crate) folds: Option<usize>,
+    /// Message-passing steps (ggnn; default 4).
+    #[arg(long)]
+    pub(crate) steps: Option<usize>,
     /// Trees per minibatch.
     #[arg(long, default_value_t = 25)]
     pub(crate) batch: usize,
@@ -170,45 +182,45 @@ pub(crate) struct TrainArgs {
     /// Word vector (or node-label vector) width (default 32; 16 for ggnn).
     #[arg(long)]
     pub(crate) embed: Option<usize>,
-    /// Where the loss is taken.
-    #[arg(long, value_enum, default_value = "all")]
-    pub(crate) loss: Loss,
+    /// Where the loss is taken (tree and sequence models; default all).
+    #[arg(long, value_enum)]
+    pub(crate) loss: Option<Loss>,
     /// The optimizer.
     #[arg(long, value_enum, default_value = "adam")]
     pub(crate) optimizer: Opt,
     /// Learning rate (default 0.01; 0.005 for ggnn).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub(crate) lr: Option<f32>,
     /// Learning rate of the word vectors (default: --lr; not ggnn). A rare word's vector is
     /// otherwise moved as far as a shared weight on the few steps that see it.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub(crate) embed_lr: Option<f32>,
     /// Weight decay.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(crate) weight_decay: f32,
     /// Score (and keep as the best checkpoint) a moving average of the weights, at this decay
     /// per step (0.999: about the last thousand steps), instead of the last step's weights.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub(crate) average: Option<f32>,
     /// Clip the joint gradient norm to this value (0: no clipping).
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     pub(crate) clip: f32,
     /// Dropout rate on every layer's pushed row (what the layer above or the classifier reads),
     /// in training (tree and sequence models; 0: none).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(crate) dropout: f32,
     /// Dropout rate on the word vectors, in training (tree and sequence models; 0: none).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(crate) input_dropout: f32,
     /// Dropout rate on the update of every layer's recurrent state (an LSTM's candidate before
     /// it enters the memory, Semeniuta et al. 2016), in training (tree and sequence models; 0:
     /// none).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(crate) recurrent_dropout: f32,
     /// Word dropout α: in training, a word seen c times in the training split is replaced by the
     /// unknown word with probability α / (α + c), which trains the unknown word's vector for the
     /// words dev and test bring (tree and sequence models; 0: none).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(crate) word_dropout: f32,
     /// Lowercase words (SST only).
     #[arg(long)]
@@ -219,12 +231,19 @@ pub(crate) struct TrainArgs {
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
-    /// Keep checkpoints here: `best/` (best dev accuracy) and `last/` (end of the last epoch).
+    /// Keep checkpoints here: `best/` (best dev accuracy) and `last/` (end of the last epoch). The
+    /// folder is locked while the run lasts; one holding another run's checkpoints is refused
+    /// (see --resume and --overwrite).
     #[arg(long)]
     pub(crate) checkpoint: Option<PathBuf>,
-    /// Continue from a checkpoint written by --checkpoint (its `last/` folder, or the folder itself).
+    /// Continue from a checkpoint written by --checkpoint (its `last/` folder, or the folder itself),
+    /// saving into the same folder unless --checkpoint names another.
     #[arg(long)]
     pub(crate) resume: Option<PathBuf>,
+    /// Replace the checkpoints of another run found in the --checkpoint folder (without it, such a
+    /// folder is refused).
+    #[arg(long)]
+    pub(crate) overwrite: bool,
     /// Write the loss and dev-accuracy curves to this SVG file.
     #[arg(long)]
     pub(crate) plot: Option<PathBuf>,
@@ -259,7 +278,7 @@ pub(crate) struct TrainArgs {
     #[arg(long)]
     pub(crate) micro_batches: Option<usize>,
     /// Seconds a worker waits for a peer before the run ends with an error.
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, default_value_t = 120.0, allow_negative_numbers = true)]
     pub(crate) timeout: f64,
     /// Pause inside each checkpoint write, in milliseconds (for crash tests).
     #[arg(long, default_value_t = 0, hide = true)]
@@ -267,6 +286,21 @@ pub(crate) struct TrainArgs {
 }
 
 impl TrainArgs {
+    /// Where the loss is taken: `--loss`, or every vertex.
+    pub(crate) fn loss(&self) -> Loss {
+        self.loss.unwrap_or(Loss::All)
+    }
+
+    /// Cross-validation folds: `--folds`, or 10.
+    pub(crate) fn folds(&self) -> usize {
+        self.folds.unwrap_or(10)
+    }
+
+    /// Message-passing steps: `--steps`, or 4.
+    pub(crate) fn steps(&self) -> usize {
+        self.steps.unwrap_or(4)
+    }
+
     /// Micro-batches per minibatch of a pipeline: `--micro-batches`, or 4.
     pub(crate) fn micro_batches(&self) -> usize {
         self.micro_batches.unwrap_or(4)

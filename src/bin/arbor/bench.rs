@@ -166,8 +166,17 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
             format!("{} {} {} {}", args.batch, args.sentences, args.hidden, args.embed),
         ));
     }
+    let cell = model_kind.cell(args.embed, args.hidden)?;
     let (pool, vocab, classes) = match (&args.data, model_kind) {
         (None, Model::TreeFc) => {
+            // Checked before the tree is built: its vertices, and a minibatch's values.
+            let vertices = (2 * args.leaves as u128).saturating_sub(1);
+            let minibatch = vertices * args.batch.min(args.sentences) as u128;
+            arbor::memory::check(
+                "--leaves, --batch, --hidden and --embed",
+                vertices * 48 + minibatch * arbor::memory::vertex_floats(&cell) * 4,
+                "a synthetic tree and a minibatch's values",
+            )?;
             // Every vertex pulls the same (non-padding) word; the label only feeds the loss.
             let graph = arbor::InputGraph::balanced_binary(args.leaves);
             let n = graph.len();
@@ -180,9 +189,8 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
         }
     };
     let examples: Vec<&TreeExample> = pool.iter().cycle().take(args.sentences).collect();
-    let cell = model_kind.cell(args.embed, args.hidden)?;
     let floats = crate::model_floats(vocab, args.embed, &[&cell], args.hidden, classes) * args.workers as u128;
-    crate::check_memory("--hidden, --embed and --workers", floats)?;
+    arbor::memory::check_model("--hidden, --embed and --workers", floats)?;
     let (fwd_flops, bwd_flops) = cell.flops_per_vertex();
     let nominal_per_vertex = fwd_flops + if args.mode == Mode::Train { bwd_flops } else { 0 };
     let mut rng = Rng::new(1);

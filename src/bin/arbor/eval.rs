@@ -3,6 +3,7 @@
 use crate::args::{Device, EvalArgs};
 use crate::meta_usize;
 use crate::train::stacked_model;
+use arbor::average::Average;
 use arbor::checkpoint::Checkpoint;
 use arbor::data::labelled::Labelled;
 use arbor::data::{sst, synthetic, TreeExample, Vocab, PAD};
@@ -11,23 +12,28 @@ use arbor::nn::Model;
 use arbor::rng::Rng;
 use arbor::train::Classifier;
 use arbor::trainer::Learner as _;
-use arbor::{Backend, CpuBackend, Result};
+use arbor::{Backend, CpuBackend, Error, Result};
 use serde_json::json;
 use std::path::PathBuf;
 
 /// Reloads a checkpoint (its `best/`, else its `last/`) and prints its test scores.
 pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
-    // `best/` (the best dev epoch), else `last/` (a run stopped before an epoch's end), else
-    // the folder itself.
-    let dir = ["best", "last"]
-        .iter()
-        .map(|d| args.checkpoint.join(d))
-        .find(|d| d.join("meta.json").is_file())
-        .unwrap_or_else(|| args.checkpoint.clone());
-    if dir.ends_with("last") {
-        eprintln!("arbor: no best/ in {} (no epoch ended); evaluating last/", args.checkpoint.display());
-    }
-    let ck = Checkpoint::load(&dir)?;
+    // `best/` (the best dev epoch) wherever it exists, readable or not (an unreadable one is an
+    // error, not a reason to score other weights); else `last/`; else the folder itself.
+    let (best, last) = (args.checkpoint.join("best"), args.checkpoint.join("last"));
+    let dir = if best.symlink_metadata().is_ok() {
+        best
+    } else if last.symlink_metadata().is_ok() {
+        eprintln!(
+            "arbor: {} has no best/ (no epoch ended with a finite dev score); evaluating last/",
+            args.checkpoint.display()
+        );
+        last
+    } else {
+        args.checkpoint.clone()
+    };
+    // With `--average`, training scores the averaged weights: so does eval.
+    let ck = Average::scored_weights(&Checkpoint::load(&dir)?);
     if ck.meta["model"] == "sick" {
         return crate::sick::eval(args, &dir, &ck);
     }
@@ -40,6 +46,25 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         .unwrap_or_default();
     let trained_on = meta["data"].as_str().unwrap_or("synthetic");
     let data_dir = args.data.clone().or_else(|| (trained_on != "synthetic").then(|| PathBuf::from(trained_on)));
+    let (classes, data_classes) =
+        (meta_usize(meta, "classes")?, if data_dir.is_some() { sst::CLASSES } else { synthetic::CLASSES });
+    if classes != data_classes {
+        return Err(Error::input(
+            format!("arbor eval of {}", dir.display()),
+            format!("data of the checkpoint's {classes} classes (it was trained on {trained_on})"),
+            format!(
+                "{} with {data_classes} classes",
+                data_dir.as_ref().map_or("the synthetic treebank".into(), |d| d.display().to_string())
+            ),
+        ));
+    }
+    if let Some(dir) = data_dir.as_ref().filter(|d| !d.join("test.txt").is_file()) {
+        return Err(Error::input(
+            format!("arbor eval of {} (a {} checkpoint)", args.checkpoint.display(), kind.name()),
+            "an SST-style folder with test.txt",
+            format!("{}, which has none", dir.display()),
+        ));
+    }
     let test = match &data_dir {
         None => synthetic::generate(500, 12, meta_usize(meta, "seed")? as u64 + 2_000_003),
         Some(dir) => {

@@ -46,25 +46,32 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     })?;
     let name = tu_name(dir)?;
     let data = tu::read(dir, &name)?;
+    if data.classes < 2 {
+        return Err(Error::input(
+            format!("--data {} (TU set {name})", dir.display()),
+            "graphs of at least two classes to tell apart",
+            format!("all {} graphs in one class ({name}_graph_labels.txt)", data.graphs.len()),
+        ));
+    }
     eprintln!(
         "arbor: {}-fold cross-validation of ggnn on {name} ({} graphs, {} node labels, {} classes)",
-        args.folds,
+        args.folds(),
         data.graphs.len(),
         data.node_label_count,
         data.classes
     );
     let cfg = GraphTraining {
-        steps: args.steps,
+        steps: args.steps(),
         features: sizes.embed,
         hidden: sizes.hidden,
         epochs,
         batch: args.batch,
-        folds: args.folds,
+        folds: args.folds(),
         seed: args.seed,
         optimizer: optimizer(args, sizes.lr),
         clip: (args.clip > 0.0).then_some(args.clip),
     };
-    let pb = ProgressBar::new((args.folds * epochs) as u64);
+    let pb = ProgressBar::new((args.folds() * epochs) as u64);
     pb.set_style(
         ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} epochs, eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -72,7 +79,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     );
     let start = Instant::now();
     let mut progress = |fold: usize, _| {
-        pb.set_message(format!("fold {}/{}", fold + 1, args.folds));
+        pb.set_message(format!("fold {}/{}", fold + 1, args.folds()));
         pb.inc(1);
     };
     let result = match args.device {
@@ -87,7 +94,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         "{}",
         json!({
             "model": "ggnn", "data": dir.display().to_string(), "folds": result.fold_acc.len(), "epochs": epochs,
-            "steps": args.steps, "hidden": sizes.hidden, "embed": sizes.embed,
+            "steps": args.steps(), "hidden": sizes.hidden, "embed": sizes.embed,
             "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
             "graphs_per_s": result.graphs_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
         })

@@ -144,31 +144,6 @@ pub(crate) fn meta_usize(meta: &Value, key: &str) -> Result<usize> {
         .ok_or_else(|| Error::input("checkpoint metadata", format!("a number `{key}`"), meta[key].to_string()))
 }
 
-/// Refuses a model too large for this machine before anything is allocated: `floats` learned
-/// values (all replicas), each with its gradient and two optimizer slots, against the memory
-/// the system says is available (Linux's `MemAvailable`; no check where it is unknown). `what`
-/// names the flags that set the size.
-pub(crate) fn check_memory(what: &str, floats: u128) -> Result<()> {
-    let bytes = floats.saturating_mul(4 * 4);
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        line.split_whitespace().nth(1)?.parse::<u128>().ok().map(|kb| kb * 1024)
-    });
-    match available {
-        Some(have) if bytes > have => Err(Error::input(
-            what,
-            format!("a model that fits in the {} available", gib(have)),
-            format!("one whose parameters, gradients and optimizer state need {}", gib(bytes)),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// `bytes` in GiB, for messages.
-fn gib(bytes: u128) -> String {
-    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
-}
-
 /// The learned values of an embedding of `vocab × embed`, the vertex functions `fns` and a
 /// `hidden × classes` output layer.
 pub(crate) fn model_floats(

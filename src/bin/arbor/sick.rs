@@ -24,10 +24,10 @@ const UNITS: usize = 50;
 
 /// The pair model at `embed`/`hidden` over `vocab` words, on replicas of `backend`.
 fn pair_model<B: Backend>(backend: &B, vocab: usize, embed: usize, hidden: usize, rng: &mut Rng) -> Result<Model<B>> {
-    let words = Embedding::new(vocab, embed, 0.1, rng).with_padding(PAD);
     let (cell, head) =
         (nn::child_sum_tree_lstm_nary(embed, hidden)?, nn::relatedness_head(hidden, UNITS, sick::CLASSES)?);
-    crate::check_memory("--hidden and --embed", crate::model_floats(vocab, embed, &[&cell, &head], 0, 0))?;
+    arbor::memory::check_model("--hidden and --embed", crate::model_floats(vocab, embed, &[&cell, &head], 0, 0))?;
+    let words = Embedding::new(vocab, embed, 0.1, rng).with_padding(PAD);
     Model::init(backend, words, cell, vec![Feed::Words, Feed::ParentWords], head, rng)
 }
 
@@ -77,7 +77,7 @@ where
         }),
     );
     record_optional_flags(args, &mut plan.meta);
-    prepare_run(&mut run, args, &plan)?;
+    let _folder = prepare_run(&mut run, args, &plan)?;
     let splits = Splits { train: &data.train, dev: &data.dev, test: &data.test };
     let announce = |workers: String| {
         eprintln!(
@@ -110,6 +110,7 @@ where
     if !lead {
         return Ok(());
     }
+    crate::train::warn_without_dev(&summary);
     // The best epoch's scores, or those of what a run stopped before any epoch's end trained.
     let (dev, test) = match &summary.unfinished {
         Some((dev, test)) if run.best_dev == f64::NEG_INFINITY => (*dev, test.clone()),
@@ -129,8 +130,12 @@ where
     Ok(())
 }
 
+/// The SICK folder as a full path (as SST's is recorded), so `arbor eval` and `--resume` find
+/// the same folder from anywhere, however `--data` was spelled.
 fn dir_name(args: &TrainArgs) -> String {
-    args.data.as_ref().map_or_else(String::new, |d| d.display().to_string())
+    args.data
+        .as_ref()
+        .map_or_else(String::new, |d| d.canonicalize().unwrap_or_else(|_| d.clone()).display().to_string())
 }
 
 /// `arbor eval` of a checkpoint of `--model sick` (in `dir`): its test scores, again.
@@ -144,6 +149,13 @@ pub(crate) fn eval(args: &EvalArgs, dir: &Path, ck: &Checkpoint) -> Result<()> {
     let data = args.data.clone().or_else(|| meta["data"].as_str().map(Into::into)).ok_or_else(|| {
         Error::input("arbor eval of a sick checkpoint", "--data DIR with the SICK splits", "none, and none recorded")
     })?;
+    if !data.join("test").is_dir() {
+        return Err(Error::input(
+            format!("arbor eval of {} (a sick checkpoint)", args.checkpoint.display()),
+            "a SICK folder with a test/ split",
+            format!("{}, which has none", data.display()),
+        ));
+    }
     let mut vocab = Vocab::from_words(&words, meta["lowercase"].as_bool().unwrap_or(false));
     let test = sick::read(&data.join("test"), &mut vocab, false)?;
     let test_scores = match args.device {

@@ -16,12 +16,13 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
 use arbor::readout::Readout;
 use arbor::rng::Rng;
+use arbor::run_folder::{Existing, RunFolder};
 use arbor::train::Classifier;
 use arbor::trainer::{fit_threads, on_threads, Event, Learned, Learner, Run, Settings, Splits, Summary};
 use arbor::{Backend, CpuBackend, DropoutKey, Error, Result, VertexFn};
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The sizes and rates of a run: the flags, or the model's defaults.
@@ -183,7 +184,16 @@ impl Setup<'_> {
         let embed = self.sizes.embed;
         let found = glove::read_into(file, &self.data.vocab, embed, table)?;
         table[PAD as usize * embed..(PAD as usize + 1) * embed].fill(0.0);
-        eprintln!("arbor: {found} of {} words have vectors in {}", self.data.vocab.len(), file.display());
+        let merged = match found.merged {
+            0 => String::new(),
+            n => format!(" ({} merged by --lowercase)", plural(n, "case variant")),
+        };
+        eprintln!(
+            "arbor: {} of {} words have vectors in {}{merged}",
+            found.words,
+            self.data.vocab.len(),
+            file.display()
+        );
         Ok(())
     }
 
@@ -211,7 +221,7 @@ impl Setup<'_> {
             .map(|k| self.kind.cell_with_dropout(if k == 0 { embed } else { hidden }, hidden, args.cell_dropout(k)))
             .collect::<Result<Vec<_>>>()?;
         let floats = crate::model_floats(vocab, embed, &cells.iter().collect::<Vec<_>>(), hidden, classes);
-        crate::check_memory("--hidden, --embed, --layers and --workers", floats * replicas as u128)?;
+        arbor::memory::check_model("--hidden, --embed, --layers and --workers", floats * replicas as u128)?;
         let mut words = Embedding::new(vocab, embed, 0.1, &mut self.rng).with_padding(PAD);
         self.pretrained(words.table_mut())?;
         if let Some(w) = self.word_dropout() {
@@ -269,7 +279,7 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         let expected = format!("between 1 and the examples of a minibatch (--batch {})", args.batch);
         return bad("--workers", &expected, args.workers.to_string());
     }
-    if args.checkpoint_every.is_some() && args.checkpoint.is_none() {
+    if args.checkpoint_every.is_some() && checkpoint_dir(args).is_none() {
         return bad("--checkpoint-every", "a --checkpoint DIR to write to", "no --checkpoint".into());
     }
     if let Some(d) = args.average.filter(|d| !(0.0..1.0).contains(d)) {
@@ -285,6 +295,28 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         if let Some((flag, _)) = pipeline_only.iter().find(|(_, set)| *set) {
             return bad(flag, "--stages above 1 (a pipeline)", "--stages 1".into());
         }
+    }
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        return bad("--timeout", "a number of seconds above 0", args.timeout.to_string());
+    }
+    // Flags a model would ignore: (flag, set, the models that use it).
+    let trees = "the tree and sequence models";
+    let ignored: &[(&str, bool, &str)] = match args.model {
+        ModelArg::Ggnn => &[
+            ("--distributed", args.distributed.is_some(), "every model but ggnn (its folds run one at a time)"),
+            ("--max-steps", args.max_steps.is_some(), "every model but ggnn (it trains --epochs per fold)"),
+            ("--lowercase", args.lowercase, "the models over words"),
+            ("--loss", args.loss.is_some(), trees),
+        ],
+        ModelArg::Sick => &[
+            ("--loss", args.loss.is_some(), trees),
+            ("--folds", args.folds.is_some(), "ggnn"),
+            ("--steps", args.steps.is_some(), "ggnn"),
+        ],
+        _ => &[("--folds", args.folds.is_some(), "ggnn"), ("--steps", args.steps.is_some(), "ggnn")],
+    };
+    if let Some((flag, _, users)) = ignored.iter().find(|(_, set, _)| *set) {
+        return bad(flag, &format!("a model that uses it ({users})"), format!("--model {}", args.model.name()));
     }
     if matches!(args.model, ModelArg::Ggnn) && args.embed_lr.is_some() {
         return bad(
@@ -327,12 +359,12 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
             return Err(Error::input(
                 flag,
                 "a tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
-                format!("--model {}", if args.model == ModelArg::Ggnn { "ggnn" } else { "sick" }),
+                format!("--model {}", args.model.name()),
             ));
         }
     }
     let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| {
-        Error::input("--timeout", "a number of seconds from 0 to about 1.8e19", args.timeout.to_string())
+        Error::input("--timeout", "a number of seconds above 0, to about 1.8e19", args.timeout.to_string())
     })?;
     match args.model {
         ModelArg::Ggnn => return crate::graphs::train(args, &sizes),
@@ -341,7 +373,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
     }
     let kind = args.model.model();
     let data = load(args.data.as_deref(), args.seed, args.lowercase, kind)?;
-    let loss_on = match (args.loss, kind.chains()) {
+    let loss_on = match (args.loss(), kind.chains()) {
         // A chain has one label: the sentence's.
         (Loss::Root, _) | (_, true) => LossOn::Root,
         (Loss::All, false) => LossOn::All,
@@ -379,9 +411,18 @@ pub(crate) fn load_name(args: &TrainArgs) -> String {
     args.data.as_ref().map_or_else(|| "synthetic".into(), |d| d.display().to_string())
 }
 
+/// Warns when epochs ended but none had a finite dev score (an empty or constant dev split):
+/// no best epoch was chosen, so the test score is the last epoch's (as `arbor eval` of `last/`).
+pub(crate) fn warn_without_dev(summary: &Summary) {
+    if !summary.dev_curve.is_empty() && summary.dev_curve.iter().all(|d| !d.is_finite()) {
+        eprintln!("arbor: warning: no epoch had a finite dev score, so none was kept as best; test is scored at the last epoch");
+    }
+}
+
 /// The summary's numbers of a finished run: dev and test at the best epoch, or of what a run
 /// stopped before any epoch's end trained.
 pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f64) -> Value {
+    warn_without_dev(summary);
     let (best_dev, test_acc) = match &summary.unfinished {
         Some((dev, test)) if best_dev == f64::NEG_INFINITY => (*dev, test.first().map_or(f64::NAN, |t| t.1)),
         _ => (best_dev, test_acc),
@@ -402,7 +443,7 @@ pub(crate) fn settings(args: &TrainArgs, epochs: usize, loss_on: LossOn, meta: V
         batch: args.batch,
         loss_on,
         clip: (args.clip > 0.0).then_some(args.clip),
-        checkpoint: args.checkpoint.clone(),
+        checkpoint: checkpoint_dir(args),
         checkpoint_every: args.checkpoint_every,
         max_steps: args.max_steps,
         persist_pause: Duration::from_millis(args.persist_pause_ms),
@@ -410,34 +451,124 @@ pub(crate) fn settings(args: &TrainArgs, epochs: usize, loss_on: LossOn, meta: V
     }
 }
 
-/// What every run does before its first step: checks that `--checkpoint` can be written (not
-/// only after an epoch), and resumes from `--resume` (its `last/`), refusing a checkpoint that
-/// has nothing left to train.
-pub(crate) fn prepare_run<L: Learned>(run: &mut Run<L>, args: &TrainArgs, plan: &Settings) -> Result<()> {
-    if let Some(dir) = &args.checkpoint {
-        let io = |e: std::io::Error| Error::Io { path: dir.display().to_string(), msg: e.to_string() };
-        std::fs::create_dir_all(dir).map_err(io)?;
-        // One probe per process: the ranks of an MPI job probe the same folder at once.
-        let probe = dir.join(format!(".arbor-probe-{}", std::process::id()));
-        std::fs::write(&probe, b"").and_then(|()| std::fs::remove_file(&probe)).map_err(io)?;
+/// Where `--resume DIR` resumes from and the run folder it belongs to: `DIR/last` in the run
+/// folder `DIR`, or `DIR` itself, a checkpoint whose run folder is its parent when it is a
+/// `last/` (none otherwise: a checkpoint copied out of its run).
+fn resume_source(dir: &Path) -> (PathBuf, Option<PathBuf>) {
+    if dir.join("last").is_dir() {
+        return (dir.join("last"), Some(dir.to_path_buf()));
     }
-    let Some(dir) = &args.resume else { return Ok(()) };
-    if dir.join("best").is_dir() {
-        // The best epoch so far must load too: a resumed run would keep a corrupted one.
-        Checkpoint::load(&dir.join("best"))?;
+    let parent = dir.parent().filter(|_| dir.file_name().is_some_and(|n| n == "last")).map(|p| {
+        if p.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            p.to_path_buf()
+        }
+    });
+    (dir.to_path_buf(), parent)
+}
+
+/// The folder a run writes its checkpoints to: `--checkpoint`, or else the run folder that
+/// `--resume` continues (so a resumed run keeps saving where it was saving).
+pub(crate) fn checkpoint_dir(args: &TrainArgs) -> Option<PathBuf> {
+    args.checkpoint.clone().or_else(|| args.resume.as_deref().and_then(|dir| resume_source(dir).1))
+}
+
+/// Whether `a` and `b` name the same folder (compared as canonical paths where they exist).
+fn same_folder(a: &Path, b: &Path) -> bool {
+    let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    canonical(a) == canonical(b)
+}
+
+/// This process's rank in an MPI job as the launcher tells it (0 outside one); only rank 0
+/// writes checkpoints, so only rank 0 claims the folder.
+fn launcher_rank() -> usize {
+    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// What every run does before its first step: claims its checkpoint folder
+/// ([`checkpoint_dir`]; locked for the run's whole life, refused when another run writes there
+/// or its checkpoints belong to another run and neither `--resume` of them nor `--overwrite`
+/// says what to do), and resumes from `--resume` (its `last/`), refusing a checkpoint that has
+/// nothing left to train. The returned claim must be kept until the run ends.
+pub(crate) fn prepare_run<L: Learned>(
+    run: &mut Run<L>,
+    args: &TrainArgs,
+    plan: &Settings,
+) -> Result<Option<RunFolder>> {
+    let resume = args.resume.as_deref().map(resume_source);
+    if args.overwrite && args.checkpoint.is_none() {
+        return Err(Error::input("--overwrite", "a --checkpoint DIR whose checkpoints to replace", "no --checkpoint"));
     }
-    let dir = if dir.join("last").is_dir() { dir.join("last") } else { dir.clone() };
-    run.resume(&Checkpoint::load(&dir)?, &plan.meta)?;
-    let done = run.pos.epoch > plan.epochs || plan.max_steps.is_some_and(|m| run.pos.steps >= m);
-    if done {
+    let resumes_here = |dir: &Path| resume.as_ref().and_then(|r| r.1.as_deref()).is_some_and(|r| same_folder(r, dir));
+    if let Some(dir) = plan.checkpoint.as_deref().filter(|d| args.overwrite && resumes_here(d)) {
         return Err(Error::input(
-            format!("--resume {}", dir.display()),
-            "a checkpoint with training left to do (raise --epochs or --max-steps)",
-            format!("one at epoch {}, step {} (--epochs {})", run.pos.epoch, run.pos.steps, plan.epochs),
+            "--overwrite",
+            "a --checkpoint folder other than the one --resume continues",
+            format!("both {}", dir.display()),
         ));
     }
-    eprintln!("arbor: resuming from {} at epoch {}, step {}", dir.display(), run.pos.epoch, run.pos.steps);
-    Ok(())
+    // Everything that may refuse the resume comes before the folder is claimed, so a refused run
+    // changes nothing on disk.
+    let mut resumed = None;
+    if let Some((from, run_folder)) = &resume {
+        if !from.join("meta.json").exists() {
+            return Err(Error::input(
+                format!("--resume {}", args.resume.as_deref().unwrap_or(from).display()),
+                "a folder holding a complete checkpoint (a run's folder or its `last/`)",
+                "none there (a run stopped before its first checkpoint was written has nothing to resume)",
+            ));
+        }
+        if let Some(best) = run_folder.as_ref().map(|f| f.join("best")).filter(|b| b.exists()) {
+            // The best epoch so far must load too: a resumed run would keep a corrupted one.
+            Checkpoint::load(&best)?;
+        }
+        let ck = Checkpoint::load(from)?;
+        run.resume(&ck, &plan.meta)?;
+        let done = run.pos.epoch > plan.epochs || plan.max_steps.is_some_and(|m| run.pos.steps >= m);
+        if done {
+            return Err(Error::input(
+                format!("--resume {}", from.display()),
+                "a checkpoint with training left to do (raise --epochs or --max-steps)",
+                format!("one at epoch {}, step {} (--epochs {})", run.pos.epoch, run.pos.steps, plan.epochs),
+            ));
+        }
+        if run_folder.is_none() && args.checkpoint.is_none() {
+            return Err(Error::input(
+                format!("--resume {}", from.display()),
+                "a --checkpoint DIR to keep writing to (the checkpoint is not the `last/` of a run folder)",
+                "no --checkpoint",
+            ));
+        }
+        resumed = Some(ck.meta["tensors_file"].clone());
+    }
+    let folder = match &plan.checkpoint {
+        Some(dir) if args.distributed.is_none() || launcher_rank() == 0 => {
+            let existing = match (args.overwrite, resumes_here(dir)) {
+                (true, _) => Existing::Overwrite,
+                (false, true) => Existing::Resume,
+                (false, false) => Existing::Refuse,
+            };
+            Some(RunFolder::claim(dir, existing)?)
+        }
+        _ => None,
+    };
+    if let (Some((from, _)), Some(file)) = (&resume, resumed) {
+        // A run that held the folder until this one claimed it may have saved once more.
+        let now = Checkpoint::tensors_path(from)?;
+        if now.file_name().and_then(|n| n.to_str()) != file.as_str() {
+            return Err(Error::input(
+                format!("--resume {}", from.display()),
+                "a checkpoint that stays as it was while this run starts",
+                "one that another run replaced meanwhile (start this run again)",
+            ));
+        }
+        eprintln!("arbor: resuming from {} at epoch {}, step {}", from.display(), run.pos.epoch, run.pos.steps);
+    }
+    Ok(folder)
 }
 
 /// Trains one model data-parallel (one worker, threads, or MPI ranks) on `--device`; returns the
@@ -470,7 +601,7 @@ where
     let cell = setup.kind.cell_with_dropout(embed, hidden, args.cell_dropout(0))?;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
     let floats = crate::model_floats(vocab, embed, &[&cell], hidden, classes) * args.workers as u128;
-    crate::check_memory("--hidden, --embed and --workers", floats)?;
+    arbor::memory::check_model("--hidden, --embed and --workers", floats)?;
     let mut model = Classifier::on(backend, cell, vocab, Some(PAD), classes, &mut setup.rng)?;
     model.engine.set_dropout_key(DropoutKey { seed: args.seed, ..DropoutKey::default() });
     setup.pretrained(model.embed.table_mut())?;
@@ -504,12 +635,12 @@ where
         json!({
             "model": setup.kind.name(), "embed": embed, "hidden": hidden, "classes": d.classes,
             "data": d.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": d.vocab.words(),
-            "batch": args.batch, "loss": args.loss.name(), "optimizer": format!("{:?}", optimizer(args, lr)),
+            "batch": args.batch, "loss": args.loss().name(), "optimizer": format!("{:?}", optimizer(args, lr)),
             "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
         }),
     );
     record_optional_flags(args, &mut plan.meta);
-    prepare_run(&mut run, args, &plan)?;
+    let _folder = prepare_run(&mut run, args, &plan)?;
     let layers = if args.layers > 1 { format!("{}, ", plural(args.layers, "layer")) } else { String::new() };
     let (summary, lead, workers) = match args.distributed {
         None => {

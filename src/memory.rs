@@ -1,0 +1,82 @@
+//! The one memory check: what a model or a minibatch will need, against what the machine has,
+//! before anything is allocated, so a run that cannot fit ends with an error naming the cause
+//! instead of being killed by the system.
+
+use crate::{Error, InputGraph, Result, VertexFn};
+
+/// Bytes of memory the system says are available (Linux's `MemAvailable`); `None` where it is
+/// not known, and then nothing is refused.
+pub fn available() -> Option<u128> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u128>().ok().map(|kb| kb * 1024)
+}
+
+/// `bytes` in GiB, for messages.
+pub fn gib(bytes: u128) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// Refuses `bytes` of memory when the system has less available: `what` names the flags or the
+/// input that ask for it, `purpose` what the memory is for.
+pub fn check(what: &str, bytes: u128, purpose: &str) -> Result<()> {
+    match available() {
+        Some(have) if bytes > have => Err(Error::input(
+            what,
+            format!("what fits in the {} of memory available", gib(have)),
+            format!("{purpose} that need {}", gib(bytes)),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a model of `floats` learned values (all replicas together), each with its gradient
+/// and two optimizer slots, that does not fit; `what` names the flags that set its size.
+pub fn check_model(what: &str, floats: u128) -> Result<()> {
+    check(what, floats.saturating_mul(4 * 4), "parameters, gradients and optimizer state")
+}
+
+/// Below this many bytes of child-slot table, a minibatch is not checked (reading the system's
+/// figures would cost more than a small step).
+const SLOTS_CHECKED_FROM: u128 = 64 << 20;
+
+/// Refuses a minibatch of `graphs` whose batching would not fit: its schedule keeps a row
+/// number for every child slot of every vertex, as many slots as the widest vertex of the
+/// minibatch has children (so a vertex with very many children costs memory in proportion to
+/// its count times the minibatch's vertices). The error names the widest vertex, its graph (its
+/// place in `graphs`) and the memory needed.
+pub fn check_batch(graphs: &[&InputGraph]) -> Result<()> {
+    check_batch_named(graphs, |graph, vertex| format!("input graph {graph} of the minibatch, vertex {vertex}"))
+}
+
+/// [`check_batch`], naming the widest vertex by `name(graph, vertex)` (a file's position).
+pub fn check_batch_named(graphs: &[&InputGraph], name: impl Fn(usize, usize) -> String) -> Result<()> {
+    let vertices: usize = graphs.iter().map(|g| g.len()).sum();
+    let widest = graphs
+        .iter()
+        .enumerate()
+        .flat_map(|(k, g)| (0..g.len()).map(move |v| (g.children(v).len(), k, v)))
+        .max_by_key(|&(slots, _, _)| slots);
+    let Some((slots, graph, vertex)) = widest else { return Ok(()) };
+    let bytes = 4 * slots as u128 * vertices as u128;
+    if bytes < SLOTS_CHECKED_FROM {
+        return Ok(());
+    }
+    check(
+        &format!("{} ({slots} children)", name(graph, vertex)),
+        bytes,
+        &format!("child slots for {vertices} vertices (4 bytes × {slots} slots each)"),
+    )
+}
+
+/// Floats one vertex of `f` can hold at once in a training step: every per-vertex value of its
+/// forward pass, and as many again for their gradients (an upper bound; the engine reuses
+/// temporaries).
+pub fn vertex_floats(f: &VertexFn) -> u128 {
+    2 * f.forward().nodes.iter().filter(|n| !n.is_param).map(|n| n.shape.numel() as u128).sum::<u128>()
+}
+
+/// Learned values of `f`'s parameters.
+pub fn param_floats(f: &VertexFn) -> u128 {
+    f.params().iter().map(|p| p.shape.numel() as u128).sum()
+}
