@@ -30,10 +30,23 @@ pub fn check(what: &str, bytes: u128, purpose: &str) -> Result<()> {
     }
 }
 
+/// Memory one vertex-function layer's engine holds besides its parameters (plans, launch lists,
+/// scratch), an upper bound of what `arbor train --layers` measures (about 1 MiB a layer).
+pub const ENGINE_BYTES: u128 = 2 << 20;
+
+/// Memory one pipeline stage on a thread holds besides its layers (its backend's thread team and
+/// buffers), an upper bound of what `arbor train --stages` measures (about 4 MiB a stage).
+pub const STAGE_BYTES: u128 = 8 << 20;
+
 /// Refuses a model of `floats` learned values (all replicas together), each with its gradient
-/// and two optimizer slots, that does not fit; `what` names the flags that set its size.
-pub fn check_model(what: &str, floats: u128) -> Result<()> {
-    check(what, floats.saturating_mul(4 * 4), "parameters, gradients and optimizer state")
+/// and two optimizer slots, run by `engines` vertex-function engines (each layer and head of
+/// each replica), that does not fit; `what` names the flags that set its size.
+pub fn check_model(what: &str, floats: u128, engines: u128) -> Result<()> {
+    check(
+        what,
+        floats.saturating_mul(4 * 4).saturating_add(engines.saturating_mul(ENGINE_BYTES)),
+        "parameters, gradients, optimizer state and engines",
+    )
 }
 
 /// Below this many bytes of child-slot table, a minibatch is not checked (reading the system's

@@ -593,7 +593,7 @@ fn graph_batch(examples: &[&crate::data::tu::GraphExample], steps: usize) -> Gra
 fn check_graph_training(data: &crate::data::tu::TuDataset, cfg: &GraphTraining) -> Result<()> {
     let cell = crate::nn::ggnn(cfg.features, cfg.hidden)?;
     let labels = (data.node_label_count * cfg.features) as u128 + (cfg.hidden * data.classes) as u128;
-    crate::memory::check_model("--hidden and --embed", crate::memory::param_floats(&cell) + labels)?;
+    crate::memory::check_model("--hidden and --embed", crate::memory::param_floats(&cell) + labels, 1)?;
     let steps = cfg.steps as u128 + 1;
     // A vertex of an unrolled graph: its slot list, its label id and its child slots.
     let unrolled: u128 = data

@@ -214,6 +214,14 @@ fn memory_is_checked_before_it_is_allocated() {
         refused(&[&["train", "--model", "ggnn", "--data", &tu, "--folds", "2"][..], &flags].concat(), &need);
     }
     refused(&["bench", "--model", "tree-fc", "--leaves", "100000000"], &["--leaves", "GiB", "available"]);
+    refused(&["bench", "--sentences", "10000000000"], &["--sentences", "GiB"]);
+    // Every layer's engine, every worker's replica and every pipeline stage costs memory of its own.
+    refused(&strs(&train(&["--batch", "100000", "--workers", "50000"])), &["--workers", "GiB"]);
+    refused(&strs(&train(&["--layers", "20000", "--stages", "20000"])), &["--layers, --stages", "GiB"]);
+    refused(
+        &strs(&train(&["--layers", "2", "--stages", "2", "--micro-batches", "1000000000"])),
+        &["--micro-batches", "--batch 25"],
+    );
     // Sizes that fit train.
     let (v, _) = run(&["train", "--model", "ggnn", "--data", &tu, "--folds", "2", "--epochs", "1", "--hidden", "4"]);
     assert!(v["cv_acc_mean"].as_f64().is_some(), "{v}");

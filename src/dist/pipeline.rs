@@ -160,14 +160,17 @@ pub struct PipeSettings {
 }
 
 impl PipeSettings {
-    /// Checks the plan against the number of stages: at least one micro-batch, and for 2BW at
-    /// least one per stage.
+    /// Checks the plan against the number of stages: at least one micro-batch, no more than a
+    /// minibatch has examples, and for 2BW at least one per stage.
     pub fn check(&self, stages: usize) -> Result<()> {
         let m = self.micro_batches;
-        if m == 0 || (self.kind == Kind::TwoBw && m < stages) {
+        if m == 0 || m > self.batch.max(1) || (self.kind == Kind::TwoBw && m < stages) {
             return Err(Error::input(
                 "--micro-batches",
-                format!("at least 1, and at least the number of stages ({stages}) for 2BW"),
+                format!(
+                    "at least 1, at most the examples of a minibatch (--batch {}), and at least the number of stages ({stages}) for 2BW",
+                    self.batch
+                ),
                 m.to_string(),
             ));
         }

@@ -188,9 +188,10 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
             (d.train, d.vocab.len(), d.classes)
         }
     };
+    arbor::memory::check("--sentences", 8 * args.sentences as u128, "the list of timed sentences")?;
     let examples: Vec<&TreeExample> = pool.iter().cycle().take(args.sentences).collect();
     let floats = crate::model_floats(vocab, args.embed, &[&cell], args.hidden, classes) * args.workers as u128;
-    arbor::memory::check_model("--hidden, --embed and --workers", floats)?;
+    arbor::memory::check_model("--hidden, --embed and --workers", floats, 2 * args.workers as u128)?;
     let (fwd_flops, bwd_flops) = cell.flops_per_vertex();
     let nominal_per_vertex = fwd_flops + if args.mode == Mode::Train { bwd_flops } else { 0 };
     let mut rng = Rng::new(1);

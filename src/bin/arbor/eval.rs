@@ -50,7 +50,7 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         (meta_usize(meta, "classes")?, if data_dir.is_some() { sst::CLASSES } else { synthetic::CLASSES });
     if classes != data_classes {
         return Err(Error::input(
-            format!("arbor eval of {}", dir.display()),
+            format!("checkpoint {}", dir.display()),
             format!("data of the checkpoint's {classes} classes (it was trained on {trained_on})"),
             format!(
                 "{} with {data_classes} classes",
@@ -60,7 +60,7 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
     }
     if let Some(dir) = data_dir.as_ref().filter(|d| !d.join("test.txt").is_file()) {
         return Err(Error::input(
-            format!("arbor eval of {} (a {} checkpoint)", args.checkpoint.display(), kind.name()),
+            format!("checkpoint {} (model {})", args.checkpoint.display(), kind.name()),
             "an SST-style folder with test.txt",
             format!("{}, which has none", dir.display()),
         ));

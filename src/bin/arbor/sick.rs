@@ -22,11 +22,20 @@ use std::time::Duration;
 /// Units of the relatedness head's hidden layer (Tai et al.).
 const UNITS: usize = 50;
 
-/// The pair model at `embed`/`hidden` over `vocab` words, on replicas of `backend`.
-fn pair_model<B: Backend>(backend: &B, vocab: usize, embed: usize, hidden: usize, rng: &mut Rng) -> Result<Model<B>> {
+/// The pair model at `embed`/`hidden` over `vocab` words, on replicas of `backend`; refused
+/// before anything is allocated where `replicas` copies would not fit in memory.
+fn pair_model<B: Backend>(
+    backend: &B,
+    vocab: usize,
+    embed: usize,
+    hidden: usize,
+    replicas: usize,
+    rng: &mut Rng,
+) -> Result<Model<B>> {
     let (cell, head) =
         (nn::child_sum_tree_lstm_nary(embed, hidden)?, nn::relatedness_head(hidden, UNITS, sick::CLASSES)?);
-    arbor::memory::check_model("--hidden and --embed", crate::model_floats(vocab, embed, &[&cell, &head], 0, 0))?;
+    let floats = crate::model_floats(vocab, embed, &[&cell, &head], 0, 0) * replicas as u128;
+    arbor::memory::check_model("--hidden, --embed and --workers", floats, 2 * replicas as u128)?;
     let words = Embedding::new(vocab, embed, 0.1, rng).with_padding(PAD);
     Model::init(backend, words, cell, vec![Feed::Words, Feed::ParentWords], head, rng)
 }
@@ -64,7 +73,7 @@ where
     let data = sick::read_splits(dir, args.lowercase)?;
     let (epochs, hidden, embed, lr) = (sizes.epochs, sizes.hidden, sizes.embed, sizes.lr);
     let mut rng = Rng::new(args.seed);
-    let model = pair_model(&backend, data.vocab.len(), embed, hidden, &mut rng)?;
+    let model = pair_model(&backend, data.vocab.len(), embed, hidden, args.workers, &mut rng)?;
     let mut run = new_run(model, args, lr, &rng)?;
     let mut plan = settings(
         args,
@@ -151,7 +160,7 @@ pub(crate) fn eval(args: &EvalArgs, dir: &Path, ck: &Checkpoint) -> Result<()> {
     })?;
     if !data.join("test").is_dir() {
         return Err(Error::input(
-            format!("arbor eval of {} (a sick checkpoint)", args.checkpoint.display()),
+            format!("checkpoint {} (model sick)", args.checkpoint.display()),
             "a SICK folder with a test/ split",
             format!("{}, which has none", data.display()),
         ));
@@ -180,7 +189,7 @@ fn eval_on<B: Backend>(
     hidden: usize,
     test: &[Pair],
 ) -> Result<Value> {
-    let mut model = pair_model(backend, vocab, embed, hidden, &mut Rng::new(0))?;
+    let mut model = pair_model(backend, vocab, embed, hidden, 1, &mut Rng::new(0))?;
     model.restore(ck)?;
     scores(&mut model, test)
 }

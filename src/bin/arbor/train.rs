@@ -217,11 +217,22 @@ impl Setup<'_> {
     pub(crate) fn stacked_model<B: Backend>(&mut self, backend: &B, replicas: usize) -> Result<model::Model<B>> {
         let (args, hidden, embed) = (self.args, self.sizes.hidden, self.sizes.embed);
         let (vocab, classes) = (self.data.vocab.len(), self.data.classes);
-        let cells = (0..args.layers)
-            .map(|k| self.kind.cell_with_dropout(if k == 0 { embed } else { hidden }, hidden, args.cell_dropout(k)))
-            .collect::<Result<Vec<_>>>()?;
-        let floats = crate::model_floats(vocab, embed, &cells.iter().collect::<Vec<_>>(), hidden, classes);
-        arbor::memory::check_model("--hidden, --embed, --layers and --workers", floats * replicas as u128)?;
+        let cell =
+            |k: usize| self.kind.cell_with_dropout(if k == 0 { embed } else { hidden }, hidden, args.cell_dropout(k));
+        // Checked before the layers are built: the bottom layer, and the others alike.
+        let (bottom, above) = (cell(0)?, cell(1)?);
+        let layers = args.layers as u128;
+        let floats = crate::model_floats(vocab, embed, &[&bottom], hidden, classes)
+            + (layers - 1) * arbor::memory::param_floats(&above);
+        let engines = layers * replicas as u128 + if args.stages > 1 { layers } else { 0 };
+        arbor::memory::check(
+            "--hidden, --embed, --layers, --stages and --workers",
+            floats * 16 * replicas as u128
+                + engines * arbor::memory::ENGINE_BYTES
+                + args.stages as u128 * arbor::memory::STAGE_BYTES,
+            "parameters, gradients, optimizer state and the layers' engines",
+        )?;
+        let cells = (0..args.layers).map(cell).collect::<Result<Vec<_>>>()?;
         let mut words = Embedding::new(vocab, embed, 0.1, &mut self.rng).with_padding(PAD);
         self.pretrained(words.table_mut())?;
         if let Some(w) = self.word_dropout() {
@@ -303,8 +314,8 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     let trees = "the tree and sequence models";
     let ignored: &[(&str, bool, &str)] = match args.model {
         ModelArg::Ggnn => &[
-            ("--distributed", args.distributed.is_some(), "every model but ggnn (its folds run one at a time)"),
-            ("--max-steps", args.max_steps.is_some(), "every model but ggnn (it trains --epochs per fold)"),
+            ("--distributed", args.distributed.is_some(), "every model but ggnn, whose folds run one at a time"),
+            ("--max-steps", args.max_steps.is_some(), "every model but ggnn, which trains --epochs per fold"),
             ("--lowercase", args.lowercase, "the models over words"),
             ("--loss", args.loss.is_some(), trees),
         ],
@@ -601,7 +612,7 @@ where
     let cell = setup.kind.cell_with_dropout(embed, hidden, args.cell_dropout(0))?;
     let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
     let floats = crate::model_floats(vocab, embed, &[&cell], hidden, classes) * args.workers as u128;
-    arbor::memory::check_model("--hidden, --embed and --workers", floats)?;
+    arbor::memory::check_model("--hidden, --embed and --workers", floats, 2 * args.workers as u128)?;
     let mut model = Classifier::on(backend, cell, vocab, Some(PAD), classes, &mut setup.rng)?;
     model.engine.set_dropout_key(DropoutKey { seed: args.seed, ..DropoutKey::default() });
     setup.pretrained(model.embed.table_mut())?;
