@@ -331,7 +331,8 @@ fn flags_a_model_ignores_are_refused() {
     tu_folder(&tmp, "tu", [0, 1, 0, 1, 0, 1, 0, 1], false);
     sick_folder(&tmp, "sick", 3);
     let (tu, sick) = (tmp.at("tu"), tmp.at("sick"));
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
+        (&["--model", "var-lstm", "--loss", "all"], "--loss all"),
         (&["--model", "ggnn", "--data", &tu, "--distributed", "mpi"], "--distributed"),
         (&["--model", "ggnn", "--data", &tu, "--max-steps", "3"], "--max-steps"),
         (&["--model", "ggnn", "--data", &tu, "--lowercase"], "--lowercase"),

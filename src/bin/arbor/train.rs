@@ -324,6 +324,11 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             ("--folds", args.folds.is_some(), "ggnn"),
             ("--steps", args.steps.is_some(), "ggnn"),
         ],
+        ModelArg::VarLstm => &[
+            ("--loss all", args.loss == Some(Loss::All), "the tree models (a chain has one label, its sentence's)"),
+            ("--folds", args.folds.is_some(), "ggnn"),
+            ("--steps", args.steps.is_some(), "ggnn"),
+        ],
         _ => &[("--folds", args.folds.is_some(), "ggnn"), ("--steps", args.steps.is_some(), "ggnn")],
     };
     if let Some((flag, _, users)) = ignored.iter().find(|(_, set, _)| *set) {
