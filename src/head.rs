@@ -363,18 +363,46 @@ impl<B: Backend> ClassHead<B> {
         Ok(ClassLoss { loss, correct, count: picked.len(), grad_input, grads: g.params })
     }
 
-    /// The most likely class of every row (inference).
-    pub fn predict(&mut self, rows: &[f32]) -> Result<Vec<usize>> {
+    /// The class scores (logits) of every row, `classes()` per row (inference; no targets).
+    pub fn logits(&mut self, rows: &[f32]) -> Result<Vec<f32>> {
         let n = self.count(rows)?;
         if n == 0 {
             return Ok(Vec::new());
         }
-        let out = self.head.infer(&[rows, &vec![0.0; n * self.classes()]])?;
-        Ok(out[self.logits].chunks(self.classes()).map(argmax).collect())
+        let mut out = self.head.infer(&[rows, &vec![0.0; n * self.classes()]])?;
+        Ok(out.swap_remove(self.logits))
+    }
+
+    /// The most likely class of every row (inference).
+    pub fn predict(&mut self, rows: &[f32]) -> Result<Vec<usize>> {
+        Ok(self.logits(rows)?.chunks(self.classes()).map(argmax).collect())
     }
 }
 
-/// The index of the largest value (the first on a tie).
-pub(crate) fn argmax(xs: &[f32]) -> usize {
+/// The index of the largest value (the first on a tie): the class a row of logits predicts.
+pub fn argmax(xs: &[f32]) -> usize {
     xs.iter().enumerate().fold(0, |best, (i, &x)| if x > xs[best] { i } else { best })
+}
+
+/// The softmax of a row of logits: the probability of each class (computed after subtracting
+/// the largest logit, so large logits do not overflow).
+pub fn probabilities(logits: &[f32]) -> Vec<f32> {
+    let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exp: Vec<f32> = logits.iter().map(|&x| (x - top).exp()).collect();
+    let sum: f32 = exp.iter().sum();
+    exp.iter().map(|e| e / sum).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probabilities_sum_to_one_without_overflow_and_argmax_takes_the_first_top() {
+        let p = probabilities(&[10.0, 10.0 + 2f32.ln(), -1e30]);
+        assert!((p[0] - 1.0 / 3.0).abs() < 1e-6 && (p[1] - 2.0 / 3.0).abs() < 1e-6 && p[2] == 0.0, "{p:?}");
+        assert_eq!(probabilities(&[1e30, 1e30]), [0.5, 0.5]);
+        assert_eq!(argmax(&[0.5, 2.0, 2.0]), 1);
+        assert_eq!(argmax(&p), 1);
+    }
 }

@@ -460,6 +460,28 @@ impl<B: Backend> Classifier<B> {
         Ok(())
     }
 
+    /// The class scores (logits) at every tree's root, `batch_size` trees at a time, in
+    /// inference mode; the trees' labels are not read (a new sentence needs none).
+    pub fn root_logits(&mut self, data: &[TreeExample], batch_size: usize) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(data.len());
+        for chunk in data.chunks(batch_size.max(1)) {
+            let refs: Vec<&TreeExample> = chunk.iter().collect();
+            let b = batch(&refs);
+            // The root is each tree's last vertex, and the trees lie one after another.
+            let rows: Vec<usize> = chunk
+                .iter()
+                .scan(0, |end, e| {
+                    *end += e.graph.len();
+                    Some(*end - 1)
+                })
+                .collect();
+            let h = self.infer_rows(&b.graphs, &b.words, &rows)?;
+            let classes = self.out.classes();
+            out.extend(self.out.logits(&h)?.chunks(classes).map(<[f32]>::to_vec));
+        }
+        Ok(out)
+    }
+
     /// Root accuracy over `data`, in minibatches of `batch` trees, in inference mode (NaN for no
     /// data).
     pub fn accuracy(&mut self, data: &[TreeExample], batch_size: usize) -> Result<f64> {

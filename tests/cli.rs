@@ -280,3 +280,44 @@ fn sick_trains_and_its_checkpoint_evaluates_the_same() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--model sick") && err.contains("--layers"), "{err}");
 }
+
+/// `arbor predict` classifies new sentences with a checkpoint: on the SST test trees its
+/// predicted classes against their root labels give exactly the accuracy `arbor eval` reports
+/// (one layer, a stack of two and a chain model); plain words and unlabelled brackets typed on
+/// the command line each get one line with probabilities that sum to 1.
+#[test]
+fn predict_classifies_sentences_as_eval_scores_them() {
+    let sst = arbor::data::data_dir().join("sst");
+    let test = sst.join("test.txt");
+    let ck = temp("predict");
+    for extra in [&["--model", "tree-lstm"][..], &["--layers", "2"], &["--model", "var-lstm"]] {
+        std::fs::remove_dir_all(&ck).ok();
+        let mut args = vec!["train", "--data", sst.to_str().unwrap(), "--max-steps", "20", "--batch", "10"];
+        args.extend(["--hidden", "8", "--embed", "8", "--checkpoint", ck.to_str().unwrap()]);
+        args.extend(extra);
+        last_json(&arbor(&args));
+        let eval = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
+        let out = arbor(&["predict", "--checkpoint", ck.to_str().unwrap(), "--input", test.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<serde_json::Value> =
+            String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("JSON")).collect();
+        assert_eq!(lines.len() as u64, eval["trees"].as_u64().unwrap(), "{extra:?}");
+        let right = lines.iter().filter(|l| l["class"] == l["gold"]).count();
+        assert_eq!(right as f64 / lines.len() as f64, eval["test_acc"].as_f64().unwrap(), "{extra:?}");
+        let typed = ["a fine , funny film", "((a (fine film)) .)"];
+        let out = arbor(&[&["predict", "--checkpoint", ck.to_str().unwrap()][..], &typed].concat());
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(stdout.lines().count(), 2, "{extra:?}: {stdout}");
+        for line in stdout.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
+            let p: Vec<f64> = v["probabilities"].as_array().unwrap().iter().map(|p| p.as_f64().unwrap()).collect();
+            assert_eq!(p.len(), 5);
+            assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-5, "{v}");
+            assert!(v["gold"].is_null() && v["class"].as_u64() < Some(5), "{v}");
+        }
+    }
+    let out = arbor(&["predict", "--checkpoint", ck.to_str().unwrap(), "(a (b"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("argument:1:") && err.contains("never closed"), "{err}");
+    std::fs::remove_dir_all(&ck).ok();
+}

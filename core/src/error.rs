@@ -31,8 +31,9 @@ fn place(at: &Option<String>) -> String {
     at.as_ref().map_or_else(String::new, |at| format!("{at}: "))
 }
 
-/// Everything that can go wrong in arbor, with the place it went wrong.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+/// Everything that can go wrong in arbor, with the place it went wrong. Its `Debug` form is its
+/// message, so `fn main() -> arbor::Result<()>` and `unwrap` print what went wrong, not a struct.
+#[derive(Clone, PartialEq, thiserror::Error)]
 pub enum Error {
     /// An op of a vertex function got inputs of shapes it cannot combine.
     #[error("{}vertex function `{function}`: op `{op}` cannot take inputs [{}]: {reason}", place(.at), list(.inputs))]
@@ -196,3 +197,21 @@ impl Error {
 
 /// arbor's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_prints_the_message() {
+        let e = Error::input("--lr", "a rate above 0", "-1");
+        assert_eq!(format!("{e:?}"), "--lr: expected a rate above 0, got -1");
+        assert_eq!(format!("{:?}", Err::<(), _>(e.clone())), format!("Err({e})"));
+    }
+}

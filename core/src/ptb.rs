@@ -26,7 +26,22 @@ impl PtbTree {
     /// Parses one tree from `text`; errors name `file`, `line` and the column (1-based, in
     /// characters).
     pub fn parse(text: &str, file: &str, line: usize) -> Result<PtbTree> {
-        parse(text).map_err(|(col, msg)| Error::Parse { file: file.into(), line, msg: format!("column {col}: {msg}") })
+        parse(text, true).map_err(|(col, msg)| Error::Parse {
+            file: file.into(),
+            line,
+            msg: format!("column {col}: {msg}"),
+        })
+    }
+
+    /// Parses one tree without labels, as a parser or a person brackets a new sentence:
+    /// `((The film) (is (very good)))`. Every token is a leaf; a bracket around one token or one
+    /// bracket is that token or bracket; labels are empty. Errors as [`PtbTree::parse`].
+    pub fn parse_unlabelled(text: &str, file: &str, line: usize) -> Result<PtbTree> {
+        parse(text, false).map_err(|(col, msg)| Error::Parse {
+            file: file.into(),
+            line,
+            msg: format!("column {col}: {msg}"),
+        })
     }
 }
 
@@ -46,7 +61,9 @@ pub fn clip(token: &str) -> String {
     }
 }
 
-fn parse(text: &str) -> std::result::Result<PtbTree, (usize, String)> {
+/// Parses `text`: with `labelled`, a bracket is `(label word)` or `(label subtrees…)`; without,
+/// `(children…)` where a child is a token (a leaf) or a bracket.
+fn parse(text: &str, labelled: bool) -> std::result::Result<PtbTree, (usize, String)> {
     let mut stack: Vec<Open> = Vec::new();
     let mut children: Vec<Vec<Option<usize>>> = Vec::new();
     let mut labels = Vec::new();
@@ -64,6 +81,24 @@ fn parse(text: &str) -> std::result::Result<PtbTree, (usize, String)> {
             // U+00A0 inside words such as `1 1/2`).
             c if c.is_ascii_whitespace() => {}
             '(' => stack.push(Open { label: None, word: None, children: Vec::new(), column }),
+            ')' if !labelled => {
+                let open = stack.pop().ok_or((column, "`)` closes nothing".to_string()))?;
+                let v = match open.children[..] {
+                    [] => return Err((open.column, "an empty bracket".into())),
+                    // A bracket around one child is that child.
+                    [Some(only)] => only,
+                    _ => {
+                        labels.push(String::new());
+                        words.push(None);
+                        children.push(open.children);
+                        labels.len() - 1
+                    }
+                };
+                match stack.last_mut() {
+                    Some(parent) => parent.children.push(Some(v)),
+                    None => root_closed = true,
+                }
+            }
             ')' => {
                 let open = stack.pop().ok_or((column, "`)` closes nothing".to_string()))?;
                 let label = open.label.ok_or((open.column, "a bracket has no label".to_string()))?;
@@ -97,7 +132,12 @@ fn parse(text: &str) -> std::result::Result<PtbTree, (usize, String)> {
                 }
                 let token = &text[start..end];
                 let open = stack.last_mut().ok_or((column, format!("`{}` is outside any bracket", clip(token))))?;
-                if open.label.is_none() {
+                if !labelled {
+                    open.children.push(Some(labels.len()));
+                    labels.push(String::new());
+                    words.push(Some(token.to_string()));
+                    children.push(Vec::new());
+                } else if open.label.is_none() {
                     open.label = Some(token.to_string());
                 } else if open.word.is_none() && open.children.is_empty() {
                     open.word = Some(token.to_string());
@@ -131,6 +171,21 @@ mod tests {
         assert_eq!(t.graph.children(3), &[1, 2]);
         assert_eq!(t.root(), 4);
         assert_eq!(t.graph.roots(), vec![4]);
+    }
+
+    #[test]
+    fn parses_an_unlabelled_tree() {
+        let t = PtbTree::parse_unlabelled("((The film) (is ((very)) good))", "t", 1).unwrap();
+        let words: Vec<_> = t.words.iter().map(|w| w.as_deref().unwrap_or("·")).collect();
+        assert_eq!(words, ["The", "film", "·", "is", "very", "good", "·", "·"]);
+        assert!(t.labels.iter().all(String::is_empty));
+        assert_eq!(t.graph.children(7), &[2, 6]);
+        assert_eq!(t.graph.children(6), &[3, 4, 5]);
+        assert_eq!(PtbTree::parse_unlabelled("(word)", "t", 1).unwrap().graph.len(), 1);
+        for (text, want) in [("(a ())", "an empty bracket"), ("(a b", "never closed"), ("a b", "outside any bracket")] {
+            let e = PtbTree::parse_unlabelled(text, "t", 2).unwrap_err().to_string();
+            assert!(e.starts_with("t:2: ") && e.contains(want), "{text:?}: {e}");
+        }
     }
 
     #[test]

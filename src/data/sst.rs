@@ -52,6 +52,48 @@ pub fn parse_line(line: &str, file: &str, lineno: usize, vocab: &mut Vocab, grow
     Ok(TreeExample { graph: tree.graph, words, labels })
 }
 
+/// A sentence to classify, as a person gives it: an SST tree (its root label returned as the
+/// gold class), an unlabelled bracketing (`((The film) (is good))`), or plain tokens separated
+/// by spaces, read as a right-branching binary tree (`The (film (is good))`). Words outside
+/// `vocab` read as `<unk>`; every vertex is labelled 0. Errors name `file` and `line`.
+pub fn parse_input(text: &str, file: &str, line: usize, vocab: &Vocab) -> Result<(TreeExample, Option<u32>)> {
+    let text = text.trim();
+    let (tree, gold) = if text.starts_with('(') {
+        match PtbTree::parse(text, file, line) {
+            Ok(tree) => {
+                let gold = tree.labels.last().and_then(|l| l.parse::<u32>().ok()).filter(|&c| (c as usize) < CLASSES);
+                (tree, gold)
+            }
+            Err(_) => (PtbTree::parse_unlabelled(text, file, line)?, None),
+        }
+    } else {
+        (right_branching(text, file, line)?, None)
+    };
+    let words = tree.words.iter().map(|w| w.as_deref().map_or(PAD, |w| vocab.get(w))).collect();
+    let labels = vec![0; tree.graph.len()];
+    Ok((TreeExample { graph: tree.graph, words, labels }, gold))
+}
+
+/// The tokens of `text` (split on ASCII whitespace) as the leaves of a right-branching binary
+/// tree.
+fn right_branching(text: &str, file: &str, line: usize) -> Result<PtbTree> {
+    let tokens: Vec<&str> = text.split_ascii_whitespace().collect();
+    if tokens.is_empty() {
+        return Err(Error::Parse { file: file.into(), line, msg: "an empty sentence".into() });
+    }
+    let n = tokens.len();
+    let mut children: Vec<Vec<Option<usize>>> = vec![Vec::new(); n];
+    let mut words: Vec<Option<String>> = tokens.iter().map(|t| Some(t.to_string())).collect();
+    let mut right = n - 1;
+    for left in (0..n - 1).rev() {
+        children.push(vec![Some(left), Some(right)]);
+        words.push(None);
+        right = children.len() - 1;
+    }
+    let graph = crate::graph::InputGraph::from_children(children)?;
+    Ok(PtbTree { labels: vec![String::new(); graph.len()], graph, words })
+}
+
 /// The three splits of a treebank directory, with a vocabulary grown on the training split.
 pub struct Splits {
     /// Training trees.

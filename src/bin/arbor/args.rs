@@ -20,6 +20,8 @@ pub(crate) enum Command {
     Eval(EvalArgs),
     /// Measure training or inference throughput on SST (or synthetic trees).
     Bench(BenchArgs),
+    /// Classify new sentences with a checkpoint: one JSON line per sentence.
+    Predict(PredictArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -362,6 +364,24 @@ impl ScheduleArg {
 pub(crate) enum Distributed {
     /// MPI processes (needs a build with `--features mpi`).
     Mpi,
+}
+
+#[derive(Parser)]
+pub(crate) struct PredictArgs {
+    /// A checkpoint folder of a tree or sequence model (as written by `train --checkpoint`;
+    /// `best/` is used if present).
+    #[arg(long)]
+    pub(crate) checkpoint: PathBuf,
+    /// Read the sentences from this file, one per line, instead of standard input.
+    #[arg(long)]
+    pub(crate) input: Option<PathBuf>,
+    /// Where the model runs (`cuda`: the first GPU).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub(crate) device: Device,
+    /// Sentences to classify, each one argument: plain words (`"a fine film"`, read as a
+    /// right-branching tree), a bracketing without labels (`"((a fine) film)"`) or an SST tree.
+    /// Without them, the lines of --input or of standard input.
+    pub(crate) sentences: Vec<String>,
 }
 
 #[derive(Parser)]

@@ -8,42 +8,42 @@ use arbor::checkpoint::Checkpoint;
 use arbor::data::labelled::Labelled;
 use arbor::data::{sst, synthetic, TreeExample, Vocab, PAD};
 use arbor::layers::{Embedding, LossOn};
+use arbor::model;
 use arbor::nn::Model;
 use arbor::rng::Rng;
 use arbor::train::Classifier;
 use arbor::trainer::Learner as _;
 use arbor::{Backend, CpuBackend, Error, Result};
-use serde_json::json;
-use std::path::PathBuf;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 
-/// Reloads a checkpoint (its `best/`, else its `last/`) and prints its test scores.
-pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
-    // `best/` (the best dev epoch) wherever it exists, readable or not (an unreadable one is an
-    // error, not a reason to score other weights); else `last/`; else the folder itself.
-    let (best, last) = (args.checkpoint.join("best"), args.checkpoint.join("last"));
+/// The checkpoint `arbor eval` and `arbor predict` score in `folder`: its `best/` wherever it
+/// exists, readable or not (an unreadable one is an error, not a reason to score other
+/// weights); else its `last/`; else the folder itself. With `--average`, training scores the
+/// averaged weights, and so does this checkpoint.
+pub(crate) fn scored_checkpoint(folder: &Path, verb: &str) -> Result<(PathBuf, Checkpoint)> {
+    let (best, last) = (folder.join("best"), folder.join("last"));
     let dir = if best.symlink_metadata().is_ok() {
         best
     } else if last.symlink_metadata().is_ok() {
-        eprintln!(
-            "arbor: {} has no best/ (no epoch ended with a finite dev score); evaluating last/",
-            args.checkpoint.display()
-        );
+        eprintln!("arbor: {} has no best/ (no epoch ended with a finite dev score); {verb} last/", folder.display());
         last
     } else {
-        args.checkpoint.clone()
+        folder.to_path_buf()
     };
-    // With `--average`, training scores the averaged weights: so does eval.
     let ck = Average::scored_weights(&Checkpoint::load(&dir)?);
+    Ok((dir, ck))
+}
+
+/// Reloads a checkpoint ([`scored_checkpoint`]) and prints its test scores.
+pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
+    let (dir, ck) = scored_checkpoint(&args.checkpoint, "evaluating")?;
     if ck.meta["model"] == "sick" {
         return crate::sick::eval(args, &dir, &ck);
     }
     let meta = &ck.meta;
     let kind = Model::from_name(meta["model"].as_str().unwrap_or_default())?;
-    let lowercase = meta["lowercase"].as_bool().unwrap_or(false);
-    let words: Vec<String> = meta["vocab"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
-        .unwrap_or_default();
+    let (words, lowercase) = vocabulary(meta);
     let trained_on = meta["data"].as_str().unwrap_or("synthetic");
     let data_dir = args.data.clone().or_else(|| (trained_on != "synthetic").then(|| PathBuf::from(trained_on)));
     let (classes, data_classes) =
@@ -74,8 +74,8 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
     };
     let test: Vec<TreeExample> = if kind.chains() { test.iter().map(TreeExample::to_chain).collect() } else { test };
     let acc = match args.device {
-        Device::Cpu => accuracy(CpuBackend::new(), kind, &ck, words.len(), &test)?,
-        Device::Cuda => accuracy(crate::cuda_backend()?, kind, &ck, words.len(), &test)?,
+        Device::Cpu => Restored::from(CpuBackend::new(), kind, &ck, words.len())?.accuracy(&test)?,
+        Device::Cuda => Restored::from(crate::cuda_backend()?, kind, &ck, words.len())?.accuracy(&test)?,
     };
     let mut report =
         json!({"model": kind.name(), "checkpoint": dir.display().to_string(), "test_acc": acc, "trees": test.len()});
@@ -86,23 +86,71 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
     Ok(())
 }
 
-/// The root accuracy on `test` of the classifier of `kind` cells (one, or a stack of as many
-/// layers as the checkpoint's `layers`) restored from `ck`, on `backend`.
-fn accuracy<B: Backend>(backend: B, kind: Model, ck: &Checkpoint, vocab: usize, test: &[TreeExample]) -> Result<f64> {
-    let meta = &ck.meta;
-    let (embed, hidden, classes) =
-        (meta_usize(meta, "embed")?, meta_usize(meta, "hidden")?, meta_usize(meta, "classes")?);
-    let layers = meta["layers"].as_u64().map_or(1, |l| l as usize);
-    let mut rng = Rng::new(0);
-    if layers == 1 {
-        let mut model = Classifier::on(backend, kind.cell(embed, hidden)?, vocab, Some(PAD), classes, &mut rng)?;
+/// The vocabulary a checkpoint recorded (its words in id order) and whether it folds case.
+pub(crate) fn vocabulary(meta: &Value) -> (Vec<String>, bool) {
+    let words = meta["vocab"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
+        .unwrap_or_default();
+    (words, meta["lowercase"].as_bool().unwrap_or(false))
+}
+
+/// A tree or sequence classifier restored from a checkpoint: one layer, or a stack of as many
+/// layers as the checkpoint's `layers`.
+pub(crate) enum Restored<B: Backend> {
+    One(Classifier<B>),
+    Stack(model::Model<B>, usize),
+}
+
+impl<B: Backend> Restored<B> {
+    /// The classifier of `kind` cells over `vocab` words in `ck`, on `backend`.
+    pub(crate) fn from(backend: B, kind: Model, ck: &Checkpoint, vocab: usize) -> Result<Restored<B>> {
+        let meta = &ck.meta;
+        let (embed, hidden, classes) =
+            (meta_usize(meta, "embed")?, meta_usize(meta, "hidden")?, meta_usize(meta, "classes")?);
+        let layers = meta["layers"].as_u64().map_or(1, |l| l as usize);
+        let mut rng = Rng::new(0);
+        if layers == 1 {
+            let mut model = Classifier::on(backend, kind.cell(embed, hidden)?, vocab, Some(PAD), classes, &mut rng)?;
+            model.restore(ck)?;
+            return Ok(Restored::One(model));
+        }
+        let cells =
+            (0..layers).map(|k| kind.cell(if k == 0 { embed } else { hidden }, hidden)).collect::<Result<_>>()?;
+        let words = Embedding::new(vocab, embed, 0.1, &mut rng).with_padding(PAD);
+        let mut model = stacked_model(&backend, words, cells, hidden, classes, 0, &mut rng)?;
         model.restore(ck)?;
-        return model.accuracy(test, 256);
+        Ok(Restored::Stack(model, classes))
     }
-    let cells = (0..layers).map(|k| kind.cell(if k == 0 { embed } else { hidden }, hidden)).collect::<Result<_>>()?;
-    let words = Embedding::new(vocab, embed, 0.1, &mut rng).with_padding(PAD);
-    let mut model = stacked_model(&backend, words, cells, hidden, classes, 0, &mut rng)?;
-    model.restore(ck)?;
-    let scores = model.score(&Labelled::all(test, LossOn::Root, classes))?;
-    Ok(scores.first().map_or(f64::NAN, |s| s.1))
+
+    /// Root accuracy on `test`.
+    pub(crate) fn accuracy(&mut self, test: &[TreeExample]) -> Result<f64> {
+        match self {
+            Restored::One(model) => model.accuracy(test, 256),
+            Restored::Stack(model, classes) => {
+                let scores = model.score(&Labelled::all(test, LossOn::Root, *classes))?;
+                Ok(scores.first().map_or(f64::NAN, |s| s.1))
+            }
+        }
+    }
+
+    /// The class scores (logits) at each tree's root; the trees' labels are not read.
+    pub(crate) fn root_logits(&mut self, trees: &[TreeExample]) -> Result<Vec<Vec<f32>>> {
+        match self {
+            Restored::One(model) => model.root_logits(trees, 256),
+            Restored::Stack(model, classes) => {
+                let logits = model.infer_all(&Labelled::all(trees, LossOn::Root, *classes))?;
+                let rows: Vec<&[f32]> = logits.get("logits")?.chunks(*classes).collect();
+                // One row per vertex, tree after tree; the root is each tree's last vertex.
+                let mut end = 0;
+                Ok(trees
+                    .iter()
+                    .map(|t| {
+                        end += t.graph.len();
+                        rows.get(end - 1).map_or_else(Vec::new, |r| r.to_vec())
+                    })
+                    .collect())
+            }
+        }
+    }
 }

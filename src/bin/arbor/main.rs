@@ -4,6 +4,7 @@ mod args;
 mod bench;
 mod eval;
 mod graphs;
+mod predict;
 mod sick;
 mod train;
 
@@ -41,6 +42,7 @@ fn main() {
         Command::Train(args) => train(&args),
         Command::Eval(args) => eval(&args),
         Command::Bench(args) => bench(&args),
+        Command::Predict(args) => predict::predict(&args),
     });
     if let Err(e) = result {
         eprintln!("arbor: {e}");

@@ -151,10 +151,7 @@ fn dir_name(args: &TrainArgs) -> String {
 pub(crate) fn eval(args: &EvalArgs, dir: &Path, ck: &Checkpoint) -> Result<()> {
     let meta = &ck.meta;
     let (embed, hidden) = (meta_usize(meta, "embed")?, meta_usize(meta, "hidden")?);
-    let words: Vec<String> = meta["vocab"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
-        .unwrap_or_default();
+    let (words, lowercase) = crate::eval::vocabulary(meta);
     let data = args.data.clone().or_else(|| meta["data"].as_str().map(Into::into)).ok_or_else(|| {
         Error::input("arbor eval of a sick checkpoint", "--data DIR with the SICK splits", "none, and none recorded")
     })?;
@@ -165,7 +162,7 @@ pub(crate) fn eval(args: &EvalArgs, dir: &Path, ck: &Checkpoint) -> Result<()> {
             format!("{}, which has none", data.display()),
         ));
     }
-    let mut vocab = Vocab::from_words(&words, meta["lowercase"].as_bool().unwrap_or(false));
+    let mut vocab = Vocab::from_words(&words, lowercase);
     let test = sick::read(&data.join("test"), &mut vocab, false)?;
     let test_scores = match args.device {
         Device::Cpu => eval_on(&CpuBackend::new(), ck, words.len(), embed, hidden, &test)?,
