@@ -68,12 +68,14 @@ pub struct Optimizer {
     pub slots: BTreeMap<String, Slot>,
     /// Learning rates in place of `config.lr` for the tensors named (see [`Optimizer::with_lr`]).
     pub lrs: BTreeMap<String, f32>,
+    /// A factor on every learning rate (a schedule sets it per epoch; 1 by default).
+    pub lr_factor: f32,
 }
 
 impl Optimizer {
     /// An optimizer with no state yet.
     pub fn new(config: Config) -> Optimizer {
-        Optimizer { config, steps: 0, slots: BTreeMap::new(), lrs: BTreeMap::new() }
+        Optimizer { config, steps: 0, slots: BTreeMap::new(), lrs: BTreeMap::new(), lr_factor: 1.0 }
     }
 
     /// Updates the tensor `name` at learning rate `lr` instead of `config.lr` (e.g. a slower
@@ -85,7 +87,7 @@ impl Optimizer {
 
     /// The settings `name` is updated with.
     fn config_of(&self, name: &str) -> Config {
-        Config { lr: self.lrs.get(name).copied().unwrap_or(self.config.lr), ..self.config }
+        Config { lr: self.lrs.get(name).copied().unwrap_or(self.config.lr) * self.lr_factor, ..self.config }
     }
 
     /// The state as named tensors (`opt.<tensor>.m`, `opt.<tensor>.v`), for checkpoints.

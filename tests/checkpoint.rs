@@ -159,6 +159,35 @@ fn resume_with_a_weight_average_is_bitwise_exact() {
 
 /// As [`resume_mid_epoch_is_bitwise_exact`], for a stack of two layers with dropout and a
 /// weight average on two workers: one stage of `--layers` trains by the same loop.
+/// A learning rate that decays per epoch (`--lr-decay`): the resumed run trains epoch 2 at the
+/// rate the uninterrupted one did.
+#[test]
+fn resume_with_a_decaying_learning_rate_is_bitwise_exact() {
+    resume_is_exact("lr-decay", &["--lr-decay", "0.5"]);
+}
+
+/// `--patience` stops a run once dev has not improved for that many epochs; resuming the stopped
+/// run is refused as having nothing left to train, unless the patience is raised.
+#[test]
+fn patience_stops_early_and_a_stopped_run_resumes_only_with_more() {
+    let tmp = Temp::new("patience");
+    let ck = tmp.join("p");
+    let args = ["--epochs", "40", "--patience", "1", "--checkpoint", s(&ck)];
+    let steps = train(&args)["steps"].as_u64().unwrap();
+    assert!(steps < 40 * EPOCH_STEPS && steps.is_multiple_of(EPOCH_STEPS), "{steps} steps");
+    let last = load(&ck.join("last"));
+    let (epoch, best) = (last.meta["last_epoch"]["epoch"].as_u64(), last.meta["best_epoch"].as_u64());
+    assert_eq!(epoch.zip(best).map(|(e, b)| e - b), Some(1), "{}", last.meta);
+    let mut resume = vec!["train", "--epochs", "40", "--patience", "1", "--resume", s(&ck)];
+    resume.extend(SMALL);
+    let out = arbor(&resume);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("training left to do") && err.contains("--patience"), "{err}");
+    let more =
+        train(&["--epochs", "40", "--patience", "2", "--resume", s(&ck), "--max-steps", &(steps + 1).to_string()]);
+    assert_eq!(more["steps"].as_u64(), Some(steps + 1));
+}
+
 #[test]
 fn resume_of_a_stacked_model_is_bitwise_exact() {
     resume_is_exact("exact-layers", &["--layers", "2", "--dropout", "0.2", "--average", "0.99", "--workers", "2"]);

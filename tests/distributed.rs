@@ -209,17 +209,7 @@ fn sparse_gradients_merge_by_row() {
 }
 
 fn plan() -> Settings {
-    Settings {
-        epochs: 1,
-        batch: 20,
-        loss_on: LossOn::All,
-        clip: Some(5.0),
-        checkpoint: None,
-        checkpoint_every: None,
-        max_steps: None,
-        persist_pause: Duration::ZERO,
-        meta: serde_json::Value::Null,
-    }
+    Settings::new(1, 20)
 }
 
 /// Worker 0 of a two-worker run whose worker 1 fails at once or hangs: it must end with an

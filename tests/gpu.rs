@@ -149,23 +149,12 @@ fn sst_training_on_the_gpu_reaches_the_cpu_bar() {
 #[ignore = "needs a CUDA device"]
 fn a_training_run_on_the_gpu_follows_the_cpu_run() {
     use arbor::data::{synthetic, PAD};
-    use arbor::layers::LossOn;
     use arbor::optim::{Config, Optimizer, Rule};
     use arbor::train::Classifier;
     use arbor::trainer::{fit_threads, Run, Settings, Splits};
     let (train, dev) = (synthetic::generate(300, 10, 5), synthetic::generate(100, 10, 6));
     let splits = Splits { train: &train, dev: &dev, test: &dev };
-    let settings = Settings {
-        epochs: 2,
-        batch: 16,
-        loss_on: LossOn::All,
-        clip: Some(5.0),
-        checkpoint: None,
-        checkpoint_every: None,
-        max_steps: None,
-        persist_pause: std::time::Duration::ZERO,
-        meta: serde_json::json!({}),
-    };
+    let settings = Settings { meta: serde_json::json!({}), ..Settings::new(2, 16) };
     fn fit<B: Backend>(
         backend: B,
         splits: Splits<'_>,

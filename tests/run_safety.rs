@@ -357,6 +357,9 @@ fn errors_say_what_to_fix() {
     refused(&strs(&train(&["--dropout", "-0.1"])), &["--dropout", "a rate in [0, 1)", "-0.1"]);
     refused(&strs(&train(&["--clip", "-1"])), &["--clip", "-1"]);
     refused(&strs(&train(&["--timeout", "0", "--workers", "2"])), &["--timeout", "above 0"]);
+    refused(&strs(&train(&["--lr-decay", "0"])), &["--lr-decay", "above 0 and at most 1"]);
+    refused(&strs(&train(&["--patience", "0"])), &["--patience", "at least 1"]);
+    refused(&strs(&train(&["--layers", "2", "--stages", "2", "--lr-decay", "0.5"])), &["pipelined", "--lr-decay"]);
     // Resuming a SICK checkpoint as a tree model (and back) names both models.
     sick_folder(&tmp, "sick", 6);
     let (sick, sick_ck, tree_ck) = (tmp.at("sick"), tmp.at("sick-ck"), tmp.at("tree-ck"));

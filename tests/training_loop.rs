@@ -95,17 +95,7 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     let data = synthetic::generate(150, 8, 13);
     let splits = Splits { train: &data[..100], dev: &data[100..125], test: &data[125..] };
     let dir = std::env::temp_dir().join(format!("arbor-average-{}", std::process::id()));
-    let plan = Settings {
-        epochs: 3,
-        batch: 10,
-        loss_on: LossOn::All,
-        clip: Some(5.0),
-        checkpoint: Some(dir.clone()),
-        checkpoint_every: None,
-        max_steps: None,
-        persist_pause: Duration::ZERO,
-        meta: serde_json::Value::Null,
-    };
+    let plan = Settings::new(3, 10).checkpoint(&dir);
     let fit = |average: Option<f32>, workers: usize| {
         let mut run = Run::new(model(5), Optimizer::new(Config::new(Rule::Adam, 0.02)), &Rng::new(2));
         if let Some(decay) = average {
@@ -158,17 +148,7 @@ fn a_model_reading_every_vertex_trains_as_the_classifier() {
 
     let data = synthetic::generate(60, 8, 21);
     let labelled = Labelled::all(&data, LossOn::All, synthetic::CLASSES);
-    let plan = Settings {
-        epochs: 2,
-        batch: 6,
-        loss_on: LossOn::All,
-        clip: None,
-        checkpoint: None,
-        checkpoint_every: None,
-        max_steps: None,
-        persist_pause: Duration::ZERO,
-        meta: serde_json::Value::Null,
-    };
+    let plan = Settings { clip: None, ..Settings::new(2, 6) };
     let sgd = || Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.5));
     let classifier = model(7);
     let mut m = Model::init(
@@ -206,4 +186,40 @@ fn a_model_reading_every_vertex_trains_as_the_classifier() {
     }
     let (a, b) = (run.model.embedding.table(), classifier.embed.table());
     assert!(a.iter().zip(b).all(|(x, y)| close(f64::from(*x), f64::from(*y))), "word vectors differ");
+}
+
+/// Epoch hooks: a run stops after the epoch its hook says, `patience` stops after that many
+/// epochs without a better dev score, and a learning-rate schedule of 0 from epoch 2 leaves the
+/// weights of epoch 1; a resumed run asks the hook again and trains nothing after a stop.
+#[test]
+fn epoch_hooks_stop_a_run_and_schedule_its_learning_rate() {
+    use arbor::trainer::{EpochEnd, Next};
+    let data = synthetic::generate(60, 8, 21);
+    let splits = Splits { train: &data[..40], dev: &data[40..50], test: &data[50..] };
+    let fit = |plan: &Settings| {
+        let mut run = Run::new(model(7), Optimizer::new(Config::new(Rule::Adam, 0.02)), &Rng::new(3));
+        let summary = fit_threads(&mut run, 1, Duration::from_secs(60), splits, plan, &mut |_| {}).unwrap();
+        (run, summary)
+    };
+    let (run, summary) = fit(&Settings::new(10, 10).stop_when(|e| e.epoch == 3));
+    assert_eq!((summary.loss_curve.len(), run.pos.epoch, run.pos.steps), (3, 4, 12));
+    assert_eq!(run.last_epoch.map(|e| e.epoch), Some(3));
+    // Resumed from that state, the hook is asked again before anything is trained.
+    let (mut again, plan) = (run, Settings::new(10, 10).stop_when(|e| e.epoch == 3));
+    let summary = fit_threads(&mut again, 1, Duration::from_secs(60), splits, &plan, &mut |_| {}).unwrap();
+    assert!(summary.loss_curve.is_empty() && again.pos.steps == 12);
+    let patience = Settings::new(10, 10).patience(2);
+    let hook = patience.on_epoch.as_ref().unwrap();
+    let end = |epoch, best_epoch| EpochEnd { epoch, loss: 0.1, dev: 0.5, best_dev: 0.6, best_epoch };
+    assert_eq!((hook(&end(4, 3)), hook(&end(5, 3)), hook(&end(2, 0))), (Next::Continue, Next::Stop, Next::Stop));
+    // A rate of 0 from epoch 2: two epochs leave the weights one epoch trained.
+    let (one, _) = fit(&Settings::new(1, 10));
+    let frozen =
+        Settings { lr_schedule: Some(std::sync::Arc::new(|e| if e >= 2 { 0.0 } else { 1.0 })), ..Settings::new(2, 10) };
+    let (two, _) = fit(&frozen);
+    assert_eq!(one.model.tensors().unwrap(), two.model.tensors().unwrap());
+    let (decayed, _) = fit(&Settings::new(2, 10).lr_decay(0.5));
+    let (plain, _) = fit(&Settings::new(2, 10));
+    assert_ne!(decayed.model.tensors().unwrap(), plain.model.tensors().unwrap());
+    assert_eq!(fit(&Settings::new(2, 10).lr_decay(1.0)).0.model.tensors().unwrap(), plain.model.tensors().unwrap());
 }

@@ -256,6 +256,13 @@ pub(crate) struct TrainArgs {
     /// Stop after this many optimizer steps in all (writing `last/` there with --checkpoint).
     #[arg(long)]
     pub(crate) max_steps: Option<u64>,
+    /// Stop early after this many epochs in a row without a better dev score (one stage; not
+    /// ggnn).
+    #[arg(long)]
+    pub(crate) patience: Option<usize>,
+    /// Multiply the learning rate by this factor after every epoch (one stage; not ggnn).
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) lr_decay: Option<f32>,
     /// Data-parallel workers (threads of this process), each with a share of every minibatch.
     #[arg(long, default_value_t = 1)]
     pub(crate) workers: usize,

@@ -98,8 +98,8 @@ pub(crate) fn vocabulary(meta: &Value) -> (Vec<String>, bool) {
 /// A tree or sequence classifier restored from a checkpoint: one layer, or a stack of as many
 /// layers as the checkpoint's `layers`.
 pub(crate) enum Restored<B: Backend> {
-    One(Classifier<B>),
-    Stack(model::Model<B>, usize),
+    One(Box<Classifier<B>>),
+    Stack(Box<model::Model<B>>, usize),
 }
 
 impl<B: Backend> Restored<B> {
@@ -113,14 +113,14 @@ impl<B: Backend> Restored<B> {
         if layers == 1 {
             let mut model = Classifier::on(backend, kind.cell(embed, hidden)?, vocab, Some(PAD), classes, &mut rng)?;
             model.restore(ck)?;
-            return Ok(Restored::One(model));
+            return Ok(Restored::One(Box::new(model)));
         }
         let cells =
             (0..layers).map(|k| kind.cell(if k == 0 { embed } else { hidden }, hidden)).collect::<Result<_>>()?;
         let words = Embedding::new(vocab, embed, 0.1, &mut rng).with_padding(PAD);
         let mut model = stacked_model(&backend, words, cells, hidden, classes, 0, &mut rng)?;
         model.restore(ck)?;
-        Ok(Restored::Stack(model, classes))
+        Ok(Restored::Stack(Box::new(model), classes))
     }
 
     /// Root accuracy on `test`.

@@ -29,9 +29,9 @@ pub(crate) fn predict(args: &PredictArgs) -> Result<()> {
     let (words, lowercase) = vocabulary(&ck.meta);
     let vocab = Vocab::from_words(&words, lowercase);
     let mut model = match args.device {
-        Device::Cpu => Predictor::Cpu(Restored::from(CpuBackend::new(), kind, &ck, words.len())?),
+        Device::Cpu => Predictor::Cpu(Box::new(Restored::from(CpuBackend::new(), kind, &ck, words.len())?)),
         #[cfg(feature = "cuda")]
-        Device::Cuda => Predictor::Cuda(Restored::from(crate::cuda_backend()?, kind, &ck, words.len())?),
+        Device::Cuda => Predictor::Cuda(Box::new(Restored::from(crate::cuda_backend()?, kind, &ck, words.len())?)),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda => return crate::cuda_backend().map(|_| ()),
     };
@@ -84,9 +84,9 @@ pub(crate) fn predict(args: &PredictArgs) -> Result<()> {
 
 /// The restored classifier on the device `--device` chose.
 enum Predictor {
-    Cpu(Restored<CpuBackend>),
+    Cpu(Box<Restored<CpuBackend>>),
     #[cfg(feature = "cuda")]
-    Cuda(Restored<arbor::cuda::CudaBackend>),
+    Cuda(Box<Restored<arbor::cuda::CudaBackend>>),
 }
 
 impl Predictor {

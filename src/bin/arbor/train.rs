@@ -18,7 +18,7 @@ use arbor::readout::Readout;
 use arbor::rng::Rng;
 use arbor::run_folder::{Existing, RunFolder};
 use arbor::train::Classifier;
-use arbor::trainer::{fit_threads, on_threads, Event, Learned, Learner, Run, Settings, Splits, Summary};
+use arbor::trainer::{fit_threads, on_threads, Event, Learned, Learner, Next, Run, Settings, Splits, Summary};
 use arbor::{Backend, CpuBackend, DropoutKey, Error, Result, VertexFn};
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
@@ -82,7 +82,8 @@ pub(crate) fn new_run<L>(model: L, args: &TrainArgs, lr: f32, rng: &Rng) -> Resu
 /// Records in `meta` the flags a checkpoint must resume with that older checkpoints lack, each
 /// as `null` when unset (an old checkpoint reads as `null` too): the word-vector learning rate,
 /// the weight average's decay, the dropout rates (`output_dropout`: `dropout` once meant both
-/// rates, so an old checkpoint with dropout must not match) and the layers (`null` for one).
+/// rates, so an old checkpoint with dropout must not match), the layers (`null` for one) and the
+/// learning-rate decay. (`--patience` may change on a resume: it decides only when to stop.)
 pub(crate) fn record_optional_flags(args: &TrainArgs, meta: &mut Value) {
     let used = |rate: f32| (rate > 0.0).then_some(rate);
     meta["embed_lr"] = json!(args.embed_lr);
@@ -92,6 +93,7 @@ pub(crate) fn record_optional_flags(args: &TrainArgs, meta: &mut Value) {
     meta["input_dropout"] = json!(used(args.input_dropout));
     meta["recurrent_dropout"] = json!(used(args.recurrent_dropout));
     meta["layers"] = json!((args.layers > 1).then_some(args.layers));
+    meta["lr_decay"] = json!(args.lr_decay);
 }
 
 /// A training run's progress on stderr: a bar per epoch and a line per finished epoch, whose
@@ -307,6 +309,12 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             return bad(flag, "--stages above 1 (a pipeline)", "--stages 1".into());
         }
     }
+    if let Some(d) = args.lr_decay.filter(|d| !(d.is_finite() && *d > 0.0 && *d <= 1.0)) {
+        return bad("--lr-decay", "a factor above 0 and at most 1", d.to_string());
+    }
+    if args.patience == Some(0) {
+        return bad("--patience", "at least 1 epoch", "0".into());
+    }
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
         return bad("--timeout", "a number of seconds above 0", args.timeout.to_string());
     }
@@ -318,6 +326,8 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             ("--max-steps", args.max_steps.is_some(), "every model but ggnn, which trains --epochs per fold"),
             ("--lowercase", args.lowercase, "the models over words"),
             ("--loss", args.loss.is_some(), trees),
+            ("--patience", args.patience.is_some(), "every model but ggnn, which trains --epochs per fold"),
+            ("--lr-decay", args.lr_decay.is_some(), "every model but ggnn, which trains --epochs per fold"),
         ],
         ModelArg::Sick => &[
             ("--loss", args.loss.is_some(), trees),
@@ -454,9 +464,7 @@ pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f6
 
 /// The settings of a run of `epochs` epochs from the flags, recording `meta` in its checkpoints.
 pub(crate) fn settings(args: &TrainArgs, epochs: usize, loss_on: LossOn, meta: Value) -> Settings {
-    Settings {
-        epochs,
-        batch: args.batch,
+    let mut plan = Settings {
         loss_on,
         clip: (args.clip > 0.0).then_some(args.clip),
         checkpoint: checkpoint_dir(args),
@@ -464,7 +472,15 @@ pub(crate) fn settings(args: &TrainArgs, epochs: usize, loss_on: LossOn, meta: V
         max_steps: args.max_steps,
         persist_pause: Duration::from_millis(args.persist_pause_ms),
         meta,
+        ..Settings::new(epochs, args.batch)
+    };
+    if let Some(patience) = args.patience {
+        plan = plan.patience(patience);
     }
+    if let Some(decay) = args.lr_decay {
+        plan = plan.lr_decay(decay);
+    }
+    plan
 }
 
 /// Where `--resume DIR` resumes from and the run folder it belongs to: `DIR/last` in the run
@@ -544,11 +560,14 @@ pub(crate) fn prepare_run<L: Learned>(
         }
         let ck = Checkpoint::load(from)?;
         run.resume(&ck, &plan.meta)?;
-        let done = run.pos.epoch > plan.epochs || plan.max_steps.is_some_and(|m| run.pos.steps >= m);
+        let stopped = |hook: &arbor::trainer::EpochHook| run.last_epoch.is_some_and(|e| hook(&e) == Next::Stop);
+        let done = run.pos.epoch > plan.epochs
+            || plan.max_steps.is_some_and(|m| run.pos.steps >= m)
+            || (run.pos.step_in_epoch == 0 && plan.on_epoch.as_ref().is_some_and(stopped));
         if done {
             return Err(Error::input(
                 format!("--resume {}", from.display()),
-                "a checkpoint with training left to do (raise --epochs or --max-steps)",
+                "a checkpoint with training left to do (raise --epochs, --max-steps or --patience)",
                 format!("one at epoch {}, step {} (--epochs {})", run.pos.epoch, run.pos.steps, plan.epochs),
             ));
         }
@@ -718,11 +737,13 @@ pub(crate) fn train_pipeline(setup: Setup<'_>, events: &mut dyn FnMut(Event)) ->
         ("--resume", args.resume.is_some()),
         ("--checkpoint-every", args.checkpoint_every.is_some()),
         ("--workers above 1", args.workers > 1),
+        ("--patience", args.patience.is_some()),
+        ("--lr-decay", args.lr_decay.is_some()),
     ];
     if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
         return Err(Error::input(
             "a pipelined (--stages above 1) run",
-            "no checkpoints and no data-parallel workers (not supported with pipelines yet; one stage of --layers has both)",
+            "no checkpoints, data-parallel workers or epoch hooks (not supported with pipelines yet; one stage of --layers has them)",
             *flag,
         ));
     }

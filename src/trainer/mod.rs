@@ -21,8 +21,10 @@ use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 use serde_json::{json, Value};
 use std::borrow::Cow;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+mod settings;
+pub use settings::{EpochEnd, EpochHook, LrSchedule, Next, Settings};
 
 /// Where the data iterator stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,30 +37,6 @@ pub struct Position {
     pub epoch_rng: [u64; 4],
     /// Optimizer steps taken since the start of training.
     pub steps: u64,
-}
-
-/// Settings of a run.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Passes over the training set.
-    pub epochs: usize,
-    /// Examples per minibatch (the whole minibatch, over all workers).
-    pub batch: usize,
-    /// Where the loss is taken (a [`Classifier`]'s trees; a [`Model`](crate::model::Model)'s
-    /// head says for itself).
-    pub loss_on: LossOn,
-    /// Gradient-norm bound.
-    pub clip: Option<f32>,
-    /// Keep checkpoints here: `last/` (latest) and `best/` (best dev accuracy).
-    pub checkpoint: Option<PathBuf>,
-    /// Also snapshot to `last/` every this many steps (besides every epoch's end).
-    pub checkpoint_every: Option<u64>,
-    /// Stop after this many steps in all (a checkpoint is written there).
-    pub max_steps: Option<u64>,
-    /// A pause inside each checkpoint write (crash tests only).
-    pub persist_pause: Duration,
-    /// What every checkpoint records about the model and data (sizes, vocabulary, …).
-    pub meta: Value,
 }
 
 /// The splits of a data set (a treebank unless said otherwise).
@@ -254,6 +232,10 @@ pub struct Run<L = Classifier<CpuBackend>> {
     /// The summed training losses of the current epoch's steps so far (`pos.step_in_epoch` of
     /// them), kept in checkpoints so that a resumed epoch reports the loss of the whole epoch.
     pub epoch_loss: f64,
+    /// The epoch of the best dev score (0 before any).
+    pub best_epoch: usize,
+    /// What the last evaluated epoch reported (for [`Settings::on_epoch`], also after a resume).
+    pub last_epoch: Option<EpochEnd>,
 }
 
 fn meta_error(key: &str, got: &Value) -> Error {
@@ -265,7 +247,19 @@ impl<L> Run<L> {
     pub fn new(model: L, opt: Optimizer, rng: &Rng) -> Run<L> {
         let pos = Position { epoch: 1, step_in_epoch: 0, epoch_rng: rng.state(), steps: 0 };
         let (best_dev, test_acc) = (f64::NEG_INFINITY, f64::NAN);
-        Run { model, opt, pos, best_dev, test_acc, test_scores: Scores::new(), average: None, epoch_loss: 0.0 }
+        let test_scores = Scores::new();
+        Run {
+            model,
+            opt,
+            pos,
+            best_dev,
+            test_acc,
+            test_scores,
+            average: None,
+            epoch_loss: 0.0,
+            best_epoch: 0,
+            last_epoch: None,
+        }
     }
 
     /// Scores the model with its tensors averaged over the steps, at `decay` per step (see
@@ -313,6 +307,10 @@ impl<L> Run<L> {
                 "epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "epoch_rng": p.epoch_rng, "epoch_loss": self.epoch_loss,
             },
             "best_dev_acc": self.best_dev,
+            "best_epoch": self.best_epoch,
+            "last_epoch": self.last_epoch.map(|e| json!({
+                "epoch": e.epoch, "loss": e.loss, "dev": e.dev, "best_dev": e.best_dev, "best_epoch": e.best_epoch,
+            })),
             "test_acc": self.test_acc,
             "test_scores": self.test_scores.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
         });
@@ -380,6 +378,16 @@ impl<L> Run<L> {
         self.epoch_loss = p["epoch_loss"].as_f64().unwrap_or(0.0);
         // No epoch evaluated yet: recorded as null.
         self.best_dev = m["best_dev_acc"].as_f64().unwrap_or(f64::NEG_INFINITY);
+        self.best_epoch = m["best_epoch"].as_u64().unwrap_or(0) as usize;
+        let e = &m["last_epoch"];
+        let num = |key: &str| e[key].as_f64().unwrap_or(f64::NAN);
+        self.last_epoch = e["epoch"].as_u64().map(|epoch| EpochEnd {
+            epoch: epoch as usize,
+            loss: num("loss"),
+            dev: num("dev"),
+            best_dev: e["best_dev"].as_f64().unwrap_or(f64::NEG_INFINITY),
+            best_epoch: e["best_epoch"].as_u64().unwrap_or(0) as usize,
+        });
         self.test_acc = m["test_acc"].as_f64().unwrap_or(f64::NAN);
         self.test_scores = m["test_scores"]
             .as_object()
@@ -409,7 +417,14 @@ impl<L> Run<L> {
         let mut summary = Summary::default();
         let (mut stopped, mut trained, mut ended) = (false, false, false);
         let done = |steps: u64| plan.max_steps.is_some_and(|m| steps >= m);
-        while self.pos.epoch <= plan.epochs && !stopped {
+        let stop_asked = |end: &Option<EpochEnd>| match (&plan.on_epoch, end) {
+            (Some(hook), Some(end)) => hook(end) == Next::Stop,
+            _ => false,
+        };
+        // A run resumed at the end of the epoch its hook stopped at trains no further.
+        let mut finished = self.pos.step_in_epoch == 0 && stop_asked(&self.last_epoch);
+        while self.pos.epoch <= plan.epochs && !stopped && !finished {
+            self.opt.lr_factor = plan.lr_schedule.as_ref().map_or(1.0, |f| f(self.pos.epoch));
             let mut rng = Rng::from_state(self.pos.epoch_rng);
             let order = epoch_order(data.train.len(), &mut rng);
             let total = data.train.len();
@@ -462,6 +477,8 @@ impl<L> Run<L> {
             let epoch = self.pos.epoch - 1;
             let dev = self.evaluate(data, plan, lead, &mut persister)?;
             ended = true;
+            self.last_epoch = Some(EpochEnd { epoch, loss, dev, best_dev: self.best_dev, best_epoch: self.best_epoch });
+            finished = stop_asked(&self.last_epoch);
             if lead {
                 if let Some(dir) = &plan.checkpoint {
                     persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
@@ -508,6 +525,7 @@ impl<L> Run<L> {
             let dev = main_score(&run.model.score(data.dev)?);
             if dev > run.best_dev {
                 run.best_dev = dev;
+                run.best_epoch = run.pos.epoch - 1;
                 run.test_scores = run.model.score(data.test)?;
                 run.test_acc = main_score(&run.test_scores);
                 if let (true, Some(dir)) = (lead, &plan.checkpoint) {
