@@ -211,7 +211,7 @@ impl Checkpoint {
             }
             let values: Vec<f32> =
                 view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-            if !crate::optim::all_finite(&values) {
+            if !arbor_core::finite::all_finite(&values) {
                 let v = values.iter().find(|v| !v.is_finite()).unwrap_or(&f32::NAN);
                 return Err(io(&path, format!("tensor `{name}` holds {v}: a diverged model, not loaded")));
             }

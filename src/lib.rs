@@ -8,7 +8,6 @@ pub mod engine;
 pub mod head;
 pub mod layers;
 pub mod loss_scale;
-pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod nn;
@@ -26,7 +25,7 @@ pub use arbor_core::backend::Backend;
 pub use arbor_core::dropout::DropoutKey;
 pub use arbor_core::graph::InputGraph;
 pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
-pub use arbor_core::{backend, dropout, error, fusion, graph, ir, ptb, rng, tensor};
+pub use arbor_core::{backend, dropout, error, finite, fusion, graph, ir, memory, ptb, rng, tensor};
 pub use arbor_core::{Error, Result, Shape};
 #[cfg(feature = "cuda")]
 pub use arbor_cuda as cuda;

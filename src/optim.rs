@@ -4,6 +4,7 @@
 
 use crate::layers::SparseGrad;
 use arbor_core::error::{Error, Result};
+pub use arbor_core::finite::all_finite;
 use arbor_ops::cpu::host::{for_each_on_team, vectorised};
 use std::collections::BTreeMap;
 
@@ -256,14 +257,4 @@ pub fn check_finite<'a>(
         }
     }
     Ok(())
-}
-
-/// Whether every value is finite. A float is not when its exponent bits are all ones; a block's
-/// test of every value, or-ed together, has no branch and vectorises on any x86-64 (a scan that
-/// stops at the first bad value does not).
-pub fn all_finite(values: &[f32]) -> bool {
-    const EXPONENT: u32 = 0x7f80_0000;
-    values
-        .chunks(4096)
-        .all(|block| block.iter().fold(0, |bad, v| bad | u32::from(v.to_bits() & EXPONENT == EXPONENT)) == 0)
 }

@@ -4,9 +4,11 @@
 pub mod backend;
 pub mod dropout;
 pub mod error;
+pub mod finite;
 pub mod fusion;
 pub mod graph;
 pub mod ir;
+pub mod memory;
 pub mod ptb;
 pub mod rng;
 pub mod tensor;

@@ -93,7 +93,7 @@ fn internal(msg: String) -> Error {
 }
 
 /// An error unless every graph fits `f` (arity, labels), naming the graph's place, and
-/// unless batching them fits in memory ([`crate::memory::check_batch`]).
+/// unless batching them fits in memory ([`arbor_core::memory::check_batch`]).
 fn check_graphs(f: &VertexFn, graphs: &[&InputGraph]) -> Result<()> {
     for (gi, g) in graphs.iter().enumerate() {
         g.check_for(f).map_err(|e| match e {
@@ -101,7 +101,7 @@ fn check_graphs(f: &VertexFn, graphs: &[&InputGraph]) -> Result<()> {
             e => e,
         })?;
     }
-    crate::memory::check_batch(graphs)
+    arbor_core::memory::check_batch(graphs)
 }
 
 /// The scheduler, also after a panic on another thread while it was held: it keeps no state

@@ -2,7 +2,9 @@
 //! before anything is allocated, so a run that cannot fit ends with an error naming the cause
 //! instead of being killed by the system.
 
-use crate::{Error, InputGraph, Result, VertexFn};
+use crate::error::{Error, Result};
+use crate::graph::InputGraph;
+use crate::ir::VertexFn;
 
 /// Bytes of memory the system says are available (Linux's `MemAvailable`); `None` where it is
 /// not known, and then nothing is refused.

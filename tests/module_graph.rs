@@ -1,0 +1,112 @@
+//! The facade's modules (`src/*`, the CLI and the testing kit aside) as a graph of which one
+//! names which (`crate::NAME` outside `#[cfg(test)]` code): the engine names none of them (it is
+//! to become a crate of its own over core and batching), and the only import cycle is the one
+//! issue 43 is taking apart, so no new one can come in unseen.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Every module of `src/` and the modules it names.
+fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut pending = vec![src.clone()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src/ is readable").flatten() {
+            let path = entry.path();
+            let rel = path.strip_prefix(&src).expect("under src/").to_string_lossy().into_owned();
+            if rel.starts_with("bin") || rel.starts_with("testing") || rel == "lib.rs" {
+                continue;
+            }
+            if path.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let module = rel.split(['/', '.']).next().expect("a module name").to_string();
+            let text = std::fs::read_to_string(&path).expect("a source file is readable");
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let named = graph.entry(module.clone()).or_default();
+            for (at, _) in code.match_indices("crate::") {
+                let name: String = code[at + 7..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+                if !name.is_empty() && name != module {
+                    named.insert(name);
+                }
+            }
+        }
+    }
+    let modules: BTreeSet<String> = graph.keys().cloned().collect();
+    graph.values_mut().for_each(|named| named.retain(|m| modules.contains(m)));
+    graph
+}
+
+/// The modules that reach each other both ways, in groups of more than one (Tarjan's
+/// algorithm, iteratively).
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
+    let names: Vec<&String> = graph.keys().collect();
+    let at = |m: &String| names.iter().position(|n| *n == m).expect("a module");
+    let edges: Vec<Vec<usize>> = names.iter().map(|m| graph[*m].iter().map(at).collect()).collect();
+    let n = names.len();
+    let (mut index, mut low, mut on) = (vec![usize::MAX; n], vec![0; n], vec![false; n]);
+    let (mut stack, mut groups, mut next) = (Vec::new(), Vec::new(), 0);
+    for root in 0..n {
+        if index[root] != usize::MAX {
+            continue;
+        }
+        let mut work = vec![(root, 0)];
+        while let Some(&mut (v, ref mut k)) = work.last_mut() {
+            if *k == 0 {
+                (index[v], low[v], on[v]) = (next, next, true);
+                next += 1;
+                stack.push(v);
+            }
+            if let Some(&w) = edges[v].get(*k) {
+                *k += 1;
+                if index[w] == usize::MAX {
+                    work.push((w, 0));
+                } else if on[w] {
+                    low[v] = low[v].min(index[w]);
+                }
+                continue;
+            }
+            work.pop();
+            if let Some(&(parent, _)) = work.last() {
+                low[parent] = low[parent].min(low[v]);
+            }
+            if low[v] == index[v] {
+                let mut group = BTreeSet::new();
+                while let Some(w) = stack.pop() {
+                    on[w] = false;
+                    group.insert(names[w].clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                if group.len() > 1 {
+                    groups.push(group);
+                }
+            }
+        }
+    }
+    groups
+}
+
+#[test]
+fn the_engine_stands_alone_and_no_new_import_cycle_comes_in() {
+    let graph = module_graph();
+    assert!(graph.contains_key("engine") && graph.contains_key("trainer"), "{graph:?}");
+    assert!(graph["engine"].is_empty(), "the engine names facade modules: {:?}", graph["engine"]);
+    let known: BTreeSet<String> = ["data", "dist", "model", "train", "trainer"].map(String::from).into();
+    assert_eq!(cycles(&graph), vec![known], "{graph:#?}");
+}
+
+#[test]
+fn a_cycle_is_found_wherever_it_closes() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [("a", &["b"][..]), ("b", &["c"]), ("c", &["a", "d"]), ("d", &[])]
+        .into_iter()
+        .map(|(m, named)| (m.to_string(), named.iter().map(|s| s.to_string()).collect()))
+        .collect();
+    assert_eq!(cycles(&graph), vec![["a", "b", "c"].map(String::from).into()]);
+}
