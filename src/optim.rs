@@ -6,7 +6,7 @@ use crate::layers::SparseGrad;
 use arbor_core::error::{Error, Result};
 pub use arbor_core::finite::all_finite;
 use arbor_ops::cpu::host::{for_each_on_team, vectorised};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Which update rule.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -71,18 +71,28 @@ pub struct Optimizer {
     pub lrs: BTreeMap<String, f32>,
     /// A factor on every learning rate (a schedule sets it per epoch; 1 by default).
     pub lr_factor: f32,
+    /// Tensors left as they are (see [`Optimizer::freeze`]).
+    pub frozen: BTreeSet<String>,
 }
 
 impl Optimizer {
     /// An optimizer with no state yet.
     pub fn new(config: Config) -> Optimizer {
-        Optimizer { config, steps: 0, slots: BTreeMap::new(), lrs: BTreeMap::new(), lr_factor: 1.0 }
+        let (slots, lrs, frozen) = (BTreeMap::new(), BTreeMap::new(), BTreeSet::new());
+        Optimizer { config, steps: 0, slots, lrs, lr_factor: 1.0, frozen }
     }
 
     /// Updates the tensor `name` at learning rate `lr` instead of `config.lr` (e.g. a slower
     /// `embedding`, whose rows of rare words otherwise move far on the few steps that see them).
     pub fn with_lr(mut self, name: &str, lr: f32) -> Optimizer {
         self.lrs.insert(name.to_string(), lr);
+        self
+    }
+
+    /// Leaves the tensor `name` as it is (e.g. pre-trained word vectors, `embedding`): its
+    /// gradient is still computed, but never applied, and it keeps no optimizer state.
+    pub fn freeze(mut self, name: &str) -> Optimizer {
+        self.frozen.insert(name.to_string());
         self
     }
 
@@ -134,8 +144,11 @@ impl Optimizer {
         s
     }
 
-    /// Updates the dense tensor `name` (values `p`) with gradient `g`.
+    /// Updates the dense tensor `name` (values `p`) with gradient `g` (nothing if it is frozen).
     pub fn dense(&mut self, name: &str, p: &mut [f32], g: &[f32]) {
+        if self.frozen.contains(name) {
+            return;
+        }
         let c = self.config_of(name);
         let t = self.steps.max(1);
         let s = self.slot(name, p.len());
@@ -145,9 +158,13 @@ impl Optimizer {
         });
     }
 
-    /// Updates the rows that `g` touches of the embedding table `name` (`dim` wide), with state
-    /// kept for every row, so a row's history survives minibatches that skip it.
+    /// Updates the rows that `g` touches of the embedding table `name` (`dim` wide; nothing if it
+    /// is frozen), with state kept for every row, so a row's history survives minibatches that
+    /// skip it.
     pub fn sparse(&mut self, name: &str, table: &mut [f32], dim: usize, g: &SparseGrad) {
+        if self.frozen.contains(name) {
+            return;
+        }
         let c = self.config_of(name);
         let t = self.steps.max(1);
         let s = self.slot(name, table.len());

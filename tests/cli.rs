@@ -321,3 +321,31 @@ fn predict_classifies_sentences_as_eval_scores_them() {
     assert!(!out.status.success() && err.contains("argument:1:") && err.contains("never closed"), "{err}");
     std::fs::remove_dir_all(&ck).ok();
 }
+
+/// `--freeze NAME` leaves that tensor as it was initialised while the rest trains, is recorded
+/// for `--resume`, and a name the model has no tensor of is refused, listing the names.
+#[test]
+fn frozen_tensors_stay_as_they_were() {
+    let dir = temp("freeze");
+    let run = |name: &str, extra: &[&str]| {
+        let ck = dir.join(name);
+        let mut args = vec!["train", "--epochs", "1", "--checkpoint", ck.to_str().unwrap()];
+        args.extend(SMALL);
+        args.extend(extra);
+        last_json(&arbor(&args));
+        arbor::checkpoint::Checkpoint::load(&ck.join("last")).unwrap()
+    };
+    let start = run("start", &["--max-steps", "0"]);
+    let frozen = run("frozen", &["--max-steps", "20", "--freeze", "embedding", "--freeze", "cell.b"]);
+    let free = run("free", &["--max-steps", "20"]);
+    for name in ["embedding", "cell.b"] {
+        assert_eq!(frozen.tensor(name).unwrap(), start.tensor(name).unwrap(), "{name} moved");
+        assert_ne!(free.tensor(name).unwrap(), start.tensor(name).unwrap(), "{name} did not train");
+    }
+    assert_ne!(frozen.tensor("cell.W").unwrap(), start.tensor("cell.W").unwrap());
+    assert_eq!(frozen.meta["freeze"], serde_json::json!(["embedding", "cell.b"]));
+    let out = arbor(&["train", "--epochs", "1", "--freeze", "cell.V"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--freeze cell.V") && err.contains("cell.W"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

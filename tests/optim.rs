@@ -199,3 +199,18 @@ fn all_finite_finds_every_bad_value_anywhere() {
         }
     }
 }
+
+/// A frozen tensor is left as it is, dense or sparse, and keeps no state; others still move.
+#[test]
+fn a_frozen_tensor_is_left_as_it_is() {
+    let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.1)).freeze("w").freeze("table");
+    opt.begin_step();
+    let (mut w, mut u) = (vec![1.0f32; 5], vec![1.0f32; 5]);
+    opt.dense("w", &mut w, &[0.5; 5]);
+    opt.dense("u", &mut u, &[0.5; 5]);
+    let mut table = vec![1.0f32; 6];
+    opt.sparse("table", &mut table, 2, &SparseGrad { rows: vec![1], values: vec![0.5, 0.5] });
+    assert_eq!((w, table), (vec![1.0; 5], vec![1.0; 6]));
+    assert!(u.iter().all(|&x| x < 1.0), "{u:?}");
+    assert_eq!(opt.slots.keys().collect::<Vec<_>>(), ["u"]);
+}

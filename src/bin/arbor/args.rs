@@ -230,6 +230,10 @@ pub(crate) struct TrainArgs {
     /// Initialise word vectors from a GloVe text file (its width must equal --embed).
     #[arg(long)]
     pub(crate) embeddings: Option<PathBuf>,
+    /// Leave the tensor NAME as it is while the rest trains (e.g. `embedding`, the word vectors
+    /// of --embeddings); repeat for more (one stage; not ggnn).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) freeze: Vec<String>,
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,

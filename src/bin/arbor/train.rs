@@ -62,7 +62,7 @@ pub(crate) fn optimizer(args: &TrainArgs, lr: f32) -> Config {
 
 /// The optimizer of a run at learning rate `lr`, with the word vectors at `--embed-lr` if given.
 pub(crate) fn new_optimizer(args: &TrainArgs, lr: f32) -> Optimizer {
-    let opt = Optimizer::new(optimizer(args, lr));
+    let opt = args.freeze.iter().fold(Optimizer::new(optimizer(args, lr)), |opt, name| opt.freeze(name));
     match args.embed_lr {
         Some(e) => opt.with_lr("embedding", e),
         None => opt,
@@ -70,8 +70,18 @@ pub(crate) fn new_optimizer(args: &TrainArgs, lr: f32) -> Optimizer {
 }
 
 /// A fresh run of `model` at learning rate `lr` ([`new_optimizer`]), scoring a moving average of
-/// the weights with `--average`.
-pub(crate) fn new_run<L>(model: L, args: &TrainArgs, lr: f32, rng: &Rng) -> Result<Run<L>> {
+/// the weights with `--average`; a `--freeze` name the model has no tensor of is refused.
+pub(crate) fn new_run<L: Learned>(model: L, args: &TrainArgs, lr: f32, rng: &Rng) -> Result<Run<L>> {
+    if !args.freeze.is_empty() {
+        let names: Vec<String> = model.tensors_lent()?.into_iter().map(|t| t.0).collect();
+        if let Some(name) = args.freeze.iter().find(|n| !names.contains(n)) {
+            return Err(Error::input(
+                format!("--freeze {name}"),
+                format!("the name of one of the model's tensors ({})", names.join(", ")),
+                "no such tensor",
+            ));
+        }
+    }
     let run = Run::new(model, new_optimizer(args, lr), rng);
     match args.average {
         Some(decay) => run.with_average(decay),
@@ -82,8 +92,8 @@ pub(crate) fn new_run<L>(model: L, args: &TrainArgs, lr: f32, rng: &Rng) -> Resu
 /// Records in `meta` the flags a checkpoint must resume with that older checkpoints lack, each
 /// as `null` when unset (an old checkpoint reads as `null` too): the word-vector learning rate,
 /// the weight average's decay, the dropout rates (`output_dropout`: `dropout` once meant both
-/// rates, so an old checkpoint with dropout must not match), the layers (`null` for one) and the
-/// learning-rate decay. (`--patience` may change on a resume: it decides only when to stop.)
+/// rates, so an old checkpoint with dropout must not match), the layers (`null` for one), the
+/// learning-rate decay and the frozen tensors. (`--patience` may change on a resume: it decides only when to stop.)
 pub(crate) fn record_optional_flags(args: &TrainArgs, meta: &mut Value) {
     let used = |rate: f32| (rate > 0.0).then_some(rate);
     meta["embed_lr"] = json!(args.embed_lr);
@@ -94,6 +104,7 @@ pub(crate) fn record_optional_flags(args: &TrainArgs, meta: &mut Value) {
     meta["recurrent_dropout"] = json!(used(args.recurrent_dropout));
     meta["layers"] = json!((args.layers > 1).then_some(args.layers));
     meta["lr_decay"] = json!(args.lr_decay);
+    meta["freeze"] = json!((!args.freeze.is_empty()).then_some(&args.freeze));
 }
 
 /// A training run's progress on stderr: a bar per epoch and a line per finished epoch, whose
@@ -328,6 +339,7 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             ("--loss", args.loss.is_some(), trees),
             ("--patience", args.patience.is_some(), "every model but ggnn, which trains --epochs per fold"),
             ("--lr-decay", args.lr_decay.is_some(), "every model but ggnn, which trains --epochs per fold"),
+            ("--freeze", !args.freeze.is_empty(), "every model but ggnn, which trains --epochs per fold"),
         ],
         ModelArg::Sick => &[
             ("--loss", args.loss.is_some(), trees),
@@ -739,6 +751,7 @@ pub(crate) fn train_pipeline(setup: Setup<'_>, events: &mut dyn FnMut(Event)) ->
         ("--workers above 1", args.workers > 1),
         ("--patience", args.patience.is_some()),
         ("--lr-decay", args.lr_decay.is_some()),
+        ("--freeze", !args.freeze.is_empty()),
     ];
     if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
         return Err(Error::input(
