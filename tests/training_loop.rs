@@ -223,3 +223,21 @@ fn epoch_hooks_stop_a_run_and_schedule_its_learning_rate() {
     assert_ne!(decayed.model.tensors().unwrap(), plain.model.tensors().unwrap());
     assert_eq!(fit(&Settings::new(2, 10).lr_decay(1.0)).0.model.tensors().unwrap(), plain.model.tensors().unwrap());
 }
+
+/// A run whose settings record nothing about the model (`Settings::new`) still writes
+/// checkpoints that hold its position, so a run resumes from them.
+#[test]
+fn checkpoints_of_default_settings_resume() {
+    let data = synthetic::generate(40, 8, 22);
+    let splits = Splits { train: &data[..30], dev: &data[30..], test: &data[30..] };
+    let dir = std::env::temp_dir().join(format!("arbor-default-settings-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let plan = Settings::new(1, 10).checkpoint(&dir);
+    let fresh = || Run::new(model(8), Optimizer::new(Config::new(Rule::Adam, 0.02)), &Rng::new(4));
+    let mut run = fresh();
+    fit_threads(&mut run, 1, Duration::from_secs(60), splits, &plan, &mut |_| {}).unwrap();
+    let mut resumed = fresh();
+    resumed.resume(&arbor::checkpoint::Checkpoint::load(&dir.join("last")).unwrap(), &plan.meta).unwrap();
+    assert_eq!((resumed.pos, resumed.best_epoch), (run.pos, run.best_epoch));
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -298,7 +298,8 @@ impl<L> Run<L> {
             tensors.extend(self.opt.tensors());
             tensors.extend(self.average.iter().flat_map(Average::named));
         }
-        let mut meta = meta.clone();
+        // The run's state goes beside what `meta` records (nothing, where it is not an object).
+        let mut meta = if meta.is_object() { meta.clone() } else { json!({}) };
         let p = self.pos;
         let state = json!({
             "epoch": p.epoch - usize::from(p.step_in_epoch == 0),

@@ -101,7 +101,7 @@ impl Settings {
             checkpoint_every: None,
             max_steps: None,
             persist_pause: Duration::ZERO,
-            meta: Value::Null,
+            meta: Value::Object(Default::default()),
             on_epoch: None,
             lr_schedule: None,
         }
