@@ -309,9 +309,8 @@ impl<L> Run<L> {
             },
             "best_dev_acc": self.best_dev,
             "best_epoch": self.best_epoch,
-            "last_epoch": self.last_epoch.map(|e| json!({
-                "epoch": e.epoch, "loss": e.loss, "dev": e.dev, "best_dev": e.best_dev, "best_epoch": e.best_epoch,
-            })),
+            // Its best score and epoch are the run's (`best_dev_acc`, `best_epoch`).
+            "last_epoch": self.last_epoch.map(|e| json!({"epoch": e.epoch, "loss": e.loss, "dev": e.dev})),
             "test_acc": self.test_acc,
             "test_scores": self.test_scores.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
         });
@@ -386,8 +385,8 @@ impl<L> Run<L> {
             epoch: epoch as usize,
             loss: num("loss"),
             dev: num("dev"),
-            best_dev: e["best_dev"].as_f64().unwrap_or(f64::NEG_INFINITY),
-            best_epoch: e["best_epoch"].as_u64().unwrap_or(0) as usize,
+            best_dev: self.best_dev,
+            best_epoch: self.best_epoch,
         });
         self.test_acc = m["test_acc"].as_f64().unwrap_or(f64::NAN);
         self.test_scores = m["test_scores"]

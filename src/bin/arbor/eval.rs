@@ -143,13 +143,15 @@ impl<B: Backend> Restored<B> {
                 let rows: Vec<&[f32]> = logits.get("logits")?.chunks(*classes).collect();
                 // One row per vertex, tree after tree; the root is each tree's last vertex.
                 let mut end = 0;
-                Ok(trees
+                trees
                     .iter()
                     .map(|t| {
                         end += t.graph.len();
-                        rows.get(end - 1).map_or_else(Vec::new, |r| r.to_vec())
+                        rows.get(end - 1).map(|r| r.to_vec()).ok_or_else(|| {
+                            Error::input("head outputs `logits`", "a row per vertex", format!("{} rows", rows.len()))
+                        })
                     })
-                    .collect())
+                    .collect()
             }
         }
     }

@@ -5,7 +5,7 @@ use crate::eval::{scored_checkpoint, vocabulary, Restored};
 use arbor::data::{sst, TreeExample, Vocab};
 use arbor::head::{argmax, probabilities};
 use arbor::nn::Model;
-use arbor::{CpuBackend, Error, Result};
+use arbor::{Backend, CpuBackend, Error, Result};
 use serde_json::json;
 use std::io::BufRead;
 
@@ -28,73 +28,59 @@ pub(crate) fn predict(args: &PredictArgs) -> Result<()> {
     let kind = Model::from_name(&name)?;
     let (words, lowercase) = vocabulary(&ck.meta);
     let vocab = Vocab::from_words(&words, lowercase);
-    let mut model = match args.device {
-        Device::Cpu => Predictor::Cpu(Box::new(Restored::from(CpuBackend::new(), kind, &ck, words.len())?)),
-        #[cfg(feature = "cuda")]
-        Device::Cuda => Predictor::Cuda(Box::new(Restored::from(crate::cuda_backend()?, kind, &ck, words.len())?)),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda => return crate::cuda_backend().map(|_| ()),
-    };
-    let mut pending: Vec<(String, TreeExample, Option<u32>)> = Vec::new();
-    let mut classify = |line: String, file: &str, number: usize, flush: bool| -> Result<()> {
-        if !line.trim().is_empty() {
-            let (tree, gold) = sst::parse_input(&line, file, number, &vocab)?;
-            let tree = if kind.chains() { tree.to_chain() } else { tree };
-            pending.push((line, tree, gold));
+    match args.device {
+        Device::Cpu => classify(Restored::from(CpuBackend::new(), kind, &ck, words.len())?, args, kind, &vocab),
+        Device::Cuda => classify(Restored::from(crate::cuda_backend()?, kind, &ck, words.len())?, args, kind, &vocab),
+    }
+}
+
+/// A sentence read and waiting for its pass: its text, its tree and its gold class, if any.
+type Pending = (String, TreeExample, Option<u32>);
+
+/// [`predict`] with `model`: reads every sentence, classifying them [`CHUNK`] at a time.
+fn classify<B: Backend>(mut model: Restored<B>, args: &PredictArgs, kind: Model, vocab: &Vocab) -> Result<()> {
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut read = |text: String, file: &str, number: usize| -> Result<()> {
+        if !text.trim().is_empty() {
+            let (tree, gold) = sst::parse_input(&text, file, number, vocab)?;
+            pending.push((text, if kind.chains() { tree.to_chain() } else { tree }, gold));
         }
-        if pending.len() >= CHUNK || (flush && !pending.is_empty()) {
-            let trees: Vec<TreeExample> = pending.iter().map(|(_, t, _)| t.clone()).collect();
-            for ((text, _, gold), logits) in pending.drain(..).zip(model.root_logits(&trees)?) {
-                let mut line = json!({
-                    "input": text.trim(), "class": argmax(&logits), "probabilities": probabilities(&logits),
-                });
-                if let Some(gold) = gold {
-                    line["gold"] = json!(gold);
-                }
-                println!("{line}");
-            }
+        if pending.len() >= CHUNK {
+            print(&mut model, &mut pending)?;
         }
         Ok(())
     };
     if !args.sentences.is_empty() {
-        let last = args.sentences.len();
         for (k, sentence) in args.sentences.iter().enumerate() {
-            classify(sentence.clone(), "argument", k + 1, k + 1 == last)?;
+            read(sentence.clone(), "argument", k + 1)?;
         }
+    } else if let Some(path) = &args.input {
+        let file = path.display().to_string();
+        for line in arbor::data::lines::lines(path)? {
+            let (number, text) = line?;
+            read(text, &file, number)?;
+        }
+    } else {
+        for (k, line) in std::io::stdin().lock().lines().enumerate() {
+            let text = line.map_err(|e| Error::Parse { file: "stdin".into(), line: k + 1, msg: e.to_string() })?;
+            read(text, "stdin", k + 1)?;
+        }
+    }
+    print(&mut model, &mut pending)
+}
+
+/// Classifies the `pending` sentences and prints a JSON line for each.
+fn print<B: Backend>(model: &mut Restored<B>, pending: &mut Vec<Pending>) -> Result<()> {
+    if pending.is_empty() {
         return Ok(());
     }
-    match &args.input {
-        Some(path) => {
-            let file = path.display().to_string();
-            for line in arbor::data::lines::lines(path)? {
-                let (number, text) = line?;
-                classify(text, &file, number, false)?;
-            }
-            classify(String::new(), &file, 0, true)
+    let trees: Vec<TreeExample> = pending.iter().map(|(_, t, _)| t.clone()).collect();
+    for ((text, _, gold), logits) in pending.drain(..).zip(model.root_logits(&trees)?) {
+        let mut line = json!({"input": text.trim(), "class": argmax(&logits), "probabilities": probabilities(&logits)});
+        if let Some(gold) = gold {
+            line["gold"] = json!(gold);
         }
-        None => {
-            for (k, line) in std::io::stdin().lock().lines().enumerate() {
-                let text = line.map_err(|e| Error::Parse { file: "stdin".into(), line: k + 1, msg: e.to_string() })?;
-                classify(text, "stdin", k + 1, false)?;
-            }
-            classify(String::new(), "stdin", 0, true)
-        }
+        println!("{line}");
     }
-}
-
-/// The restored classifier on the device `--device` chose.
-enum Predictor {
-    Cpu(Box<Restored<CpuBackend>>),
-    #[cfg(feature = "cuda")]
-    Cuda(Box<Restored<arbor::cuda::CudaBackend>>),
-}
-
-impl Predictor {
-    fn root_logits(&mut self, trees: &[TreeExample]) -> Result<Vec<Vec<f32>>> {
-        match self {
-            Predictor::Cpu(m) => m.root_logits(trees),
-            #[cfg(feature = "cuda")]
-            Predictor::Cuda(m) => m.root_logits(trees),
-        }
-    }
+    Ok(())
 }
