@@ -61,7 +61,7 @@ impl Molecule {
 
     fn example(&self) -> Example<'_> {
         // The readout pools every vertex, so `root` is not read.
-        Example { trees: vec![Tree { graph: &self.graph, words: &self.labels, root: 0 }], target: self.target.clone() }
+        Example { trees: vec![Tree::new(&self.graph, &self.labels, 0)], target: self.target.clone() }
     }
 }
 

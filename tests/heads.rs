@@ -277,7 +277,7 @@ fn a_pooled_model_gradient_matches_finite_differences() {
         .zip(&words)
         .zip(targets.chunks(WIDTH))
         .map(|((graph, words), target)| Example {
-            trees: vec![Tree { graph, words, root: graph.roots()[0] }],
+            trees: vec![Tree::new(graph, words, graph.roots()[0])],
             target: target.to_vec(),
         })
         .collect();

@@ -83,12 +83,12 @@ fn a_model_that_does_not_fit_together_is_refused() {
     )
     .unwrap();
     let graph = arbor::InputGraph::isolated(1);
-    let tree = arbor::model::Tree { graph: &graph, words: &[3], root: 0 };
+    let tree = arbor::model::Tree::new(&graph, &[3], 0);
     let one = Example { trees: vec![tree], target: vec![0.2; sick::CLASSES] };
     let e = model.infer(&[one]).expect_err("one graph for a pair head").to_string();
     assert!(e.contains("example 0") && e.contains("2 graphs"), "{e}");
     let bad_root =
-        Example { trees: vec![tree, arbor::model::Tree { root: 1, ..tree }], target: vec![0.2; sick::CLASSES] };
+        Example { trees: vec![tree.clone(), arbor::model::Tree { root: 1, ..tree }], target: vec![0.2; sick::CLASSES] };
     let e = model.infer(&[bad_root]).expect_err("a root outside its graph").to_string();
     assert!(e.contains("graph 1 of example 0") && e.contains("root 1"), "{e}");
 }
@@ -176,7 +176,7 @@ fn a_max_pooled_graph_model_learns_mutag() {
         })
         .collect();
     fn example((graph, words, target): &(InputGraph, Vec<u32>, Vec<f32>)) -> Example<'_> {
-        Example { trees: vec![Tree { graph, words, root: 0 }], target: target.clone() }
+        Example { trees: vec![Tree::new(graph, words, 0)], target: target.clone() }
     }
     let (test, train) = unrolled.split_at(unrolled.len() / 5);
     let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.001));

@@ -119,7 +119,7 @@ impl TreeExample {
 
     /// The tree as a [`Model`](crate::model::Model) reads it: its graph, its words, its root.
     pub fn tree(&self) -> crate::model::Tree<'_> {
-        crate::model::Tree { graph: &self.graph, words: &self.words, root: self.root() }
+        crate::model::Tree::new(&self.graph, &self.words, self.root())
     }
 
     /// The sentence as a chain: the leaves' words in order, each labelled with the root's label

@@ -45,7 +45,7 @@ pub struct Pair {
 impl Sentence {
     /// The sentence as a model reads it: its tree, its words, its root.
     pub fn tree(&self) -> Tree<'_> {
-        Tree { graph: &self.graph, words: &self.words, root: self.root }
+        Tree::new(&self.graph, &self.words, self.root)
     }
 }
 

@@ -359,14 +359,16 @@ impl<B: Backend> Stage<B> {
 
     /// Lays out `batch`.
     fn lay_out<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
-        let padding = self.part.input.as_ref().and_then(|(e, _)| e.padding());
+        let parents = self.part.input.as_ref().and_then(|(e, feeds)| {
+            feeds.contains(&crate::model::Feed::ParentWords).then(|| e.padding().unwrap_or(0))
+        });
         let f = self
             .part
             .layers
             .first()
             .map(|l| &l.f)
             .ok_or_else(|| Error::input("pipeline stage", "at least one layer", "none"))?;
-        model::layout(batch, self.part.graphs, self.part.readout, padding, f)
+        model::layout(batch, self.part.graphs, self.part.readout, parents, f)
     }
 
     /// The micro-batches of `minibatches` (the first numbered `step`), `m` per minibatch
@@ -463,7 +465,7 @@ impl<B: Backend> Stage<B> {
         let width = self.width_out();
         let (read, pooled) = model::read_rows(x, layout, self.part.readout, width, false);
         let rows = read.len() / width.max(1);
-        (model::head_inputs(&read, self.part.graphs, width, targets), pooled, width, rows)
+        (model::head_inputs(read, self.part.graphs, width, targets), pooled, width, rows)
     }
 
     /// The forward pass of a micro-batch in slot `k`, through each layer's engine with its

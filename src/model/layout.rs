@@ -10,6 +10,7 @@ use crate::{InputGraph, VertexFn};
 use arbor_core::dropout::DropoutKey;
 use arbor_core::error::{Error, Result};
 use std::borrow::Cow;
+use std::ops::Range;
 
 /// A minibatch laid out for the cells' engines.
 pub(crate) struct Layout<'a> {
@@ -19,6 +20,8 @@ pub(crate) struct Layout<'a> {
     pub(crate) parent_words: Vec<u32>,
     /// Per example, per graph: the merged index of the vertex read out.
     pub(crate) roots: Vec<usize>,
+    /// Per example, per graph: the merged vertices a pooling readout reads.
+    pub(crate) pools: Vec<Range<usize>>,
 }
 
 /// What the head reads of a minibatch: `top` holds the top layer's rows of every vertex (or only
@@ -36,16 +39,7 @@ pub(crate) fn read_rows(
         Readout::Root if at_roots => (top, None),
         Readout::Root => (l.roots.iter().flat_map(|&r| &top[r * width..][..width]).copied().collect(), None),
         _ => {
-            let mut start = 0;
-            let groups = l
-                .graphs
-                .iter()
-                .map(|g| {
-                    start += g.len();
-                    start - g.len()..start
-                })
-                .collect();
-            let mut p = Pooled::forward(&top, width, groups, readout);
+            let mut p = Pooled::forward(&top, width, l.pools.clone(), readout);
             (std::mem::take(&mut p.rows), Some(p))
         }
     }
@@ -53,7 +47,10 @@ pub(crate) fn read_rows(
 
 /// The head's inputs: per graph slot (of `k` per example), the rows `read` of every example in
 /// order, then the examples' targets.
-pub(crate) fn head_inputs(read: &[f32], k: usize, width: usize, targets: Vec<f32>) -> Vec<Vec<f32>> {
+pub(crate) fn head_inputs(read: Vec<f32>, k: usize, width: usize, targets: Vec<f32>) -> Vec<Vec<f32>> {
+    if k == 1 {
+        return vec![read, targets];
+    }
     let mut inputs: Vec<Vec<f32>> =
         (0..k).map(|slot| read.chunks(width.max(1)).skip(slot).step_by(k).flatten().copied().collect()).collect();
     inputs.push(targets);
@@ -94,12 +91,13 @@ pub(crate) fn unread(
 }
 
 /// Checks `batch` (`k` graphs per example; one with [`Readout::Vertices`]) and lays it out for
-/// the cells (`f` the bottom one, for errors), `padding` the parent word of a root.
+/// the cells (`f` the bottom one, for errors); `parents` is the parent word of a root where a
+/// cell reads parent words (none: they are not laid out).
 pub(crate) fn layout<'a>(
     batch: &[Example<'a>],
     k: usize,
     readout: Readout,
-    padding: Option<u32>,
+    parents: Option<u32>,
     f: &VertexFn,
 ) -> Result<Layout<'a>> {
     if readout == Readout::Vertices && k != 1 {
@@ -109,8 +107,13 @@ pub(crate) fn layout<'a>(
             format!("a head reading {k}"),
         ));
     }
-    let pad = padding.unwrap_or(0);
-    let mut l = Layout { graphs: Vec::new(), words: Vec::new(), parent_words: Vec::new(), roots: Vec::new() };
+    let mut l = Layout {
+        graphs: Vec::new(),
+        words: Vec::new(),
+        parent_words: Vec::new(),
+        roots: Vec::new(),
+        pools: Vec::new(),
+    };
     for (e, example) in batch.iter().enumerate() {
         if example.trees.len() != k {
             return Err(Error::input(
@@ -121,19 +124,24 @@ pub(crate) fn layout<'a>(
         }
         for (t, tree) in example.trees.iter().enumerate() {
             let n = tree.graph.len();
-            if tree.words.len() != n || tree.root >= n {
+            let pool = tree.pool.clone().unwrap_or(0..n);
+            if tree.words.len() != n || tree.root >= n || pool.start > pool.end || pool.end > n {
                 return Err(Error::input(
                     format!("graph {t} of example {e} of the minibatch"),
-                    format!("{n} words and a root below {n}"),
-                    format!("{} words, root {}", tree.words.len(), tree.root),
+                    format!("{n} words, a root below {n} and pooled vertices within 0..{n}"),
+                    format!("{} words, root {}, pooled {pool:?}", tree.words.len(), tree.root),
                 ));
             }
-            l.roots.push(l.words.len() + tree.root);
+            let start = l.words.len();
+            l.roots.push(start + tree.root);
+            l.pools.push(start + pool.start..start + pool.end);
             l.words.extend_from_slice(tree.words);
             l.graphs.push(tree.graph);
         }
     }
-    l.parent_words = parent_words(&l.graphs, &l.words, pad);
+    if let Some(pad) = parents {
+        l.parent_words = parent_words(&l.graphs, &l.words, pad);
+    }
     Ok(l)
 }
 
@@ -156,8 +164,12 @@ fn parent_words(graphs: &[&InputGraph], words: &[u32], pad: u32) -> Vec<u32> {
 /// parent words naming them, replaced where dropped); `None` when it drops none.
 pub(crate) fn with_words_dropped<'a>(embedding: &Embedding, key: DropoutKey, l: &Layout<'a>) -> Option<Layout<'a>> {
     let Cow::Owned(words) = embedding.training_ids(key, &l.graphs, &l.words) else { return None };
-    let parent_words = parent_words(&l.graphs, &words, embedding.padding().unwrap_or(0));
-    Some(Layout { graphs: l.graphs.clone(), words, parent_words, roots: l.roots.clone() })
+    let parent_words = if l.parent_words.is_empty() {
+        Vec::new()
+    } else {
+        parent_words(&l.graphs, &words, embedding.padding().unwrap_or(0))
+    };
+    Some(Layout { graphs: l.graphs.clone(), words, parent_words, roots: l.roots.clone(), pools: l.pools.clone() })
 }
 
 /// The cells' inputs over `l`, as `feeds` say.

@@ -16,7 +16,8 @@ use crate::dist::Collective;
 use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
 use crate::layers::Embedding;
-use crate::optim::Optimizer;
+use crate::loss_scale::{scale_all, LossScaler};
+use crate::optim::{all_finite, Optimizer};
 use crate::readout::{Pooled, Readout};
 use crate::train::{check_gradients, clip_all, names, tensor_name, StepStats};
 use crate::trainer::{Learned, Learner, Scores, Settings};
@@ -42,7 +43,7 @@ pub enum Feed {
 }
 
 /// One graph of an example: its structure, a word per vertex, and the vertex the head reads.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Tree<'a> {
     /// The structure.
     pub graph: &'a InputGraph,
@@ -50,6 +51,16 @@ pub struct Tree<'a> {
     pub words: &'a [u32],
     /// The vertex read out (a root).
     pub root: usize,
+    /// The vertices a pooling readout ([`Readout::Sum`], [`Readout::Mean`], [`Readout::Max`])
+    /// reads: every vertex when `None` (an unrolled graph pools its last step).
+    pub pool: Option<Range<usize>>,
+}
+
+impl<'a> Tree<'a> {
+    /// `graph` over `words`, read out at `root`, pooled (if the readout pools) over every vertex.
+    pub fn new(graph: &'a InputGraph, words: &'a [u32], root: usize) -> Tree<'a> {
+        Tree { graph, words, root, pool: None }
+    }
 }
 
 /// One example: its graphs (as many as the head reads) and its target row.
@@ -99,8 +110,8 @@ pub struct Example<'a> {
 /// let tree = InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)]])?;
 /// let word = InputGraph::chain(1);
 /// let batch = [
-///     Example { trees: vec![Tree { graph: &tree, words: &[1, 2, 0], root: 2 }], target: vec![1.0] },
-///     Example { trees: vec![Tree { graph: &word, words: &[3], root: 0 }], target: vec![-1.0] },
+///     Example { trees: vec![Tree::new(&tree, &[1, 2, 0], 2)], target: vec![1.0] },
+///     Example { trees: vec![Tree::new(&word, &[3], 0)], target: vec![-1.0] },
 /// ];
 /// let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.05));
 /// let before = model.infer(&batch)?; // the head's outputs: `loss`, then `prediction`
@@ -126,6 +137,8 @@ pub struct Model<B: Backend> {
     pub head: Head<B>,
     /// How each graph's row is read out for the head ([`Readout::Root`] unless set).
     pub readout: Readout,
+    /// A loss scale for half-precision products (none: gradients are not scaled).
+    pub loss_scale: Option<LossScaler>,
 }
 
 /// What the cells' pass is for.
@@ -352,7 +365,9 @@ impl<B: Backend> Model<B> {
             check_above(pair[0].function(), pair[1].function())?;
         }
         check_head(cells[cells.len() - 1].function(), head.function())?;
-        Ok(Model { embedding, cells, feeds, head, readout })
+        let mut model = Model { embedding, cells, feeds, head, readout, loss_scale: None };
+        model.skip_padding_grads();
+        Ok(model)
     }
 
     /// A model of `cell` and `head` with fresh parameters drawn from `rng`, each on a replica of
@@ -386,6 +401,21 @@ impl<B: Backend> Model<B> {
         engine.set_dropout_key(DropoutKey { seed: key.seed.wrapping_add(1), ..key });
         self.cells.push(engine);
         Ok(self)
+    }
+
+    /// The bottom engine does not form the gradients of padding rows, which the word vectors
+    /// drop anyway.
+    fn skip_padding_grads(&mut self) {
+        let padded = self.embedding.padding().is_some();
+        self.cells[0].set_skip_padding_grads(padded);
+    }
+
+    /// The model with products in half precision guarded by `scaler`: the gradient entering the
+    /// backward pass is multiplied by its scale and the results divided by it, and a step whose
+    /// gradients overflowed is skipped (the scale lowered) instead of ending training.
+    pub fn with_loss_scale(mut self, scaler: LossScaler) -> Model<B> {
+        self.loss_scale = Some(scaler);
+        self
     }
 
     /// The top vertex function's engine (whose first output the head reads).
@@ -448,7 +478,7 @@ impl<B: Backend> Model<B> {
         let width = width_out(self.top().function());
         let (read, pooled) = read_rows(below, &layout, self.readout, width, rows.is_some());
         let targets = batch.iter().flat_map(|e| e.target.iter().copied()).collect();
-        Ok((layout, head_inputs(&read, self.graphs_per_example(), width, targets), pooled))
+        Ok((layout, head_inputs(read, self.graphs_per_example(), width, targets), pooled))
     }
 
     /// One training step on `batch`: the gradients of the mean loss over its examples, of every
@@ -474,7 +504,9 @@ impl<B: Backend> Model<B> {
     ) -> Result<ModelGrads> {
         let (layout, inputs, pooled) = self.read_out(batch, Pass::Train(planned))?;
         let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
-        let hg = self.head.backward(1.0 / denom.max(1) as f32)?;
+        // Under a loss scale every gradient is formed scaled and divided by the scale at the end.
+        let scale = self.loss_scale.map_or(1.0, |s| s.scale());
+        let hg = self.head.backward(scale / denom.max(1) as f32)?;
         let (k, width) = (self.graphs_per_example(), width_out(self.top().function()));
         let top = self.cells.len() - 1;
         let mut g = match self.readout {
@@ -499,9 +531,15 @@ impl<B: Backend> Model<B> {
             g = self.cells[k].backward(&[&below])?;
         }
         cells[0] = g.params;
-        let tables: Vec<SparseGrad> = g.tables.into_iter().flatten().collect();
-        let words = merge(&tables, self.embedding.dim());
-        Ok(ModelGrads { outputs, cells, head: hg.params, words })
+        let mut tables: Vec<SparseGrad> = g.tables.into_iter().flatten().collect();
+        // One lookup's rows are distinct and in order already; several (feeds) are merged.
+        let words = if tables.len() == 1 { tables.swap_remove(0) } else { merge(&tables, self.embedding.dim()) };
+        let mut grads = ModelGrads { outputs, cells, head: hg.params, words };
+        if scale != 1.0 {
+            let dense = grads.cells.iter_mut().flatten().chain(&mut grads.head);
+            scale_all(dense.chain([&mut grads.words.values]), 1.0 / scale);
+        }
+        Ok(grads)
     }
 
     /// The name prefix, function and gradients of every part: each layer, then the head.
@@ -513,14 +551,28 @@ impl<B: Backend> Model<B> {
     }
 
     /// Clips the joint norm of `grads` to `clip` if given and applies them with `opt` (see
-    /// [`Model::step`]); the next step draws new dropout masks.
-    pub fn apply(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<()> {
-        // A step that is not finite ends training (steps counted from 1).
+    /// [`Model::step`]); the next step draws new dropout masks. A step that is not finite ends
+    /// training with [`Error::Diverged`], or under a [loss scale](Model::with_loss_scale) is
+    /// skipped: returns whether the step was applied.
+    pub fn apply(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
+        // Steps counted from 1 since the start of training (the dropout key counts from 0).
         let step = self.cells[0].dropout_key().step + 1;
+        for engine in self.cells.iter_mut().chain(std::iter::once(self.head.engine())) {
+            let key = engine.dropout_key();
+            engine.set_dropout_key(DropoutKey { step: key.step + 1, ..key });
+        }
+        if let Some(scaler) = &mut self.loss_scale {
+            let dense = grads.cells.iter().flatten().chain(&grads.head).map(Vec::as_slice);
+            if !scaler.update(dense.chain([grads.words.values.as_slice()]).all(all_finite)) {
+                return Ok(false);
+            }
+        }
         let parts = self.parts(grads);
-        let named: Vec<(&str, &VertexFn, &Vec<Vec<f32>>)> =
-            parts.iter().map(|(n, f, g)| (n.as_str(), *f, *g)).collect();
-        check_gradients(step, &named, &grads.words.values)?;
+        if self.loss_scale.is_none() {
+            let named: Vec<(&str, &VertexFn, &Vec<Vec<f32>>)> =
+                parts.iter().map(|(n, f, g)| (n.as_str(), *f, *g)).collect();
+            check_gradients(step, &named, &grads.words.values)?;
+        }
         let names: Vec<Vec<String>> = parts.iter().map(|(n, f, _)| names(n, f)).collect();
         if let Some(max) = clip {
             let mut dense: Vec<&mut Vec<Vec<f32>>> = grads.cells.iter_mut().collect();
@@ -536,12 +588,7 @@ impl<B: Backend> Model<B> {
         }
         let dim = self.embedding.dim();
         opt.sparse("embedding", self.embedding.table_mut(), dim, &grads.words);
-        // The next step draws new dropout masks.
-        for engine in self.cells.iter_mut().chain(std::iter::once(self.head.engine())) {
-            let key = engine.dropout_key();
-            engine.set_dropout_key(DropoutKey { step: key.step + 1, ..key });
-        }
-        Ok(())
+        Ok(true)
     }
 
     /// The scheduler of the bottom cells' engine (for [`Model::gradients`] with a minibatch
@@ -563,7 +610,10 @@ impl<B: Backend> Model<B> {
             })
             .collect::<Result<Vec<_>>>()?;
         let head = self.head.replica_on(self.cells[0].backend().replica()?)?;
-        Ok(Model { embedding: self.embedding.clone(), cells, feeds: self.feeds.clone(), head, readout: self.readout })
+        let (embedding, feeds) = (self.embedding.clone(), self.feeds.clone());
+        let mut model = Model { embedding, cells, feeds, head, readout: self.readout, loss_scale: self.loss_scale };
+        model.skip_padding_grads();
+        Ok(model)
     }
 
     /// One data-parallel step on `batch` (the same on every worker of `coll`): this worker takes
@@ -692,6 +742,7 @@ impl<B: Backend> Model<B> {
 
     /// Checks `batch` and lays it out for the cells.
     fn layout<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
-        layout(batch, self.graphs_per_example(), self.readout, self.embedding.padding(), self.cells[0].function())
+        let parents = self.feeds.contains(&Feed::ParentWords).then(|| self.embedding.padding().unwrap_or(0));
+        layout(batch, self.graphs_per_example(), self.readout, parents, self.cells[0].function())
     }
 }

@@ -118,7 +118,7 @@ impl<B: Backend> Restored<B> {
         let cells =
             (0..layers).map(|k| kind.cell(if k == 0 { embed } else { hidden }, hidden)).collect::<Result<_>>()?;
         let words = Embedding::new(vocab, embed, 0.1, &mut rng).with_padding(PAD);
-        let mut model = stacked_model(&backend, words, cells, hidden, classes, 0, &mut rng)?;
+        let mut model = stacked_model(&backend, words, cells, hidden, classes, arbor::readout::Readout::Root, 0, &mut rng)?;
         model.restore(ck)?;
         Ok(Restored::Stack(Box::new(model), classes))
     }
@@ -140,18 +140,8 @@ impl<B: Backend> Restored<B> {
             Restored::One(model) => model.root_logits(trees, 256),
             Restored::Stack(model, classes) => {
                 let logits = model.infer_all(&Labelled::all(trees, LossOn::Root, *classes))?;
-                let rows: Vec<&[f32]> = logits.get("logits")?.chunks(*classes).collect();
-                // One row per vertex, tree after tree; the root is each tree's last vertex.
-                let mut end = 0;
-                trees
-                    .iter()
-                    .map(|t| {
-                        end += t.graph.len();
-                        rows.get(end - 1).map(|r| r.to_vec()).ok_or_else(|| {
-                            Error::input("head outputs `logits`", "a row per vertex", format!("{} rows", rows.len()))
-                        })
-                    })
-                    .collect()
+                // One row per tree: its root's.
+                Ok(logits.get("logits")?.chunks(*classes).map(<[f32]>::to_vec).collect())
             }
         }
     }

@@ -251,7 +251,8 @@ impl Setup<'_> {
         if let Some(w) = self.word_dropout() {
             words = words.with_word_dropout(w);
         }
-        stacked_model(backend, words, cells, hidden, classes, args.seed, &mut self.rng)
+        let readout = Labelled::readout(self.loss_on);
+        stacked_model(backend, words, cells, hidden, classes, readout, args.seed, &mut self.rng)
     }
 
     /// The train, dev and test trees as examples of a [`model::Model`] reading every vertex.
@@ -639,7 +640,7 @@ where
     Run<model::Model<B>>: Send,
 {
     let args = setup.args;
-    if args.layers > 1 {
+    if args.layers > 1 || std::env::var_os("ARBOR_OLD").is_none() {
         let model = setup.stacked_model(&backend, args.workers)?;
         let [train, dev, test] = setup.labelled();
         return fit_data_parallel(model, &setup, Splits { train: &train, dev: &dev, test: &test }, events);
@@ -715,22 +716,23 @@ where
 
 /// The CLI's stacked classifier on replicas of `backend`: word vectors `words`, the vertex
 /// functions `cells` bottom first (each above the first pulling the row the one below pushes)
-/// and a softmax classifier over `classes` reading every vertex's `hidden`-wide row, with fresh
+/// and a softmax classifier over `classes` reading `hidden`-wide rows with `readout`, with fresh
 /// parameters from `rng` and each layer's dropout masks keyed by `seed`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn stacked_model<B: Backend>(
     backend: &B,
     words: Embedding,
     cells: Vec<VertexFn>,
     hidden: usize,
     classes: usize,
+    readout: Readout,
     seed: u64,
     rng: &mut Rng,
 ) -> Result<model::Model<B>> {
     let mut cells = cells.into_iter();
     let bottom = cells.next().ok_or_else(|| Error::input("--layers", "at least 1", "0"))?;
     let head = softmax_classifier(hidden, classes)?;
-    let mut stacked =
-        model::Model::init(backend, words, bottom, vec![Feed::Words], head, rng)?.with_readout(Readout::Vertices);
+    let mut stacked = model::Model::init(backend, words, bottom, vec![Feed::Words], head, rng)?.with_readout(readout);
     for f in cells {
         stacked = stacked.stack(f, rng)?;
     }
