@@ -1,14 +1,13 @@
 //! The input layer around the vertex function (an embedding table feeding `pull`) and the
-//! choice of vertices that carry a loss. The output layer is a head in the IR
-//! ([`ClassHead`](crate::head::ClassHead)), differentiated like the vertex function.
-//!
-//! Training a Tree-LSTM for a few steps on three hand-written trees:
+//! choice of vertices that carry a loss. The output layer is a [`Head`](crate::head::Head) in
+//! the IR, differentiated like the vertex function; a [`Model`](crate::model::Model) puts the
+//! three together. By hand, training a Tree-LSTM for a few steps on three trees:
 //!
 //! ```
+//! use arbor::head::{softmax_classifier, Head};
+//! use arbor::layers::Embedding;
 //! use arbor::ptb::PtbTree;
 //! use arbor::rng::Rng;
-//! use arbor::head::ClassHead;
-//! use arbor::layers::{Embedding, LossOn};
 //! use arbor::{nn, CpuBackend, Engine, InputGraph};
 //!
 //! let text = ["(4 (3 good) (4 (3 very) (4 good)))", "(0 (1 bad) (0 (2 very) (0 bad)))", "(2 (2 a) (2 book))"];
@@ -16,35 +15,39 @@
 //! let vocab = ["good", "bad", "very", "a", "book"];
 //! let ids: Vec<u32> = trees.iter().flat_map(|t| t.words.iter())
 //!     .map(|w| w.as_ref().map_or(0, |w| vocab.iter().position(|v| v == w).unwrap() as u32)).collect();
-//! let labels: Vec<u32> = trees.iter().flat_map(|t| t.labels.iter()).map(|l| l.parse().unwrap()).collect();
 //! let graphs: Vec<&InputGraph> = trees.iter().map(|t| &t.graph).collect();
-//! let targets = LossOn::Root.select(&graphs, &labels)?;
+//! // Each tree's root (its last vertex) in the merged minibatch, and its one-hot label.
+//! let mut roots = Vec::new();
+//! let mut onehot = vec![0.0; 3 * 5];
+//! for (i, t) in trees.iter().enumerate() {
+//!     roots.push(roots.last().map_or(0, |r| r + 1) + t.graph.len() - 1);
+//!     onehot[i * 5 + t.labels[t.graph.len() - 1].parse::<usize>().unwrap()] = 1.0;
+//! }
 //!
 //! let (dim, hidden, lr) = (8, 8, 0.5);
 //! let mut rng = Rng::new(7);
 //! let mut embed = Embedding::new(vocab.len(), dim, 0.1, &mut rng);
 //! let cell = nn::tree_lstm(dim, hidden)?;
 //! let mut engine = Engine::new(CpuBackend::new(), cell.clone(), &cell.init_params(&mut rng))?;
-//! let mut out = ClassHead::softmax(CpuBackend::new(), hidden, 5, &mut rng)?;
+//! let f = softmax_classifier(hidden, 5)?;
+//! let mut head = Head::new(CpuBackend::new(), f.clone(), &f.init_params(&mut rng))?;
+//! let sgd = |params: Vec<&mut [f32]>, grads: &[Vec<f32>]| {
+//!     for (p, g) in params.into_iter().zip(grads) {
+//!         p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
+//!     }
+//! };
 //! let mut losses = Vec::new();
 //! for _ in 0..60 {
-//!     let h = engine.forward(&graphs, &[embed.pull(&ids)])?;
-//!     let step = out.loss_over(&h[0], &targets, 3)?; // the mean over the three roots
-//!     let grads = engine.backward(&[&step.grad_input])?;
-//!     engine.update_params(|params| {
-//!         for (p, g) in params.into_iter().zip(&grads.params) {
-//!             p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
-//!         }
-//!     })?;
+//!     let h = engine.forward_rows(&graphs, &[embed.pull(&ids)], &roots)?; // the roots' rows
+//!     let loss: f32 = head.forward(&[&h[0], &onehot])?[0].iter().sum();
+//!     let out = head.backward(1.0 / 3.0)?; // the mean over the three roots
+//!     let grads = engine.backward_rows(&roots, &[&out.pulls[0]])?;
+//!     engine.update_params(|params| sgd(params, &grads.params))?;
+//!     head.engine().update_params(|params| sgd(params, &out.params))?;
 //!     if let Some(g) = &grads.tables[0] {
 //!         embed.apply(g, -lr); // the looked-up rows' gradient, per id
 //!     }
-//!     out.head().engine().update_params(|params| {
-//!         for (p, g) in params.into_iter().zip(&step.grads) {
-//!             p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
-//!         }
-//!     })?;
-//!     losses.push(step.loss);
+//!     losses.push(loss / 3.0);
 //! }
 //! assert!(losses[59] < 0.5 * losses[0], "loss went from {} to {}", losses[0], losses[59]);
 //! # Ok::<(), arbor::Error>(())

@@ -17,8 +17,8 @@ pub mod readout;
 pub mod run_folder;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod train;
 pub mod trainer;
+pub mod zoo;
 
 pub use arbor_batching as batching;
 pub use arbor_core::backend::Backend;

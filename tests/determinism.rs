@@ -5,11 +5,12 @@
 //! (`ARBOR_CPU_ISA=avx2`), so both ways a product can run are covered on any machine.
 
 use arbor::backend::{Backend, Gemm, Loc, Mem};
-use arbor::data::{synthetic, TreeExample, PAD};
+use arbor::data::labelled::Labelled;
+use arbor::data::{synthetic, TreeExample};
 use arbor::layers::LossOn;
+use arbor::model::{AsExample, Example};
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::rng::Rng;
-use arbor::train::Classifier;
 use arbor::{nn, CpuBackend, HostBuffer};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -19,12 +20,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 fn train(data: &[TreeExample], threads: usize) -> Vec<Vec<f32>> {
     arbor::with_cpu_threads(threads, || {
         let mut rng = Rng::new(17);
-        let cell = nn::tree_lstm(32, 32).unwrap();
-        let mut m = Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut rng).unwrap();
+        let (cell, classes) = (nn::tree_lstm(32, 32).unwrap(), synthetic::CLASSES);
+        let mut m =
+            arbor::zoo::tree_classifier(cell, synthetic::vocab().len(), classes, LossOn::All, &mut rng).unwrap();
         let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.01));
         for batch in data.chunks(24) {
-            let batch: Vec<&TreeExample> = batch.iter().collect();
-            m.train_step(&batch, LossOn::All, &mut opt, Some(5.0)).unwrap();
+            let labelled = Labelled::all(batch, LossOn::All, classes);
+            let batch: Vec<Example<'_>> = labelled.iter().map(Labelled::example).collect();
+            m.step(&batch, &mut opt, Some(5.0)).unwrap();
         }
         m.tensors().unwrap().into_iter().map(|(_, _, values)| values).collect()
     })

@@ -3,7 +3,11 @@
 
 use crate::error::{Error, Result};
 use crate::graph::InputGraph;
+use crate::head::argmax;
+use crate::model::{AsExample, Example, Outputs, Tree};
+use crate::trainer::Scores;
 use std::path::Path;
+use std::sync::Arc;
 
 /// One graph: its nodes' labels, undirected edges, and class.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,5 +145,62 @@ impl GraphExample {
             }
         }
         InputGraph::from_children(children).expect("an unrolled graph only points to earlier steps")
+    }
+}
+
+/// A graph unrolled for message passing as an example of a [`Model`](crate::model::Model):
+/// each vertex pulls its node's label vector, the head reads the final step pooled (a
+/// [`Readout::Mean`](crate::readout::Readout::Mean) or another pooling over the last `n`
+/// vertices), and the target is the one-hot row of the graph's class. Cheap to clone (the
+/// unrolled graph is shared), so folds of a cross-validation copy no graph.
+#[derive(Clone, Debug)]
+pub struct Unrolled {
+    graph: Arc<InputGraph>,
+    /// A node label per vertex of the unrolled graph.
+    words: Arc<[u32]>,
+    nodes: usize,
+    label: u32,
+    classes: usize,
+}
+
+impl Unrolled {
+    /// Every graph of `data` unrolled for `steps` steps.
+    pub fn all(data: &TuDataset, steps: usize) -> Vec<Unrolled> {
+        data.graphs
+            .iter()
+            .map(|g| Unrolled {
+                graph: Arc::new(g.unroll(steps)),
+                words: g.node_labels.iter().copied().cycle().take(g.node_labels.len() * (steps + 1)).collect(),
+                nodes: g.node_labels.len(),
+                label: g.label,
+                classes: data.classes,
+            })
+            .collect()
+    }
+}
+
+impl AsExample for Unrolled {
+    fn example(&self) -> Example<'_> {
+        let n = self.graph.len();
+        let mut target = vec![0.0; self.classes];
+        if let Some(t) = target.get_mut(self.label as usize) {
+            *t = 1.0;
+        }
+        let tree = Tree { pool: Some(n - self.nodes..n), ..Tree::new(&self.graph, &self.words, n - 1) };
+        Example { trees: vec![tree], target }
+    }
+
+    /// The accuracy of the head's `logits` (one row per graph).
+    fn score(outputs: &Outputs, data: &[Self]) -> Result<Scores> {
+        let logits = outputs.get("logits")?;
+        let c = data.first().map_or(1, |d| d.classes.max(1));
+        if logits.len() != data.len() * c {
+            let got = format!("{} values", logits.len());
+            return Err(Error::input("head outputs `logits`", format!("a row of {c} per graph"), got));
+        }
+        let right = logits.chunks(c).zip(data).filter(|(l, d)| argmax(l) == d.label as usize).count();
+        // No data, no accuracy (NaN, `null` in JSON).
+        let acc = if data.is_empty() { f64::NAN } else { right as f64 / data.len() as f64 };
+        Ok(vec![("accuracy".into(), acc)])
     }
 }

@@ -1,20 +1,15 @@
-//! Data-parallel steps: every worker holds a replica of the model, takes a share of the minibatch
-//! balanced by vertex count, and the gradients are summed across workers (in rank order, so the
-//! replicas stay bitwise identical) and divided by the minibatch's target count, so a step equals
-//! one worker's step on the whole minibatch up to the rounding of the sums.
+//! What data-parallel steps are made of (see [`Model::step_shared`](crate::model::Model::step_shared)):
+//! every worker holds a replica of the model and takes a share of the minibatch balanced by
+//! vertex count ([`shard`]), and the gradients are summed across workers (in rank order, so the
+//! replicas stay bitwise identical), so a step equals one worker's step on the whole minibatch
+//! up to the rounding of the sums.
 //!
-//! Gradients travel in buckets as soon as they are final (wait-free backpropagation): the output
-//! layer's (with the loss counts) before the vertex function's backward pass runs, the vertex
-//! function's (one per parameter, handed over without a copy and summed out of place) before the
-//! embedding's gradient is formed, the embedding's sparse rows last.
+//! Gradients travel in buckets, each dense tensor handed over without a copy and summed out of
+//! place, the word vectors' sparse rows last; sparse gradients are summed by row
+//! ([`merge`]).
 
 use super::collective::{Collective, Values};
-use crate::data::TreeExample;
-use crate::engine::Planned;
-use crate::layers::{LossOn, SparseGrad};
-use crate::optim::Optimizer;
-use crate::train::{batch, Classifier, StepGrads, StepStats};
-use crate::{Backend, InputGraph};
+use crate::layers::SparseGrad;
 use arbor_core::error::{Error, Result};
 use std::ops::Range;
 use std::sync::Arc;
@@ -56,29 +51,6 @@ fn decode(rows: &[f32], values: &[f32], vocab: usize, dim: usize, me: usize, fro
         return Err(Error::Worker { rank: me, msg });
     }
     Ok(rows)
-}
-
-/// The targets of a minibatch (the denominator of its mean loss), and its cut into `n`
-/// contiguous shares of about equal vertex counts.
-pub(crate) fn split(examples: &[&TreeExample], n: usize, loss_on: LossOn) -> Result<(usize, Vec<Range<usize>>)> {
-    let mut targets = 0;
-    for e in examples {
-        targets += loss_on.select(&[&e.graph], &e.labels)?.iter().flatten().count();
-    }
-    let weights: Vec<usize> = examples.iter().map(|e| e.graph.len()).collect();
-    Ok((targets, shard(&weights, n)))
-}
-
-/// The graphs of worker `rank`'s share (of `size` workers) of a minibatch: what its engine runs.
-pub fn share_graphs<'a>(
-    examples: &[&'a TreeExample],
-    rank: usize,
-    size: usize,
-    loss_on: LossOn,
-) -> Result<Vec<&'a InputGraph>> {
-    let (_, shares) = split(examples, size, loss_on)?;
-    let mine = shares.get(rank).cloned().unwrap_or_default();
-    Ok(examples[mine].iter().map(|e| &e.graph).collect())
 }
 
 /// The sum of sparse gradients, added in the order given; rows ascending.
@@ -152,97 +124,4 @@ impl Pending {
             .collect::<Result<Vec<_>>>()?;
         Ok((dense, merge_parts(&parts, dim)))
     }
-}
-
-/// The output bucket: the output layer's gradients, then loss, correct, count and vertices.
-fn head(g: &[Vec<f32>], s: &StepStats) -> Vec<f32> {
-    let mut out: Vec<f32> = g.iter().flatten().copied().collect();
-    out.extend([s.loss, s.correct as f32, s.count as f32, s.vertices as f32]);
-    out
-}
-
-/// [`head`] taken apart: the output layer's gradients (shaped like `like`) and the numbers.
-fn unhead(bucket: &[f32], like: &[Vec<f32>]) -> (Vec<Vec<f32>>, StepStats) {
-    let mut at = 0;
-    let grads = like
-        .iter()
-        .map(|g| {
-            at += g.len();
-            bucket[at - g.len()..at].to_vec()
-        })
-        .collect();
-    let s = &bucket[at..];
-    (grads, StepStats { loss: s[0], correct: s[1] as usize, count: s[2] as usize, vertices: s[3] as usize })
-}
-
-/// One data-parallel optimizer step of `model` on the minibatch `examples` (the same on every
-/// worker): this worker's share forward and backward, gradients summed across `coll`, then the
-/// same update on every replica; `planned`, when given, is this worker's share already scheduled
-/// ([`share_graphs`]). Returns the whole minibatch's numbers. The summed gradients
-/// are new vectors every step: a program running many steps on threads wants its allocator to
-/// keep freed memory mapped (the `arbor` CLI sets glibc's thresholds so).
-pub fn step<B: Backend>(
-    model: &mut Classifier<B>,
-    coll: &mut dyn Collective,
-    examples: &[&TreeExample],
-    loss_on: LossOn,
-    opt: &mut Optimizer,
-    clip: Option<f32>,
-    planned: Option<Planned<'_>>,
-) -> Result<StepStats> {
-    let (denom, shares) = split(examples, coll.size(), loss_on)?;
-    let share = shares[coll.rank()].clone();
-    // Dropout masks are keyed by each tree's place in the whole minibatch, so every split of it
-    // draws the same masks.
-    let key = model.engine.dropout_key();
-    model.engine.set_dropout_key(crate::DropoutKey { first: share.start, ..key });
-    // The head's examples are the rows with a target: its masks are keyed by their place.
-    let mut before = 0;
-    for e in &examples[..share.start] {
-        before += loss_on.select(&[&e.graph], &e.labels)?.iter().flatten().count();
-    }
-    let out = model.out.head().engine();
-    out.set_dropout_key(crate::DropoutKey { first: before, ..out.dropout_key() });
-    let mine = &examples[share];
-    let local = batch(mine);
-    let many = coll.size() > 1;
-
-    let pass = if mine.is_empty() {
-        None
-    } else {
-        let targets = loss_on.select(&local.graphs, &local.labels)?;
-        let readout = crate::train::Readout::Vertices(&targets);
-        Some(model.output_pass_planned(&local.graphs, &local.words, readout, Some(denom), planned)?)
-    };
-    let (stats, classifier, push_grad) = match pass {
-        Some(out) => (out.stats, out.classifier, Some((out.push_grad, out.push_rows))),
-        None => {
-            let zeros = model.out.function().params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
-            (StepStats::default(), zeros, None)
-        }
-    };
-    // One worker: nothing to sum, so the output layer's gradients stay where they are.
-    let mut bucket0 = if many { head(&classifier, &stats) } else { Vec::new() };
-    if many {
-        coll.start_all_reduce(&bucket0)?;
-    }
-    let (cell, embedding) = match push_grad {
-        Some((push_grad, rows)) => model.input_pass(&push_grad, rows.as_deref())?,
-        None => {
-            let params = model.engine.function().params();
-            (params.iter().map(|p| vec![0.0; p.shape.numel()]).collect(), SparseGrad::default())
-        }
-    };
-    let (cell, embedding) = if many {
-        let pending = Pending::start(coll, cell, embedding)?;
-        coll.finish_all_reduce(&mut bucket0)?;
-        pending.finish(coll, model.embed.vocab(), model.embed.dim())?
-    } else {
-        (cell, embedding)
-    };
-
-    let (classifier, stats) = if many { unhead(&bucket0, &classifier) } else { (classifier, stats) };
-    let mut grads = StepGrads { stats, cell, classifier, embedding };
-    model.apply(&mut grads, opt, clip)?;
-    Ok(grads.stats)
 }

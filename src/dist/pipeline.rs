@@ -20,8 +20,8 @@ use crate::layers::Embedding;
 use crate::model::{self, layer_prefix, AsExample, Example, Feed, Layout, Model, Outputs};
 use crate::optim::{check_finite, clip_to, sum_squares, Optimizer};
 use crate::readout::Readout;
-use crate::train::{names, update, StepStats};
-use crate::trainer::{each_step, epoch_order, Event, Scores, Splits, Summary};
+use crate::trainer::step::{names, update};
+use crate::trainer::{each_step, epoch_order, Event, Scores, Splits, StepStats, Summary};
 use crate::{Backend, CpuBackend, DropoutKey, VertexFn};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
@@ -359,9 +359,10 @@ impl<B: Backend> Stage<B> {
 
     /// Lays out `batch`.
     fn lay_out<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
-        let parents = self.part.input.as_ref().and_then(|(e, feeds)| {
-            feeds.contains(&crate::model::Feed::ParentWords).then(|| e.padding().unwrap_or(0))
-        });
+        let parents =
+            self.part.input.as_ref().and_then(|(e, feeds)| {
+                feeds.contains(&crate::model::Feed::ParentWords).then(|| e.padding().unwrap_or(0))
+            });
         let f = self
             .part
             .layers

@@ -19,8 +19,8 @@ use crate::layers::Embedding;
 use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::{all_finite, Optimizer};
 use crate::readout::{Pooled, Readout};
-use crate::train::{check_gradients, clip_all, names, tensor_name, StepStats};
-use crate::trainer::{Learned, Learner, Scores, Settings};
+use crate::trainer::step::{check_gradients, clip_all, names, tensor_name};
+use crate::trainer::{Learned, Learner, Scores, Settings, StepStats};
 use crate::DropoutKey;
 use crate::{Backend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
@@ -159,8 +159,7 @@ pub trait AsExample: Sync + Sized {
     /// How many terms the example's loss sums (its loss-carrying vertices, for a target per
     /// vertex). The training loop divides a minibatch's summed loss by its examples' total, so
     /// the default of one per example trains on the mean over examples, and a count of
-    /// labelled vertices on the mean over them, as [`Classifier`](crate::train::Classifier)
-    /// does.
+    /// labelled vertices on the mean over them.
     fn terms(&self) -> usize {
         1
     }
@@ -241,8 +240,7 @@ impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
     }
 
     fn score(&mut self, data: &[E]) -> Result<Scores> {
-        let outputs = self.infer_all(data)?;
-        E::score(&outputs, data)
+        Model::score(self, data)
     }
 }
 
@@ -450,6 +448,12 @@ impl<B: Backend> Model<B> {
         Ok(out)
     }
 
+    /// The scores of the model on `data` by name ([`AsExample::score`]), from inference.
+    pub fn score<E: AsExample>(&mut self, data: &[E]) -> Result<Scores> {
+        let outputs = self.infer_all(data)?;
+        E::score(&outputs, data)
+    }
+
     /// Runs the cells over `batch` (keeping what a backward pass needs unless `pass` is
     /// inference); returns the layout, the head's inputs (per graph slot, the read-out rows of
     /// every example, then the targets) and, for a pooling readout, the pooling.
@@ -589,6 +593,11 @@ impl<B: Backend> Model<B> {
         let dim = self.embedding.dim();
         opt.sparse("embedding", self.embedding.table_mut(), dim, &grads.words);
         Ok(true)
+    }
+
+    /// Floating-point operations the cells' and the head's engines executed so far.
+    pub fn flops(&mut self) -> u64 {
+        self.cells.iter().map(Engine::flops).sum::<u64>() + self.head.engine().flops()
     }
 
     /// The scheduler of the bottom cells' engine (for [`Model::gradients`] with a minibatch

@@ -1,7 +1,6 @@
 //! The one training loop: epochs of shuffled minibatches, data-parallel over any
 //! [`Collective`] (one worker, threads, or MPI ranks), with CheckFreq-style checkpoints, for any
-//! [`Learner`]: a [`Classifier`] of trees, sequences or graphs, or a whole
-//! [`Model`](crate::model::Model) over examples of one or more graphs.
+//! [`Learner`]: a [`Model`](crate::model::Model) over examples of one or more graphs.
 //!
 //! Every worker runs the same loop on the same data (SPMD); worker 0 alone evaluates, reports and
 //! writes checkpoints. A checkpoint holds the parameters, the optimizer state, the position of
@@ -11,20 +10,22 @@
 use crate::average::Average;
 use crate::checkpoint::{Checkpoint, Lent, Named, Persister};
 use crate::data::TreeExample;
-use crate::dist::{data_parallel, Collective, ThreadCollective};
+use crate::dist::{Collective, ThreadCollective};
 use crate::engine::{Planned, Planner};
-use crate::layers::LossOn;
 use crate::optim::Optimizer;
-use crate::train::{Classifier, StepStats};
-use crate::{Backend, CpuBackend, InputGraph};
+use crate::InputGraph;
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
+mod folds;
 mod settings;
+pub(crate) mod step;
+pub use folds::{cross_validate, fold_indices, CvResult};
 pub use settings::{EpochEnd, EpochHook, LrSchedule, Next, Settings};
+pub use step::StepStats;
 
 /// Where the data iterator stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,8 +68,7 @@ fn main_score(scores: &Scores) -> f64 {
 }
 
 /// What the one training loop trains: a model over examples of type `E`, one data-parallel step
-/// at a time. [`Classifier`] learns from [`TreeExample`]s (a class per vertex or per graph);
-/// [`Model`](crate::model::Model) from any example that is
+/// at a time. [`Model`](crate::model::Model) learns from any example that is
 /// [one or more graphs and a target](crate::model::AsExample).
 pub trait Learner<E>: Learned {
     /// The graphs this worker's engine runs for worker `rank`'s share (of `size` workers) of
@@ -115,58 +115,6 @@ pub trait Learned: Sized {
     fn replica(&self) -> Result<Self>;
 }
 
-impl<B: Backend> Learner<TreeExample> for Classifier<B> {
-    fn share_graphs<'a>(
-        batch: &[&'a TreeExample],
-        rank: usize,
-        size: usize,
-        plan: &Settings,
-    ) -> Result<Vec<&'a InputGraph>> {
-        data_parallel::share_graphs(batch, rank, size, plan.loss_on)
-    }
-
-    fn planner(&self) -> Planner {
-        self.engine.planner()
-    }
-
-    fn step(
-        &mut self,
-        coll: &mut dyn Collective,
-        batch: &[&TreeExample],
-        opt: &mut Optimizer,
-        plan: &Settings,
-        step: u64,
-        planned: Planned<'_>,
-    ) -> Result<StepStats> {
-        for engine in [&mut self.engine, self.out.head().engine()] {
-            engine.set_dropout_key(crate::DropoutKey { step, ..engine.dropout_key() });
-        }
-        data_parallel::step(self, coll, batch, plan.loss_on, opt, plan.clip, Some(planned))
-    }
-
-    fn score(&mut self, data: &[TreeExample]) -> Result<Scores> {
-        Ok(vec![("acc".into(), self.accuracy(data, 256)?)])
-    }
-}
-
-impl<B: Backend> Learned for Classifier<B> {
-    fn tensors(&self) -> Result<Vec<Named>> {
-        Classifier::tensors(self)
-    }
-
-    fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
-        Classifier::tensors_lent(self)
-    }
-
-    fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
-        Classifier::restore(self, ck)
-    }
-
-    fn replica(&self) -> Result<Self> {
-        Classifier::replica(self)
-    }
-}
-
 /// What a run reports as it goes (the reporting worker: worker 0 of a data-parallel run, the
 /// last stage of a pipeline).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -210,8 +158,8 @@ pub struct Summary {
 }
 
 /// Everything a run carries from step to step, and so everything a checkpoint holds; the model
-/// is a [`Learner`] (a [`Classifier`] on the CPU unless said otherwise).
-pub struct Run<L = Classifier<CpuBackend>> {
+/// is a [`Learner`].
+pub struct Run<L> {
     /// The model.
     pub model: L,
     /// The optimizer and its state.
@@ -260,6 +208,16 @@ impl<L> Run<L> {
             best_epoch: 0,
             last_epoch: None,
         }
+    }
+
+    /// [`Run::fit`] with one worker on this thread, telling `events` nothing.
+    pub fn fit_local<E: Sync>(&mut self, data: Splits<'_, E>, plan: &Settings) -> Result<Summary>
+    where
+        L: Learner<E>,
+    {
+        let no_worker = || Error::Worker { rank: 0, msg: "no worker".into() };
+        let mut coll = ThreadCollective::group(1, crate::dist::DEFAULT_TIMEOUT).pop().ok_or_else(no_worker)?;
+        self.fit(data, plan, &mut coll, &mut |_| {})
     }
 
     /// Scores the model with its tensors averaged over the steps, at `decay` per step (see
@@ -588,9 +546,8 @@ fn differing(a: &str, b: &str) -> (String, String) {
     (part(&fa), part(&fb))
 }
 
-/// The one loop over steps that every trainer runs (`arbor train` and `arbor bench --mode
-/// train` through [`train_steps`], [`Run::fit`], [`Classifier::train_batches`],
-/// [`cross_validate`](crate::train::cross_validate), and a pipeline stage's passes): while
+/// The one loop over steps that every trainer runs ([`Run::fit`], which `arbor train`, `arbor
+/// bench --mode train` and cross-validation run, and a pipeline stage's passes): while
 /// `step` runs step `k` with what `prepare(k)` made of it, `prepare(k + 1)` runs on a helper
 /// thread — for a minibatch, checking and scheduling its graphs ([`plan_each`]) — when this
 /// thread's CPU budget leaves a core for it (more than one thread), else right after step `k`.
@@ -637,27 +594,6 @@ pub fn plan_each<'g>(
     step: &mut dyn FnMut(usize, Planned<'g>) -> Result<bool>,
 ) -> Result<()> {
     each_step(count, &|k| planner.plan(&graphs(k)?), step)
-}
-
-/// Data-parallel training steps ([`data_parallel::step`]) on `batches` (the same on every
-/// worker), through [`each_step`]: what `arbor train` runs per epoch and `arbor bench --mode
-/// train` times. `after` hears each step's numbers and its tree count and says whether to go on.
-#[allow(clippy::too_many_arguments)]
-pub fn train_steps<B: Backend>(
-    model: &mut Classifier<B>,
-    opt: &mut Optimizer,
-    coll: &mut dyn Collective,
-    batches: &[Vec<&TreeExample>],
-    loss_on: LossOn,
-    clip: Option<f32>,
-    after: &mut dyn FnMut(&StepStats, usize) -> Result<bool>,
-) -> Result<()> {
-    let (rank, size) = (coll.rank(), coll.size());
-    let graphs = |k: usize| data_parallel::share_graphs(&batches[k], rank, size, loss_on);
-    plan_each(&model.engine.planner(), batches.len(), &graphs, &mut |k, planned| {
-        let stats = data_parallel::step(model, coll, &batches[k], loss_on, opt, clip, Some(planned))?;
-        after(&stats, batches[k].len())
-    })
 }
 
 /// The order of an epoch over `len` examples, drawn from `rng`.

@@ -2,7 +2,6 @@
 //! built with defaults ([`Settings::new`]) and per-epoch hooks that stop a run early or set
 //! its learning rate.
 
-use crate::layers::LossOn;
 use serde_json::Value;
 use std::fmt;
 use std::path::PathBuf;
@@ -49,9 +48,6 @@ pub struct Settings {
     pub epochs: usize,
     /// Examples per minibatch (the whole minibatch, over all workers).
     pub batch: usize,
-    /// Where the loss is taken (a [`Classifier`](crate::train::Classifier)'s trees; a
-    /// [`Model`](crate::model::Model)'s head says for itself).
-    pub loss_on: LossOn,
     /// Gradient-norm bound.
     pub clip: Option<f32>,
     /// Keep checkpoints here: `last/` (latest) and `best/` (best dev accuracy).
@@ -75,7 +71,6 @@ impl fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("epochs", &self.epochs)
             .field("batch", &self.batch)
-            .field("loss_on", &self.loss_on)
             .field("clip", &self.clip)
             .field("checkpoint", &self.checkpoint)
             .field("checkpoint_every", &self.checkpoint_every)
@@ -95,7 +90,6 @@ impl Settings {
         Settings {
             epochs,
             batch,
-            loss_on: LossOn::All,
             clip: Some(5.0),
             checkpoint: None,
             checkpoint_every: None,

@@ -4,17 +4,20 @@ use crate::args::*;
 use crate::{bar, load};
 #[cfg(feature = "cuda")]
 use arbor::cuda::Precision;
+use arbor::data::labelled::Labelled;
 use arbor::data::{synthetic, TreeExample, PAD};
-use arbor::dist::{Collective, ThreadCollective};
-use arbor::layers::LossOn;
+use arbor::dist::Collective;
+use arbor::head::argmax;
+use arbor::layers::{Embedding, LossOn};
 #[cfg(feature = "cuda")]
 use arbor::loss_scale::LossScaler;
-use arbor::nn::Model;
+use arbor::model::{AsExample, Example, Model};
+use arbor::nn::Model as Kind;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::readout::Readout;
 use arbor::rng::Rng;
-use arbor::train::Classifier;
-use arbor::trainer::{on_threads, train_steps};
-use arbor::{Backend, Error, Result};
+use arbor::trainer::{fit_threads, on_threads, Event, Run, Settings, Splits};
+use arbor::{Backend, CpuBackend, Error, Result, VertexFn};
 use indicatif::ProgressBar;
 use serde_json::json;
 use std::time::Instant;
@@ -29,95 +32,101 @@ pub(crate) fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Infers `batch` and predicts each tree's root class (what inference is timed on).
-pub(crate) fn infer_batch<B: Backend>(model: &mut Classifier<B>, batch: &[&TreeExample]) -> Result<()> {
-    let graphs: Vec<&arbor::InputGraph> = batch.iter().map(|e| &e.graph).collect();
-    let ids: Vec<u32> = batch.iter().flat_map(|e| e.words.iter().copied()).collect();
-    let (mut roots, mut base) = (Vec::with_capacity(batch.len()), 0);
-    for e in batch {
-        roots.extend(e.graph.roots().into_iter().map(|r| base + r));
-        base += e.graph.len();
-    }
-    let h = model.infer_rows(&graphs, &ids, &roots)?;
-    model.out.predict(&h)?;
-    Ok(())
-}
-
 /// The bench's progress bar.
 pub(crate) fn bench_bar(args: &BenchArgs, len: usize) -> ProgressBar {
     let mode = if args.mode == Mode::Train { "train" } else { "infer" };
     bar(len, format!("bench {} {mode}", args.model.model().name()))
 }
 
-/// One bench worker's pass over `batches`: in training, the data-parallel steps of `arbor train`
-/// ([`train_steps`]) on every minibatch; in inference, every `args.workers`-th minibatch from
-/// its rank on.
-pub(crate) fn worker_pass<B: Backend>(
-    model: &mut Classifier<B>,
-    coll: &mut dyn Collective,
-    opt: &mut Optimizer,
+/// The model `arbor train` trains, on `backend`: one layer of `cell` over `vocab` words, reading
+/// what `loss_on` says (inference reads the roots).
+fn bench_model<B: Backend>(
+    backend: &B,
+    cell: VertexFn,
+    vocab: usize,
+    classes: usize,
     args: &BenchArgs,
     loss_on: LossOn,
-    batches: &[Vec<&TreeExample>],
-    pb: Option<&ProgressBar>,
-) -> Result<()> {
-    let me = coll.rank();
-    // In training every worker steps on every minibatch: the first one counts it.
-    let count = |trees: usize| {
-        if let Some(pb) = pb.filter(|_| args.mode == Mode::Infer || me == 0) {
-            pb.inc(trees as u64);
-        }
-    };
-    match args.mode {
-        Mode::Train => train_steps(model, opt, coll, batches, loss_on, None, &mut |_, trees| {
-            count(trees);
-            Ok(true)
-        }),
-        Mode::Infer => {
-            for batch in batches.iter().skip(me).step_by(args.workers) {
-                infer_batch(model, batch)?;
-                count(batch.len());
-            }
-            Ok(())
-        }
-    }
+) -> Result<Model<B>> {
+    let mut rng = Rng::new(1);
+    let words = Embedding::new(vocab, args.embed, 0.1, &mut rng).with_padding(PAD);
+    let readout = if args.mode == Mode::Train { Labelled::readout(loss_on) } else { Readout::Root };
+    arbor::zoo::classifier(backend, words, vec![cell], classes, readout, 0, &mut rng)
 }
 
-/// Times `args.sentences` of `examples` through `args.workers` replicas of `model` on threads
-/// (see `BenchArgs::workers`), each with a [replica](Backend::replica) of its backend: each
-/// warms up on three minibatches, the workers meet, and the time runs until the last one is
-/// done. Returns the seconds and the floating-point operations the engines executed.
-pub(crate) fn measure<B: Backend>(
-    model: Classifier<B>,
-    args: &BenchArgs,
-    examples: &[&TreeExample],
-    loss_on: LossOn,
-) -> Result<(f64, f64)>
+/// Times `examples` through `args.workers` replicas of `model` on threads (see
+/// `BenchArgs::workers`), each with a [replica](Backend::replica) of its backend, after a warm-up
+/// on three minibatches. Training runs one epoch of [`Run::fit`], the loop `arbor train` runs;
+/// inference gives each worker every `args.workers`-th minibatch from its rank on. Returns the
+/// seconds and the floating-point operations the engines executed.
+pub(crate) fn measure<B: Backend>(model: Model<B>, args: &BenchArgs, examples: &[Labelled<'_>]) -> Result<(f64, f64)>
 where
-    Classifier<B>: Send,
+    Model<B>: Send,
 {
-    let mut replicas: Vec<Classifier<B>> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
-    replicas.insert(0, model);
-    let batches: Vec<Vec<&TreeExample>> = examples.chunks(args.batch).map(<[_]>::to_vec).collect();
-    let warmup = batches.len().min(3);
+    let warmup = &examples[..examples.len().min(3 * args.batch)];
     let pb = bench_bar(args, examples.len());
-    let timed = on_threads(replicas, arbor::dist::DEFAULT_TIMEOUT, 0, &mut |_| {}, |mut model, coll, _| {
-        let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
-        let mut pass = |model: &mut Classifier<B>, coll: &mut ThreadCollective, batches, pb| {
-            worker_pass(model, coll, &mut opt, args, loss_on, batches, pb)
+    if args.mode == Mode::Train {
+        let mut run = Run::new(model, Optimizer::new(Config::new(Rule::Adagrad, 0.05)), &Rng::new(1));
+        let timeout = arbor::dist::DEFAULT_TIMEOUT;
+        let plan = Settings::new(1, args.batch);
+        fit_threads(
+            &mut run,
+            args.workers,
+            timeout,
+            Splits { train: warmup, dev: &[], test: &[] },
+            &plan,
+            &mut |_| {},
+        )?;
+        let mut run = Run::new(run.model, run.opt, &Rng::new(2));
+        let flops_before = run.model.flops();
+        let start = Instant::now();
+        let mut progress = |e: Event| {
+            if let Event::Trees(n) = e {
+                pb.inc(n as u64);
+            }
         };
-        pass(&mut model, coll, &batches[..warmup], None)?;
+        let timed = Splits { train: examples, dev: &[], test: &[] };
+        fit_threads(&mut run, args.workers, timeout, timed, &plan, &mut progress)?;
+        let seconds = start.elapsed().as_secs_f64();
+        pb.finish_and_clear();
+        // Every replica runs its share of each minibatch: the first one's flops are its share.
+        let flops = (run.model.flops() - flops_before) as f64 * args.workers as f64;
+        return Ok((seconds, flops));
+    }
+    let mut replicas: Vec<Model<B>> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
+    replicas.insert(0, model);
+    let batches: Vec<Vec<Example<'_>>> =
+        examples.chunks(args.batch).map(|c| c.iter().map(Labelled::example).collect()).collect();
+    let timed = on_threads(replicas, arbor::dist::DEFAULT_TIMEOUT, 0, &mut |_| {}, |mut model, coll, _| {
+        let me = coll.rank();
+        let pass = |model: &mut Model<B>, batches: &[Vec<Example<'_>>], pb: Option<&ProgressBar>| -> Result<()> {
+            for batch in batches.iter().skip(me).step_by(args.workers) {
+                // Inference and each tree's predicted root class.
+                let out = model.infer(batch)?;
+                let logits = out.get(1).map_or(&[][..], Vec::as_slice);
+                std::hint::black_box(logits.chunks(classes_of(batch)).map(argmax).collect::<Vec<_>>());
+                if let Some(pb) = pb {
+                    pb.inc(batch.len() as u64);
+                }
+            }
+            Ok(())
+        };
+        pass(&mut model, &batches[..batches.len().min(3)], None)?;
         let mut meet = [0.0f32];
         coll.all_reduce_sum(&mut meet)?;
-        let flops_before = model.engine.flops();
+        let flops_before = model.flops();
         let start = Instant::now();
-        pass(&mut model, coll, &batches, Some(&pb))?;
-        Ok((start, model.engine.flops() - flops_before))
+        pass(&mut model, &batches, Some(&pb))?;
+        Ok((start, model.flops() - flops_before))
     })?;
     let seconds = timed.iter().map(|(start, _)| start.elapsed()).max().unwrap_or_default().as_secs_f64();
     pb.finish_and_clear();
-    // Training replicas repeat the same minibatches' shares: their flops add up to one pass.
     Ok((seconds, timed.iter().map(|&(_, flops)| flops as f64).sum()))
+}
+
+/// The classes of a minibatch's target rows (each example's one row).
+fn classes_of(batch: &[Example<'_>]) -> usize {
+    batch.first().map_or(1, |e| e.target.len().max(1))
 }
 
 pub(crate) fn bench(args: &BenchArgs) -> Result<()> {
@@ -137,7 +146,7 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
         let expected = format!("between 1 and the trees of a minibatch (--batch {})", args.batch);
         return Err(Error::input("--workers", expected, args.workers.to_string()));
     }
-    if args.model.model() == Model::TreeFc && args.data.is_none() && args.leaves == 0 {
+    if args.model.model() == Kind::TreeFc && args.data.is_none() && args.leaves == 0 {
         return Err(Error::input("--leaves", "at least 1 leaf", "0"));
     }
     if args.device == Device::Cpu && args.precision != PrecisionArg::F32 {
@@ -168,7 +177,7 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
     }
     let cell = model_kind.cell(args.embed, args.hidden)?;
     let (pool, vocab, classes) = match (&args.data, model_kind) {
-        (None, Model::TreeFc) => {
+        (None, Kind::TreeFc) => {
             // Checked before the tree is built: its vertices, and a minibatch's values.
             let vertices = (2 * args.leaves as u128).saturating_sub(1);
             let minibatch = vertices * args.batch.min(args.sentences) as u128;
@@ -194,15 +203,17 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
     arbor::memory::check_model("--hidden, --embed and --workers", floats, 2 * args.workers as u128)?;
     let (fwd_flops, bwd_flops) = cell.flops_per_vertex();
     let nominal_per_vertex = fwd_flops + if args.mode == Mode::Train { bwd_flops } else { 0 };
-    let mut rng = Rng::new(1);
     let loss_on = if args.loss == Loss::All && !model_kind.chains() { LossOn::All } else { LossOn::Root };
+    // Inference reads the roots, whatever the loss.
+    let on = if args.mode == Mode::Train { loss_on } else { LossOn::Root };
+    let labelled: Vec<Labelled<'_>> = examples.iter().map(|tree| Labelled { tree, loss_on: on, classes }).collect();
     let (seconds, flops, gpu) = match args.device {
         Device::Cpu => {
-            let model = Classifier::new(cell, vocab, Some(PAD), classes, &mut rng)?;
-            let (seconds, flops) = measure(model, args, &examples, loss_on)?;
+            let model = bench_model(&CpuBackend::new(), cell, vocab, classes, args, loss_on)?;
+            let (seconds, flops) = measure(model, args, &labelled)?;
             (seconds, flops, None)
         }
-        Device::Cuda => measure_on_gpu(cell, vocab, classes, args, &examples, loss_on, &mut rng)?,
+        Device::Cuda => measure_on_gpu(cell, vocab, classes, args, &labelled, loss_on)?,
     };
     let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
     let nominal = vertices as f64 * nominal_per_vertex as f64;
@@ -245,13 +256,12 @@ fn significant(x: f64) -> f64 {
 /// The measurement on the first CUDA device: seconds, FLOPs and the device's name.
 #[cfg(feature = "cuda")]
 fn measure_on_gpu(
-    cell: arbor::VertexFn,
+    cell: VertexFn,
     vocab: usize,
     classes: usize,
     args: &BenchArgs,
-    examples: &[&TreeExample],
+    examples: &[Labelled<'_>],
     loss_on: LossOn,
-    rng: &mut Rng,
 ) -> Result<(f64, f64, Option<String>)> {
     let gpu = crate::cuda_backend()?;
     let name = gpu.description().to_string();
@@ -261,24 +271,23 @@ fn measure_on_gpu(
         PrecisionArg::Bf16 => Precision::Bf16,
         PrecisionArg::F16 => Precision::F16,
     });
-    let mut model = Classifier::on(gpu, cell, vocab, Some(PAD), classes, rng)?;
+    let mut model = bench_model(&gpu, cell, vocab, classes, args, loss_on)?;
     if args.precision == PrecisionArg::F16 {
-        model.loss_scale = Some(LossScaler::dynamic());
+        model = model.with_loss_scale(LossScaler::dynamic());
     }
-    let (seconds, flops) = measure(model, args, examples, loss_on)?;
+    let (seconds, flops) = measure(model, args, examples)?;
     Ok((seconds, flops, Some(name)))
 }
 
 /// `--device cuda` in a build without the `cuda` feature: the error saying so.
 #[cfg(not(feature = "cuda"))]
 fn measure_on_gpu(
-    _: arbor::VertexFn,
+    _: VertexFn,
     _: usize,
     _: usize,
     _: &BenchArgs,
-    _: &[&TreeExample],
+    _: &[Labelled<'_>],
     _: LossOn,
-    _: &mut Rng,
 ) -> Result<(f64, f64, Option<String>)> {
     crate::cuda_backend().map(|_| (0.0, 0.0, None))
 }

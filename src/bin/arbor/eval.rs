@@ -2,7 +2,6 @@
 
 use crate::args::{Device, EvalArgs};
 use crate::meta_usize;
-use crate::train::stacked_model;
 use arbor::average::Average;
 use arbor::checkpoint::Checkpoint;
 use arbor::data::labelled::Labelled;
@@ -10,9 +9,8 @@ use arbor::data::{sst, synthetic, TreeExample, Vocab, PAD};
 use arbor::layers::{Embedding, LossOn};
 use arbor::model;
 use arbor::nn::Model;
+use arbor::readout::Readout;
 use arbor::rng::Rng;
-use arbor::train::Classifier;
-use arbor::trainer::Learner as _;
 use arbor::{Backend, CpuBackend, Error, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -95,11 +93,11 @@ pub(crate) fn vocabulary(meta: &Value) -> (Vec<String>, bool) {
     (words, meta["lowercase"].as_bool().unwrap_or(false))
 }
 
-/// A tree or sequence classifier restored from a checkpoint: one layer, or a stack of as many
-/// layers as the checkpoint's `layers`.
-pub(crate) enum Restored<B: Backend> {
-    One(Box<Classifier<B>>),
-    Stack(Box<model::Model<B>>, usize),
+/// A tree or sequence classifier restored from a checkpoint (as many layers as its `layers`),
+/// reading the roots.
+pub(crate) struct Restored<B: Backend> {
+    model: model::Model<B>,
+    classes: usize,
 }
 
 impl<B: Backend> Restored<B> {
@@ -110,39 +108,23 @@ impl<B: Backend> Restored<B> {
             (meta_usize(meta, "embed")?, meta_usize(meta, "hidden")?, meta_usize(meta, "classes")?);
         let layers = meta["layers"].as_u64().map_or(1, |l| l as usize);
         let mut rng = Rng::new(0);
-        if layers == 1 {
-            let mut model = Classifier::on(backend, kind.cell(embed, hidden)?, vocab, Some(PAD), classes, &mut rng)?;
-            model.restore(ck)?;
-            return Ok(Restored::One(Box::new(model)));
-        }
         let cells =
             (0..layers).map(|k| kind.cell(if k == 0 { embed } else { hidden }, hidden)).collect::<Result<_>>()?;
         let words = Embedding::new(vocab, embed, 0.1, &mut rng).with_padding(PAD);
-        let mut model = stacked_model(&backend, words, cells, hidden, classes, arbor::readout::Readout::Root, 0, &mut rng)?;
+        let mut model = arbor::zoo::classifier(&backend, words, cells, classes, Readout::Root, 0, &mut rng)?;
         model.restore(ck)?;
-        Ok(Restored::Stack(Box::new(model), classes))
+        Ok(Restored { model, classes })
     }
 
     /// Root accuracy on `test`.
     pub(crate) fn accuracy(&mut self, test: &[TreeExample]) -> Result<f64> {
-        match self {
-            Restored::One(model) => model.accuracy(test, 256),
-            Restored::Stack(model, classes) => {
-                let scores = model.score(&Labelled::all(test, LossOn::Root, *classes))?;
-                Ok(scores.first().map_or(f64::NAN, |s| s.1))
-            }
-        }
+        let scores = self.model.score(&Labelled::all(test, LossOn::Root, self.classes))?;
+        Ok(scores.first().map_or(f64::NAN, |s| s.1))
     }
 
     /// The class scores (logits) at each tree's root; the trees' labels are not read.
     pub(crate) fn root_logits(&mut self, trees: &[TreeExample]) -> Result<Vec<Vec<f32>>> {
-        match self {
-            Restored::One(model) => model.root_logits(trees, 256),
-            Restored::Stack(model, classes) => {
-                let logits = model.infer_all(&Labelled::all(trees, LossOn::Root, *classes))?;
-                // One row per tree: its root's.
-                Ok(logits.get("logits")?.chunks(*classes).map(<[f32]>::to_vec).collect())
-            }
-        }
+        let logits = self.model.infer_all(&Labelled::all(trees, LossOn::Root, self.classes))?;
+        Ok(logits.get("logits")?.chunks(self.classes).map(<[f32]>::to_vec).collect())
     }
 }

@@ -3,7 +3,8 @@
 use crate::args::{Device, TrainArgs};
 use crate::train::{optimizer, Sizes};
 use arbor::data::tu;
-use arbor::train::{cross_validate, cross_validate_on, GraphTraining};
+use arbor::zoo::{cross_validate_ggnn, GraphTraining};
+use arbor::CpuBackend;
 use arbor::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -83,20 +84,20 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         pb.inc(1);
     };
     let result = match args.device {
-        Device::Cpu => cross_validate(&data, &cfg, &mut progress)?,
-        Device::Cuda => cross_validate_on(&crate::cuda_backend()?, &data, &cfg, &mut progress)?,
+        Device::Cpu => cross_validate_ggnn(&CpuBackend::new(), &data, &cfg, &mut progress)?,
+        Device::Cuda => cross_validate_ggnn(&crate::cuda_backend()?, &data, &cfg, &mut progress)?,
     };
     pb.finish_and_clear();
-    for (k, a) in result.fold_acc.iter().enumerate() {
+    for (k, a) in result.fold_scores.iter().enumerate() {
         eprintln!("fold {}: held-out accuracy {a:.4}", k + 1);
     }
     println!(
         "{}",
         json!({
-            "model": "ggnn", "data": dir.display().to_string(), "folds": result.fold_acc.len(), "epochs": epochs,
+            "model": "ggnn", "data": dir.display().to_string(), "folds": result.fold_scores.len(), "epochs": epochs,
             "steps": args.steps(), "hidden": sizes.hidden, "embed": sizes.embed,
             "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
-            "graphs_per_s": result.graphs_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
+            "graphs_per_s": result.examples_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
         })
     );
     Ok(())

@@ -10,7 +10,6 @@ use arbor::checkpoint::Checkpoint;
 use arbor::data::sick::{self, Pair};
 use arbor::data::{Vocab, PAD};
 use arbor::layers::Embedding;
-use arbor::layers::LossOn;
 use arbor::model::{AsExample, Feed, Model};
 use arbor::rng::Rng;
 use arbor::trainer::{fit_threads, Event, Run, Splits};
@@ -78,7 +77,6 @@ where
     let mut plan = settings(
         args,
         epochs,
-        LossOn::Root,
         json!({
             "model": "sick", "embed": embed, "hidden": hidden, "units": UNITS, "seed": args.seed,
             "lowercase": args.lowercase, "data": dir_name(args), "vocab": data.vocab.words(), "batch": args.batch,

@@ -7,19 +7,16 @@ use arbor::data::labelled::Labelled;
 use arbor::data::{glove, PAD, UNK};
 use arbor::dist::pipeline::{Part, PipeSettings, Stage};
 use arbor::dist::Collective;
-use arbor::head::softmax_classifier;
 use arbor::layers::LossOn;
 use arbor::layers::{Embedding, WordDropout};
-use arbor::model::{self, Feed};
+use arbor::model;
 use arbor::nn::Model;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::plot::{self, Series};
-use arbor::readout::Readout;
 use arbor::rng::Rng;
 use arbor::run_folder::{Existing, RunFolder};
-use arbor::train::Classifier;
 use arbor::trainer::{fit_threads, on_threads, Event, Learned, Learner, Next, Run, Settings, Splits, Summary};
-use arbor::{Backend, CpuBackend, DropoutKey, Error, Result, VertexFn};
+use arbor::{Backend, CpuBackend, Error, Result};
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -187,10 +184,6 @@ pub(crate) struct Setup<'a> {
 }
 
 impl Setup<'_> {
-    pub(crate) fn splits(&self) -> Splits<'_> {
-        Splits { train: &self.data.train, dev: &self.data.dev, test: &self.data.test }
-    }
-
     /// Fills an embedding table from --embeddings, if given (the padding row stays zero).
     pub(crate) fn pretrained(&self, table: &mut [f32]) -> Result<()> {
         let Some(file) = &self.args.embeddings else { return Ok(()) };
@@ -251,8 +244,15 @@ impl Setup<'_> {
         if let Some(w) = self.word_dropout() {
             words = words.with_word_dropout(w);
         }
-        let readout = Labelled::readout(self.loss_on);
-        stacked_model(backend, words, cells, hidden, classes, readout, args.seed, &mut self.rng)
+        arbor::zoo::classifier(
+            backend,
+            words,
+            cells,
+            classes,
+            Labelled::readout(self.loss_on),
+            args.seed,
+            &mut self.rng,
+        )
     }
 
     /// The train, dev and test trees as examples of a [`model::Model`] reading every vertex.
@@ -476,9 +476,8 @@ pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f6
 }
 
 /// The settings of a run of `epochs` epochs from the flags, recording `meta` in its checkpoints.
-pub(crate) fn settings(args: &TrainArgs, epochs: usize, loss_on: LossOn, meta: Value) -> Settings {
+pub(crate) fn settings(args: &TrainArgs, epochs: usize, meta: Value) -> Settings {
     let mut plan = Settings {
-        loss_on,
         clip: (args.clip > 0.0).then_some(args.clip),
         checkpoint: checkpoint_dir(args),
         checkpoint_every: args.checkpoint_every,
@@ -629,34 +628,18 @@ pub(crate) fn train_data_parallel(setup: Setup<'_>, events: &mut dyn FnMut(Event
 }
 
 /// [`train_data_parallel`] with the vertex functions on `backend` (and each worker's replica of
-/// it): a [`Classifier`] around one layer, or a stacked [`model::Model`] of `--layers`.
+/// it): the classifier of `--layers` layers.
 fn train_data_parallel_on<B: Backend>(
     backend: B,
     mut setup: Setup<'_>,
     events: &mut dyn FnMut(Event),
 ) -> Result<Option<Value>>
 where
-    Run<Classifier<B>>: Send,
     Run<model::Model<B>>: Send,
 {
-    let args = setup.args;
-    if args.layers > 1 || std::env::var_os("ARBOR_OLD").is_none() {
-        let model = setup.stacked_model(&backend, args.workers)?;
-        let [train, dev, test] = setup.labelled();
-        return fit_data_parallel(model, &setup, Splits { train: &train, dev: &dev, test: &test }, events);
-    }
-    let Sizes { hidden, embed, .. } = setup.sizes;
-    let cell = setup.kind.cell_with_dropout(embed, hidden, args.cell_dropout(0))?;
-    let (vocab, classes) = (setup.data.vocab.len(), setup.data.classes);
-    let floats = crate::model_floats(vocab, embed, &[&cell], hidden, classes) * args.workers as u128;
-    arbor::memory::check_model("--hidden, --embed and --workers", floats, 2 * args.workers as u128)?;
-    let mut model = Classifier::on(backend, cell, vocab, Some(PAD), classes, &mut setup.rng)?;
-    model.engine.set_dropout_key(DropoutKey { seed: args.seed, ..DropoutKey::default() });
-    setup.pretrained(model.embed.table_mut())?;
-    if let Some(w) = setup.word_dropout() {
-        model.embed = model.embed.clone().with_word_dropout(w);
-    }
-    fit_data_parallel(model, &setup, setup.splits(), events)
+    let model = setup.stacked_model(&backend, setup.args.workers)?;
+    let [train, dev, test] = setup.labelled();
+    fit_data_parallel(model, &setup, Splits { train: &train, dev: &dev, test: &test }, events)
 }
 
 /// Trains `model` data-parallel (`--workers` threads or the ranks of an MPI job) on `data`, with
@@ -679,7 +662,6 @@ where
     let mut plan = settings(
         args,
         epochs,
-        setup.loss_on,
         json!({
             "model": setup.kind.name(), "embed": embed, "hidden": hidden, "classes": d.classes,
             "data": d.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": d.vocab.words(),
@@ -712,34 +694,6 @@ where
         report["layers"] = json!(args.layers);
     }
     Ok(lead.then_some(report))
-}
-
-/// The CLI's stacked classifier on replicas of `backend`: word vectors `words`, the vertex
-/// functions `cells` bottom first (each above the first pulling the row the one below pushes)
-/// and a softmax classifier over `classes` reading `hidden`-wide rows with `readout`, with fresh
-/// parameters from `rng` and each layer's dropout masks keyed by `seed`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn stacked_model<B: Backend>(
-    backend: &B,
-    words: Embedding,
-    cells: Vec<VertexFn>,
-    hidden: usize,
-    classes: usize,
-    readout: Readout,
-    seed: u64,
-    rng: &mut Rng,
-) -> Result<model::Model<B>> {
-    let mut cells = cells.into_iter();
-    let bottom = cells.next().ok_or_else(|| Error::input("--layers", "at least 1", "0"))?;
-    let head = softmax_classifier(hidden, classes)?;
-    let mut stacked = model::Model::init(backend, words, bottom, vec![Feed::Words], head, rng)?.with_readout(readout);
-    for f in cells {
-        stacked = stacked.stack(f, rng)?;
-    }
-    for e in &mut stacked.cells {
-        e.set_dropout_key(DropoutKey { seed: seed.wrapping_add(e.dropout_key().seed), ..e.dropout_key() });
-    }
-    Ok(stacked)
 }
 
 /// Trains a stacked model of --layers layers, cut into --stages pipeline stages (threads, or the

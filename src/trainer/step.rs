@@ -1,0 +1,65 @@
+//! The one update path every model and strategy takes after its gradients are summed: the
+//! finiteness check, clipping by the joint norm, and the optimizer step with each tensor's state
+//! kept under its name.
+
+use crate::layers::{Embedding, SparseGrad};
+use crate::optim::{check_finite, clip_grad_norm, Optimizer};
+use crate::VertexFn;
+use arbor_core::error::Result;
+
+/// Numbers from one minibatch.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepStats {
+    /// Mean loss over the loss's terms.
+    pub loss: f32,
+    /// Targets predicted right, where the step counts them (0 otherwise).
+    pub correct: usize,
+    /// Examples.
+    pub count: usize,
+    /// Vertices processed.
+    pub vertices: usize,
+}
+
+/// A tensor's name in checkpoints and optimizer state: `cell.W`, `head.bias`, ….
+pub(crate) fn tensor_name(of: &str, param: &str) -> String {
+    format!("{of}.{param}")
+}
+
+/// The names of `f`'s parameters under the prefix `of`.
+pub(crate) fn names(of: &str, f: &VertexFn) -> Vec<String> {
+    f.params().iter().map(|p| tensor_name(of, &p.name)).collect()
+}
+
+/// Ends training with [`Error::Diverged`](crate::Error::Diverged) at step `step` if a gradient
+/// is not finite: of the parameters of each part (its prefix, function, and one gradient per
+/// parameter), or of the looked-up word vectors.
+pub(crate) fn check_gradients(step: u64, parts: &[(&str, &VertexFn, &Vec<Vec<f32>>)], words: &[f32]) -> Result<()> {
+    let names: Vec<Vec<String>> = parts.iter().map(|(of, f, _)| names(of, f)).collect();
+    let dense = names.iter().zip(parts).flat_map(|(n, (_, _, g))| n.iter().zip(g.iter()));
+    let words = std::iter::once(("embedding", words));
+    check_finite(step, "the gradient of", dense.map(|(n, g)| (n.as_str(), g.as_slice())).chain(words))
+}
+
+/// Clips the joint norm of the dense gradients of `parts` and the word vectors' to `max`.
+pub(crate) fn clip_all(parts: &mut [&mut Vec<Vec<f32>>], words: &mut [f32], max: f32) {
+    let mut all: Vec<&mut [f32]> = parts.iter_mut().flat_map(|p| p.iter_mut()).map(Vec::as_mut_slice).collect();
+    all.push(words);
+    clip_grad_norm(&mut all, max);
+}
+
+/// One optimizer step over a model's parameters, each tensor's state kept under its name: the
+/// dense tensors, then the rows of the word vectors that their gradient touches.
+pub(crate) fn update(
+    opt: &mut Optimizer,
+    dense: Vec<(String, &mut [f32], &[f32])>,
+    embed: Option<(&mut Embedding, &SparseGrad)>,
+) {
+    opt.begin_step();
+    for (name, p, g) in dense {
+        opt.dense(&name, p, g);
+    }
+    if let Some((e, g)) = embed {
+        let dim = e.dim();
+        opt.sparse("embedding", e.table_mut(), dim, g);
+    }
+}

@@ -1,0 +1,150 @@
+//! The zoo's models as presets: each builds a [`Model`] (word or node-label vectors, cells, a
+//! readout and a softmax classifier) that trains through [`Run`](crate::trainer::Run) like a
+//! model of one's own.
+
+use crate::data::tu::{TuDataset, Unrolled};
+use crate::head::softmax_classifier;
+use crate::layers::Embedding;
+use crate::model::{Feed, Model};
+use crate::optim::{Config, Optimizer};
+use crate::readout::Readout;
+use crate::trainer::{cross_validate, CvResult, Event, Run, Settings};
+use crate::{Backend, DropoutKey, VertexFn};
+use arbor_core::error::{Error, Result};
+use arbor_core::rng::Rng;
+
+/// A classifier of `cells` stacked bottom first (each above the first pulls the row the one
+/// below pushes, all pushing rows of one width) over `words`, on replicas of `backend`: a
+/// softmax classifier over `classes` reads the top cell's rows with `readout`. Parameters are
+/// drawn from `rng` (the bottom cell's, the head's, then each layer's above); each layer's
+/// dropout masks are keyed by `seed`.
+pub fn classifier<B: Backend>(
+    backend: &B,
+    words: Embedding,
+    cells: Vec<VertexFn>,
+    classes: usize,
+    readout: Readout,
+    seed: u64,
+    rng: &mut Rng,
+) -> Result<Model<B>> {
+    let width = cells.last().map_or(0, crate::model::width_out);
+    let mut cells = cells.into_iter();
+    let bottom = cells.next().ok_or_else(|| Error::input("classifier", "at least one vertex function", "none"))?;
+    let head = softmax_classifier(width, classes)?;
+    let mut model = Model::init(backend, words, bottom, vec![Feed::Words], head, rng)?;
+    for f in cells {
+        model = model.stack(f, rng)?;
+    }
+    for e in &mut model.cells {
+        e.set_dropout_key(DropoutKey { seed: seed.wrapping_add(e.dropout_key().seed), ..e.dropout_key() });
+    }
+    Ok(model.with_readout(readout))
+}
+
+/// The classifier of one `cell` over a treebank's `vocab` words (word [`PAD`](crate::data::PAD)
+/// is no word: its vector stays zero) on the CPU, reading the vertices that `loss_on` puts the
+/// loss on ([`Labelled`](crate::data::labelled::Labelled) examples): word vectors as wide as the
+/// cell's input, drawn from `rng`, then the cell's and the head's parameters.
+pub fn tree_classifier(
+    cell: VertexFn,
+    vocab: usize,
+    classes: usize,
+    loss_on: crate::layers::LossOn,
+    rng: &mut Rng,
+) -> Result<Model<crate::CpuBackend>> {
+    let dim = cell.inputs().first().map_or(0, |x| x.shape.numel());
+    let words = Embedding::new(vocab, dim, 0.1, rng).with_padding(crate::data::PAD);
+    let readout = crate::data::labelled::Labelled::readout(loss_on);
+    classifier(&crate::CpuBackend::new(), words, vec![cell], classes, readout, 0, rng)
+}
+
+/// Settings of graph classification by cross-validation ([`cross_validate_ggnn`]).
+#[derive(Clone, Debug)]
+pub struct GraphTraining {
+    /// Message-passing steps.
+    pub steps: usize,
+    /// Node-feature (label vector) width.
+    pub features: usize,
+    /// Hidden state width.
+    pub hidden: usize,
+    /// Passes over each fold's training graphs.
+    pub epochs: usize,
+    /// Graphs per minibatch.
+    pub batch: usize,
+    /// Folds.
+    pub folds: usize,
+    /// Seed for the split, the initialisation and the order.
+    pub seed: u64,
+    /// Optimizer settings.
+    pub optimizer: Config,
+    /// Gradient-norm bound.
+    pub clip: Option<f32>,
+}
+
+/// A gated graph network ([`ggnn`](crate::nn::ggnn)) classifying the graphs of `data`: node
+/// label vectors, the cell, the final step mean-pooled ([`Unrolled`]), a softmax classifier.
+pub fn ggnn<B: Backend>(
+    backend: &B,
+    data: &TuDataset,
+    features: usize,
+    hidden: usize,
+    rng: &mut Rng,
+) -> Result<Model<B>> {
+    let labels = Embedding::new(data.node_label_count, features, 0.1, rng);
+    let cell = crate::nn::ggnn(features, hidden)?;
+    classifier(backend, labels, vec![cell], data.classes, Readout::Mean, 0, rng)
+}
+
+/// Refuses graph training that would not fit in memory, before anything is allocated: the
+/// model (node-label vectors, cell, classifier), every graph unrolled over `cfg.steps` and the
+/// values of the largest minibatch.
+fn check_graph_training(data: &TuDataset, cfg: &GraphTraining) -> Result<()> {
+    let cell = crate::nn::ggnn(cfg.features, cfg.hidden)?;
+    let labels = (data.node_label_count * cfg.features) as u128 + (cfg.hidden * data.classes) as u128;
+    crate::memory::check_model("--hidden and --embed", crate::memory::param_floats(&cell) + labels, 1)?;
+    let steps = cfg.steps as u128 + 1;
+    // A vertex of an unrolled graph: its slot list, its label id and its child slots.
+    let unrolled: u128 = data
+        .graphs
+        .iter()
+        .map(|g| 36 * g.node_labels.len() as u128 + 4 * g.neighbours.iter().map(|n| n.len() as u128).sum::<u128>())
+        .sum::<u128>()
+        * steps;
+    let mut sizes: Vec<usize> = data.graphs.iter().map(|g| g.node_labels.len()).collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    let largest: u128 = sizes.iter().take(cfg.batch.max(1)).map(|&n| n as u128).sum::<u128>() * steps;
+    let values = largest * crate::memory::vertex_floats(&cell) * 4;
+    crate::memory::check(
+        "--steps, --hidden, --embed and --batch",
+        unrolled.saturating_add(values),
+        "unrolled graphs and a minibatch's values",
+    )
+}
+
+/// Cross-validated accuracy of a fresh [`ggnn`] per fold on replicas of `backend`, each trained
+/// through [`Run`]; `progress` is told `(fold, epoch)` after every epoch.
+pub fn cross_validate_ggnn<B: Backend>(
+    backend: &B,
+    data: &TuDataset,
+    cfg: &GraphTraining,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<CvResult>
+where
+    Run<Model<B>>: Send,
+{
+    check_graph_training(data, cfg)?;
+    let graphs = Unrolled::all(data, cfg.steps);
+    let plan = Settings { clip: cfg.clip, ..Settings::new(cfg.epochs, cfg.batch) };
+    let mut rng = Rng::new(cfg.seed);
+    let mut new_run = |_fold: usize| {
+        let model = ggnn(backend, data, cfg.features, cfg.hidden, &mut rng)?;
+        let order = Rng::new(rng.next_u64());
+        Ok(Run::new(model, Optimizer::new(cfg.optimizer), &order))
+    };
+    let mut events = |fold: usize, e: Event| {
+        if let Event::EpochEnd { epoch, .. } = e {
+            progress(fold, epoch);
+        }
+    };
+    cross_validate(&graphs, cfg.folds, cfg.seed, &plan, &mut new_run, &mut events)
+}
