@@ -176,6 +176,21 @@ impl Checkpoint {
         read_meta(dir).map(|(_, file)| file)
     }
 
+    /// The checkpoint of `folder` whose weights training scored: its `best/` wherever it exists
+    /// (readable or not: an unreadable one is an error when loaded, not a reason to read other
+    /// weights), else its `last/` (no epoch ended with a finite dev score), else `folder` itself
+    /// (a checkpoint folder).
+    pub fn scored_dir(folder: &Path) -> PathBuf {
+        let (best, last) = (folder.join("best"), folder.join("last"));
+        if best.symlink_metadata().is_ok() {
+            best
+        } else if last.symlink_metadata().is_ok() {
+            last
+        } else {
+            folder.to_path_buf()
+        }
+    }
+
     /// Loads from `dir`, refusing files whose checksum does not match and tensors holding a value
     /// that is not finite. A writer may commit a newer checkpoint (and remove the tensor file the metadata read
     /// first named) while this reads: the metadata is then read again, so a reader always gets
@@ -215,11 +230,18 @@ impl Checkpoint {
                 let v = values.iter().find(|v| !v.is_finite()).unwrap_or(&f32::NAN);
                 return Err(io(&path, format!("tensor `{name}` holds {v}: a diverged model, not loaded")));
             }
-            tensors.push((name, view.shape().to_vec(), values));
+            tensors.push((current_name(&name), view.shape().to_vec(), values));
         }
         tensors.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Checkpoint { tensors, meta })
     }
+}
+
+/// A tensor's name as this version of arbor calls it: checkpoints written before one model
+/// type named the one-layer classifier's output layer `classifier.*` (also inside optimizer
+/// state and weight averages); it is the head, `head.*`.
+fn current_name(name: &str) -> String {
+    name.split('.').map(|part| if part == "classifier" { "head" } else { part }).collect::<Vec<_>>().join(".")
 }
 
 /// Persists checkpoints on a background thread, one at a time: [`Persister::persist`] waits for

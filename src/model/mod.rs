@@ -29,7 +29,9 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 mod layout;
+mod spec;
 pub(crate) use layout::{head_inputs, layout, pulls, read_grad, read_rows, unread, with_words_dropped, Layout};
+pub use spec::{function_from_json, function_to_json, ModelSpec};
 
 /// What feeds an input of the vertex function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,6 +249,10 @@ impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
 impl<B: Backend> Learned for Model<B> {
     fn tensors(&self) -> Result<Vec<Named>> {
         Model::tensors(self)
+    }
+
+    fn spec(&self) -> Option<serde_json::Value> {
+        Some(Model::spec(self).to_json())
     }
 
     fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {

@@ -108,6 +108,12 @@ pub trait Learned: Sized {
         Ok(self.tensors()?.into_iter().map(|(name, shape, values)| (name, shape, Cow::Owned(values))).collect())
     }
 
+    /// What builds the model again, stored in every checkpoint as `model_spec` (see
+    /// [`ModelSpec`](crate::model::ModelSpec)); none by default.
+    fn spec(&self) -> Option<Value> {
+        None
+    }
+
     /// Takes every learned tensor from a checkpoint made of [`Learned::tensors`].
     fn restore(&mut self, ck: &Checkpoint) -> Result<()>;
 
@@ -258,6 +264,9 @@ impl<L> Run<L> {
         }
         // The run's state goes beside what `meta` records (nothing, where it is not an object).
         let mut meta = if meta.is_object() { meta.clone() } else { json!({}) };
+        if let Some(spec) = self.model.spec() {
+            meta["model_spec"] = spec;
+        }
         let p = self.pos;
         let state = json!({
             "epoch": p.epoch - usize::from(p.step_in_epoch == 0),

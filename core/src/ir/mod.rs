@@ -16,4 +16,4 @@ pub use columns::Cols;
 pub(crate) use declaration::Declaration;
 pub use func::{Func, Init, Names, Node, ParamDecl, Port, StateDecl};
 pub use op::{BinaryOp, Op, UnaryOp, ValueId};
-pub use vertex_fn::VertexFn;
+pub use vertex_fn::{Declared, VertexFn};

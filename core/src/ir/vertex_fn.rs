@@ -2,12 +2,36 @@
 
 use super::autodiff::{self, Backward};
 use super::declaration::Declaration;
-use super::func::{Func, Init, ParamDecl, Port, StateDecl};
+use super::func::{Func, Init, Node, ParamDecl, Port, StateDecl};
 use super::op::{Op, ValueId};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fusion::Plan;
 use crate::rng::Rng;
 use std::fmt;
+
+/// A vertex function's declared parts: what [`VertexFn::declared`] gives and
+/// [`VertexFn::from_declared`] checks and builds from (to store a function and read it back).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Declared {
+    /// The function's name.
+    pub name: String,
+    /// Ordered child slots.
+    pub arity: usize,
+    /// Whether it reads any number of children (`gather_sum`).
+    pub variadic: bool,
+    /// The forward IR.
+    pub forward: Func,
+    /// The parameters.
+    pub params: Vec<ParamDecl>,
+    /// The scattered states.
+    pub states: Vec<StateDecl>,
+    /// The pulled inputs: the user's, then one dropout mask per site.
+    pub inputs: Vec<Port>,
+    /// The rate of each dropout site.
+    pub dropout: Vec<f32>,
+    /// The pushed outputs.
+    pub outputs: Vec<Port>,
+}
 
 /// A vertex function F: declared once, checked, differentiated and planned at build time.
 ///
@@ -71,6 +95,77 @@ impl VertexFn {
     /// The function's name.
     pub fn name(&self) -> &str {
         &self.decl.name
+    }
+
+    /// A function from its declared parts, as [`VertexFn::declared`] gives them back (e.g. read
+    /// from a checkpoint): every value is checked against the signature and the ops before it
+    /// (a forward function holds no backward-only op), then the backward function is derived
+    /// and the kernels planned as [`Builder::build`](super::Builder::build) does. An error names
+    /// the function and the value.
+    pub fn from_declared(d: Declared) -> Result<VertexFn> {
+        let bad = |value: usize, why: String| {
+            Error::input(
+                format!("vertex function `{}`, value %{value}", d.name),
+                "a value the signature and the values before it allow",
+                why,
+            )
+        };
+        let mut checked: Vec<Node> = Vec::with_capacity(d.forward.nodes.len());
+        for (i, node) in d.forward.nodes.iter().enumerate() {
+            let want = match &node.op {
+                Op::Pull { input } => d.inputs.get(*input).map(|p| (p.shape.clone(), false)),
+                Op::Param { param } => d.params.get(*param).map(|p| (p.shape.clone(), true)),
+                Op::Gather { slot, state } if *slot < d.arity => d.states.get(*state).map(|s| (s.shape.clone(), false)),
+                Op::GatherSum { state } if d.variadic => d.states.get(*state).map(|s| (s.shape.clone(), false)),
+                op if op.is_load() => None,
+                op => Some(super::func::infer(op, &checked).map_err(|why| bad(i, why))?),
+            };
+            match want {
+                Some((shape, is_param)) if shape == node.shape && is_param == node.is_param => {
+                    checked.push(node.clone())
+                }
+                Some((shape, _)) => {
+                    return Err(bad(
+                        i,
+                        format!("`{}` of shape {:?} where its inputs make {shape:?}", node.op.name(), node.shape),
+                    ))
+                }
+                None => {
+                    return Err(bad(i, format!("`{}`, which this function's signature does not allow", node.op.name())))
+                }
+            }
+        }
+        let ports = d
+            .states
+            .iter()
+            .map(|s| (&s.name, &s.shape, s.value))
+            .chain(d.inputs.iter().chain(&d.outputs).map(|p| (&p.name, &p.shape, p.value)));
+        for (name, shape, value) in ports {
+            match checked.get(value.index()) {
+                Some(n) if n.shape == *shape && !n.is_param => {}
+                _ => return Err(bad(value.index(), format!("port `{name}` of shape {shape:?} naming it"))),
+            }
+        }
+        let decl = Declaration::new(
+            d.name, d.arity, d.variadic, d.forward, d.params, d.states, d.inputs, d.dropout, d.outputs,
+        )?;
+        VertexFn::new(decl)
+    }
+
+    /// The function's declared parts (what [`VertexFn::from_declared`] rebuilds it from).
+    pub fn declared(&self) -> Declared {
+        let d = &self.decl;
+        Declared {
+            name: d.name.clone(),
+            arity: d.arity,
+            variadic: d.variadic,
+            forward: d.forward.clone(),
+            params: d.params.clone(),
+            states: d.states.clone(),
+            inputs: d.inputs.clone(),
+            dropout: d.dropout.clone(),
+            outputs: d.outputs.clone(),
+        }
     }
 
     /// Number of ordered child slots `gather(k)` may read.
@@ -213,5 +308,53 @@ impl fmt::Display for VertexFn {
         }
         writeln!(f, "forward plan:\n{}", self.forward_plan)?;
         write!(f, "backward plan:\n{}", self.backward_plan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{BinaryOp, Builder, UnaryOp};
+
+    fn cell() -> VertexFn {
+        let f = Builder::new("cell", 2);
+        let x = f.pull("x", 3);
+        let h = (x.matmul(f.param("W", [3, 4], Init::Xavier)) + f.gather(0, "h", 4)).tanh().dropout(0.25);
+        f.scatter("h", h);
+        f.push("h", h.scale(2.0));
+        f.build().unwrap()
+    }
+
+    #[test]
+    fn a_function_rebuilt_from_its_declared_parts_is_the_same() {
+        let f = cell();
+        let again = VertexFn::from_declared(f.declared()).unwrap();
+        assert_eq!(again.declared(), f.declared());
+        assert_eq!(format!("{again}"), format!("{f}"));
+    }
+
+    #[test]
+    fn parts_that_do_not_fit_are_refused_naming_the_value() {
+        let f = cell();
+        let mut d = f.declared();
+        // A product whose inner dimensions no longer meet.
+        d.params[0].shape = crate::Shape::mat(5, 4);
+        let err = VertexFn::from_declared(d).unwrap_err().to_string();
+        assert!(err.contains("vertex function `cell`, value %"), "{err}");
+        let mut d = f.declared();
+        d.forward.nodes[0].op = Op::Gather { slot: 7, state: 0 };
+        assert!(VertexFn::from_declared(d).is_err());
+        let mut d = f.declared();
+        d.outputs[0].value = ValueId(999);
+        assert!(VertexFn::from_declared(d).unwrap_err().to_string().contains("port `h`"));
+    }
+
+    #[test]
+    fn element_wise_ops_are_found_by_name() {
+        for op in [UnaryOp::Tanh, UnaryOp::Scale(0.5), UnaryOp::Offset(-2.0), UnaryOp::Gelu] {
+            assert_eq!(UnaryOp::from_name(op.name(), op.arg()), Some(op));
+        }
+        assert_eq!(BinaryOp::from_name(BinaryOp::SigmoidGrad.name()), Some(BinaryOp::SigmoidGrad));
+        assert_eq!((UnaryOp::from_name("nope", 0.0), BinaryOp::from_name("nope")), (None, None));
     }
 }

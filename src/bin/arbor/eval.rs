@@ -20,15 +20,10 @@ use std::path::{Path, PathBuf};
 /// weights); else its `last/`; else the folder itself. With `--average`, training scores the
 /// averaged weights, and so does this checkpoint.
 pub(crate) fn scored_checkpoint(folder: &Path, verb: &str) -> Result<(PathBuf, Checkpoint)> {
-    let (best, last) = (folder.join("best"), folder.join("last"));
-    let dir = if best.symlink_metadata().is_ok() {
-        best
-    } else if last.symlink_metadata().is_ok() {
+    let dir = Checkpoint::scored_dir(folder);
+    if dir.ends_with("last") && !folder.ends_with("last") {
         eprintln!("arbor: {} has no best/ (no epoch ended with a finite dev score); {verb} last/", folder.display());
-        last
-    } else {
-        folder.to_path_buf()
-    };
+    }
     let ck = Average::scored_weights(&Checkpoint::load(&dir)?);
     Ok((dir, ck))
 }
@@ -93,8 +88,9 @@ pub(crate) fn vocabulary(meta: &Value) -> (Vec<String>, bool) {
     (words, meta["lowercase"].as_bool().unwrap_or(false))
 }
 
-/// A tree or sequence classifier restored from a checkpoint (as many layers as its `layers`),
-/// reading the roots.
+/// A tree or sequence classifier restored from a checkpoint: built from its `model_spec`, or
+/// for a checkpoint written before models described themselves, from its `model`, sizes and
+/// `layers`.
 pub(crate) struct Restored<B: Backend> {
     model: model::Model<B>,
     classes: usize,
@@ -104,8 +100,11 @@ impl<B: Backend> Restored<B> {
     /// The classifier of `kind` cells over `vocab` words in `ck`, on `backend`.
     pub(crate) fn from(backend: B, kind: Model, ck: &Checkpoint, vocab: usize) -> Result<Restored<B>> {
         let meta = &ck.meta;
-        let (embed, hidden, classes) =
-            (meta_usize(meta, "embed")?, meta_usize(meta, "hidden")?, meta_usize(meta, "classes")?);
+        let classes = meta_usize(meta, "classes")?;
+        if !meta["model_spec"].is_null() {
+            return Ok(Restored { model: model::Model::from_checkpoint(ck, &backend)?, classes });
+        }
+        let (embed, hidden) = (meta_usize(meta, "embed")?, meta_usize(meta, "hidden")?);
         let layers = meta["layers"].as_u64().map_or(1, |l| l as usize);
         let mut rng = Rng::new(0);
         let cells =
@@ -116,15 +115,35 @@ impl<B: Backend> Restored<B> {
         Ok(Restored { model, classes })
     }
 
+    /// `trees` as the model reads them: every vertex, or the roots.
+    fn examples<'t>(&self, trees: &'t [TreeExample]) -> Vec<Labelled<'t>> {
+        let on = if self.model.readout == Readout::Vertices { LossOn::All } else { LossOn::Root };
+        Labelled::all(trees, on, self.classes)
+    }
+
     /// Root accuracy on `test`.
     pub(crate) fn accuracy(&mut self, test: &[TreeExample]) -> Result<f64> {
-        let scores = self.model.score(&Labelled::all(test, LossOn::Root, self.classes))?;
+        let scores = self.model.score(&self.examples(test))?;
         Ok(scores.first().map_or(f64::NAN, |s| s.1))
     }
 
     /// The class scores (logits) at each tree's root; the trees' labels are not read.
     pub(crate) fn root_logits(&mut self, trees: &[TreeExample]) -> Result<Vec<Vec<f32>>> {
-        let logits = self.model.infer_all(&Labelled::all(trees, LossOn::Root, self.classes))?;
-        Ok(logits.get("logits")?.chunks(self.classes).map(<[f32]>::to_vec).collect())
+        let logits = self.model.infer_all(&self.examples(trees))?;
+        let rows: Vec<&[f32]> = logits.get("logits")?.chunks(self.classes.max(1)).collect();
+        if rows.len() == trees.len() {
+            return Ok(rows.iter().map(|r| r.to_vec()).collect());
+        }
+        // One row per vertex, tree after tree; the root is each tree's last vertex.
+        let mut end = 0;
+        trees
+            .iter()
+            .map(|t| {
+                end += t.graph.len();
+                rows.get(end - 1).map(|r| r.to_vec()).ok_or_else(|| {
+                    Error::input("head outputs `logits`", "a row per vertex", format!("{} rows", rows.len()))
+                })
+            })
+            .collect()
     }
 }

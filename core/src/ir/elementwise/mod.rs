@@ -266,6 +266,27 @@ macro_rules! unary_ops {
                 }
             }
 
+            /// The op named `name` (as [`UnaryOp::name`] gives it), with `arg` for an op that
+            /// takes one ([`UnaryOp::arg`]).
+            pub fn from_name(name: &str, arg: f32) -> Option<UnaryOp> {
+                $({
+                    $(let $arg: $ty = arg;)?
+                    let op = UnaryOp::$variant $(($arg))?;
+                    if op.name() == name {
+                        return Some(op);
+                    }
+                })*
+                let _ = arg;
+                None
+            }
+
+            /// The op's constant argument (a scale, an offset), 0 for an op without one.
+            pub fn arg(self) -> f32 {
+                match self {
+                    $(UnaryOp::$variant $(($arg))? => 0.0 $(+ $arg)?,)*
+                }
+            }
+
             /// Whether the op maps 0 to 0.
             pub fn keeps_zero(self) -> bool {
                 fn of<T: Unary>(_: T) -> bool {
@@ -328,6 +349,11 @@ macro_rules! binary_ops {
                 match self {
                     $(BinaryOp::$variant => of($def),)*
                 }
+            }
+
+            /// The op named `name` (as [`BinaryOp::name`] gives it).
+            pub fn from_name(name: &str) -> Option<BinaryOp> {
+                [$(BinaryOp::$variant),*].into_iter().find(|op| op.name() == name)
             }
 
             /// Where the result is known to be zero.
