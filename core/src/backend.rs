@@ -157,6 +157,10 @@ pub trait Backend {
 
     /// A short name for messages (`cpu`, `cuda:0`).
     fn name(&self) -> &'static str;
+    /// The device in words for reports (a GPU's model); the [`name`](Backend::name) by default.
+    fn device(&self) -> String {
+        self.name().to_string()
+    }
     /// Another backend like this one (same device, same settings) with no buffers yet: the
     /// backend of a replica for another worker.
     fn replica(&self) -> Result<Self>

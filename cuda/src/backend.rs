@@ -451,6 +451,10 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn device(&self) -> String {
+        self.description.clone()
+    }
+
     fn replica(&self) -> Result<CudaBackend> {
         let other = CudaBackend::new(self.ctx.ordinal())?;
         other.precision.set(self.precision.get());

@@ -1,15 +1,12 @@
 //! `arbor bench`: throughput of training or inference, as JSON on the last stdout line.
 
 use crate::args::*;
-use crate::{bar, load};
-#[cfg(feature = "cuda")]
-use arbor::cuda::Precision;
+use crate::{bar, load, on_device, OnDevice};
 use arbor::data::labelled::Labelled;
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::dist::Collective;
 use arbor::head::argmax;
 use arbor::layers::{Embedding, LossOn};
-#[cfg(feature = "cuda")]
 use arbor::loss_scale::LossScaler;
 use arbor::model::{AsExample, Example, Model};
 use arbor::nn::Model as Kind;
@@ -17,7 +14,7 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::readout::Readout;
 use arbor::rng::Rng;
 use arbor::trainer::{fit_threads, on_threads, Event, Run, Settings, Splits};
-use arbor::{Backend, CpuBackend, Error, Result, VertexFn};
+use arbor::{Backend, Error, Result, VertexFn};
 use indicatif::ProgressBar;
 use serde_json::json;
 use std::time::Instant;
@@ -149,13 +146,6 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
     if args.model.model() == Kind::TreeFc && args.data.is_none() && args.leaves == 0 {
         return Err(Error::input("--leaves", "at least 1 leaf", "0"));
     }
-    if args.device == Device::Cpu && args.precision != PrecisionArg::F32 {
-        return Err(Error::input(
-            "--precision",
-            "f32 on the CPU (reduced precision is for --device cuda)",
-            format!("{:?}", args.precision).to_lowercase(),
-        ));
-    }
     let model_kind = args.model.model();
     if matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
         return Err(Error::input(
@@ -207,14 +197,27 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
     // Inference reads the roots, whatever the loss.
     let on = if args.mode == Mode::Train { loss_on } else { LossOn::Root };
     let labelled: Vec<Labelled<'_>> = examples.iter().map(|tree| Labelled { tree, loss_on: on, classes }).collect();
-    let (seconds, flops, gpu) = match args.device {
-        Device::Cpu => {
-            let model = bench_model(&CpuBackend::new(), cell, vocab, classes, args, loss_on)?;
-            let (seconds, flops) = measure(model, args, &labelled)?;
-            (seconds, flops, None)
+    struct Work<'a, 'l>(VertexFn, usize, usize, &'a BenchArgs, &'a [Labelled<'l>], LossOn);
+    impl OnDevice for Work<'_, '_> {
+        type Out = (f64, f64, String);
+        fn run<B: Backend>(self, backend: B) -> Result<(f64, f64, String)>
+        where
+            B: Send,
+            B::Buffer: Send,
+            B::Index: Send,
+        {
+            let Work(cell, vocab, classes, args, examples, loss_on) = self;
+            let mut model = bench_model(&backend, cell, vocab, classes, args, loss_on)?;
+            if args.precision == PrecisionArg::F16 {
+                model = model.with_loss_scale(LossScaler::dynamic());
+            }
+            let (seconds, flops) = measure(model, args, examples)?;
+            Ok((seconds, flops, backend.device()))
         }
-        Device::Cuda => measure_on_gpu(cell, vocab, classes, args, &labelled, loss_on)?,
-    };
+    }
+    let work = Work(cell, vocab, classes, args, &labelled, loss_on);
+    let (seconds, flops, device) = on_device(args.device, args.precision, work)?;
+    let gpu = (args.device == Device::Cuda).then_some(device);
     let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
     let nominal = vertices as f64 * nominal_per_vertex as f64;
     println!(
@@ -251,43 +254,4 @@ fn significant(x: f64) -> f64 {
     }
     let scale = 10f64.powi(2 - x.abs().log10().floor() as i32);
     (x * scale).round() / scale
-}
-
-/// The measurement on the first CUDA device: seconds, FLOPs and the device's name.
-#[cfg(feature = "cuda")]
-fn measure_on_gpu(
-    cell: VertexFn,
-    vocab: usize,
-    classes: usize,
-    args: &BenchArgs,
-    examples: &[Labelled<'_>],
-    loss_on: LossOn,
-) -> Result<(f64, f64, Option<String>)> {
-    let gpu = crate::cuda_backend()?;
-    let name = gpu.description().to_string();
-    gpu.set_precision(match args.precision {
-        PrecisionArg::F32 => Precision::F32,
-        PrecisionArg::Tf32 => Precision::Tf32,
-        PrecisionArg::Bf16 => Precision::Bf16,
-        PrecisionArg::F16 => Precision::F16,
-    });
-    let mut model = bench_model(&gpu, cell, vocab, classes, args, loss_on)?;
-    if args.precision == PrecisionArg::F16 {
-        model = model.with_loss_scale(LossScaler::dynamic());
-    }
-    let (seconds, flops) = measure(model, args, examples)?;
-    Ok((seconds, flops, Some(name)))
-}
-
-/// `--device cuda` in a build without the `cuda` feature: the error saying so.
-#[cfg(not(feature = "cuda"))]
-fn measure_on_gpu(
-    _: VertexFn,
-    _: usize,
-    _: usize,
-    _: &BenchArgs,
-    _: &[Labelled<'_>],
-    _: LossOn,
-) -> Result<(f64, f64, Option<String>)> {
-    crate::cuda_backend().map(|_| (0.0, 0.0, None))
 }

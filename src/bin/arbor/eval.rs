@@ -1,7 +1,9 @@
 //! `arbor eval`: a checkpoint's test scores, again.
 
-use crate::args::{Device, EvalArgs};
+use crate::args::EvalArgs;
+use crate::args::PrecisionArg;
 use crate::meta_usize;
+use crate::{on_device, OnDevice};
 use arbor::average::Average;
 use arbor::checkpoint::Checkpoint;
 use arbor::data::labelled::Labelled;
@@ -11,7 +13,7 @@ use arbor::model;
 use arbor::nn::Model;
 use arbor::readout::Readout;
 use arbor::rng::Rng;
-use arbor::{Backend, CpuBackend, Error, Result};
+use arbor::{Backend, Error, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -66,10 +68,19 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         }
     };
     let test: Vec<TreeExample> = if kind.chains() { test.iter().map(TreeExample::to_chain).collect() } else { test };
-    let acc = match args.device {
-        Device::Cpu => Restored::from(CpuBackend::new(), kind, &ck, words.len())?.accuracy(&test)?,
-        Device::Cuda => Restored::from(crate::cuda_backend()?, kind, &ck, words.len())?.accuracy(&test)?,
-    };
+    struct Work<'a>(Model, &'a Checkpoint, usize, &'a [TreeExample]);
+    impl OnDevice for Work<'_> {
+        type Out = f64;
+        fn run<B: Backend>(self, backend: B) -> Result<f64>
+        where
+            B: Send,
+            B::Buffer: Send,
+            B::Index: Send,
+        {
+            Restored::from(backend, self.0, self.1, self.2)?.accuracy(self.3)
+        }
+    }
+    let acc = on_device(args.device, PrecisionArg::F32, Work(kind, &ck, words.len(), &test))?;
     let mut report =
         json!({"model": kind.name(), "checkpoint": dir.display().to_string(), "test_acc": acc, "trees": test.len()});
     if let Some(layers) = meta["layers"].as_u64() {

@@ -1,10 +1,13 @@
 //! `arbor train --model ggnn`: graph classification by cross-validation.
 
-use crate::args::{Device, TrainArgs};
+use crate::args::PrecisionArg;
+use crate::args::TrainArgs;
 use crate::train::{optimizer, Sizes};
+use crate::{on_device, OnDevice};
 use arbor::data::tu;
+use arbor::trainer::CvResult;
 use arbor::zoo::{cross_validate_ggnn, GraphTraining};
-use arbor::CpuBackend;
+use arbor::Backend;
 use arbor::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -83,10 +86,19 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         pb.set_message(format!("fold {}/{}", fold + 1, args.folds()));
         pb.inc(1);
     };
-    let result = match args.device {
-        Device::Cpu => cross_validate_ggnn(&CpuBackend::new(), &data, &cfg, &mut progress)?,
-        Device::Cuda => cross_validate_ggnn(&crate::cuda_backend()?, &data, &cfg, &mut progress)?,
-    };
+    struct Work<'a>(&'a tu::TuDataset, &'a GraphTraining, &'a mut dyn FnMut(usize, usize));
+    impl OnDevice for Work<'_> {
+        type Out = CvResult;
+        fn run<B: Backend>(self, backend: B) -> Result<CvResult>
+        where
+            B: Send,
+            B::Buffer: Send,
+            B::Index: Send,
+        {
+            cross_validate_ggnn(&backend, self.0, self.1, self.2)
+        }
+    }
+    let result = on_device(args.device, PrecisionArg::F32, Work(&data, &cfg, &mut progress))?;
     pb.finish_and_clear();
     for (k, a) in result.fold_scores.iter().enumerate() {
         eprintln!("fold {}: held-out accuracy {a:.4}", k + 1);

@@ -10,8 +10,9 @@ mod train;
 
 use arbor::data::{sst, synthetic, TreeExample, Vocab};
 use arbor::nn::Model;
-use arbor::{Error, Result};
+use arbor::{Backend, Error, Result};
 use args::{Cli, Command};
+use args::{Device, PrecisionArg};
 use bench::bench;
 use clap::Parser;
 use eval::eval;
@@ -50,18 +51,51 @@ fn main() {
     }
 }
 
-/// The first CUDA device, for `--device cuda` (named on stderr).
+/// Work generic over the backend, run by [`on_device`] on the backend `--device` names.
+pub(crate) trait OnDevice {
+    /// What the work gives.
+    type Out;
+    /// Runs the work on `backend`.
+    fn run<B: Backend>(self, backend: B) -> Result<Self::Out>
+    where
+        B: Send,
+        B::Buffer: Send,
+        B::Index: Send;
+}
+
+/// The one place a `--device` becomes a backend: runs `work` on the CPU, or on the first CUDA
+/// device (named on stderr) with its products at `precision`.
+pub(crate) fn on_device<W: OnDevice>(device: Device, precision: PrecisionArg, work: W) -> Result<W::Out> {
+    match device {
+        Device::Cpu if precision != PrecisionArg::F32 => Err(Error::input(
+            "--precision",
+            "f32 on the CPU (reduced precision is for --device cuda)",
+            format!("{precision:?}").to_lowercase(),
+        )),
+        Device::Cpu => work.run(arbor::CpuBackend::new()),
+        Device::Cuda => work.run(cuda_backend(precision)?),
+    }
+}
+
+/// The first CUDA device with its products at `precision`.
 #[cfg(feature = "cuda")]
-pub(crate) fn cuda_backend() -> Result<arbor::cuda::CudaBackend> {
+fn cuda_backend(precision: PrecisionArg) -> Result<arbor::cuda::CudaBackend> {
+    use arbor::cuda::Precision;
     let gpu = arbor::cuda::CudaBackend::new(0)
         .map_err(|e| Error::input("--device cuda", "a usable CUDA device", e.to_string()))?;
     eprintln!("arbor: on {}", gpu.description());
+    gpu.set_precision(match precision {
+        PrecisionArg::F32 => Precision::F32,
+        PrecisionArg::Tf32 => Precision::Tf32,
+        PrecisionArg::Bf16 => Precision::Bf16,
+        PrecisionArg::F16 => Precision::F16,
+    });
     Ok(gpu)
 }
 
 /// `--device cuda` in a build without the `cuda` feature: an error saying so.
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn cuda_backend() -> Result<arbor::CpuBackend> {
+fn cuda_backend(_: PrecisionArg) -> Result<arbor::CpuBackend> {
     Err(Error::input("--device cuda", "a build with the `cuda` feature", "arbor was built without it"))
 }
 

@@ -1,11 +1,14 @@
 //! `arbor predict`: a checkpoint classifies new sentences, one JSON line each.
 
-use crate::args::{Device, PredictArgs};
+use crate::args::PrecisionArg;
+use crate::args::PredictArgs;
 use crate::eval::{scored_checkpoint, vocabulary, Restored};
+use crate::{on_device, OnDevice};
+use arbor::checkpoint::Checkpoint;
 use arbor::data::{sst, TreeExample, Vocab};
 use arbor::head::{argmax, probabilities};
 use arbor::nn::Model;
-use arbor::{Backend, CpuBackend, Error, Result};
+use arbor::{Backend, Error, Result};
 use serde_json::json;
 use std::io::BufRead;
 
@@ -28,10 +31,19 @@ pub(crate) fn predict(args: &PredictArgs) -> Result<()> {
     let kind = Model::from_name(&name)?;
     let (words, lowercase) = vocabulary(&ck.meta);
     let vocab = Vocab::from_words(&words, lowercase);
-    match args.device {
-        Device::Cpu => classify(Restored::from(CpuBackend::new(), kind, &ck, words.len())?, args, kind, &vocab),
-        Device::Cuda => classify(Restored::from(crate::cuda_backend()?, kind, &ck, words.len())?, args, kind, &vocab),
+    struct Work<'a>(&'a Checkpoint, &'a PredictArgs, Model, &'a Vocab, usize);
+    impl OnDevice for Work<'_> {
+        type Out = ();
+        fn run<B: Backend>(self, backend: B) -> Result<()>
+        where
+            B: Send,
+            B::Buffer: Send,
+            B::Index: Send,
+        {
+            classify(Restored::from(backend, self.2, self.0, self.4)?, self.1, self.2, self.3)
+        }
     }
+    on_device(args.device, PrecisionArg::F32, Work(&ck, args, kind, &vocab, words.len()))
 }
 
 /// A sentence read and waiting for its pass: its text, its tree and its gold class, if any.

@@ -3,17 +3,19 @@
 //! dependency tree (`nn::child_sum_tree_lstm_nary`), the relatedness head
 //! (`nn::relatedness_head`) and the KL loss, put together by `arbor::model::Model`.
 
-use crate::args::{Device, Distributed, EvalArgs, TrainArgs};
+use crate::args::PrecisionArg;
+use crate::args::{Distributed, EvalArgs, TrainArgs};
 use crate::meta_usize;
 use crate::train::{new_run, on_mpi, optimizer, plural, prepare_run, record_optional_flags, settings, Progress, Sizes};
+use crate::{on_device, OnDevice};
 use arbor::checkpoint::Checkpoint;
 use arbor::data::sick::{self, Pair};
 use arbor::data::{Vocab, PAD};
 use arbor::layers::Embedding;
 use arbor::model::{AsExample, Feed, Model};
 use arbor::rng::Rng;
-use arbor::trainer::{fit_threads, Event, Run, Splits};
-use arbor::{nn, Backend, CpuBackend, Error, Result};
+use arbor::trainer::{fit_threads, Event, Splits};
+use arbor::{nn, Backend, Error, Result};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
@@ -56,15 +58,26 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes, timeout: Duration) -> Resul
     if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
         return Err(Error::input("--model sick", "one stage, from random word vectors (for now)", *flag));
     }
-    match args.device {
-        Device::Cpu => train_on(CpuBackend::new(), args, sizes, timeout),
-        Device::Cuda => train_on(crate::cuda_backend()?, args, sizes, timeout),
+    struct Train<'a>(&'a TrainArgs, &'a Sizes, Duration);
+    impl OnDevice for Train<'_> {
+        type Out = ();
+        fn run<B: Backend>(self, backend: B) -> Result<()>
+        where
+            B: Send,
+            B::Buffer: Send,
+            B::Index: Send,
+        {
+            train_on(backend, self.0, self.1, self.2)
+        }
     }
+    on_device(args.device, PrecisionArg::F32, Train(args, sizes, timeout))
 }
 
 fn train_on<B: Backend>(backend: B, args: &TrainArgs, sizes: &Sizes, timeout: Duration) -> Result<()>
 where
-    Run<Model<B>>: Send,
+    B: Send,
+    B::Buffer: Send,
+    B::Index: Send,
 {
     let dir = args.data.as_deref().ok_or_else(|| {
         Error::input("--model sick", "--data DIR with the SICK splits (e.g. ../shared/data/sick)", "no --data")
@@ -162,10 +175,19 @@ pub(crate) fn eval(args: &EvalArgs, dir: &Path, ck: &Checkpoint) -> Result<()> {
     }
     let mut vocab = Vocab::from_words(&words, lowercase);
     let test = sick::read(&data.join("test"), &mut vocab, false)?;
-    let test_scores = match args.device {
-        Device::Cpu => eval_on(&CpuBackend::new(), ck, words.len(), embed, hidden, &test)?,
-        Device::Cuda => eval_on(&crate::cuda_backend()?, ck, words.len(), embed, hidden, &test)?,
-    };
+    struct Eval<'a>(&'a Checkpoint, usize, usize, usize, &'a [sick::Pair]);
+    impl OnDevice for Eval<'_> {
+        type Out = Value;
+        fn run<B: Backend>(self, backend: B) -> Result<Value>
+        where
+            B: Send,
+            B::Buffer: Send,
+            B::Index: Send,
+        {
+            eval_on(&backend, self.0, self.1, self.2, self.3, self.4)
+        }
+    }
+    let test_scores = on_device(args.device, PrecisionArg::F32, Eval(ck, words.len(), embed, hidden, &test))?;
     println!(
         "{}",
         json!({

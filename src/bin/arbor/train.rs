@@ -1,7 +1,9 @@
 //! `arbor train`: trees and sequences data-parallel or pipelined, graphs by cross-validation.
 
+use crate::args::PrecisionArg;
 use crate::args::*;
 use crate::{bar, load, Data};
+use crate::{on_device, OnDevice};
 use arbor::checkpoint::Checkpoint;
 use arbor::data::labelled::Labelled;
 use arbor::data::{glove, PAD, UNK};
@@ -16,7 +18,7 @@ use arbor::plot::{self, Series};
 use arbor::rng::Rng;
 use arbor::run_folder::{Existing, RunFolder};
 use arbor::trainer::{fit_threads, on_threads, Event, Learned, Learner, Next, Run, Settings, Splits, Summary};
-use arbor::{Backend, CpuBackend, Error, Result};
+use arbor::{Backend, Error, Result};
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -621,10 +623,19 @@ pub(crate) fn prepare_run<L: Learned>(
 /// Trains one model data-parallel (one worker, threads, or MPI ranks) on `--device`; returns the
 /// summary's fields on the worker that reports them.
 pub(crate) fn train_data_parallel(setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
-    match setup.args.device {
-        Device::Cpu => train_data_parallel_on(CpuBackend::new(), setup, events),
-        Device::Cuda => train_data_parallel_on(crate::cuda_backend()?, setup, events),
+    struct Work<'a, 'e>(Setup<'a>, &'e mut dyn FnMut(Event));
+    impl OnDevice for Work<'_, '_> {
+        type Out = Option<Value>;
+        fn run<B: Backend>(self, backend: B) -> Result<Option<Value>>
+        where
+            B: Send,
+            B::Buffer: Send,
+            B::Index: Send,
+        {
+            train_data_parallel_on(backend, self.0, self.1)
+        }
     }
+    on_device(setup.args.device, PrecisionArg::F32, Work(setup, events))
 }
 
 /// [`train_data_parallel`] with the vertex functions on `backend` (and each worker's replica of
@@ -635,7 +646,9 @@ fn train_data_parallel_on<B: Backend>(
     events: &mut dyn FnMut(Event),
 ) -> Result<Option<Value>>
 where
-    Run<model::Model<B>>: Send,
+    B: Send,
+    B::Buffer: Send,
+    B::Index: Send,
 {
     let model = setup.stacked_model(&backend, setup.args.workers)?;
     let [train, dev, test] = setup.labelled();
@@ -716,10 +729,19 @@ pub(crate) fn train_pipeline(setup: Setup<'_>, events: &mut dyn FnMut(Event)) ->
             *flag,
         ));
     }
-    match args.device {
-        Device::Cpu => train_pipeline_on(CpuBackend::new(), setup, events),
-        Device::Cuda => train_pipeline_on(crate::cuda_backend()?, setup, events),
+    struct Work<'a, 'e>(Setup<'a>, &'e mut dyn FnMut(Event));
+    impl OnDevice for Work<'_, '_> {
+        type Out = Option<Value>;
+        fn run<B: Backend>(self, backend: B) -> Result<Option<Value>>
+        where
+            B: Send,
+            B::Buffer: Send,
+            B::Index: Send,
+        {
+            train_pipeline_on(backend, self.0, self.1)
+        }
     }
+    on_device(args.device, PrecisionArg::F32, Work(setup, events))
 }
 
 /// [`train_pipeline`] with every stage's engines on replicas of `backend`.
