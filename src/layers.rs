@@ -1,6 +1,6 @@
 //! The input layer around the vertex function (an embedding table feeding `pull`) and the
-//! choice of vertices that carry a loss. The output layer is a [`Head`](crate::head::Head) in
-//! the IR, differentiated like the vertex function; a [`Model`](crate::model::Model) puts the
+//! choice of vertices that carry a loss. The output layer is a `Head` in the IR (the `head`
+//! module), differentiated like the vertex function; a `Model` (the `model` module) puts the
 //! three together. By hand, training a Tree-LSTM for a few steps on three trees:
 //!
 //! ```

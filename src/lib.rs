@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod model;
 pub mod nn;
 pub mod optim;
+pub mod pipeline;
 pub mod plot;
 pub mod readout;
 pub mod run_folder;

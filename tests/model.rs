@@ -84,7 +84,7 @@ fn a_model_that_does_not_fit_together_is_refused() {
     .unwrap();
     let graph = arbor::InputGraph::isolated(1);
     let tree = arbor::model::Tree::new(&graph, &[3], 0);
-    let one = Example { trees: vec![tree], target: vec![0.2; sick::CLASSES] };
+    let one = Example { trees: vec![tree.clone()], target: vec![0.2; sick::CLASSES] };
     let e = model.infer(&[one]).expect_err("one graph for a pair head").to_string();
     assert!(e.contains("example 0") && e.contains("2 graphs"), "{e}");
     let bad_root =

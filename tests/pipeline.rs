@@ -4,7 +4,6 @@
 
 use arbor::data::labelled::Labelled;
 use arbor::data::{synthetic, TreeExample, PAD, UNK};
-use arbor::dist::pipeline::{Part, PipeSettings, Stage};
 use arbor::dist::schedule::{ops, simulate, Kind, Op};
 use arbor::dist::{Collective, ThreadCollective};
 use arbor::head::softmax_classifier;
@@ -12,6 +11,7 @@ use arbor::layers::{Embedding, LossOn, WordDropout};
 use arbor::model::{AsExample, Feed, Model};
 use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::pipeline::{Part, PipeSettings, Stage};
 use arbor::readout::Readout;
 use arbor::rng::Rng;
 use arbor::trainer::on_threads;

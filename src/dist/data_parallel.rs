@@ -1,4 +1,4 @@
-//! What data-parallel steps are made of (see [`Model::step_shared`](crate::model::Model::step_shared)):
+//! What data-parallel steps are made of (a model's `step_shared` takes them):
 //! every worker holds a replica of the model and takes a share of the minibatch balanced by
 //! vertex count ([`shard`]), and the gradients are summed across workers (in rank order, so the
 //! replicas stay bitwise identical), so a step equals one worker's step on the whole minibatch

@@ -1,11 +1,11 @@
-//! Distributed training: the [`Collective`] seam (threads in one process, MPI processes),
-//! data-parallel steps, and pipeline-parallel schedules and stages.
+//! Distributed training's parts: the [`Collective`] seam (threads in one process, MPI
+//! processes), what data-parallel steps share and sum, and pipeline schedules (the stages that
+//! run them are in `pipeline`).
 
 pub mod collective;
 pub mod data_parallel;
 #[cfg(feature = "mpi")]
 pub mod mpi;
-pub mod pipeline;
 pub mod schedule;
 
 pub use collective::{Collective, Mailbox, ThreadCollective, DEFAULT_TIMEOUT};

@@ -393,7 +393,7 @@ impl<B: Backend> Model<B> {
     /// `rng`, on a replica of the top one's backend: `f` pulls, at every vertex, the first output
     /// the layer below pushed there (its one input must be that wide), and the head reads `f`'s
     /// first output from now on. A stacked model can be cut into pipeline stages
-    /// ([`Part::split`](crate::dist::pipeline::Part::split)).
+    /// (`pipeline::Part::split`).
     pub fn stack(mut self, f: VertexFn, rng: &mut Rng) -> Result<Model<B>> {
         let top = self.top();
         check_above(top.function(), &f)?;

@@ -1,6 +1,6 @@
 //! The one training loop: epochs of shuffled minibatches, data-parallel over any
 //! [`Collective`] (one worker, threads, or MPI ranks), with CheckFreq-style checkpoints, for any
-//! [`Learner`]: a [`Model`](crate::model::Model) over examples of one or more graphs.
+//! [`Learner`]: a `Model` (see the `model` module) over examples of one or more graphs.
 //!
 //! Every worker runs the same loop on the same data (SPMD); worker 0 alone evaluates, reports and
 //! writes checkpoints. A checkpoint holds the parameters, the optimizer state, the position of
@@ -9,7 +9,6 @@
 
 use crate::average::Average;
 use crate::checkpoint::{Checkpoint, Lent, Named, Persister};
-use crate::data::TreeExample;
 use crate::dist::{Collective, ThreadCollective};
 use crate::engine::{Planned, Planner};
 use crate::optim::Optimizer;
@@ -42,7 +41,7 @@ pub struct Position {
 
 /// The splits of a data set (a treebank unless said otherwise).
 #[derive(Debug)]
-pub struct Splits<'a, E = TreeExample> {
+pub struct Splits<'a, E> {
     /// Trained on.
     pub train: &'a [E],
     /// Chooses the best epoch.
@@ -68,8 +67,8 @@ fn main_score(scores: &Scores) -> f64 {
 }
 
 /// What the one training loop trains: a model over examples of type `E`, one data-parallel step
-/// at a time. [`Model`](crate::model::Model) learns from any example that is
-/// [one or more graphs and a target](crate::model::AsExample).
+/// at a time. A `Model` learns from any example that is one or more graphs and a target (its
+/// `AsExample`); the `model` module implements this trait for it.
 pub trait Learner<E>: Learned {
     /// The graphs this worker's engine runs for worker `rank`'s share (of `size` workers) of
     /// `batch`: what is scheduled on a helper thread while the step before runs.
@@ -109,7 +108,7 @@ pub trait Learned: Sized {
     }
 
     /// What builds the model again, stored in every checkpoint as `model_spec` (see
-    /// [`ModelSpec`](crate::model::ModelSpec)); none by default.
+    /// `model::ModelSpec`); none by default.
     fn spec(&self) -> Option<Value> {
         None
     }

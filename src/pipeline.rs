@@ -11,9 +11,9 @@
 //! keeps one engine per micro-batch it may hold at once, so a micro-batch's backward pass finds
 //! its forward's values — and the weights its forward saw — untouched.
 
-use super::collective::{Collective, Mailbox};
-use super::data_parallel::{merge, shard};
-use super::schedule::{self, Kind, Op};
+use crate::dist::collective::{Collective, Mailbox};
+use crate::dist::data_parallel::{merge, shard};
+use crate::dist::schedule::{self, Kind, Op};
 use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
 use crate::layers::Embedding;
