@@ -2,43 +2,61 @@
 //! the whole minibatch; shards balance vertices; a worker that dies or hangs ends the others'
 //! run with an error in bounded time.
 
-use arbor::data::{synthetic, TreeExample, PAD, UNK};
-use arbor::dist::data_parallel::{self, merge, shard};
+use arbor::data::labelled::Labelled;
+use arbor::data::{synthetic, PAD, UNK};
+use arbor::dist::data_parallel::{merge, shard};
 use arbor::dist::{Collective, ThreadCollective};
 use arbor::layers::{LossOn, WordDropout};
+use arbor::model::{AsExample, Example, Model};
 use arbor::nn;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::rng::Rng;
-use arbor::train::Classifier;
 use arbor::trainer::{on_threads, Event, Run, Settings, Splits};
-use arbor::{DropoutKey, Error, SparseGrad};
+use arbor::{CpuBackend, DropoutKey, Error, SparseGrad, VertexFn};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
-fn model(seed: u64) -> Classifier {
-    let cell = nn::tree_lstm(8, 12).expect("the cell builds");
-    Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut Rng::new(seed))
+/// The classifier of the synthetic treebank around `cell`, reading every vertex.
+fn classifier(cell: VertexFn, seed: u64) -> Model<CpuBackend> {
+    arbor::zoo::tree_classifier(cell, synthetic::vocab().len(), synthetic::CLASSES, LossOn::All, &mut Rng::new(seed))
         .expect("the classifier builds")
 }
 
+fn model(seed: u64) -> Model<CpuBackend> {
+    classifier(nn::tree_lstm(8, 12).expect("the cell builds"), seed)
+}
+
 /// Every learned value of a model, by tensor.
-fn values(m: &Classifier) -> Vec<(String, Vec<f32>)> {
+fn values(m: &Model<CpuBackend>) -> Vec<(String, Vec<f32>)> {
     m.tensors().expect("tensors").into_iter().map(|(name, _, v)| (name, v)).collect()
 }
 
-/// The minibatches of `steps` steps of `batch` trees.
-fn minibatches(data: &[TreeExample], batch: usize, steps: usize) -> Vec<Vec<&TreeExample>> {
-    data.chunks(batch).take(steps).map(|c| c.iter().collect()).collect()
+/// The minibatches of `steps` steps of `batch` trees, with the loss on every vertex.
+fn minibatches<'a>(data: &'a [Labelled<'_>], batch: usize, steps: usize) -> Vec<Vec<Example<'a>>> {
+    data.chunks(batch).take(steps).map(|c| c.iter().map(Labelled::example).collect()).collect()
 }
 
-/// Trains a replica of `start` for the given minibatches on each of `workers` threads; returns
-/// every worker's model.
-fn data_parallel(start: &Classifier, workers: usize, batches: &[Vec<&TreeExample>], opt: Config) -> Vec<Classifier> {
-    let states: Vec<Classifier> = (0..workers).map(|_| start.replica().expect("replica")).collect();
+/// The loss-carrying vertices of each minibatch (the denominator of its mean loss).
+fn terms(data: &[Labelled<'_>], batch: usize, steps: usize) -> Vec<usize> {
+    data.chunks(batch).take(steps).map(|c| c.iter().map(AsExample::terms).sum()).collect()
+}
+
+/// Trains a replica of `start` for `steps` minibatches of `batch` trees of `data` on each of
+/// `workers` threads, each step data-parallel ([`Model::step_shared`]); returns every worker's
+/// model.
+fn data_parallel(
+    start: &Model<CpuBackend>,
+    workers: usize,
+    data: &[Labelled<'_>],
+    (batch, steps): (usize, usize),
+    opt: Config,
+) -> Vec<Model<CpuBackend>> {
+    let (batches, denoms) = (minibatches(data, batch, steps), terms(data, batch, steps));
+    let states: Vec<Model<CpuBackend>> = (0..workers).map(|_| start.replica().expect("replica")).collect();
     on_threads(states, Duration::from_secs(30), 0, &mut |_| {}, |mut m, coll, _| {
         let mut o = Optimizer::new(opt);
-        for b in batches {
-            data_parallel::step(&mut m, coll, b, LossOn::All, &mut o, Some(5.0), None)?;
+        for (step, (b, &denom)) in batches.iter().zip(&denoms).enumerate() {
+            m.step_shared(coll, b, denom, &mut o, Some(5.0), step as u64, None)?;
         }
         Ok(m)
     })
@@ -61,14 +79,15 @@ fn relative(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
 #[test]
 fn one_worker_is_bitwise_the_plain_step() {
     let data = synthetic::generate(120, 10, 7);
-    let batches = minibatches(&data, 20, 6);
+    let data = Labelled::all(&data, LossOn::All, synthetic::CLASSES);
     let opt = Config::new(Rule::Adam, 0.01);
     let mut plain = model(1);
     let mut o = Optimizer::new(opt);
-    for b in &batches {
-        plain.train_step(b, LossOn::All, &mut o, Some(5.0)).expect("step");
+    for (b, denom) in minibatches(&data, 20, 6).iter().zip(terms(&data, 20, 6)) {
+        let mut grads = plain.gradients(b, denom, None).expect("gradients");
+        assert!(plain.apply(&mut grads, &mut o, Some(5.0)).expect("step"), "the step was applied");
     }
-    let dp = data_parallel(&model(1), 1, &batches, opt);
+    let dp = data_parallel(&model(1), 1, &data, (20, 6), opt);
     assert_eq!(values(&dp[0]), values(&plain));
 }
 
@@ -77,11 +96,11 @@ fn one_worker_is_bitwise_the_plain_step() {
 #[test]
 fn two_and_four_workers_equal_one() {
     let data = synthetic::generate(160, 10, 8);
-    let batches = minibatches(&data, 40, 4);
+    let data = Labelled::all(&data, LossOn::All, synthetic::CLASSES);
     let opt = Config::new(Rule::Sgd { momentum: 0.9 }, 0.1);
-    let one = values(&data_parallel(&model(2), 1, &batches, opt)[0]);
+    let one = values(&data_parallel(&model(2), 1, &data, (40, 4), opt)[0]);
     for workers in [2, 4] {
-        let replicas = data_parallel(&model(2), workers, &batches, opt);
+        let replicas = data_parallel(&model(2), workers, &data, (40, 4), opt);
         let first = values(&replicas[0]);
         for r in &replicas[1..] {
             assert_eq!(values(r), first, "replicas of {workers} workers differ");
@@ -97,23 +116,23 @@ fn two_and_four_workers_equal_one() {
 /// dropout does change training.
 #[test]
 fn workers_draw_the_dropout_masks_of_one() {
-    let data = synthetic::generate(160, 10, 9);
-    let batches = minibatches(&data, 40, 4);
+    let trees = synthetic::generate(160, 10, 9);
+    let data = Labelled::all(&trees, LossOn::All, synthetic::CLASSES);
     let opt = Config::new(Rule::Sgd { momentum: 0.9 }, 0.1);
     let with_dropout = || {
         let cell = nn::Model::TreeLstm.cell_with_dropout(8, 12, nn::CellDropout::all(0.3)).expect("the cell builds");
-        let mut m = Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut Rng::new(3))
-            .expect("the classifier builds");
-        m.engine.set_dropout_key(DropoutKey { seed: 11, ..DropoutKey::default() });
+        let mut m = classifier(cell, 3);
+        m.cells[0].set_dropout_key(DropoutKey { seed: 11, ..DropoutKey::default() });
         let mut counts = vec![0; synthetic::vocab().len()];
-        data.iter().flat_map(|e| &e.words).for_each(|&w| counts[w as usize] += 1);
-        m.embed = m.embed.clone().with_word_dropout(WordDropout::by_frequency(UNK, &counts, 20.0));
+        trees.iter().flat_map(|e| &e.words).for_each(|&w| counts[w as usize] += 1);
+        m.embedding = m.embedding.clone().with_word_dropout(WordDropout::by_frequency(UNK, &counts, 20.0));
         m
     };
-    let one = values(&data_parallel(&with_dropout(), 1, &batches, opt)[0]);
-    assert!(relative(&one, &values(&data_parallel(&model(3), 1, &batches, opt)[0])) > 1e-3, "dropout changed nothing");
+    let one = values(&data_parallel(&with_dropout(), 1, &data, (40, 4), opt)[0]);
+    let plain = values(&data_parallel(&model(3), 1, &data, (40, 4), opt)[0]);
+    assert!(relative(&one, &plain) > 1e-3, "dropout changed nothing");
     for workers in [2, 4] {
-        let replicas = data_parallel(&with_dropout(), workers, &batches, opt);
+        let replicas = data_parallel(&with_dropout(), workers, &data, (40, 4), opt);
         let first = values(&replicas[0]);
         for r in &replicas[1..] {
             assert_eq!(values(r), first, "replicas of {workers} workers differ");
@@ -216,6 +235,7 @@ fn plan() -> Settings {
 /// error, promptly. Returns that error, the group's error and how long worker 0 ran.
 fn faulty_run(hang: bool) -> (Error, Error, Duration) {
     let data = synthetic::generate(100, 8, 9);
+    let data = Labelled::all(&data, LossOn::All, synthetic::CLASSES);
     let splits = Splits { train: &data, dev: &data[..10], test: &data[..10] };
     let start = Run::new(model(3), Optimizer::new(Config::new(Rule::Adam, 0.01)), &Rng::new(4));
     let runs = vec![start.replica().expect("replica"), start];
@@ -263,7 +283,7 @@ fn a_hung_worker_times_the_run_out() {
 fn a_pair_model_on_the_training_loop_with_workers_equals_one() {
     use arbor::data::sick;
     use arbor::layers::Embedding;
-    use arbor::model::{Feed, Model};
+    use arbor::model::Feed;
     use arbor::trainer::fit_threads;
     let data = sick::read_splits(&arbor::data::data_dir().join("sick"), false).expect("the SICK splits read");
     let fresh = || {
@@ -271,11 +291,11 @@ fn a_pair_model_on_the_training_loop_with_workers_equals_one() {
         let words = Embedding::new(data.vocab.len(), 8, 0.1, &mut rng).with_padding(PAD);
         let (cell, head) =
             (nn::child_sum_tree_lstm_nary(8, 8).unwrap(), nn::relatedness_head(8, 10, sick::CLASSES).unwrap());
-        Model::init(&arbor::CpuBackend::new(), words, cell, vec![Feed::Words, Feed::ParentWords], head, &mut rng)
+        Model::init(&CpuBackend::new(), words, cell, vec![Feed::Words, Feed::ParentWords], head, &mut rng)
             .expect("the pair model builds")
     };
     let splits = Splits { train: &data.train[..120], dev: &data.dev[..60], test: &data.test[..60] };
-    let settings = Settings { epochs: 2, loss_on: LossOn::Root, ..plan() };
+    let settings = Settings { epochs: 2, ..plan() };
     let run = |workers: usize| {
         let mut run = Run::new(fresh(), Optimizer::new(Config::new(Rule::Sgd { momentum: 0.9 }, 0.1)), &Rng::new(5));
         let summary = fit_threads(&mut run, workers, Duration::from_secs(60), splits, &settings, &mut |_| {})

@@ -121,21 +121,23 @@ fn no_device_allocation_after_warm_up() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn sst_training_on_the_gpu_reaches_the_cpu_bar() {
-    use arbor::data::{sst, TreeExample, PAD};
-    use arbor::layers::LossOn;
+    use arbor::data::labelled::Labelled;
+    use arbor::data::{sst, PAD};
+    use arbor::layers::{Embedding, LossOn};
     use arbor::optim::{Config, Optimizer, Rule};
-    use arbor::train::Classifier;
+    use arbor::trainer::{Run, Settings, Splits};
     let splits = sst::read_splits(&arbor::data::data_dir().join("sst"), false).expect("SST data (ARBOR_DATA)");
     let mut rng = Rng::new(1);
     let cell = nn::tree_lstm(32, 32).unwrap();
     let gpu = CudaBackend::new(0).unwrap();
-    let mut model = Classifier::on(gpu, cell, splits.vocab.len(), Some(PAD), sst::CLASSES, &mut rng).unwrap();
-    let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
-    let train: &[TreeExample] = &splits.train;
-    let losses: Vec<f64> = (0..2)
-        .map(|_| model.epoch(train, 25, LossOn::All, &mut opt, Some(5.0), &mut rng, &mut |_| {}).unwrap())
-        .collect();
-    let acc = model.accuracy(&splits.test, 256).unwrap();
+    let words = Embedding::new(splits.vocab.len(), 32, 0.1, &mut rng).with_padding(PAD);
+    let readout = Labelled::readout(LossOn::All);
+    let model = arbor::zoo::classifier(&gpu, words, vec![cell], sst::CLASSES, readout, 0, &mut rng).unwrap();
+    let mut run = Run::new(model, Optimizer::new(Config::new(Rule::Adagrad, 0.05)), &rng);
+    let train = Labelled::all(&splits.train, LossOn::All, sst::CLASSES);
+    let plan = Settings { clip: Some(5.0), ..Settings::new(2, 25) };
+    let losses = run.fit_local(Splits { train: &train, dev: &[], test: &[] }, &plan).unwrap().loss_curve;
+    let acc = run.model.score(&Labelled::all(&splits.test, LossOn::All, sst::CLASSES)).unwrap()[0].1;
     assert!(losses[1] < losses[0], "loss did not fall: {losses:?}");
     // The bar of tests/training.rs for the same run on the CPU.
     assert!(acc >= 0.40, "fine-grained test root accuracy {acc}");
@@ -148,25 +150,31 @@ fn sst_training_on_the_gpu_reaches_the_cpu_bar() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_training_run_on_the_gpu_follows_the_cpu_run() {
+    use arbor::data::labelled::Labelled;
     use arbor::data::{synthetic, PAD};
+    use arbor::layers::{Embedding, LossOn};
+    use arbor::model::Model;
     use arbor::optim::{Config, Optimizer, Rule};
-    use arbor::train::Classifier;
     use arbor::trainer::{fit_threads, Run, Settings, Splits};
     let (train, dev) = (synthetic::generate(300, 10, 5), synthetic::generate(100, 10, 6));
+    let (train, dev) =
+        (Labelled::all(&train, LossOn::All, synthetic::CLASSES), Labelled::all(&dev, LossOn::All, synthetic::CLASSES));
     let splits = Splits { train: &train, dev: &dev, test: &dev };
     let settings = Settings { meta: serde_json::json!({}), ..Settings::new(2, 16) };
     fn fit<B: Backend>(
         backend: B,
-        splits: Splits<'_>,
+        splits: Splits<'_, Labelled<'_>>,
         settings: &Settings,
-    ) -> (Run<Classifier<B>>, arbor::trainer::Summary)
+    ) -> (Run<Model<B>>, arbor::trainer::Summary)
     where
-        Run<Classifier<B>>: Send,
+        Run<Model<B>>: Send,
     {
         let mut rng = Rng::new(2);
         let cell = nn::tree_lstm(16, 16).unwrap();
+        let words = Embedding::new(synthetic::vocab().len(), 16, 0.1, &mut rng).with_padding(PAD);
+        let readout = Labelled::readout(LossOn::All);
         let model =
-            Classifier::on(backend, cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut rng).unwrap();
+            arbor::zoo::classifier(&backend, words, vec![cell], synthetic::CLASSES, readout, 0, &mut rng).unwrap();
         let mut run = Run::new(model, Optimizer::new(Config::new(Rule::Adam, 0.01)), &rng);
         let summary = fit_threads(&mut run, 2, arbor::dist::DEFAULT_TIMEOUT, splits, settings, &mut |_| {}).unwrap();
         (run, summary)
@@ -179,9 +187,10 @@ fn a_training_run_on_the_gpu_follows_the_cpu_run() {
     let ck = gpu.snapshot(&serde_json::json!({}), false).unwrap();
     let mut rng = Rng::new(0);
     let cell = nn::tree_lstm(16, 16).unwrap();
-    let mut cpu = Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut rng).unwrap();
+    let mut cpu =
+        arbor::zoo::tree_classifier(cell, synthetic::vocab().len(), synthetic::CLASSES, LossOn::All, &mut rng).unwrap();
     cpu.restore(&ck).unwrap();
-    let (a, b) = (gpu.model.accuracy(&dev, 64).unwrap(), cpu.accuracy(&dev, 64).unwrap());
+    let (a, b) = (gpu.model.score(&dev).unwrap()[0].1, cpu.score(&dev).unwrap()[0].1);
     assert!((a - b).abs() <= 0.02, "GPU accuracy {a}, the same parameters on the CPU {b}");
 }
 
@@ -197,12 +206,12 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
 fn a_pipeline_on_the_gpu_follows_the_cpu_pipeline() {
     use arbor::data::labelled::Labelled;
     use arbor::data::{synthetic, PAD};
-    use arbor::dist::pipeline::{Part, PipeSettings, Stage};
     use arbor::dist::schedule::Kind;
     use arbor::head::softmax_classifier;
     use arbor::layers::{Embedding, LossOn};
     use arbor::model::{Feed, Model};
     use arbor::optim::{Config, Optimizer, Rule};
+    use arbor::pipeline::{Part, PipeSettings, Stage};
     use arbor::readout::Readout;
     // A two-layer stacked Tree-LSTM with a classifier at every vertex, cut into two stages.
     let parts = || {
@@ -261,7 +270,7 @@ fn a_pipeline_on_the_gpu_follows_the_cpu_pipeline() {
 fn cross_validation_on_the_gpu_follows_the_cpu() {
     use arbor::data::tu;
     use arbor::optim::{Config, Rule};
-    use arbor::train::{cross_validate, cross_validate_on, GraphTraining};
+    use arbor::zoo::{cross_validate_ggnn, GraphTraining};
     let d = tu::read(&arbor::data::data_dir().join("mutag"), "MUTAG").expect("MUTAG data (ARBOR_DATA)");
     let cfg = GraphTraining {
         steps: 3,
@@ -274,10 +283,11 @@ fn cross_validation_on_the_gpu_follows_the_cpu() {
         optimizer: Config::new(Rule::Adam, 0.01),
         clip: Some(5.0),
     };
-    let gpu = cross_validate_on(&CudaBackend::new(0).unwrap(), &d, &cfg, &mut |_, _| {}).unwrap();
-    let cpu = cross_validate(&d, &cfg, &mut |_, _| {}).unwrap();
-    assert!(gpu.mean >= 0.75, "cross-validated accuracy on the GPU {} ({:?})", gpu.mean, gpu.fold_acc);
-    for (k, (g, c)) in gpu.fold_acc.iter().zip(&cpu.fold_acc).enumerate() {
+    let gpu = cross_validate_ggnn(&CudaBackend::new(0).unwrap(), &d, &cfg, &mut |_, _| {}).unwrap();
+    let cpu = cross_validate_ggnn(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
+    assert_eq!((gpu.fold_scores.len(), cpu.fold_scores.len()), (3, 3));
+    assert!(gpu.mean >= 0.75, "cross-validated accuracy on the GPU {} ({:?})", gpu.mean, gpu.fold_scores);
+    for (k, (g, c)) in gpu.fold_scores.iter().zip(&cpu.fold_scores).enumerate() {
         assert!((g - c).abs() <= 0.1, "fold {k}: GPU {g}, CPU {c}");
     }
 }

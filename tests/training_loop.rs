@@ -3,37 +3,60 @@
 //! skipped with the scale halved; minibatches scheduled ahead, which change nothing; and a
 //! moving average of the weights, which is scored while the trained values go on training.
 
+use arbor::data::labelled::Labelled;
 use arbor::data::{synthetic, TreeExample, PAD};
 use arbor::layers::LossOn;
 use arbor::loss_scale::LossScaler;
+use arbor::model::{AsExample, Example, Model};
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::rng::Rng;
-use arbor::train::{Classifier, Readout};
 use arbor::trainer::{fit_threads, Run, Settings, Splits};
-use arbor::{nn, train, InputGraph};
+use arbor::{nn, CpuBackend, InputGraph};
 use std::time::Duration;
 
-fn model(seed: u64) -> Classifier {
+/// A Tree-LSTM classifier of the synthetic treebank reading the vertices that `loss_on` puts
+/// the loss on.
+fn model_on(seed: u64, loss_on: LossOn) -> Model<CpuBackend> {
     let mut rng = Rng::new(seed);
     let cell = nn::tree_lstm(8, 8).unwrap();
-    Classifier::new(cell, synthetic::vocab().len(), Some(PAD), synthetic::CLASSES, &mut rng).unwrap()
+    arbor::zoo::tree_classifier(cell, synthetic::vocab().len(), synthetic::CLASSES, loss_on, &mut rng).unwrap()
 }
 
-fn params(m: &Classifier) -> Vec<Vec<f32>> {
+/// [`model_on`] with the loss on every vertex.
+fn model(seed: u64) -> Model<CpuBackend> {
+    model_on(seed, LossOn::All)
+}
+
+fn params(m: &Model<CpuBackend>) -> Vec<Vec<f32>> {
     m.tensors().unwrap().into_iter().map(|(_, _, values)| values).collect()
+}
+
+/// Every tree of `data` with the loss on every vertex.
+fn labelled(data: &[TreeExample]) -> Vec<Labelled<'_>> {
+    Labelled::all(data, LossOn::All, synthetic::CLASSES)
+}
+
+/// One optimizer step on `batch` as the training loop takes it: the loss summed over the
+/// minibatch divided by its loss-carrying vertices. Returns the head's outputs.
+fn step(m: &mut Model<CpuBackend>, batch: &[Labelled<'_>], opt: &mut Optimizer, clip: Option<f32>) -> Vec<Vec<f32>> {
+    let examples: Vec<Example<'_>> = batch.iter().map(Labelled::example).collect();
+    let denom = batch.iter().map(AsExample::terms).sum();
+    let mut grads = m.gradients(&examples, denom, None).unwrap();
+    assert!(m.apply(&mut grads, opt, clip).unwrap(), "the step was skipped");
+    grads.outputs
 }
 
 /// Ten steps with a loss scale of 2^12 give bitwise the parameters of ten unscaled steps.
 #[test]
 fn a_power_of_two_scale_changes_nothing() {
     let data = synthetic::generate(40, 8, 3);
-    let batches: Vec<Vec<&TreeExample>> = data.chunks(4).map(|c| c.iter().collect()).collect();
+    let data = labelled(&data);
     let run = |scale: Option<LossScaler>| {
         let mut m = model(7);
         m.loss_scale = scale;
         let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.01));
-        for b in &batches {
-            m.train_step(b, LossOn::All, &mut opt, Some(5.0)).unwrap();
+        for b in data.chunks(4) {
+            step(&mut m, b, &mut opt, Some(5.0));
         }
         (params(&m), m.loss_scale)
     };
@@ -48,26 +71,32 @@ fn a_power_of_two_scale_changes_nothing() {
 #[test]
 fn an_overflowing_step_is_skipped_and_the_scale_halves() {
     let data = synthetic::generate(4, 8, 5);
-    let examples: Vec<&TreeExample> = data.iter().collect();
+    let data = labelled(&data);
     let mut m = model(3);
     m.loss_scale = Some(LossScaler::new(2f32.powi(100), 0));
     let mut opt = Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.1));
     let before = params(&m);
-    let graphs: Vec<&InputGraph> = examples.iter().map(|e| &e.graph).collect();
-    let words: Vec<u32> = examples.iter().flat_map(|e| e.words.iter().copied()).collect();
-    let labels: Vec<u32> = examples.iter().flat_map(|e| e.labels.iter().copied()).collect();
-    let targets = LossOn::All.select(&graphs, &labels).unwrap();
-    let out = m.output_pass(&graphs, &words, Readout::Vertices(&targets), None).unwrap();
-    let huge: Vec<f32> = out.push_grad.iter().map(|g| g * 1e30).collect();
-    let (cell, embedding) = m.input_pass(&huge, out.push_rows.as_deref()).unwrap();
-    assert!(cell.iter().flatten().any(|x| !x.is_finite()), "the scaled backward pass overflowed");
-    let mut grads = train::StepGrads { stats: out.stats, cell, classifier: out.classifier, embedding };
+    // Targets of 1e30 (in place of 1) give the gradient entering the backward pass, scaled by
+    // 2^100, a size no f32 holds.
+    let huge: Vec<Example<'_>> = data
+        .iter()
+        .map(|e| {
+            let mut e = e.example();
+            e.target.iter_mut().for_each(|t| *t *= 1e30);
+            e
+        })
+        .collect();
+    let denom = data.iter().map(AsExample::terms).sum();
+    let unscaled = model(3).gradients(&huge, denom, None).unwrap();
+    assert!(unscaled.cells.iter().flatten().flatten().all(|x| x.is_finite()), "unscaled, the gradients are finite");
+    let mut grads = m.gradients(&huge, denom, None).unwrap();
+    assert!(grads.cells.iter().flatten().flatten().any(|x| !x.is_finite()), "the scaled backward pass overflowed");
     assert!(!m.apply(&mut grads, &mut opt, None).unwrap(), "the step was applied");
     assert_eq!(params(&m), before);
     let scaler = m.loss_scale.unwrap();
     assert_eq!((scaler.scale(), scaler.skipped()), (2f32.powi(99), 1));
 
-    m.train_step(&examples, LossOn::All, &mut opt, None).unwrap();
+    step(&mut m, &data, &mut opt, None);
     assert_ne!(params(&m), before, "a finite step is applied");
 }
 
@@ -76,14 +105,23 @@ fn an_overflowing_step_is_skipped_and_the_scale_halves() {
 #[test]
 fn planning_ahead_changes_nothing() {
     let data = synthetic::generate(30, 8, 11);
-    let batches: Vec<Vec<&TreeExample>> = data.chunks(4).map(|c| c.iter().collect()).collect();
-    let (mut plain, mut ahead) = (model(5), model(5));
+    let root = Labelled::all(&data, LossOn::Root, synthetic::CLASSES);
+    let batches: Vec<&[Labelled<'_>]> = root.chunks(4).collect();
+    let (mut plain, mut ahead) = (model_on(5, LossOn::Root), model_on(5, LossOn::Root));
     let (mut opt_plain, mut opt_ahead) =
         (Optimizer::new(Config::new(Rule::Adagrad, 0.05)), Optimizer::new(Config::new(Rule::Adagrad, 0.05)));
-    let want: Vec<_> =
-        batches.iter().map(|b| plain.train_step(b, LossOn::Root, &mut opt_plain, Some(5.0)).unwrap()).collect();
+    let want: Vec<_> = batches.iter().map(|b| step(&mut plain, b, &mut opt_plain, Some(5.0))).collect();
     let mut got = Vec::new();
-    ahead.train_batches(&batches, LossOn::Root, &mut opt_ahead, Some(5.0), &mut |s, _| got.push(*s)).unwrap();
+    let graphs = |k: usize| Ok(batches[k].iter().map(|e| &e.tree.graph).collect::<Vec<&InputGraph>>());
+    arbor::trainer::plan_each(&ahead.planner(), batches.len(), &graphs, &mut |k, planned| {
+        let examples: Vec<Example<'_>> = batches[k].iter().map(Labelled::example).collect();
+        let denom = batches[k].iter().map(AsExample::terms).sum();
+        let mut grads = ahead.gradients(&examples, denom, Some(planned))?;
+        assert!(ahead.apply(&mut grads, &mut opt_ahead, Some(5.0))?);
+        got.push(grads.outputs);
+        Ok(true)
+    })
+    .unwrap();
     assert_eq!(got, want);
     assert_eq!(params(&ahead), params(&plain));
 }
@@ -93,6 +131,7 @@ fn planning_ahead_changes_nothing() {
 #[test]
 fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     let data = synthetic::generate(150, 8, 13);
+    let data = labelled(&data);
     let splits = Splits { train: &data[..100], dev: &data[100..125], test: &data[125..] };
     let dir = std::env::temp_dir().join(format!("arbor-average-{}", std::process::id()));
     let plan = Settings::new(3, 10).checkpoint(&dir);
@@ -104,6 +143,12 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
         let summary = fit_threads(&mut run, workers, Duration::from_secs(60), splits, &plan, &mut |_| {}).unwrap();
         (run, summary)
     };
+    // Root accuracy: the score that picks the best epoch.
+    let accuracy = |m: &mut Model<CpuBackend>, data: &[Labelled<'_>]| {
+        let scores = m.score(data).unwrap();
+        assert_eq!(scores[0].0, "root_accuracy");
+        scores[0].1
+    };
     let (plain, plain_summary) = fit(None, 1);
     let (averaged, summary) = fit(Some(0.9), 1);
     assert_eq!(params(&averaged.model), params(&plain.model), "averaging changed training");
@@ -113,14 +158,14 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     // Scored: the model restored from the average gives the last epoch's dev accuracy.
     let mut scored = model(5);
     scored.restore(avg.as_model()).unwrap();
-    assert_eq!(Some(scored.accuracy(splits.dev, 256).unwrap()), summary.dev_curve.last().copied());
+    assert_eq!(Some(accuracy(&mut scored, splits.dev)), summary.dev_curve.last().copied());
     assert_ne!(summary.dev_curve, plain_summary.dev_curve, "the dev scores are the trained values'");
     // Kept: `best/` holds the average of the best epoch, whose dev accuracy is the best.
     let best = arbor::checkpoint::Checkpoint::load(&dir.join("best")).unwrap();
     let mut kept = model(5);
     kept.restore(&best).unwrap();
-    assert_eq!(kept.accuracy(splits.dev, 256).unwrap(), averaged.best_dev);
-    assert_eq!(kept.accuracy(splits.test, 256).unwrap(), averaged.test_acc);
+    assert_eq!(accuracy(&mut kept, splits.dev), averaged.best_dev);
+    assert_eq!(accuracy(&mut kept, splits.test), averaged.test_acc);
     // Two workers keep the same average.
     let (two, _) = fit(Some(0.9), 2);
     let close = two
@@ -134,58 +179,64 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// A one-layer [`Model`](arbor::model::Model) reading every vertex of labelled trees trains as
-/// the [`Classifier`] with the same values does: both divide a minibatch's summed loss by its
-/// labelled vertices ([`AsExample::terms`](arbor::model::AsExample::terms)), so plain SGD, which
-/// feels the loss's scale, takes the same steps and reports the same losses.
+/// The preset classifier reading every vertex is the model one assembles by hand (the same
+/// draws: word vectors with the padding row, cell, head), and the one training loop trains it
+/// on the mean loss over each minibatch's labelled vertices
+/// ([`AsExample::terms`](arbor::model::AsExample::terms)): plain SGD, which feels the loss's
+/// scale, takes bitwise the steps and reports bitwise the losses of a loop by hand that draws
+/// the same orders and divides each minibatch's summed loss by the labelled vertices counted
+/// from the labels.
 #[test]
-fn a_model_reading_every_vertex_trains_as_the_classifier() {
-    use arbor::data::labelled::Labelled;
+fn a_model_reading_every_vertex_trains_on_the_mean_over_labelled_vertices() {
     use arbor::head::softmax_classifier;
-    use arbor::model::{Feed, Model};
-    use arbor::readout::Readout as ModelReadout;
-    use arbor::CpuBackend;
+    use arbor::layers::Embedding;
+    use arbor::model::Feed;
+    use arbor::readout::Readout;
+    use arbor::trainer::epoch_order;
 
+    let classes = synthetic::CLASSES;
     let data = synthetic::generate(60, 8, 21);
-    let labelled = Labelled::all(&data, LossOn::All, synthetic::CLASSES);
+    let all = labelled(&data);
     let plan = Settings { clip: None, ..Settings::new(2, 6) };
     let sgd = || Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.5));
-    let classifier = model(7);
-    let mut m = Model::init(
-        &CpuBackend::new(),
-        classifier.embed.clone(),
-        nn::tree_lstm(8, 8).unwrap(),
-        vec![Feed::Words],
-        softmax_classifier(8, synthetic::CLASSES).unwrap(),
-        &mut Rng::new(0),
-    )
-    .unwrap()
-    .with_readout(ModelReadout::Vertices);
-    m.cells[0].set_params(&classifier.engine.params().unwrap()).unwrap();
-    m.head.engine().set_params(&classifier.out.params().unwrap()).unwrap();
+    let preset = model(7);
+    let mut rng = Rng::new(7);
+    let words = Embedding::new(synthetic::vocab().len(), 8, 0.1, &mut rng).with_padding(PAD);
+    let cell = nn::tree_lstm(8, 8).unwrap();
+    let head = softmax_classifier(8, classes).unwrap();
+    let mut by_hand = Model::init(&CpuBackend::new(), words, cell, vec![Feed::Words], head, &mut rng)
+        .unwrap()
+        .with_readout(Readout::Vertices);
+    assert_eq!(params(&by_hand), params(&preset), "the preset draws other values");
 
-    let mut one = Run::new(classifier, sgd(), &Rng::new(4));
-    let splits = Splits { train: &data[..40], dev: &data[40..50], test: &data[50..] };
-    let expected = fit_threads(&mut one, 1, Duration::from_secs(60), splits, &plan, &mut |_| {}).unwrap();
-    let mut run = Run::new(m, sgd(), &Rng::new(4));
-    let splits = Splits { train: &labelled[..40], dev: &labelled[40..50], test: &labelled[50..] };
+    let mut run = Run::new(preset, sgd(), &Rng::new(4));
+    let train = 40;
+    let splits = Splits { train: &all[..train], dev: &all[40..50], test: &all[50..] };
     let got = fit_threads(&mut run, 1, Duration::from_secs(60), splits, &plan, &mut |_| {}).unwrap();
 
-    let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * (1.0 + b.abs());
-    assert!(
-        got.loss_curve.iter().zip(&expected.loss_curve).all(|(&a, &b)| close(a, b)),
-        "losses {:?}, the classifier's {:?}",
-        got.loss_curve,
-        expected.loss_curve
-    );
-    let classifier = one.model;
-    let trained = [classifier.engine.params().unwrap(), classifier.out.params().unwrap()];
-    let mine = [run.model.cells[0].params().unwrap(), run.model.head.params().unwrap()];
-    for (a, b) in mine.iter().flatten().flatten().zip(trained.iter().flatten().flatten()) {
-        assert!(close(f64::from(*a), f64::from(*b)), "parameter {a}, the classifier's {b}");
+    let mut opt = sgd();
+    let mut order_rng = Rng::new(4);
+    let mut losses = Vec::new();
+    // Minibatches where the mean over labelled vertices is the mean over examples.
+    let mut alike = 0;
+    for _ in 0..plan.epochs {
+        let order = epoch_order(train, &mut order_rng);
+        let mut sum = 0.0;
+        for chunk in order.chunks(plan.batch) {
+            let examples: Vec<Example<'_>> = chunk.iter().map(|&i| all[i].example()).collect();
+            let labelled: usize =
+                chunk.iter().map(|&i| data[i].labels.iter().filter(|&&l| (l as usize) < classes).count()).sum();
+            alike += usize::from(labelled == chunk.len());
+            let mut grads = by_hand.gradients(&examples, labelled, None).unwrap();
+            let loss: f32 = grads.outputs[by_hand.head.loss_output()].iter().sum();
+            sum += f64::from(loss / labelled as f32);
+            assert!(by_hand.apply(&mut grads, &mut opt, None).unwrap());
+        }
+        losses.push(sum / order.chunks(plan.batch).len() as f64);
     }
-    let (a, b) = (run.model.embedding.table(), classifier.embed.table());
-    assert!(a.iter().zip(b).all(|(x, y)| close(f64::from(*x), f64::from(*y))), "word vectors differ");
+    assert_eq!(alike, 0, "a minibatch of one labelled vertex per tree tells the two means apart");
+    assert_eq!(got.loss_curve, losses, "the run's losses");
+    assert_eq!(params(&run.model), params(&by_hand), "the run's steps");
 }
 
 /// Epoch hooks: a run stops after the epoch its hook says, `patience` stops after that many
@@ -195,6 +246,7 @@ fn a_model_reading_every_vertex_trains_as_the_classifier() {
 fn epoch_hooks_stop_a_run_and_schedule_its_learning_rate() {
     use arbor::trainer::{EpochEnd, Next};
     let data = synthetic::generate(60, 8, 21);
+    let data = labelled(&data);
     let splits = Splits { train: &data[..40], dev: &data[40..50], test: &data[50..] };
     let fit = |plan: &Settings| {
         let mut run = Run::new(model(7), Optimizer::new(Config::new(Rule::Adam, 0.02)), &Rng::new(3));
@@ -229,6 +281,7 @@ fn epoch_hooks_stop_a_run_and_schedule_its_learning_rate() {
 #[test]
 fn checkpoints_of_default_settings_resume() {
     let data = synthetic::generate(40, 8, 22);
+    let data = labelled(&data);
     let splits = Splits { train: &data[..30], dev: &data[30..], test: &data[30..] };
     let dir = std::env::temp_dir().join(format!("arbor-default-settings-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();

@@ -200,12 +200,7 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
     struct Work<'a, 'l>(VertexFn, usize, usize, &'a BenchArgs, &'a [Labelled<'l>], LossOn);
     impl OnDevice for Work<'_, '_> {
         type Out = (f64, f64, String);
-        fn run<B: Backend>(self, backend: B) -> Result<(f64, f64, String)>
-        where
-            B: Send,
-            B::Buffer: Send,
-            B::Index: Send,
-        {
+        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<(f64, f64, String)> {
             let Work(cell, vocab, classes, args, examples, loss_on) = self;
             let mut model = bench_model(&backend, cell, vocab, classes, args, loss_on)?;
             if args.precision == PrecisionArg::F16 {

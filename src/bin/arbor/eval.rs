@@ -71,12 +71,7 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
     struct Work<'a>(Model, &'a Checkpoint, usize, &'a [TreeExample]);
     impl OnDevice for Work<'_> {
         type Out = f64;
-        fn run<B: Backend>(self, backend: B) -> Result<f64>
-        where
-            B: Send,
-            B::Buffer: Send,
-            B::Index: Send,
-        {
+        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<f64> {
             Restored::from(backend, self.0, self.1, self.2)?.accuracy(self.3)
         }
     }

@@ -89,12 +89,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     struct Work<'a>(&'a tu::TuDataset, &'a GraphTraining, &'a mut dyn FnMut(usize, usize));
     impl OnDevice for Work<'_> {
         type Out = CvResult;
-        fn run<B: Backend>(self, backend: B) -> Result<CvResult>
-        where
-            B: Send,
-            B::Buffer: Send,
-            B::Index: Send,
-        {
+        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<CvResult> {
             cross_validate_ggnn(&backend, self.0, self.1, self.2)
         }
     }

@@ -56,11 +56,7 @@ pub(crate) trait OnDevice {
     /// What the work gives.
     type Out;
     /// Runs the work on `backend`.
-    fn run<B: Backend>(self, backend: B) -> Result<Self::Out>
-    where
-        B: Send,
-        B::Buffer: Send,
-        B::Index: Send;
+    fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<Self::Out>;
 }
 
 /// The one place a `--device` becomes a backend: runs `work` on the CPU, or on the first CUDA

@@ -34,12 +34,7 @@ pub(crate) fn predict(args: &PredictArgs) -> Result<()> {
     struct Work<'a>(&'a Checkpoint, &'a PredictArgs, Model, &'a Vocab, usize);
     impl OnDevice for Work<'_> {
         type Out = ();
-        fn run<B: Backend>(self, backend: B) -> Result<()>
-        where
-            B: Send,
-            B::Buffer: Send,
-            B::Index: Send,
-        {
+        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<()> {
             classify(Restored::from(backend, self.2, self.0, self.4)?, self.1, self.2, self.3)
         }
     }

@@ -61,24 +61,19 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes, timeout: Duration) -> Resul
     struct Train<'a>(&'a TrainArgs, &'a Sizes, Duration);
     impl OnDevice for Train<'_> {
         type Out = ();
-        fn run<B: Backend>(self, backend: B) -> Result<()>
-        where
-            B: Send,
-            B::Buffer: Send,
-            B::Index: Send,
-        {
+        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<()> {
             train_on(backend, self.0, self.1, self.2)
         }
     }
     on_device(args.device, PrecisionArg::F32, Train(args, sizes, timeout))
 }
 
-fn train_on<B: Backend>(backend: B, args: &TrainArgs, sizes: &Sizes, timeout: Duration) -> Result<()>
-where
-    B: Send,
-    B::Buffer: Send,
-    B::Index: Send,
-{
+fn train_on<B: Backend<Buffer: Send, Index: Send> + Send>(
+    backend: B,
+    args: &TrainArgs,
+    sizes: &Sizes,
+    timeout: Duration,
+) -> Result<()> {
     let dir = args.data.as_deref().ok_or_else(|| {
         Error::input("--model sick", "--data DIR with the SICK splits (e.g. ../shared/data/sick)", "no --data")
     })?;
@@ -178,12 +173,7 @@ pub(crate) fn eval(args: &EvalArgs, dir: &Path, ck: &Checkpoint) -> Result<()> {
     struct Eval<'a>(&'a Checkpoint, usize, usize, usize, &'a [sick::Pair]);
     impl OnDevice for Eval<'_> {
         type Out = Value;
-        fn run<B: Backend>(self, backend: B) -> Result<Value>
-        where
-            B: Send,
-            B::Buffer: Send,
-            B::Index: Send,
-        {
+        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<Value> {
             eval_on(&backend, self.0, self.1, self.2, self.3, self.4)
         }
     }

@@ -626,12 +626,7 @@ pub(crate) fn train_data_parallel(setup: Setup<'_>, events: &mut dyn FnMut(Event
     struct Work<'a, 'e>(Setup<'a>, &'e mut dyn FnMut(Event));
     impl OnDevice for Work<'_, '_> {
         type Out = Option<Value>;
-        fn run<B: Backend>(self, backend: B) -> Result<Option<Value>>
-        where
-            B: Send,
-            B::Buffer: Send,
-            B::Index: Send,
-        {
+        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<Option<Value>> {
             train_data_parallel_on(backend, self.0, self.1)
         }
     }
@@ -640,16 +635,11 @@ pub(crate) fn train_data_parallel(setup: Setup<'_>, events: &mut dyn FnMut(Event
 
 /// [`train_data_parallel`] with the vertex functions on `backend` (and each worker's replica of
 /// it): the classifier of `--layers` layers.
-fn train_data_parallel_on<B: Backend>(
+fn train_data_parallel_on<B: Backend<Buffer: Send, Index: Send> + Send>(
     backend: B,
     mut setup: Setup<'_>,
     events: &mut dyn FnMut(Event),
-) -> Result<Option<Value>>
-where
-    B: Send,
-    B::Buffer: Send,
-    B::Index: Send,
-{
+) -> Result<Option<Value>> {
     let model = setup.stacked_model(&backend, setup.args.workers)?;
     let [train, dev, test] = setup.labelled();
     fit_data_parallel(model, &setup, Splits { train: &train, dev: &dev, test: &test }, events)
@@ -732,12 +722,7 @@ pub(crate) fn train_pipeline(setup: Setup<'_>, events: &mut dyn FnMut(Event)) ->
     struct Work<'a, 'e>(Setup<'a>, &'e mut dyn FnMut(Event));
     impl OnDevice for Work<'_, '_> {
         type Out = Option<Value>;
-        fn run<B: Backend>(self, backend: B) -> Result<Option<Value>>
-        where
-            B: Send,
-            B::Buffer: Send,
-            B::Index: Send,
-        {
+        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<Option<Value>> {
             train_pipeline_on(backend, self.0, self.1)
         }
     }
