@@ -5,13 +5,13 @@
 
 use arbor::data::labelled::Labelled;
 use arbor::data::{synthetic, PAD};
-use arbor::dist::pipeline::{Part, PipeSettings, Stage};
 use arbor::dist::schedule::Kind;
 use arbor::dist::DEFAULT_TIMEOUT;
 use arbor::head::softmax_classifier;
 use arbor::layers::{Embedding, LossOn};
 use arbor::model::{Feed, Model};
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::pipeline::{Part, PipeSettings, Stage};
 use arbor::readout::Readout;
 use arbor::rng::Rng;
 use arbor::trainer::{on_threads, Event, Splits};

@@ -2,11 +2,11 @@
 //! (synthetic sentences without the data), trained by the one loop with a learning rate that
 //! decays per epoch: `cargo run --release --example var_lstm`.
 
-use arbor::data::{data_dir, sst, synthetic, TreeExample, PAD};
+use arbor::data::labelled::Labelled;
+use arbor::data::{data_dir, sst, synthetic, TreeExample};
 use arbor::layers::LossOn;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::rng::Rng;
-use arbor::train::Classifier;
 use arbor::trainer::{fit_threads, Event, Run, Settings, Splits};
 use std::time::Duration;
 
@@ -18,13 +18,14 @@ fn main() -> arbor::Result<()> {
             (split(4000, 1), split(500, 2), split(500, 3), synthetic::vocab().len(), synthetic::CLASSES)
         }
     };
-    let chains = |d: &[TreeExample]| d.iter().map(TreeExample::to_chain).collect::<Vec<_>>();
-    let (train, dev, test) = (chains(&train), chains(&dev), chains(&test));
+    let chains = [&train, &dev, &test].map(|d| d.iter().map(TreeExample::to_chain).collect::<Vec<_>>());
+    // The loss at each sentence's last word (the chain's root) only.
+    let [train, dev, test] = chains.each_ref().map(|c| Labelled::all(c, LossOn::Root, classes));
     let mut rng = Rng::new(1);
-    let model = Classifier::new(arbor::nn::var_lstm(100, 100)?, vocab, Some(PAD), classes, &mut rng)?;
+    let model = arbor::zoo::tree_classifier(arbor::nn::var_lstm(100, 100)?, vocab, classes, LossOn::Root, &mut rng)?;
     let mut run = Run::new(model, Optimizer::new(Config::new(Rule::Adam, 0.002)), &rng);
-    // The loss at each sentence's last word; the rate shrinks by a fifth per epoch.
-    let plan = Settings { loss_on: LossOn::Root, ..Settings::new(3, 25).lr_decay(0.8) };
+    // The rate shrinks by a fifth per epoch.
+    let plan = Settings::new(3, 25).lr_decay(0.8);
     let splits = Splits { train: &train, dev: &dev, test: &test };
     fit_threads(&mut run, 1, Duration::from_secs(60), splits, &plan, &mut |e| {
         if let Event::EpochEnd { epoch, loss, dev } = e {
