@@ -1,5 +1,5 @@
 //! The zoo's models as presets: each builds a [`Model`] (word or node-label vectors, cells, a
-//! readout and a softmax classifier) that trains through [`Run`](crate::trainer::Run) like a
+//! readout and a softmax classifier) that trains through [`Run`] like a
 //! model of one's own.
 
 use crate::data::tu::{TuDataset, Unrolled};

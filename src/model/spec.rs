@@ -18,7 +18,7 @@ use std::path::Path;
 /// The version of the stored form; a checkpoint of another version is refused, naming it.
 const VERSION: u64 = 1;
 
-/// What builds a [`Model`]: see the [module](self).
+/// What builds a [`Model`]: its functions, feeds, readout and table size (see [`Model::load`]).
 #[derive(Clone, Debug)]
 pub struct ModelSpec {
     /// The vertex functions, bottom first.
