@@ -512,11 +512,28 @@ impl<B: Backend> Model<B> {
         denom: usize,
         planned: Option<Planned<'_>>,
     ) -> Result<ModelGrads> {
+        self.gradients_then(batch, denom, planned, &mut |_, _| Ok(()))
+    }
+
+    /// [`Model::gradients`], telling `head_done` the head's outputs and its parameters' final
+    /// gradients as soon as they are known, before the cells' backward pass runs (so that a
+    /// data-parallel step can send them meanwhile).
+    fn gradients_then(
+        &mut self,
+        batch: &[Example<'_>],
+        denom: usize,
+        planned: Option<Planned<'_>>,
+        head_done: &mut dyn FnMut(&[Vec<f32>], &[Vec<f32>]) -> Result<()>,
+    ) -> Result<ModelGrads> {
         let (layout, inputs, pooled) = self.read_out(batch, Pass::Train(planned))?;
         let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
-        // Under a loss scale every gradient is formed scaled and divided by the scale at the end.
+        // Under a loss scale every gradient is formed scaled and divided by the scale once final.
         let scale = self.loss_scale.map_or(1.0, |s| s.scale());
-        let hg = self.head.backward(scale / denom.max(1) as f32)?;
+        let mut hg = self.head.backward(scale / denom.max(1) as f32)?;
+        if scale != 1.0 {
+            scale_all(&mut hg.params, 1.0 / scale);
+        }
+        head_done(&outputs, &hg.params)?;
         let (k, width) = (self.graphs_per_example(), width_out(self.top().function()));
         let top = self.cells.len() - 1;
         let mut g = match self.readout {
@@ -546,8 +563,7 @@ impl<B: Backend> Model<B> {
         let words = if tables.len() == 1 { tables.swap_remove(0) } else { merge(&tables, self.embedding.dim()) };
         let mut grads = ModelGrads { outputs, cells, head: hg.params, words };
         if scale != 1.0 {
-            let dense = grads.cells.iter_mut().flatten().chain(&mut grads.head);
-            scale_all(dense.chain([&mut grads.words.values]), 1.0 / scale);
+            scale_all(grads.cells.iter_mut().flatten().chain([&mut grads.words.values]), 1.0 / scale);
         }
         Ok(grads)
     }
@@ -663,34 +679,53 @@ impl<B: Backend> Model<B> {
         let head = self.head.engine();
         head.set_dropout_key(DropoutKey { step, first, ..head.dropout_key() });
         let mine = &batch[share];
+        let (count, vertices) = (mine.len(), mine.iter().flat_map(|e| &e.trees).map(|t| t.graph.len()).sum::<usize>());
+        let loss_at = self.head.loss_output();
+        let loss_of =
+            |outputs: &[Vec<f32>]| outputs.get(loss_at).map_or(0.0, |l| l.iter().sum::<f32>()) / denom.max(1) as f32;
+        // With other workers, the head's gradients and the step's numbers travel in the first
+        // bucket while the cells' backward pass runs (wait-free backpropagation).
+        let mut first_bucket: Option<Vec<f32>> = None;
+        let mut head_done = |outputs: &[Vec<f32>], head: &[Vec<f32>]| -> Result<()> {
+            if coll.size() > 1 {
+                let mut bucket: Vec<f32> = head.iter().flatten().copied().collect();
+                bucket.extend([loss_of(outputs), count as f32, vertices as f32]);
+                coll.start_all_reduce(&bucket)?;
+                first_bucket = Some(bucket);
+            }
+            Ok(())
+        };
         let mut grads = if mine.is_empty() {
             let zeros = |f: &VertexFn| f.params().iter().map(|p| vec![0.0; p.shape.numel()]).collect();
-            ModelGrads {
+            let grads = ModelGrads {
                 outputs: Vec::new(),
                 cells: self.cells.iter().map(|e| zeros(e.function())).collect(),
                 head: zeros(self.head.function()),
                 words: SparseGrad::default(),
-            }
+            };
+            head_done(&[], &grads.head)?;
+            grads
         } else {
-            self.gradients(mine, denom, planned)?
+            self.gradients_then(mine, denom, planned, &mut head_done)?
         };
-        let loss = grads.outputs.get(self.head.loss_output()).map_or(0.0, |l| l.iter().sum::<f32>());
-        let mut stats = StepStats { loss: loss / denom.max(1) as f32, count: mine.len(), ..StepStats::default() };
-        stats.vertices = mine.iter().flat_map(|e| &e.trees).map(|t| t.graph.len()).sum();
-        if coll.size() > 1 {
-            let mut numbers = vec![stats.loss, stats.count as f32, stats.vertices as f32];
-            coll.start_all_reduce(&numbers)?;
+        let mut stats = StepStats { loss: loss_of(&grads.outputs), count, vertices, correct: 0 };
+        if let Some(mut bucket) = first_bucket {
             let counts: Vec<usize> = grads.cells.iter().map(Vec::len).collect();
-            let dense =
-                std::mem::take(&mut grads.cells).into_iter().flatten().chain(std::mem::take(&mut grads.head)).collect();
+            let dense = std::mem::take(&mut grads.cells).into_iter().flatten().collect();
             let pending = Pending::start(coll, dense, std::mem::take(&mut grads.words))?;
-            coll.finish_all_reduce(&mut numbers)?;
+            coll.finish_all_reduce(&mut bucket)?;
             let (dense, words) = pending.finish(coll, self.embedding.vocab(), self.embedding.dim())?;
             let mut dense = dense.into_iter();
             grads.cells = counts.iter().map(|&n| dense.by_ref().take(n).collect()).collect();
-            (grads.head, grads.words) = (dense.collect(), words);
-            stats =
-                StepStats { loss: numbers[0], count: numbers[1] as usize, vertices: numbers[2] as usize, correct: 0 };
+            grads.words = words;
+            let mut at = 0;
+            for g in &mut grads.head {
+                let len = g.len();
+                g.copy_from_slice(&bucket[at..at + len]);
+                at += len;
+            }
+            let n = &bucket[at..];
+            stats = StepStats { loss: n[0], count: n[1] as usize, vertices: n[2] as usize, correct: 0 };
         }
         self.apply(&mut grads, opt, clip)?;
         Ok(stats)
