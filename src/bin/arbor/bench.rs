@@ -65,7 +65,8 @@ where
     if args.mode == Mode::Train {
         let mut run = Run::new(model, Optimizer::new(Config::new(Rule::Adagrad, 0.05)), &Rng::new(1));
         let timeout = arbor::dist::DEFAULT_TIMEOUT;
-        let plan = Settings::new(1, args.batch);
+        // No clipping: the work the peers do (and the bench before the one loop did).
+        let plan = Settings { clip: None, ..Settings::new(1, args.batch) };
         fit_threads(
             &mut run,
             args.workers,
