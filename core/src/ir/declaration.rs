@@ -6,23 +6,35 @@ use super::func::{Func, Names, ParamDecl, Port, StateDecl};
 use super::op::ValueId;
 use crate::error::{Error, Result};
 
-/// F as the builder declared it: every value feeds a state or an output.
-#[derive(Clone, Debug)]
-pub(crate) struct Declaration {
+/// A vertex function's declared parts: what [`VertexFn::declared`](super::VertexFn::declared)
+/// gives and [`VertexFn::from_declared`](super::VertexFn::from_declared) checks and builds from
+/// (to store a function and read it back).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Declared {
+    /// The function's name.
     pub name: String,
+    /// Ordered child slots.
     pub arity: usize,
+    /// Whether it reads any number of children (`gather_sum`).
     pub variadic: bool,
+    /// The forward IR.
     pub forward: Func,
+    /// The parameters.
     pub params: Vec<ParamDecl>,
+    /// The scattered states.
     pub states: Vec<StateDecl>,
-    /// Pulled inputs: the user's, then one mask per dropout site.
+    /// The pulled inputs: the user's, then one dropout mask per site.
     pub inputs: Vec<Port>,
     /// The rate of each dropout site (the last `dropout.len()` inputs are their masks).
     pub dropout: Vec<f32>,
+    /// The pushed outputs.
     pub outputs: Vec<Port>,
 }
 
-impl Declaration {
+/// F as the builder declared it, checked: every value feeds a state or an output.
+pub(crate) type Declaration = Declared;
+
+impl Declared {
     /// Checks that the function scatters or pushes something and that every value it computes
     /// is used on the way there.
     #[allow(clippy::too_many_arguments)]
@@ -63,7 +75,7 @@ impl Declaration {
                 Error::Dead { function: name, value }
             });
         }
-        Ok(Declaration { name, arity, variadic, forward, params, states, inputs, dropout, outputs })
+        Ok(Declared { name, arity, variadic, forward, params, states, inputs, dropout, outputs })
     }
 
     /// The names of the function's parameters, states and inputs, for describing values.

@@ -14,6 +14,7 @@ pub use autodiff::{Backward, ChildGrad, ParamGrad};
 pub use builder::{Builder, Var};
 pub use columns::Cols;
 pub(crate) use declaration::Declaration;
+pub use declaration::Declared;
 pub use func::{Func, Init, Names, Node, ParamDecl, Port, StateDecl};
 pub use op::{BinaryOp, Op, UnaryOp, ValueId};
-pub use vertex_fn::{Declared, VertexFn};
+pub use vertex_fn::VertexFn;

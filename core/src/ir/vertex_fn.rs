@@ -1,37 +1,13 @@
 //! A built, checked vertex function with its derived backward function and kernel plans.
 
 use super::autodiff::{self, Backward};
-use super::declaration::Declaration;
+use super::declaration::{Declaration, Declared};
 use super::func::{Func, Init, Node, ParamDecl, Port, StateDecl};
 use super::op::{Op, ValueId};
 use crate::error::{Error, Result};
 use crate::fusion::Plan;
 use crate::rng::Rng;
 use std::fmt;
-
-/// A vertex function's declared parts: what [`VertexFn::declared`] gives and
-/// [`VertexFn::from_declared`] checks and builds from (to store a function and read it back).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Declared {
-    /// The function's name.
-    pub name: String,
-    /// Ordered child slots.
-    pub arity: usize,
-    /// Whether it reads any number of children (`gather_sum`).
-    pub variadic: bool,
-    /// The forward IR.
-    pub forward: Func,
-    /// The parameters.
-    pub params: Vec<ParamDecl>,
-    /// The scattered states.
-    pub states: Vec<StateDecl>,
-    /// The pulled inputs: the user's, then one dropout mask per site.
-    pub inputs: Vec<Port>,
-    /// The rate of each dropout site.
-    pub dropout: Vec<f32>,
-    /// The pushed outputs.
-    pub outputs: Vec<Port>,
-}
 
 /// A vertex function F: declared once, checked, differentiated and planned at build time.
 ///
@@ -154,18 +130,7 @@ impl VertexFn {
 
     /// The function's declared parts (what [`VertexFn::from_declared`] rebuilds it from).
     pub fn declared(&self) -> Declared {
-        let d = &self.decl;
-        Declared {
-            name: d.name.clone(),
-            arity: d.arity,
-            variadic: d.variadic,
-            forward: d.forward.clone(),
-            params: d.params.clone(),
-            states: d.states.clone(),
-            inputs: d.inputs.clone(),
-            dropout: d.dropout.clone(),
-            outputs: d.outputs.clone(),
-        }
+        self.decl.clone()
     }
 
     /// Number of ordered child slots `gather(k)` may read.
