@@ -203,6 +203,10 @@ impl Outputs {
     }
 }
 
+/// What [`Model::gradients_then`] tells as soon as the head's part of a step is final: the
+/// head's outputs and its parameters' gradients.
+type HeadDone<'a> = dyn FnMut(&[Vec<f32>], &[Vec<f32>]) -> Result<()> + 'a;
+
 /// The gradients of one step of a [`Model`] (or of one worker's share of it).
 #[derive(Clone, Debug, Default)]
 pub struct ModelGrads {
@@ -523,7 +527,7 @@ impl<B: Backend> Model<B> {
         batch: &[Example<'_>],
         denom: usize,
         planned: Option<Planned<'_>>,
-        head_done: &mut dyn FnMut(&[Vec<f32>], &[Vec<f32>]) -> Result<()>,
+        head_done: &mut HeadDone<'_>,
     ) -> Result<ModelGrads> {
         let (layout, inputs, pooled) = self.read_out(batch, Pass::Train(planned))?;
         let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
