@@ -132,6 +132,11 @@ pub fn cross_validate_ggnn<B: Backend>(
 where
     Run<Model<B>>: Send,
 {
+    let n = data.graphs.len();
+    if cfg.folds < 2 || cfg.folds > n {
+        let expected = format!("between 2 and the number of graphs ({n})");
+        return Err(Error::input("cross-validation folds", expected, cfg.folds.to_string()));
+    }
     check_graph_training(data, cfg)?;
     let graphs = Unrolled::all(data, cfg.steps);
     let plan = Settings { clip: cfg.clip, ..Settings::new(cfg.epochs, cfg.batch) };
