@@ -52,10 +52,22 @@ pub fn tree_classifier(
     loss_on: crate::layers::LossOn,
     rng: &mut Rng,
 ) -> Result<Model<crate::CpuBackend>> {
-    let dim = cell.inputs().first().map_or(0, |x| x.shape.numel());
-    let words = Embedding::new(vocab, dim, 0.1, rng).with_padding(crate::data::PAD);
     let readout = crate::data::labelled::Labelled::readout(loss_on);
-    classifier(&crate::CpuBackend::new(), words, vec![cell], classes, readout, 0, rng)
+    tree_classifier_on(&crate::CpuBackend::new(), vec![cell], vocab, classes, readout, rng)
+}
+
+/// [`tree_classifier`] of stacked `cells` on replicas of `backend`, reading with `readout`.
+pub fn tree_classifier_on<B: Backend>(
+    backend: &B,
+    cells: Vec<VertexFn>,
+    vocab: usize,
+    classes: usize,
+    readout: Readout,
+    rng: &mut Rng,
+) -> Result<Model<B>> {
+    let dim = cells.first().and_then(|c| c.inputs().first()).map_or(0, |x| x.shape.numel());
+    let words = Embedding::new(vocab, dim, 0.1, rng).with_padding(crate::data::PAD);
+    classifier(backend, words, cells, classes, readout, 0, rng)
 }
 
 /// Settings of graph classification by cross-validation ([`cross_validate_ggnn`]).

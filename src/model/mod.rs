@@ -598,12 +598,11 @@ impl<B: Backend> Model<B> {
             }
         }
         let parts = self.parts(grads);
-        if self.loss_scale.is_none() {
-            let named: Vec<(&str, &VertexFn, &Vec<Vec<f32>>)> =
-                parts.iter().map(|(n, f, g)| (n.as_str(), *f, *g)).collect();
-            check_gradients(step, &named, &grads.words.values)?;
-        }
         let names: Vec<Vec<String>> = parts.iter().map(|(n, f, _)| names(n, f)).collect();
+        if self.loss_scale.is_none() {
+            let dense: Vec<&Vec<Vec<f32>>> = parts.iter().map(|(_, _, g)| *g).collect();
+            check_gradients(step, &names, &dense, &grads.words.values)?;
+        }
         if let Some(max) = clip {
             let mut dense: Vec<&mut Vec<Vec<f32>>> = grads.cells.iter_mut().collect();
             dense.push(&mut grads.head);

@@ -31,11 +31,10 @@ pub(crate) fn names(of: &str, f: &VertexFn) -> Vec<String> {
 }
 
 /// Ends training with [`Error::Diverged`](crate::Error::Diverged) at step `step` if a gradient
-/// is not finite: of the parameters of each part (its prefix, function, and one gradient per
-/// parameter), or of the looked-up word vectors.
-pub(crate) fn check_gradients(step: u64, parts: &[(&str, &VertexFn, &Vec<Vec<f32>>)], words: &[f32]) -> Result<()> {
-    let names: Vec<Vec<String>> = parts.iter().map(|(of, f, _)| names(of, f)).collect();
-    let dense = names.iter().zip(parts).flat_map(|(n, (_, _, g))| n.iter().zip(g.iter()));
+/// is not finite: of the parameters of each part (their names, one gradient per parameter), or
+/// of the looked-up word vectors.
+pub(crate) fn check_gradients(step: u64, names: &[Vec<String>], parts: &[&Vec<Vec<f32>>], words: &[f32]) -> Result<()> {
+    let dense = names.iter().zip(parts).flat_map(|(n, g)| n.iter().zip(g.iter()));
     let words = std::iter::once(("embedding", words));
     check_finite(step, "the gradient of", dense.map(|(n, g)| (n.as_str(), g.as_slice())).chain(words))
 }

@@ -3,10 +3,10 @@
 use crate::args::*;
 use crate::{bar, load, on_device, OnDevice};
 use arbor::data::labelled::Labelled;
-use arbor::data::{synthetic, TreeExample, PAD};
+use arbor::data::{synthetic, TreeExample};
 use arbor::dist::Collective;
 use arbor::head::argmax;
-use arbor::layers::{Embedding, LossOn};
+use arbor::layers::LossOn;
 use arbor::loss_scale::LossScaler;
 use arbor::model::{AsExample, Example, Model};
 use arbor::nn::Model as Kind;
@@ -45,10 +45,8 @@ fn bench_model<B: Backend>(
     args: &BenchArgs,
     loss_on: LossOn,
 ) -> Result<Model<B>> {
-    let mut rng = Rng::new(1);
-    let words = Embedding::new(vocab, args.embed, 0.1, &mut rng).with_padding(PAD);
     let readout = if args.mode == Mode::Train { Labelled::readout(loss_on) } else { Readout::Root };
-    arbor::zoo::classifier(backend, words, vec![cell], classes, readout, 0, &mut rng)
+    arbor::zoo::tree_classifier_on(backend, vec![cell], vocab, classes, readout, &mut Rng::new(1))
 }
 
 /// Times `examples` through `args.workers` replicas of `model` on threads (see

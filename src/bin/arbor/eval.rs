@@ -7,8 +7,8 @@ use crate::{on_device, OnDevice};
 use arbor::average::Average;
 use arbor::checkpoint::Checkpoint;
 use arbor::data::labelled::Labelled;
-use arbor::data::{sst, synthetic, TreeExample, Vocab, PAD};
-use arbor::layers::{Embedding, LossOn};
+use arbor::data::{sst, synthetic, TreeExample, Vocab};
+use arbor::layers::LossOn;
 use arbor::model;
 use arbor::nn::Model;
 use arbor::readout::Readout;
@@ -115,8 +115,7 @@ impl<B: Backend> Restored<B> {
         let mut rng = Rng::new(0);
         let cells =
             (0..layers).map(|k| kind.cell(if k == 0 { embed } else { hidden }, hidden)).collect::<Result<_>>()?;
-        let words = Embedding::new(vocab, embed, 0.1, &mut rng).with_padding(PAD);
-        let mut model = arbor::zoo::classifier(&backend, words, cells, classes, Readout::Root, 0, &mut rng)?;
+        let mut model = arbor::zoo::tree_classifier_on(&backend, cells, vocab, classes, Readout::Root, &mut rng)?;
         model.restore(ck)?;
         Ok(Restored { model, classes })
     }
