@@ -14,7 +14,7 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::pipeline::{Part, PipeSettings, Stage};
 use arbor::readout::Readout;
 use arbor::rng::Rng;
-use arbor::trainer::{on_threads, Event, Splits};
+use arbor::trainer::{fit_together, Event, Run, Settings, Splits};
 use arbor::{nn, CpuBackend};
 
 fn main() -> arbor::Result<()> {
@@ -30,27 +30,26 @@ fn main() -> arbor::Result<()> {
     let model = Model::init(&CpuBackend::new(), words, nn::tree_lstm(32, 64)?, vec![Feed::Words], head, &mut rng)?
         .with_readout(Readout::Vertices)
         .stack(nn::tree_lstm(64, 64)?, &mut rng)?;
-    let stages: Vec<Stage> = Part::split(&model, 2)?
+    // Each stage is trained by a run of its own in the one loop (with checkpoints, resume and a
+    // weight average as any run): its optimizer holds the state of its part's tensors.
+    let pipe = PipeSettings { kind, micro_batches: 2 };
+    let mut runs: Vec<Run<Stage>> = Part::split(&model, 2)?
         .into_iter()
-        .map(|part| Stage::new(part, Optimizer::new(Config::new(Rule::Adam, 0.01)), rng.clone()))
+        .map(|part| Run::new(Stage::new(part, pipe), Optimizer::new(Config::new(Rule::Adam, 0.01)), &rng))
         .collect();
-    let plan = PipeSettings { kind, micro_batches: 2, epochs: 3, batch: 25, clip: Some(5.0), max_steps: None };
+    let plan = Settings::new(3, 25);
     let splits = Splits { train: &train, dev: &dev, test: &test };
     let mut events = |e: Event| {
         if let Event::EpochEnd { epoch, loss, dev } = e {
             println!("epoch {epoch}: loss {loss:.4}, dev root accuracy {dev:.4}");
         }
     };
-    // The last stage holds the head, so it reports.
-    let results = on_threads(stages, DEFAULT_TIMEOUT, 1, &mut events, |mut stage, coll, report| {
-        let summary = stage.fit(splits, &plan, coll, report)?;
-        Ok((summary, stage.test_score()))
-    })?;
-    if let Some((summary, test_acc)) = results.last() {
-        println!(
-            "{kind:?}: {:.0} sentences/s, test root accuracy {test_acc:.4}",
-            summary.sentences as f64 / summary.train_seconds
-        );
-    }
+    // One thread per stage; the last stage holds the head, so it reports.
+    let summary = fit_together(runs.iter_mut().collect(), DEFAULT_TIMEOUT, splits, &plan, &mut events)?;
+    println!(
+        "{kind:?}: {:.0} sentences/s, test root accuracy {:.4}",
+        summary.sentences as f64 / summary.train_seconds,
+        runs[0].test_acc
+    );
     Ok(())
 }

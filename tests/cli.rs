@@ -26,7 +26,7 @@ fn bad_input_gives_one_line_and_a_failure() {
     let bad: [&[&str]; 16] = [
         &["train", "--data", "/no/such/dir"],
         &["train", "--average", "1"],
-        &["train", "--average", "0.9", "--layers", "2", "--stages", "2"],
+        &["train", "--layers", "2", "--stages", "2", "--workers", "2"],
         &["train", "--model", "ggnn", "--average", "0.9"],
         &["train", "--word-dropout=-1"],
         &["train", "--model", "sick", "--word-dropout", "0.25"],
@@ -93,11 +93,13 @@ fn temp(name: &str) -> std::path::PathBuf {
 const SMALL: [&str; 6] = ["--hidden", "3", "--embed", "3", "--lr", "0.002"];
 
 /// `arbor eval` of `best/` gives the test accuracy training reported, also when training
-/// scored a moving average of the weights and for a stack of two layers.
+/// scored a moving average of the weights, for a stack of two layers, and for two layers
+/// trained in two pipeline stages (with a weight average).
 #[test]
 fn eval_reproduces_the_checkpoint_accuracy_exactly() {
     let ck = temp("eval");
-    for extra in [&[][..], &["--average", "0.9"], &["--layers", "2", "--dropout", "0.1"]] {
+    let pipelined = ["--layers", "2", "--stages", "2", "--average", "0.9"];
+    for extra in [&[][..], &["--average", "0.9"], &["--layers", "2", "--dropout", "0.1"], &pipelined] {
         std::fs::remove_dir_all(&ck).ok();
         let mut args = vec!["train", "--epochs", "1", "--checkpoint", ck.to_str().unwrap()];
         args.extend(SMALL);
@@ -121,23 +123,31 @@ fn eval_reproduces_the_checkpoint_accuracy_exactly() {
     std::fs::remove_dir_all(&ck).ok();
 }
 
+/// One epoch, then a second resumed from its checkpoint, ends bitwise where two uninterrupted
+/// epochs end: for one model, and for two layers in two pipeline stages (PipeDream-2BW).
 #[test]
 fn resume_continues_exactly() {
     let (full, half) = (temp("full"), temp("half"));
-    let run = |epochs: &str, dir: &std::path::Path, resume: bool| {
-        let mut args = vec!["train", "--epochs", epochs, "--checkpoint", dir.to_str().unwrap()];
-        if resume {
-            args.extend(["--resume", dir.to_str().unwrap()]);
-        }
-        args.extend(SMALL);
-        last_json(&arbor(&args))
-    };
-    run("2", &full, false);
-    run("1", &half, false);
-    run("2", &half, true);
-    let a = std::fs::read(arbor::checkpoint::Checkpoint::tensors_path(&full.join("last")).unwrap()).unwrap();
-    let b = std::fs::read(arbor::checkpoint::Checkpoint::tensors_path(&half.join("last")).unwrap()).unwrap();
-    assert!(a == b, "parameters after 1 + 1 resumed epochs differ from 2 uninterrupted epochs");
+    let pipelined = ["--layers", "2", "--stages", "2", "--schedule", "2bw", "--micro-batches", "2"];
+    for extra in [&[][..], &pipelined] {
+        let run = |epochs: &str, dir: &std::path::Path, resume: bool| {
+            let mut args = vec!["train", "--epochs", epochs, "--checkpoint", dir.to_str().unwrap()];
+            if resume {
+                args.extend(["--resume", dir.to_str().unwrap()]);
+            }
+            args.extend(SMALL);
+            args.extend(extra);
+            last_json(&arbor(&args))
+        };
+        std::fs::remove_dir_all(&full).ok();
+        std::fs::remove_dir_all(&half).ok();
+        run("2", &full, false);
+        run("1", &half, false);
+        run("2", &half, true);
+        let a = std::fs::read(arbor::checkpoint::Checkpoint::tensors_path(&full.join("last")).unwrap()).unwrap();
+        let b = std::fs::read(arbor::checkpoint::Checkpoint::tensors_path(&half.join("last")).unwrap()).unwrap();
+        assert!(a == b, "{extra:?}: parameters after 1 + 1 resumed epochs differ from 2 uninterrupted epochs");
+    }
     std::fs::remove_dir_all(&full).ok();
     std::fs::remove_dir_all(&half).ok();
 }
@@ -205,7 +215,7 @@ fn pipeline_flags() {
     for (extra, says) in [
         (&["--stages", "3"][..], "between 1 and the number of layers (2)"),
         (&["--stages", "2", "--schedule", "2bw", "--micro-batches", "1"], "at least the number of stages (2) for 2BW"),
-        (&["--stages", "2", "--checkpoint", "x"], "got --checkpoint"),
+        (&["--stages", "2", "--workers", "2"], "each stage is one worker"),
         (&["--micro-batches", "2"], "--stages above 1"),
         (&["--schedule", "2bw"], "--stages above 1"),
         (&["--timeout", "inf"], "--timeout"),

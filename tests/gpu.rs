@@ -232,25 +232,17 @@ fn a_pipeline_on_the_gpu_follows_the_cpu_pipeline() {
     let data = synthetic::generate(120, 10, 5);
     let data = Labelled::all(&data, LossOn::All, synthetic::CLASSES);
     let batches: Vec<Vec<&Labelled>> = data.chunks(30).map(|c| c.iter().collect()).collect();
-    let plan = PipeSettings {
-        kind: Kind::OneFOneBFlush,
-        micro_batches: 3,
-        epochs: 1,
-        batch: 30,
-        clip: Some(5.0),
-        max_steps: None,
-    };
+    let plan = PipeSettings { kind: Kind::OneFOneBFlush, micro_batches: 3 };
     fn pipelined<B: Backend>(backend: B, parts: Vec<Part>, batches: &[Vec<&Labelled>], plan: &PipeSettings) -> Vec<Part>
     where
         Stage<B>: Send,
     {
-        let opt = || Optimizer::new(Config::new(Rule::Adam, 0.01));
-        let parts: Vec<Stage<B>> =
-            parts.into_iter().map(|p| Stage::on(backend.replica().unwrap(), p, opt(), Rng::new(0))).collect();
+        let parts: Vec<Stage<B>> = parts.into_iter().map(|p| Stage::on(backend.replica().unwrap(), p, *plan)).collect();
         let timeout = std::time::Duration::from_secs(120);
         arbor::trainer::on_threads(parts, timeout, 1, &mut |_| {}, |mut stage, coll, _| {
-            stage.train(batches, plan, coll, &mut |_, _| {})?;
-            Ok(stage.part)
+            let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.01));
+            stage.train(&mut opt, batches, Some(5.0), coll, &mut |_, _| {})?;
+            Ok(stage.into_part())
         })
         .unwrap()
     }

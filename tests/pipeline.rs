@@ -88,8 +88,11 @@ fn values(stages: &[Part]) -> Vec<f32> {
     stages.iter().flat_map(Part::values).collect()
 }
 
-fn plan(kind: Kind, micro_batches: usize, clip: Option<f32>) -> PipeSettings {
-    PipeSettings { kind, micro_batches, epochs: 1, batch: 30, clip, max_steps: None }
+/// How the stages run a minibatch, and the bound on the joint gradient norm.
+struct Plan(PipeSettings, Option<f32>);
+
+fn plan(kind: Kind, micro_batches: usize, clip: Option<f32>) -> Plan {
+    Plan(PipeSettings { kind, micro_batches }, clip)
 }
 
 fn optimizer() -> Config {
@@ -97,7 +100,7 @@ fn optimizer() -> Config {
 }
 
 /// Trains `parts` (one stage per thread) on `minibatches`; returns the trained parts.
-fn pipelined<E: AsExample>(parts: Vec<Part>, minibatches: &[Vec<&E>], plan: &PipeSettings) -> Vec<Part> {
+fn pipelined<E: AsExample>(parts: Vec<Part>, minibatches: &[Vec<&E>], plan: &Plan) -> Vec<Part> {
     pipelined_on(CpuBackend::new(), parts, minibatches, plan)
 }
 
@@ -106,19 +109,17 @@ fn pipelined_on<B: Backend, E: AsExample>(
     backend: B,
     parts: Vec<Part>,
     minibatches: &[Vec<&E>],
-    plan: &PipeSettings,
+    plan: &Plan,
 ) -> Vec<Part>
 where
     Stage<B>: Send,
 {
     let stages = parts.len();
-    let parts: Vec<Stage<B>> = parts
-        .into_iter()
-        .map(|p| Stage::on(backend.replica().expect("a replica"), p, Optimizer::new(optimizer()), Rng::new(0)))
-        .collect();
+    let parts: Vec<Stage<B>> =
+        parts.into_iter().map(|p| Stage::on(backend.replica().expect("a replica"), p, plan.0)).collect();
     on_threads(parts, Duration::from_secs(60), stages - 1, &mut |_| {}, |mut stage, coll, _| {
-        stage.train(minibatches, plan, coll, &mut |_, _| {})?;
-        Ok(stage.part)
+        stage.train(&mut Optimizer::new(optimizer()), minibatches, plan.1, coll, &mut |_, _| {})?;
+        Ok(stage.into_part())
     })
     .expect("the pipeline trains")
 }
@@ -171,15 +172,16 @@ fn two_bw_equals_the_delayed_update_rule() {
     let piped = values(&pipelined(parts(2), &batches, &p));
 
     let mut coll = ThreadCollective::group(1, Duration::from_secs(10)).pop().expect("one worker");
-    let mut current = Stage::new(parts(1).remove(0), Optimizer::new(optimizer()), Rng::new(0));
+    let mut current = Stage::new(parts(1).remove(0), p.0);
+    let mut opt = Optimizer::new(optimizer());
     let mut previous = parts(1).remove(0);
     for b in &batches {
-        let mut stale = Stage::new(previous, Optimizer::new(optimizer()), Rng::new(0));
-        let g = stale.gradients(b, &p, &mut coll).expect("gradients at W(t-1)");
-        previous = current.part.clone();
-        current.update(g, None, &mut coll).expect("update of W(t)");
+        let mut stale = Stage::new(previous, p.0);
+        let g = stale.gradients(b, &mut coll).expect("gradients at W(t-1)");
+        previous = current.part().clone();
+        current.update(g, &mut opt, None, &mut coll).expect("update of W(t)");
     }
-    let simulated = values(&[current.part]);
+    let simulated = values(&[current.into_part()]);
     assert!(piped == simulated, "2BW differs from its rule by {}", max_relative(&piped, &simulated));
     let flushed = values(&pipelined(parts(2), &batches, &plan(Kind::OneFOneBFlush, 3, None)));
     assert!(max_relative(&piped, &flushed) > 1e-4, "2BW should lag one version behind 1F1B");
@@ -194,11 +196,12 @@ fn accumulated_micro_batches_equal_the_whole_minibatch() {
     let data = labelled(&data);
     let batches = minibatches(&data);
     let train = |m: usize| {
-        let mut stage =
-            Stage::new(parts(1).remove(0), Optimizer::new(Config::new(Rule::Sgd { momentum: 0.9 }, 0.1)), Rng::new(0));
+        let p = plan(Kind::OneFOneBFlush, m, Some(5.0));
+        let mut stage = Stage::new(parts(1).remove(0), p.0);
+        let mut opt = Optimizer::new(Config::new(Rule::Sgd { momentum: 0.9 }, 0.1));
         let mut coll = ThreadCollective::group(1, Duration::from_secs(10)).pop().expect("one worker");
-        stage.train(&batches, &plan(Kind::OneFOneBFlush, m, Some(5.0)), &mut coll, &mut |_, _| {}).expect("trains");
-        values(&[stage.part])
+        stage.train(&mut opt, &batches, p.1, &mut coll, &mut |_, _| {}).expect("trains");
+        values(&[stage.into_part()])
     };
     let rel = max_relative(&train(4), &train(1));
     assert!(rel <= 1e-6, "relative difference {rel}");
@@ -212,9 +215,10 @@ fn bad_pipeline_settings_are_refused() {
     let data = synthetic::generate(30, 8, 1);
     let data = labelled(&data);
     let batches = minibatches(&data);
-    let mut stage = Stage::new(parts(1).remove(0), Optimizer::new(optimizer()), Rng::new(0));
+    let mut stage = Stage::new(parts(1).remove(0), plan(Kind::OneFOneBFlush, 0, None).0);
     let mut group = ThreadCollective::group(1, Duration::from_secs(1));
-    let err = stage.train(&batches, &plan(Kind::OneFOneBFlush, 0, None), &mut group[0], &mut |_, _| {}).unwrap_err();
+    let mut opt = Optimizer::new(optimizer());
+    let err = stage.train(&mut opt, &batches, None, &mut group[0], &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("--micro-batches"), "{err}");
 }
 
@@ -234,14 +238,13 @@ fn stepped<E: AsExample>(mut model: Model<CpuBackend>, minibatches: &[Vec<&E>]) 
 
 /// [`pipelined`] with Adagrad (as [`stepped`]) on `stages` stages of `model`.
 fn piped<E: AsExample>(model: &Model<CpuBackend>, stages: usize, minibatches: &[Vec<&E>], m: usize) -> Vec<f32> {
-    let parts: Vec<Stage> = Part::split(model, stages)
-        .expect("split")
-        .into_iter()
-        .map(|p| Stage::new(p, Optimizer::new(Config::new(Rule::Adagrad, 0.05)), Rng::new(0)))
-        .collect();
+    let p = plan(Kind::OneFOneBFlush, m, None);
+    let parts: Vec<Stage> =
+        Part::split(model, stages).expect("split").into_iter().map(|s| Stage::new(s, p.0)).collect();
     let trained = on_threads(parts, Duration::from_secs(60), stages - 1, &mut |_| {}, |mut stage, coll, _| {
-        stage.train(minibatches, &plan(Kind::OneFOneBFlush, m, None), coll, &mut |_, _| {})?;
-        Ok(stage.part)
+        let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
+        stage.train(&mut opt, minibatches, None, coll, &mut |_, _| {})?;
+        Ok(stage.into_part())
     })
     .expect("the pipeline trains");
     values(&trained)
@@ -322,4 +325,47 @@ fn a_pair_model_in_stages_trains_as_the_model() {
     let mut original = model();
     let (a, b) = (sick::predict(&mut joined, &data.dev[..50]), sick::predict(&mut original, &data.dev[..50]));
     assert_eq!(a.expect("joined"), b.expect("original"), "split and joined again, the model predicts otherwise");
+}
+
+/// A pipeline's stages trained in the one loop (`Run::fit`, PipeDream-2BW) with checkpoints
+/// every 2 steps: stopped after 4 steps and resumed, they end bitwise where an uninterrupted run
+/// ends (`last/` and `best/`), and what they write is a checkpoint of the whole model, named as
+/// the model names its tensors — `Model::load` rebuilds it and scores test as the run did.
+#[test]
+fn stages_in_the_one_loop_checkpoint_and_resume_exactly() {
+    use arbor::checkpoint::Checkpoint;
+    use arbor::trainer::{fit_together, Run, Settings, Splits};
+    let data = synthetic::generate(120, 10, 9);
+    let data = labelled(&data);
+    let (train, dev) = data.split_at(90);
+    let splits = Splits { train, dev, test: dev };
+    let root = std::env::temp_dir().join(format!("arbor-pipeline-run-{}", std::process::id()));
+    std::fs::remove_dir_all(&root).ok();
+    let fit = |name: &str, max_steps: Option<u64>, resume: bool| {
+        let dir = root.join(name);
+        let pipe = PipeSettings { kind: Kind::TwoBw, micro_batches: 2 };
+        let mut runs: Vec<Run<Stage>> = parts(2)
+            .into_iter()
+            .map(|p| Run::new(Stage::new(p, pipe), Optimizer::new(optimizer()), &Rng::new(3)))
+            .collect();
+        let plan =
+            Settings { checkpoint: Some(dir.clone()), checkpoint_every: Some(2), max_steps, ..Settings::new(2, 30) };
+        if resume {
+            let ck = Checkpoint::load(&dir.join("last")).expect("the stopped run's checkpoint");
+            runs.iter_mut().for_each(|r| r.resume(&ck, &plan.meta).expect("resumes"));
+            assert_eq!(runs[0].pos.steps, 4);
+        }
+        fit_together(runs.iter_mut().collect(), Duration::from_secs(60), splits, &plan, &mut |_| {}).expect("trains");
+        (dir, runs.pop().expect("a last stage").test_scores)
+    };
+    let (whole, scores) = fit("whole", None, false);
+    fit("stopped", Some(4), false);
+    let (stopped, _) = fit("stopped", None, true);
+    for kept in ["last", "best"] {
+        let (a, b) = (Checkpoint::load(&whole.join(kept)), Checkpoint::load(&stopped.join(kept)));
+        assert!(a.expect(kept).tensors == b.expect(kept).tensors, "{kept}/ differs after the resume");
+    }
+    let mut model = Model::load(&whole, &CpuBackend::new()).expect("the whole model loads");
+    assert_eq!(model.score(dev).expect("scores"), scores, "the loaded model scores otherwise");
+    std::fs::remove_dir_all(&root).ok();
 }

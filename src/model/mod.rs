@@ -227,8 +227,8 @@ impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
         Ok(mine.iter().flat_map(|e| e.trees.iter().map(|t| t.graph)).collect())
     }
 
-    fn planner(&self) -> Planner {
-        Model::planner(self)
+    fn planner(&self) -> Option<Planner> {
+        Some(Model::planner(self))
     }
 
     fn step(
@@ -238,14 +238,15 @@ impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
         opt: &mut Optimizer,
         plan: &Settings,
         step: u64,
-        planned: Planned<'_>,
+        planned: Option<Planned<'_>>,
     ) -> Result<StepStats> {
         let examples: Vec<Example<'_>> = batch.iter().map(|e| e.example()).collect();
         let denom = batch.iter().map(|e| e.terms()).sum();
-        self.step_shared(coll, &examples, denom, opt, plan.clip, step, Some(planned))
+        self.step_shared(coll, &examples, denom, opt, plan.clip, step, planned)
     }
 
-    fn score(&mut self, data: &[E]) -> Result<Scores> {
+    /// Each replica scores alone (they are identical).
+    fn score(&mut self, data: &[E], _: &mut dyn Collective) -> Result<Scores> {
         Model::score(self, data)
     }
 }

@@ -20,9 +20,12 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 mod folds;
+mod gather;
 mod settings;
 pub(crate) mod step;
 pub use folds::{cross_validate, fold_indices, CvResult};
+use gather::gather_parts;
+pub(crate) use gather::share_from;
 pub use settings::{EpochEnd, EpochHook, LrSchedule, Next, Settings};
 pub use step::StepStats;
 
@@ -67,15 +70,17 @@ fn main_score(scores: &Scores) -> f64 {
 }
 
 /// What the one training loop trains: a model over examples of type `E`, one data-parallel step
-/// at a time. A `Model` learns from any example that is one or more graphs and a target (its
-/// `AsExample`); the `model` module implements this trait for it.
+/// at a time, or — for a model whose workers each hold a part of it ([`Learned::parted`], a
+/// pipeline's stages) — a window of minibatches at a time. A `Model` learns from any example
+/// that is one or more graphs and a target (its `AsExample`); the `model` module implements this
+/// trait for it, the `pipeline` module for a stage of one.
 pub trait Learner<E>: Learned {
     /// The graphs this worker's engine runs for worker `rank`'s share (of `size` workers) of
     /// `batch`: what is scheduled on a helper thread while the step before runs.
     fn share_graphs<'a>(batch: &[&'a E], rank: usize, size: usize, plan: &Settings) -> Result<Vec<&'a InputGraph>>;
 
-    /// The scheduler of the engine that runs those graphs.
-    fn planner(&self) -> Planner;
+    /// The scheduler of the engine that runs those graphs (none: nothing is scheduled ahead).
+    fn planner(&self) -> Option<Planner>;
 
     /// One optimizer step on `batch` (the same on every worker of `coll`, each taking its share
     /// and summing gradients), as step `step` since the start of training (it keys the dropout
@@ -88,12 +93,44 @@ pub trait Learner<E>: Learned {
         opt: &mut Optimizer,
         plan: &Settings,
         step: u64,
-        planned: Planned<'_>,
+        planned: Option<Planned<'_>>,
     ) -> Result<StepStats>;
+
+    /// [`Learner::step`] on each of `batches` in order, the first as step `first`, for a parted
+    /// learner (a pipeline overlaps them, and applies every update before it returns), telling
+    /// `hooks` as it goes. Returns every minibatch's numbers, the same on every worker.
+    fn steps(
+        &mut self,
+        coll: &mut dyn Collective,
+        batches: &[Vec<&E>],
+        opt: &mut Optimizer,
+        plan: &Settings,
+        first: u64,
+        hooks: &mut WindowHooks<'_, Self>,
+    ) -> Result<Vec<StepStats>> {
+        let mut all = Vec::with_capacity(batches.len());
+        for (k, batch) in batches.iter().enumerate() {
+            let graphs = Self::share_graphs(batch, coll.rank(), coll.size(), plan)?;
+            let planned = self.planner().map(|p| p.plan(&graphs)).transpose()?;
+            all.push(self.step(coll, batch, opt, plan, first + k as u64, planned)?);
+            (hooks.trained)(batch.len());
+            (hooks.updated)(self)?;
+        }
+        Ok(all)
+    }
 
     /// The scores of the model on `data`, by name: the first picks the best epoch on dev data
     /// (higher is better: root accuracy, a correlation, …); all are reported on test data.
-    fn score(&mut self, data: &[E]) -> Result<Scores>;
+    /// Every worker of `coll` calls it and gets the same scores.
+    fn score(&mut self, data: &[E], coll: &mut dyn Collective) -> Result<Scores>;
+}
+
+/// What [`Learner::steps`] tells as it trains a window of minibatches.
+pub struct WindowHooks<'a, L> {
+    /// Each minibatch's examples as it finishes (on the worker that knows its numbers).
+    pub trained: &'a mut dyn FnMut(usize),
+    /// The model after each update (for a weight average).
+    pub updated: &'a mut dyn FnMut(&L) -> Result<()>,
 }
 
 /// What checkpoints and the workers of a run need of a model: its learned tensors by name.
@@ -118,6 +155,13 @@ pub trait Learned: Sized {
 
     /// A copy with the same learned values, for another worker.
     fn replica(&self) -> Result<Self>;
+
+    /// Whether each worker holds its own part of the model (a pipeline's stage) rather than a
+    /// replica of the whole: then [`Run::fit`] trains windows of minibatches
+    /// ([`Learner::steps`]), and a checkpoint gathers every worker's tensors. No by default.
+    fn parted(&self) -> bool {
+        false
+    }
 }
 
 /// What a run reports as it goes (the reporting worker: worker 0 of a data-parallel run, the
@@ -336,6 +380,9 @@ impl<L> Run<L> {
         };
         self.model.restore(ck)?;
         self.opt.restore(ck, pos.steps)?;
+        // A part of a model keeps the optimizer state of its own tensors only.
+        let own: std::collections::BTreeSet<String> = self.model.tensors()?.into_iter().map(|t| t.0).collect();
+        self.opt.slots.retain(|name, _| own.contains(name));
         if let Some(avg) = &mut self.average {
             avg.restore(ck, &self.model.tensors()?)?;
         }
@@ -377,7 +424,6 @@ impl<L> Run<L> {
         if data.train.is_empty() {
             return Err(Error::input("the training split", "at least one example", "none"));
         }
-        let lead = coll.rank() == 0;
         let batch = plan.batch.max(1);
         let mut persister = Persister::paced(plan.persist_pause);
         let mut summary = Summary::default();
@@ -407,33 +453,64 @@ impl<L> Run<L> {
             if !batches.is_empty() && done(self.pos.steps) {
                 stopped = true;
             }
-            let (rank, size) = (coll.rank(), coll.size());
-            let graphs = |k: usize| L::share_graphs(&batches[k], rank, size, plan);
-            let planner = self.model.planner();
             let count = if stopped { 0 } else { batches.len() };
-            plan_each(&planner, count, &graphs, &mut |k, planned| {
-                let start = Instant::now();
-                let examples = &batches[k];
-                let stats = self.model.step(coll, examples, &mut self.opt, plan, self.pos.steps, planned)?;
-                if let Some(avg) = &mut self.average {
-                    avg.update(self.pos.steps, &self.model.tensors_lent()?)?;
+            let windows = self.windows(count, plan);
+            let mut account = |run: &mut Self,
+                               coll: &mut dyn Collective,
+                               first: usize,
+                               all: Vec<StepStats>,
+                               seconds: f64|
+             -> Result<bool> {
+                summary.train_seconds += seconds;
+                let end = first + all.len();
+                for (examples, stats) in batches[first..].iter().zip(all) {
+                    summary.sentences += examples.len();
+                    run.epoch_loss += f64::from(stats.loss);
+                    run.pos.step_in_epoch += 1;
+                    run.pos.steps += 1;
                 }
-                summary.train_seconds += start.elapsed().as_secs_f64();
-                summary.sentences += examples.len();
-                self.epoch_loss += f64::from(stats.loss);
                 trained = true;
-                self.pos.step_in_epoch += 1;
-                self.pos.steps += 1;
-                events(Event::Trees(examples.len()));
-                let due = plan.checkpoint_every.is_some_and(|n| n > 0 && self.pos.steps.is_multiple_of(n));
-                if let (true, true, Some(dir)) = (lead, due, &plan.checkpoint) {
-                    persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
+                let due = plan.checkpoint_every.is_some_and(|n| n > 0 && run.pos.steps.is_multiple_of(n));
+                if let (true, Some(dir)) = (due, &plan.checkpoint) {
+                    run.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
                 }
-                if k + 1 < batches.len() && done(self.pos.steps) {
+                if end < batches.len() && done(run.pos.steps) {
                     stopped = true;
                 }
                 Ok(!stopped)
-            })?;
+            };
+            if self.model.parted() {
+                for w in windows {
+                    let start = Instant::now();
+                    let (first, mut step) = (self.pos.steps, self.pos.steps);
+                    let Run { model, opt, average, .. } = &mut *self;
+                    let mut hooks = WindowHooks {
+                        trained: &mut |n| events(Event::Trees(n)),
+                        updated: &mut |m: &L| {
+                            step += 1;
+                            average.as_mut().map_or(Ok(()), |avg| avg.update(step - 1, &m.tensors_lent()?))
+                        },
+                    };
+                    let all = model.steps(coll, &batches[w.clone()], opt, plan, first, &mut hooks)?;
+                    if !account(self, coll, w.start, all, start.elapsed().as_secs_f64())? {
+                        break;
+                    }
+                }
+            } else {
+                let (rank, size) = (coll.rank(), coll.size());
+                let graphs = |k: usize| L::share_graphs(&batches[k], rank, size, plan);
+                let planner = self.model.planner();
+                let prepare = |k: usize| planner.as_ref().map(|p| p.plan(&graphs(k)?)).transpose();
+                each_step(count, &prepare, &mut |k, planned| {
+                    let start = Instant::now();
+                    let stats = self.model.step(coll, &batches[k], &mut self.opt, plan, self.pos.steps, planned)?;
+                    if let Some(avg) = &mut self.average {
+                        avg.update(self.pos.steps, &self.model.tensors_lent()?)?;
+                    }
+                    events(Event::Trees(batches[k].len()));
+                    account(self, coll, k, vec![stats], start.elapsed().as_secs_f64())
+                })?;
+            }
             if stopped {
                 break;
             }
@@ -441,65 +518,112 @@ impl<L> Run<L> {
             self.epoch_loss = 0.0;
             self.pos = Position { epoch: self.pos.epoch + 1, step_in_epoch: 0, epoch_rng: rng.state(), ..self.pos };
             let epoch = self.pos.epoch - 1;
-            let dev = self.evaluate(data, plan, lead, &mut persister)?;
+            let dev = self.evaluate(data, plan, coll, &mut persister)?;
             ended = true;
             self.last_epoch = Some(EpochEnd { epoch, loss, dev, best_dev: self.best_dev, best_epoch: self.best_epoch });
             finished = stop_asked(&self.last_epoch);
-            if lead {
-                if let Some(dir) = &plan.checkpoint {
-                    persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
-                }
-                summary.loss_curve.push(loss);
-                summary.dev_curve.push(dev);
-                events(Event::EpochEnd { epoch, loss, dev });
+            if let Some(dir) = &plan.checkpoint {
+                self.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
             }
+            summary.loss_curve.push(loss);
+            summary.dev_curve.push(dev);
+            events(Event::EpochEnd { epoch, loss, dev });
         }
         if stopped && trained && self.best_dev == f64::NEG_INFINITY {
             // A run stopped before any epoch's end is scored on what it trained (not kept as a
             // best epoch, so that a resumed run goes on as an uninterrupted one would).
             summary.unfinished = Some(self.averaged(|run| {
-                let dev = main_score(&run.model.score(data.dev)?);
-                Ok((dev, run.model.score(data.test)?))
+                let dev = main_score(&run.model.score(data.dev, coll)?);
+                Ok((dev, run.model.score(data.test, coll)?))
             })?);
         } else if ended && self.best_dev == f64::NEG_INFINITY {
             // No epoch had a finite dev score (an empty or constant dev split): test is scored on
             // the weights `last/` holds, those of the last epoch.
-            self.test_scores = self.averaged(|run| run.model.score(data.test))?;
+            self.test_scores = self.averaged(|run| run.model.score(data.test, coll))?;
             self.test_acc = main_score(&self.test_scores);
         }
-        if let (true, true, Some(dir)) = (lead, stopped, &plan.checkpoint) {
-            persister.persist(self.snapshot(&plan.meta, true)?, dir.join("last"))?;
+        if let (true, Some(dir)) = (stopped, &plan.checkpoint) {
+            self.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
         }
         persister.wait()?;
         Ok(summary)
     }
 
     /// Scores the model on dev at an epoch's end, and on test when dev improves on the best so
-    /// far; the lead worker then writes `best/`. Every replica evaluates (they are identical), so
-    /// none waits for another under the peer timeout. Returns the dev score.
+    /// far, then writes `best/`. Every worker evaluates (replicas are identical, and a pipeline's
+    /// stages score together), so none waits for another under the peer timeout. Returns the dev
+    /// score.
     fn evaluate<E>(
         &mut self,
         data: Splits<'_, E>,
         plan: &Settings,
-        lead: bool,
+        coll: &mut dyn Collective,
         persister: &mut Persister,
     ) -> Result<f64>
     where
         L: Learner<E>,
     {
         self.averaged(|run| {
-            let dev = main_score(&run.model.score(data.dev)?);
+            let dev = main_score(&run.model.score(data.dev, coll)?);
             if dev > run.best_dev {
                 run.best_dev = dev;
                 run.best_epoch = run.pos.epoch - 1;
-                run.test_scores = run.model.score(data.test)?;
+                run.test_scores = run.model.score(data.test, coll)?;
                 run.test_acc = main_score(&run.test_scores);
-                if let (true, Some(dir)) = (lead, &plan.checkpoint) {
-                    persister.persist(run.snapshot(&plan.meta, false)?, dir.join("best"))?;
+                if let Some(dir) = &plan.checkpoint {
+                    run.save(coll, &plan.meta, false, dir.join("best"), persister)?;
                 }
             }
             Ok(dev)
         })
+    }
+
+    /// Writes the run's state to `dir` in the background (see [`Run::snapshot`]): worker 0 writes
+    /// it, and for a [parted](Learned::parted) model every worker sends it its part first.
+    fn save(
+        &self,
+        coll: &mut dyn Collective,
+        meta: &Value,
+        with_optimizer: bool,
+        dir: std::path::PathBuf,
+        persister: &mut Persister,
+    ) -> Result<()>
+    where
+        L: Learned,
+    {
+        let ck = if self.model.parted() {
+            gather_parts(coll, self.snapshot(meta, with_optimizer)?)?
+        } else {
+            (coll.rank() == 0).then(|| self.snapshot(meta, with_optimizer)).transpose()?
+        };
+        ck.map_or(Ok(()), |ck| persister.persist(ck, dir))
+    }
+
+    /// The minibatches `0..count` of the epoch, in the windows one call of the model trains: one
+    /// each, or for a [parted](Learned::parted) model as many as run before the next
+    /// checkpoint or `plan.max_steps` (a pipeline applies every update of a window before a
+    /// checkpoint is taken).
+    fn windows(&self, count: usize, plan: &Settings) -> Vec<std::ops::Range<usize>>
+    where
+        L: Learned,
+    {
+        if !self.model.parted() {
+            return (0..count).map(|k| k..k + 1).collect();
+        }
+        let steps = self.pos.steps;
+        let ends = |k: usize| {
+            let after = steps + k as u64 + 1;
+            plan.checkpoint_every.is_some_and(|n| n > 0 && after.is_multiple_of(n)) || plan.max_steps == Some(after)
+        };
+        let mut out = Vec::new();
+        let mut start = 0;
+        for k in 0..count {
+            if ends(k) || k + 1 == count {
+                out.push(start..k + 1);
+                start = k + 1;
+            }
+        }
+        out
     }
 
     /// Runs `f` on the run with the model's tensors replaced by their [average](Run::average)
@@ -698,6 +822,24 @@ where
 {
     let mut replicas: Vec<Run<L>> = (1..workers.max(1)).map(|_| run.replica()).collect::<Result<_>>()?;
     let runs: Vec<&mut Run<L>> = std::iter::once(run).chain(replicas.iter_mut()).collect();
-    let summaries = on_threads(runs, timeout, 0, events, |run, coll, report| run.fit(data, plan, coll, report))?;
-    Ok(summaries.into_iter().next().unwrap_or_default())
+    fit_together(runs, timeout, data, plan, events)
+}
+
+/// Trains `runs` together, one thread each, as the workers of one run: replicas of one model
+/// (data-parallel), or the stages of a pipeline in order ([`Learned::parted`]). Returns the
+/// summary of the worker that reports (worker 0, or a pipeline's last stage, which knows the
+/// losses), `events` hearing what it reports.
+pub fn fit_together<L: Learner<E>, E: Sync>(
+    runs: Vec<&mut Run<L>>,
+    timeout: Duration,
+    data: Splits<'_, E>,
+    plan: &Settings,
+    events: &mut dyn FnMut(Event),
+) -> Result<Summary>
+where
+    Run<L>: Send,
+{
+    let reporter = if runs.first().is_some_and(|r| r.model.parted()) { runs.len() - 1 } else { 0 };
+    let summaries = on_threads(runs, timeout, reporter, events, |run, coll, report| run.fit(data, plan, coll, report))?;
+    Ok(summaries.into_iter().nth(reporter).unwrap_or_default())
 }

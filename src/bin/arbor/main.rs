@@ -5,6 +5,7 @@ mod bench;
 mod eval;
 mod graphs;
 mod predict;
+mod resume;
 mod sick;
 mod train;
 

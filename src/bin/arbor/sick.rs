@@ -6,7 +6,10 @@
 use crate::args::PrecisionArg;
 use crate::args::{Distributed, EvalArgs, TrainArgs};
 use crate::meta_usize;
-use crate::train::{new_run, on_mpi, optimizer, plural, prepare_run, record_optional_flags, settings, Progress, Sizes};
+use crate::resume::prepare_run;
+use crate::train::{
+    check_freeze, new_run, on_mpi, optimizer, plural, record_optional_flags, settings, Progress, Sizes,
+};
 use crate::{on_device, OnDevice};
 use arbor::checkpoint::Checkpoint;
 use arbor::data::sick::{self, Pair};
@@ -81,6 +84,7 @@ fn train_on<B: Backend<Buffer: Send, Index: Send> + Send>(
     let (epochs, hidden, embed, lr) = (sizes.epochs, sizes.hidden, sizes.embed, sizes.lr);
     let mut rng = Rng::new(args.seed);
     let model = pair_model(&backend, data.vocab.len(), embed, hidden, args.workers, &mut rng)?;
+    check_freeze(args, &model.tensors_lent()?.into_iter().map(|t| t.0).collect::<Vec<_>>())?;
     let mut run = new_run(model, args, lr, &rng)?;
     let mut plan = settings(
         args,
@@ -92,7 +96,7 @@ fn train_on<B: Backend<Buffer: Send, Index: Send> + Send>(
         }),
     );
     record_optional_flags(args, &mut plan.meta);
-    let _folder = prepare_run(&mut run, args, &plan)?;
+    let _folder = prepare_run(std::slice::from_mut(&mut run), args, &plan)?;
     let splits = Splits { train: &data.train, dev: &data.dev, test: &data.test };
     let announce = |workers: String| {
         eprintln!(

@@ -2,9 +2,9 @@
 
 use crate::args::PrecisionArg;
 use crate::args::*;
+use crate::resume::{checkpoint_dir, prepare_run};
 use crate::{bar, load, Data};
 use crate::{on_device, OnDevice};
-use arbor::checkpoint::Checkpoint;
 use arbor::data::labelled::Labelled;
 use arbor::data::{glove, PAD, UNK};
 use arbor::dist::Collective;
@@ -16,12 +16,11 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::pipeline::{Part, PipeSettings, Stage};
 use arbor::plot::{self, Series};
 use arbor::rng::Rng;
-use arbor::run_folder::{Existing, RunFolder};
-use arbor::trainer::{fit_threads, on_threads, Event, Learned, Learner, Next, Run, Settings, Splits, Summary};
+use arbor::trainer::{fit_threads, fit_together, Event, Learned, Learner, Run, Settings, Splits, Summary};
 use arbor::{Backend, Error, Result};
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 /// The sizes and rates of a run: the flags, or the model's defaults.
@@ -68,19 +67,22 @@ pub(crate) fn new_optimizer(args: &TrainArgs, lr: f32) -> Optimizer {
     }
 }
 
-/// A fresh run of `model` at learning rate `lr` ([`new_optimizer`]), scoring a moving average of
-/// the weights with `--average`; a `--freeze` name the model has no tensor of is refused.
-pub(crate) fn new_run<L: Learned>(model: L, args: &TrainArgs, lr: f32, rng: &Rng) -> Result<Run<L>> {
-    if !args.freeze.is_empty() {
-        let names: Vec<String> = model.tensors_lent()?.into_iter().map(|t| t.0).collect();
-        if let Some(name) = args.freeze.iter().find(|n| !names.contains(n)) {
-            return Err(Error::input(
-                format!("--freeze {name}"),
-                format!("the name of one of the model's tensors ({})", names.join(", ")),
-                "no such tensor",
-            ));
-        }
+/// Refuses a `--freeze` name that is not one of the model's tensors (`names`).
+pub(crate) fn check_freeze(args: &TrainArgs, names: &[String]) -> Result<()> {
+    match args.freeze.iter().find(|n| !names.contains(n)) {
+        Some(name) => Err(Error::input(
+            format!("--freeze {name}"),
+            format!("the name of one of the model's tensors ({})", names.join(", ")),
+            "no such tensor",
+        )),
+        None => Ok(()),
     }
+}
+
+/// A fresh run of `model` (the whole model, or a pipeline stage's part of it, whose `--freeze`
+/// names [`check_freeze`] checked) at learning rate `lr` ([`new_optimizer`]), scoring a moving
+/// average of the weights with `--average`.
+pub(crate) fn new_run<L: Learned>(model: L, args: &TrainArgs, lr: f32, rng: &Rng) -> Result<Run<L>> {
     let run = Run::new(model, new_optimizer(args, lr), rng);
     match args.average {
         Some(decay) => run.with_average(decay),
@@ -312,9 +314,12 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if let Some(d) = args.average.filter(|d| !(0.0..1.0).contains(d)) {
         return bad("--average", "a decay in [0, 1)", d.to_string());
     }
-    if args.average.is_some() && (args.stages > 1 || matches!(args.model, ModelArg::Ggnn)) {
-        let got = if args.stages > 1 { format!("--stages {}", args.stages) } else { "--model ggnn".into() };
-        return bad("--average", "one stage of a tree, sequence or sick model", got);
+    if args.average.is_some() && matches!(args.model, ModelArg::Ggnn) {
+        return bad("--average", "a tree, sequence or sick model", "--model ggnn".into());
+    }
+    if args.stages > 1 && args.workers > 1 {
+        let expected = "1 with --stages above 1 (each stage is one worker; stages replicated over data-parallel workers are not built yet)";
+        return bad("--workers", expected, args.workers.to_string());
     }
     if args.stages == 1 {
         let pipeline_only =
@@ -427,8 +432,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
     let setup = Setup { args, sizes, kind, data, rng: Rng::new(args.seed), loss_on, timeout };
     let mut progress = Progress::new(epochs, args.plot.as_deref(), "dev root accuracy")?;
     let mut events = |e: Event| progress.on(e);
-    let report =
-        if args.stages > 1 { train_pipeline(setup, &mut events)? } else { train_data_parallel(setup, &mut events)? };
+    let report = train_model(setup, &mut events)?;
     progress.finish();
     if let Some(Value::Object(fields)) = report {
         let mut summary = json!({
@@ -497,158 +501,48 @@ pub(crate) fn settings(args: &TrainArgs, epochs: usize, meta: Value) -> Settings
     plan
 }
 
-/// Where `--resume DIR` resumes from and the run folder it belongs to: `DIR/last` in the run
-/// folder `DIR`, or `DIR` itself, a checkpoint whose run folder is its parent when it is a
-/// `last/` (none otherwise: a checkpoint copied out of its run).
-fn resume_source(dir: &Path) -> (PathBuf, Option<PathBuf>) {
-    if dir.join("last").is_dir() {
-        return (dir.join("last"), Some(dir.to_path_buf()));
-    }
-    let parent = dir.parent().filter(|_| dir.file_name().is_some_and(|n| n == "last")).map(|p| {
-        if p.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            p.to_path_buf()
-        }
-    });
-    (dir.to_path_buf(), parent)
-}
-
-/// The folder a run writes its checkpoints to: `--checkpoint`, or else the run folder that
-/// `--resume` continues (so a resumed run keeps saving where it was saving).
-pub(crate) fn checkpoint_dir(args: &TrainArgs) -> Option<PathBuf> {
-    args.checkpoint.clone().or_else(|| args.resume.as_deref().and_then(|dir| resume_source(dir).1))
-}
-
-/// Whether `a` and `b` name the same folder (compared as canonical paths where they exist).
-fn same_folder(a: &Path, b: &Path) -> bool {
-    let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
-    canonical(a) == canonical(b)
-}
-
-/// This process's rank in an MPI job as the launcher tells it (0 outside one); only rank 0
-/// writes checkpoints, so only rank 0 claims the folder.
-fn launcher_rank() -> usize {
-    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// What every run does before its first step: claims its checkpoint folder
-/// ([`checkpoint_dir`]; locked for the run's whole life, refused when another run writes there
-/// or its checkpoints belong to another run and neither `--resume` of them nor `--overwrite`
-/// says what to do), and resumes from `--resume` (its `last/`), refusing a checkpoint that has
-/// nothing left to train. The returned claim must be kept until the run ends.
-pub(crate) fn prepare_run<L: Learned>(
-    run: &mut Run<L>,
-    args: &TrainArgs,
-    plan: &Settings,
-) -> Result<Option<RunFolder>> {
-    let resume = args.resume.as_deref().map(resume_source);
-    if args.overwrite && args.checkpoint.is_none() {
-        return Err(Error::input("--overwrite", "a --checkpoint DIR whose checkpoints to replace", "no --checkpoint"));
-    }
-    let resumes_here = |dir: &Path| resume.as_ref().and_then(|r| r.1.as_deref()).is_some_and(|r| same_folder(r, dir));
-    if let Some(dir) = plan.checkpoint.as_deref().filter(|d| args.overwrite && resumes_here(d)) {
-        return Err(Error::input(
-            "--overwrite",
-            "a --checkpoint folder other than the one --resume continues",
-            format!("both {}", dir.display()),
-        ));
-    }
-    // Everything that may refuse the resume comes before the folder is claimed, so a refused run
-    // changes nothing on disk.
-    let mut resumed = None;
-    if let Some((from, run_folder)) = &resume {
-        if !from.join("meta.json").exists() {
-            return Err(Error::input(
-                format!("--resume {}", args.resume.as_deref().unwrap_or(from).display()),
-                "a folder holding a complete checkpoint (a run's folder or its `last/`)",
-                "none there (a run stopped before its first checkpoint was written has nothing to resume)",
-            ));
-        }
-        if let Some(best) = run_folder.as_ref().map(|f| f.join("best")).filter(|b| b.exists()) {
-            // The best epoch so far must load too: a resumed run would keep a corrupted one.
-            Checkpoint::load(&best)?;
-        }
-        let ck = Checkpoint::load(from)?;
-        run.resume(&ck, &plan.meta)?;
-        let stopped = |hook: &arbor::trainer::EpochHook| run.last_epoch.is_some_and(|e| hook(&e) == Next::Stop);
-        let done = run.pos.epoch > plan.epochs
-            || plan.max_steps.is_some_and(|m| run.pos.steps >= m)
-            || (run.pos.step_in_epoch == 0 && plan.on_epoch.as_ref().is_some_and(stopped));
-        if done {
-            return Err(Error::input(
-                format!("--resume {}", from.display()),
-                "a checkpoint with training left to do (raise --epochs, --max-steps or --patience)",
-                format!("one at epoch {}, step {} (--epochs {})", run.pos.epoch, run.pos.steps, plan.epochs),
-            ));
-        }
-        if run_folder.is_none() && args.checkpoint.is_none() {
-            return Err(Error::input(
-                format!("--resume {}", from.display()),
-                "a --checkpoint DIR to keep writing to (the checkpoint is not the `last/` of a run folder)",
-                "no --checkpoint",
-            ));
-        }
-        resumed = Some(ck.meta["tensors_file"].clone());
-    }
-    let folder = match &plan.checkpoint {
-        Some(dir) if args.distributed.is_none() || launcher_rank() == 0 => {
-            let existing = match (args.overwrite, resumes_here(dir)) {
-                (true, _) => Existing::Overwrite,
-                (false, true) => Existing::Resume,
-                (false, false) => Existing::Refuse,
-            };
-            Some(RunFolder::claim(dir, existing)?)
-        }
-        _ => None,
-    };
-    if let (Some((from, _)), Some(file)) = (&resume, resumed) {
-        // A run that held the folder until this one claimed it may have saved once more.
-        let now = Checkpoint::tensors_path(from)?;
-        if now.file_name().and_then(|n| n.to_str()) != file.as_str() {
-            return Err(Error::input(
-                format!("--resume {}", from.display()),
-                "a checkpoint that stays as it was while this run starts",
-                "one that another run replaced meanwhile (start this run again)",
-            ));
-        }
-        eprintln!("arbor: resuming from {} at epoch {}, step {}", from.display(), run.pos.epoch, run.pos.steps);
-    }
-    Ok(folder)
-}
-
-/// Trains one model data-parallel (one worker, threads, or MPI ranks) on `--device`; returns the
-/// summary's fields on the worker that reports them.
-pub(crate) fn train_data_parallel(setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
+/// Trains one model of `--layers` layers on `--device`, data-parallel (one worker, threads, or MPI
+/// ranks) or cut into `--stages` pipeline stages; returns the summary's fields on the worker
+/// that reports them.
+pub(crate) fn train_model(setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
     struct Work<'a, 'e>(Setup<'a>, &'e mut dyn FnMut(Event));
     impl OnDevice for Work<'_, '_> {
         type Out = Option<Value>;
         fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<Option<Value>> {
-            train_data_parallel_on(backend, self.0, self.1)
+            train_model_on(backend, self.0, self.1)
         }
     }
     on_device(setup.args.device, PrecisionArg::F32, Work(setup, events))
 }
 
-/// [`train_data_parallel`] with the vertex functions on `backend` (and each worker's replica of
-/// it): the classifier of `--layers` layers.
-fn train_data_parallel_on<B: Backend<Buffer: Send, Index: Send> + Send>(
+/// [`train_model`] with the vertex functions on `backend` (and each worker's replica of it).
+fn train_model_on<B: Backend<Buffer: Send, Index: Send> + Send>(
     backend: B,
     mut setup: Setup<'_>,
     events: &mut dyn FnMut(Event),
 ) -> Result<Option<Value>> {
-    let model = setup.stacked_model(&backend, setup.args.workers)?;
+    let args = setup.args;
+    let model = setup.stacked_model(&backend, args.workers)?;
     let [train, dev, test] = setup.labelled();
-    fit_data_parallel(model, &setup, Splits { train: &train, dev: &dev, test: &test }, events)
+    let data = Splits { train: &train, dev: &dev, test: &test };
+    if args.stages == 1 {
+        return fit_runs(vec![model], &setup, data, events);
+    }
+    let plan = PipeSettings { kind: args.schedule().kind(), micro_batches: args.micro_batches() };
+    plan.check(args.stages, args.batch)?;
+    let stages: Vec<Stage<B>> = Part::split(&model, args.stages)?
+        .into_iter()
+        .map(|part| Ok(Stage::on(backend.replica()?, part, plan)))
+        .collect::<Result<_>>()?;
+    drop(model);
+    fit_runs(stages, &setup, data, events)
 }
 
-/// Trains `model` data-parallel (`--workers` threads or the ranks of an MPI job) on `data`, with
-/// checkpoints and `--resume`; returns the summary's fields on the reporting worker.
-fn fit_data_parallel<L, E>(
-    model: L,
+/// Trains `models` on `data` in the one loop, with checkpoints and `--resume`: one model
+/// data-parallel (`--workers` threads or the ranks of an MPI job), or the stages of a pipeline
+/// (a thread or an MPI rank each). Returns the summary's fields on the reporting worker.
+fn fit_runs<L, E>(
+    models: Vec<L>,
     setup: &Setup<'_>,
     data: Splits<'_, E>,
     events: &mut dyn FnMut(Event),
@@ -660,7 +554,12 @@ where
 {
     let args = setup.args;
     let Sizes { epochs, hidden, embed, lr } = setup.sizes;
-    let mut run = new_run(model, args, lr, &setup.rng)?;
+    let mut names = Vec::new();
+    for m in &models {
+        names.extend(m.tensors_lent()?.into_iter().map(|t| t.0));
+    }
+    check_freeze(args, &names)?;
+    let mut runs = models.into_iter().map(|m| new_run(m, args, lr, &setup.rng)).collect::<Result<Vec<_>>>()?;
     let d = &setup.data;
     let mut plan = settings(
         args,
@@ -673,137 +572,66 @@ where
         }),
     );
     record_optional_flags(args, &mut plan.meta);
-    let _folder = prepare_run(&mut run, args, &plan)?;
+    let stages = runs.len();
+    if stages > 1 {
+        // A pipeline's schedule decides which weights each minibatch sees: a resume keeps it.
+        plan.meta["stages"] = json!(stages);
+        plan.meta["schedule"] = json!(args.schedule().name());
+        plan.meta["micro_batches"] = json!(args.micro_batches());
+    }
+    let _folder = prepare_run(&mut runs, args, &plan)?;
     let layers = if args.layers > 1 { format!("{}, ", plural(args.layers, "layer")) } else { String::new() };
-    let (summary, lead, workers) = match args.distributed {
-        None => {
-            setup.announce(&format!("{layers}{}", plural(args.workers, "worker")));
-            let summary = fit_threads(&mut run, args.workers, setup.timeout, data, &plan, events)?;
-            (summary, true, args.workers)
-        }
-        Some(Distributed::Mpi) => on_mpi(setup.timeout, |coll| {
-            let (rank, size) = (coll.rank(), coll.size());
-            if rank == 0 {
-                setup.announce(&format!("{layers}{}", plural(size, "MPI rank")));
-            }
-            let mut quiet = |_: Event| {};
-            let events: &mut dyn FnMut(Event) = if rank == 0 { events } else { &mut quiet };
-            Ok((run.fit(data, &plan, coll, events)?, rank == 0, size))
-        })?,
-    };
-    let mut report = outcome(&summary, run.pos.steps, run.best_dev, run.test_acc);
-    report["workers"] = json!(workers);
-    if args.layers > 1 {
-        report["layers"] = json!(args.layers);
-    }
-    Ok(lead.then_some(report))
-}
-
-/// Trains a stacked model of --layers layers, cut into --stages pipeline stages (threads, or the
-/// ranks of an MPI job) on `--device`; returns the summary's fields on the last stage.
-pub(crate) fn train_pipeline(setup: Setup<'_>, events: &mut dyn FnMut(Event)) -> Result<Option<Value>> {
-    let args = setup.args;
-    let unsupported = [
-        ("--checkpoint", args.checkpoint.is_some()),
-        ("--resume", args.resume.is_some()),
-        ("--checkpoint-every", args.checkpoint_every.is_some()),
-        ("--workers above 1", args.workers > 1),
-        ("--patience", args.patience.is_some()),
-        ("--lr-decay", args.lr_decay.is_some()),
-        ("--freeze", !args.freeze.is_empty()),
-    ];
-    if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
-        return Err(Error::input(
-            "a pipelined (--stages above 1) run",
-            "no checkpoints, data-parallel workers or epoch hooks (not supported with pipelines yet; one stage of --layers has them)",
-            *flag,
-        ));
-    }
-    struct Work<'a, 'e>(Setup<'a>, &'e mut dyn FnMut(Event));
-    impl OnDevice for Work<'_, '_> {
-        type Out = Option<Value>;
-        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<Option<Value>> {
-            train_pipeline_on(backend, self.0, self.1)
-        }
-    }
-    on_device(args.device, PrecisionArg::F32, Work(setup, events))
-}
-
-/// [`train_pipeline`] with every stage's engines on replicas of `backend`.
-fn train_pipeline_on<B: Backend>(
-    backend: B,
-    mut setup: Setup<'_>,
-    events: &mut dyn FnMut(Event),
-) -> Result<Option<Value>>
-where
-    Stage<B>: Send,
-{
-    let args = setup.args;
-    let Sizes { epochs, lr, .. } = setup.sizes;
-    let model = setup.stacked_model(&backend, 1)?;
-    let plan = PipeSettings {
-        kind: args.schedule().kind(),
-        micro_batches: args.micro_batches(),
-        epochs,
-        batch: args.batch,
-        clip: (args.clip > 0.0).then_some(args.clip),
-        max_steps: args.max_steps,
-    };
-    plan.check(args.stages)?;
-    let stages: Vec<Stage<B>> = Part::split(&model, args.stages)?
-        .into_iter()
-        .map(|part| Ok(Stage::on(backend.replica()?, part, new_optimizer(args, lr), setup.rng.clone())))
-        .collect::<Result<_>>()?;
-    let [train, dev, test] = setup.labelled();
-    let splits = Splits { train: &train, dev: &dev, test: &test };
-    let how = |on: &str| {
-        format!(
-            "{} in {} on {on}, {} schedule, {}",
-            plural(args.layers, "layer"),
-            plural(args.stages, "stage"),
+    let how = |on: &str, workers: usize| match stages {
+        1 => format!("{layers}{}", plural(workers, on)),
+        _ => format!(
+            "{layers}in {} on {on}s, {} schedule, {}",
+            plural(stages, "stage"),
             args.schedule().name(),
             plural(args.micro_batches(), "micro-batch")
-        )
+        ),
     };
-    let finish = |stage: &Stage<B>, summary: &Summary| {
-        let mut report = outcome(summary, stage.version as u64, stage.best_dev, stage.test_score());
-        report["layers"] = json!(args.layers);
-        report["stages"] = json!(args.stages);
-        report["schedule"] = json!(args.schedule().name());
-        report["micro_batches"] = json!(args.micro_batches());
-        report
-    };
-    match args.distributed {
+    let reporter = stages - 1;
+    let (summary, at, workers) = match args.distributed {
+        None if stages == 1 => {
+            setup.announce(&how("worker", args.workers));
+            (fit_threads(&mut runs[0], args.workers, setup.timeout, data, &plan, events)?, Some(0), args.workers)
+        }
         None => {
-            setup.announce(&how("threads"));
-            let last = stages.len() - 1;
-            let results = on_threads(stages, setup.timeout, last, events, |mut stage, coll, report| {
-                let summary = stage.fit(splits, &plan, coll, report)?;
-                Ok(finish(&stage, &summary))
-            })?;
-            Ok(results.into_iter().last())
+            setup.announce(&how("thread", stages));
+            let summary = fit_together(runs.iter_mut().collect(), setup.timeout, data, &plan, events)?;
+            (summary, Some(reporter), stages)
         }
         Some(Distributed::Mpi) => on_mpi(setup.timeout, |coll| {
             let (rank, size) = (coll.rank(), coll.size());
-            if size != args.stages {
+            if stages > 1 && size != stages {
                 return Err(Error::input(
                     "--distributed mpi with --stages",
-                    format!("one MPI rank per stage ({})", args.stages),
+                    format!("one MPI rank per stage ({stages})"),
                     plural(size, "rank"),
                 ));
             }
-            let last = rank + 1 == size;
-            if last {
-                setup.announce(&how("MPI ranks"));
+            let (mine, reports) = if stages > 1 { (rank, rank == reporter) } else { (0, rank == 0) };
+            if reports {
+                setup.announce(&how("MPI rank", size));
             }
-            let mut stage =
-                stages.into_iter().nth(rank).ok_or_else(|| Error::Worker { rank, msg: "no stage".into() })?;
             let mut quiet = |_: Event| {};
-            let events: &mut dyn FnMut(Event) = if last { events } else { &mut quiet };
-            let summary = stage.fit(splits, &plan, coll, events)?;
-            Ok(last.then(|| finish(&stage, &summary)))
-        }),
+            let events: &mut dyn FnMut(Event) = if reports { events } else { &mut quiet };
+            Ok((runs[mine].fit(data, &plan, coll, events)?, reports.then_some(mine), size))
+        })?,
+    };
+    let Some(run) = at.map(|k| &runs[k]) else { return Ok(None) };
+    let mut report = outcome(&summary, run.pos.steps, run.best_dev, run.test_acc);
+    if args.layers > 1 {
+        report["layers"] = json!(args.layers);
     }
+    if stages > 1 {
+        report["stages"] = json!(stages);
+        report["schedule"] = json!(args.schedule().name());
+        report["micro_batches"] = json!(args.micro_batches());
+    } else {
+        report["workers"] = json!(workers);
+    }
+    Ok(Some(report))
 }
 
 /// Runs `work` as this process's rank of an MPI job (`mpirun -np N arbor ...`), with the

@@ -1,182 +1,25 @@
-//! Pipeline parallelism for a [`Model`] of stacked vertex functions ([`Model::stack`]: layer
-//! `k + 1` pulls the row layer `k` pushed at the same vertex), cut into stages of whole layers
-//! ([`Part::split`]). Stage 0 holds the word vectors, the last stage the head; every stage runs
-//! on its own worker of a [`Collective`] (a thread or an MPI rank) and passes the rows of every
-//! vertex forward and their gradients back. Examples are any [`AsExample`]: trees with a label
-//! per vertex ([`Labelled`](crate::data::labelled::Labelled)), sentence pairs, graphs with a
-//! pooled readout.
-//!
-//! A minibatch is cut into micro-batches of about equal vertex counts; the stages run them in
-//! the order of a [`schedule`] (1F1B with a flush, or PipeDream-2BW). A stage
-//! keeps one engine per micro-batch it may hold at once, so a micro-batch's backward pass finds
-//! its forward's values — and the weights its forward saw — untouched.
+//! A pipeline stage: its engines per micro-batch in flight, the passes of a schedule over a
+//! window of minibatches, and the updates of its part.
 
+use super::{Part, PipeSettings};
 use crate::dist::collective::{Collective, Mailbox};
 use crate::dist::data_parallel::{merge, shard};
 use crate::dist::schedule::{self, Kind, Op};
 use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
-use crate::layers::Embedding;
-use crate::model::{self, layer_prefix, AsExample, Example, Feed, Layout, Model, Outputs};
+use crate::model::{self, layer_prefix, AsExample, Example, Layout, Outputs};
 use crate::optim::{check_finite, clip_to, sum_squares, Optimizer};
 use crate::readout::Readout;
 use crate::trainer::step::{names, update};
-use crate::trainer::{each_step, epoch_order, Event, Scores, Splits, StepStats, Summary};
-use crate::{Backend, CpuBackend, DropoutKey, VertexFn};
+use crate::trainer::{each_step, Scores, StepStats};
+use crate::{Backend, CpuBackend, DropoutKey};
 use arbor_core::error::{Error, Result};
-use arbor_core::rng::Rng;
 use std::collections::VecDeque;
-use std::time::Instant;
 
-/// Message tags: activations, their gradients, gradient norms, and evaluation flags.
+/// Message tags: activations, their gradients, gradient norms.
 const ACT: u8 = 0;
 const GRAD: u8 = 1;
 const NORM: u8 = 2;
-const FLAG: u8 = 3;
-
-/// One layer of a model: a function (a vertex function, or the head) and its parameters.
-#[derive(Clone)]
-pub struct Layer {
-    /// The function.
-    pub f: VertexFn,
-    /// Its parameters, in the function's order.
-    pub params: Vec<Vec<f32>>,
-    /// The seed its dropout masks are drawn from.
-    pub seed: u64,
-}
-
-impl Layer {
-    fn of<B: Backend>(engine: &Engine<B>) -> Result<Layer> {
-        Ok(Layer { f: engine.function().clone(), params: engine.params()?, seed: engine.dropout_key().seed })
-    }
-
-    /// An engine running this layer on `backend`.
-    fn engine<B: Backend>(&self, backend: B) -> Result<Engine<B>> {
-        let mut e = Engine::new(backend, self.f.clone(), &self.params)?;
-        e.set_dropout_key(DropoutKey { seed: self.seed, ..DropoutKey::default() });
-        Ok(e)
-    }
-
-    /// A head running this layer on `backend`.
-    fn head<B: Backend>(&self, backend: B) -> Result<Head<B>> {
-        let mut h = Head::new(backend, self.f.clone(), &self.params)?;
-        h.engine().set_dropout_key(DropoutKey { seed: self.seed, ..DropoutKey::default() });
-        Ok(h)
-    }
-}
-
-/// The part of a [`Model`] that one pipeline stage holds, as plain values.
-#[derive(Clone)]
-pub struct Part {
-    /// The word vectors and what feeds each input of the bottom layer (first stage only).
-    pub input: Option<(Embedding, Vec<Feed>)>,
-    /// The index of its first layer in the whole model (its tensors are named after it).
-    pub first: usize,
-    /// Its vertex-function layers, bottom first.
-    pub layers: Vec<Layer>,
-    /// The head (last stage only).
-    pub head: Option<Layer>,
-    /// How the head reads the top layer.
-    pub readout: Readout,
-    /// Graphs per example.
-    pub graphs: usize,
-}
-
-impl Part {
-    /// Cuts `model` into `stages` parts of whole layers, as even as the layer count allows
-    /// (copies of its learned values).
-    pub fn split<B: Backend>(model: &Model<B>, stages: usize) -> Result<Vec<Part>> {
-        let n = model.cells.len();
-        if stages == 0 || stages > n {
-            return Err(Error::input(
-                "pipeline stages",
-                format!("between 1 and the number of layers ({n})"),
-                stages.to_string(),
-            ));
-        }
-        let mut layers = model.cells.iter().map(Layer::of).collect::<Result<Vec<_>>>()?.into_iter();
-        let head = Layer {
-            f: model.head.function().clone(),
-            params: model.head.params()?,
-            seed: model.head.dropout_key().seed,
-        };
-        let (mut input, mut head) = (Some((model.embedding.clone(), model.feeds.clone())), Some(head));
-        Ok((0..stages)
-            .map(|s| Part {
-                input: if s == 0 { input.take() } else { None },
-                first: s * n / stages,
-                layers: layers.by_ref().take((s + 1) * n / stages - s * n / stages).collect(),
-                head: if s + 1 == stages { head.take() } else { None },
-                readout: model.readout,
-                graphs: model.graphs_per_example(),
-            })
-            .collect())
-    }
-
-    /// The model that `parts` (in order, as [`Part::split`] cut them) make up, each engine on a
-    /// replica of `backend`.
-    pub fn join<B: Backend>(parts: Vec<Part>, backend: &B) -> Result<Model<B>> {
-        let mut input = None;
-        let (mut cells, mut head, mut readout) = (Vec::new(), None, Readout::Root);
-        for part in parts {
-            input = input.or(part.input);
-            head = head.or(part.head);
-            readout = part.readout;
-            for l in &part.layers {
-                cells.push(l.engine(backend.replica()?)?);
-            }
-        }
-        let missing = |what: &str| Error::input("pipeline parts", format!("{what} on one of them"), "none");
-        let (embedding, feeds) = input.ok_or_else(|| missing("the word vectors"))?;
-        let head = head.ok_or_else(|| missing("the head"))?.head(backend.replica()?)?;
-        Model::assemble(embedding, cells, feeds, head, readout)
-    }
-
-    /// Every learned value, in order: the word vectors, each layer's parameters, the head's.
-    pub fn values(&self) -> Vec<f32> {
-        let mut out = self.input.as_ref().map(|(e, _)| e.table().to_vec()).unwrap_or_default();
-        for l in self.layers.iter().chain(&self.head) {
-            l.params.iter().for_each(|p| out.extend(p));
-        }
-        out
-    }
-}
-
-/// Settings of a pipeline-parallel run.
-#[derive(Clone, Debug)]
-pub struct PipeSettings {
-    /// The schedule.
-    pub kind: Kind,
-    /// Micro-batches per minibatch (at least the number of stages for 2BW).
-    pub micro_batches: usize,
-    /// Passes over the training set.
-    pub epochs: usize,
-    /// Examples per minibatch.
-    pub batch: usize,
-    /// Bound on the joint gradient norm of all stages.
-    pub clip: Option<f32>,
-    /// Stop after this many minibatches in all.
-    pub max_steps: Option<u64>,
-}
-
-impl PipeSettings {
-    /// Checks the plan against the number of stages: at least one micro-batch, no more than a
-    /// minibatch has examples, and for 2BW at least one per stage.
-    pub fn check(&self, stages: usize) -> Result<()> {
-        let m = self.micro_batches;
-        if m == 0 || m > self.batch.max(1) || (self.kind == Kind::TwoBw && m < stages) {
-            return Err(Error::input(
-                "--micro-batches",
-                format!(
-                    "at least 1, at most the examples of a minibatch (--batch {}), and at least the number of stages ({stages}) for 2BW",
-                    self.batch
-                ),
-                m.to_string(),
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// One micro-batch, laid out.
 struct Micro<'a> {
@@ -238,6 +81,14 @@ impl Accum {
     }
 }
 
+/// What a stage's updates use: the optimizer (none where no update is due), the bound on the
+/// joint gradient norm of all stages, and what is told of the stage after each update.
+pub(super) struct Updates<'u, B: Backend> {
+    pub(super) opt: Option<&'u mut Optimizer>,
+    pub(super) clip: Option<f32>,
+    pub(super) updated: &'u mut dyn FnMut(&Stage<B>) -> Result<()>,
+}
+
 /// One stage's gradients of one minibatch (see [`Stage::gradients`]).
 pub struct MinibatchGrads(Accum);
 
@@ -245,46 +96,37 @@ pub struct MinibatchGrads(Accum);
 /// micro-batches in flight, each on a replica of the stage's backend.
 pub struct Stage<B: Backend = CpuBackend> {
     /// The part of the model this stage holds (the newest weights).
-    pub part: Part,
-    /// The optimizer of this stage's parameters.
-    pub opt: Optimizer,
-    /// Optimizer steps applied to `part`.
-    pub version: usize,
-    /// Best dev score so far (the first of the examples' scores; on the last stage).
-    pub best_dev: f64,
-    /// The test scores at the best dev score (on the last stage).
-    pub test_scores: Scores,
-    /// The RNG state the next epoch's order is drawn from.
-    pub order: Rng,
+    part: Part,
+    /// How it runs a minibatch.
+    pub(super) plan: PipeSettings,
+    /// Optimizer steps applied to `part` (since the start of training, in a run).
+    pub(super) version: u64,
     backend: B,
     /// The head and the weights version it holds (on the last stage).
-    head: Option<(Head<B>, usize)>,
+    head: Option<(Head<B>, u64)>,
     engines: Vec<Vec<Engine<B>>>,
-    loaded: Vec<Option<usize>>,
+    loaded: Vec<Option<u64>>,
     push_grads: Vec<Vec<f32>>,
     acc: Option<Accum>,
     pending: VecDeque<Accum>,
 }
 
 impl Stage {
-    /// A stage holding `part`, updated by `opt`, on the CPU; epochs are shuffled by `order`.
-    pub fn new(part: Part, opt: Optimizer, order: Rng) -> Stage {
-        Stage::on(CpuBackend::new(), part, opt, order)
+    /// A stage holding `part`, running minibatches as `plan` says, on the CPU.
+    pub fn new(part: Part, plan: PipeSettings) -> Stage {
+        Stage::on(CpuBackend::new(), part, plan)
     }
 }
 
 impl<B: Backend> Stage<B> {
-    /// A stage holding `part`, updated by `opt`, whose engines run on replicas of `backend`
-    /// ([`Backend::replica`]); epochs are shuffled by `order`.
-    pub fn on(backend: B, part: Part, opt: Optimizer, order: Rng) -> Stage<B> {
+    /// A stage holding `part`, running minibatches as `plan` says, whose engines run on
+    /// replicas of `backend` ([`Backend::replica`]).
+    pub fn on(backend: B, part: Part, plan: PipeSettings) -> Stage<B> {
         Stage {
             backend,
             part,
-            opt,
+            plan,
             version: 0,
-            best_dev: f64::NEG_INFINITY,
-            test_scores: Scores::new(),
-            order,
             head: None,
             engines: Vec::new(),
             loaded: Vec::new(),
@@ -294,10 +136,27 @@ impl<B: Backend> Stage<B> {
         }
     }
 
-    /// The main test score at the best dev score (NaN before any evaluation or off the last
-    /// stage).
-    pub fn test_score(&self) -> f64 {
-        self.test_scores.first().map_or(f64::NAN, |s| s.1)
+    /// The part of the model this stage holds, with the newest weights.
+    pub fn part(&self) -> &Part {
+        &self.part
+    }
+
+    /// The part this stage holds.
+    pub fn into_part(self) -> Part {
+        self.part
+    }
+
+    /// Takes `part`'s learned values (a part of the same shape): every engine loads them
+    /// before its next pass.
+    pub(super) fn set_part(&mut self, part: Part) {
+        self.part = part;
+        self.loaded.iter_mut().for_each(|l| *l = None);
+        self.head = None;
+    }
+
+    /// The backend the stage's engines run on.
+    pub(super) fn backend(&self) -> &B {
+        &self.backend
     }
 
     /// One engine per layer for each of `slots` micro-batches in flight.
@@ -547,7 +406,7 @@ impl<B: Backend> Stage<B> {
     }
 
     /// Applies finished minibatch gradients, oldest first, until the weights are `version`.
-    fn catch_up(&mut self, mail: &mut Mailbox<'_>, version: usize, clip: Option<f32>) -> Result<()> {
+    fn catch_up(&mut self, mail: &mut Mailbox<'_>, version: u64, up: &mut Updates<'_, B>) -> Result<()> {
         while self.version < version {
             let Some(mut acc) = self.pending.pop_front() else {
                 return Err(Error::Worker {
@@ -555,7 +414,7 @@ impl<B: Backend> Stage<B> {
                     msg: format!("weights version {version} needed before its gradients are complete"),
                 });
             };
-            if let Some(max) = clip {
+            if let Some(max) = up.clip {
                 let mut total = 0.0f64;
                 for from in 0..mail.size() {
                     total += if from == mail.rank() {
@@ -584,37 +443,42 @@ impl<B: Backend> Stage<B> {
                 .collect();
             let embedding = std::iter::once(("embedding", acc.embedding.values.as_slice()));
             let named = dense.iter().map(|(n, _, g)| (n.as_str(), *g)).chain(embedding);
-            check_finite(self.version as u64 + 1, "the gradient of", named)?;
-            update(&mut self.opt, dense, part.input.as_mut().map(|(e, _)| (e, &acc.embedding)));
+            check_finite(self.version + 1, "the gradient of", named)?;
+            let opt = up
+                .opt
+                .as_deref_mut()
+                .ok_or_else(|| Error::Worker { rank: mail.rank(), msg: "an update with no optimizer".into() })?;
+            update(opt, dense, part.input.as_mut().map(|(e, _)| (e, &acc.embedding)));
             self.version += 1;
+            (up.updated)(self)?;
         }
         Ok(())
     }
 
-    /// Trains on `minibatches` (examples, in order) as stage `coll.rank()` of `coll.size()`;
-    /// the last stage reports every finished minibatch to `done` with its numbers.
+    /// Trains on `minibatches` (examples, in order) as stage `coll.rank()` of `coll.size()`,
+    /// updating with `opt` and bounding the joint gradient norm of all stages by `clip`; the
+    /// last stage reports every finished minibatch to `done` with its numbers.
     pub fn train<E: AsExample>(
         &mut self,
+        opt: &mut Optimizer,
         minibatches: &[Vec<&E>],
-        plan: &PipeSettings,
+        clip: Option<f32>,
         coll: &mut dyn Collective,
         done: &mut dyn FnMut(usize, StepStats),
     ) -> Result<()> {
-        let mut mail = Mailbox::new(coll);
-        self.train_on(&mut mail, minibatches, plan, done)
+        let mut up = Updates { opt: Some(opt), clip, updated: &mut |_| Ok(()) };
+        self.window(&mut Mailbox::new(coll), minibatches, &mut up, done)
     }
 
-    /// The gradients of one minibatch at the current weights, cut into `plan.micro_batches`
-    /// micro-batches and summed, without applying them (every stage must call it).
-    pub fn gradients<E: AsExample>(
-        &mut self,
-        minibatch: &[&E],
-        plan: &PipeSettings,
-        coll: &mut dyn Collective,
-    ) -> Result<MinibatchGrads> {
+    /// The gradients of one minibatch at the current weights, cut into micro-batches as the
+    /// stage's plan says and summed, without applying them (every stage must call it).
+    pub fn gradients<E: AsExample>(&mut self, minibatch: &[&E], coll: &mut dyn Collective) -> Result<MinibatchGrads> {
         let mut mail = Mailbox::new(coll);
-        let plan = PipeSettings { kind: Kind::OneFOneBFlush, clip: None, ..plan.clone() };
-        self.run_ops(&mut mail, &[minibatch.to_vec()], &plan, &mut |_, _| {})?;
+        let kind = std::mem::replace(&mut self.plan.kind, Kind::OneFOneBFlush);
+        let mut up = Updates { opt: None, clip: None, updated: &mut |_| Ok(()) };
+        let ran = self.run_ops(&mut mail, &[minibatch.to_vec()], &mut up, &mut |_, _| {});
+        self.plan.kind = kind;
+        ran?;
         let acc = self
             .pending
             .pop_back()
@@ -622,29 +486,36 @@ impl<B: Backend> Stage<B> {
         Ok(MinibatchGrads(acc))
     }
 
-    /// Applies gradients from [`Stage::gradients`] (of any weights) to the current weights, with
-    /// `clip` bounding the joint norm of all stages (every stage must call it).
-    pub fn update(&mut self, g: MinibatchGrads, clip: Option<f32>, coll: &mut dyn Collective) -> Result<()> {
+    /// Applies gradients from [`Stage::gradients`] (of any weights) to the current weights with
+    /// `opt`, `clip` bounding the joint norm of all stages (every stage must call it).
+    pub fn update(
+        &mut self,
+        g: MinibatchGrads,
+        opt: &mut Optimizer,
+        clip: Option<f32>,
+        coll: &mut dyn Collective,
+    ) -> Result<()> {
         let mut mail = Mailbox::new(coll);
         let mut acc = g.0;
         if clip.is_some() {
             share_norm(&mut acc, &mut mail)?;
         }
         self.pending.push_back(acc);
-        self.catch_up(&mut mail, self.version + self.pending.len(), clip)
+        let mut up = Updates { opt: Some(opt), clip, updated: &mut |_| Ok(()) };
+        self.catch_up(&mut mail, self.version + self.pending.len() as u64, &mut up)
     }
 
-    fn train_on<E: AsExample>(
+    /// Trains on `minibatches` and applies every update (the pipeline drains).
+    pub(super) fn window<E: AsExample>(
         &mut self,
         mail: &mut Mailbox<'_>,
         minibatches: &[Vec<&E>],
-        plan: &PipeSettings,
+        up: &mut Updates<'_, B>,
         done: &mut dyn FnMut(usize, StepStats),
     ) -> Result<()> {
         let base = self.version;
-        self.run_ops(mail, minibatches, plan, done)?;
-        // The pipeline drains: every minibatch's update is applied.
-        self.catch_up(mail, base + minibatches.len(), plan.clip)
+        self.run_ops(mail, minibatches, up, done)?;
+        self.catch_up(mail, base + minibatches.len() as u64, up)
     }
 
     /// Runs this stage's passes over `minibatches`, applying updates only as the schedule
@@ -653,18 +524,20 @@ impl<B: Backend> Stage<B> {
         &mut self,
         mail: &mut Mailbox<'_>,
         minibatches: &[Vec<&E>],
-        plan: &PipeSettings,
+        up: &mut Updates<'_, B>,
         done: &mut dyn FnMut(usize, StepStats),
     ) -> Result<()> {
-        let (rank, stages, m) = (mail.rank(), mail.size(), plan.micro_batches);
-        plan.check(stages)?;
+        let (rank, stages, plan) = (mail.rank(), mail.size(), self.plan);
+        let m = plan.micro_batches;
+        let batch = minibatches.iter().map(Vec::len).max().unwrap_or(0);
+        plan.check(stages, batch.max(m))?;
         self.check_place(mail)?;
         let slots = stages - rank;
         if self.engines.len() != slots {
             self.make_slots(slots)?;
         }
         let base = self.version;
-        let micro = self.micro_batches(minibatches, m, base as u64)?;
+        let micro = self.micro_batches(minibatches, m, base)?;
         let ops = schedule::ops(plan.kind, rank, stages, minibatches.len(), m);
         // The steps of the loop: each forward pass with the backward passes after it (and any
         // backward passes before the first forward), its micro-batch scheduled ahead.
@@ -683,13 +556,12 @@ impl<B: Backend> Stage<B> {
                 match op {
                     Op::Forward(j) => {
                         // Minibatch t runs on W(t) after a flush, on W(t−1) under 2BW.
-                        self.catch_up(mail, base + (j / m).saturating_sub(plan.kind.lag()), plan.clip)?;
+                        let lagging = (j / m).saturating_sub(plan.kind.lag()) as u64;
+                        self.catch_up(mail, base + lagging, up)?;
                         self.forward(mail, &micro[j], j % slots, std::mem::take(&mut plans))?;
                     }
                     Op::Backward(j) => {
-                        if let Some((examples, stats)) =
-                            self.backward(mail, &micro[j], j % slots, plan.clip.is_some())?
-                        {
+                        if let Some((examples, stats)) = self.backward(mail, &micro[j], j % slots, up.clip.is_some())? {
                             if self.part.head.is_some() {
                                 done(examples, stats);
                             }
@@ -703,7 +575,7 @@ impl<B: Backend> Stage<B> {
 
     /// The examples' scores on `data`, run through the pipeline in inference mode; every stage
     /// must call it, and the last stage's answer is the one that counts (the others return none).
-    fn score<E: AsExample>(&mut self, mail: &mut Mailbox<'_>, data: &[E]) -> Result<Scores> {
+    pub(super) fn score<E: AsExample>(&mut self, mail: &mut Mailbox<'_>, data: &[E]) -> Result<Scores> {
         self.check_place(mail)?;
         if self.engines.is_empty() {
             self.make_slots(mail.size() - mail.rank())?;
@@ -724,65 +596,6 @@ impl<B: Backend> Stage<B> {
             out.extend(head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?);
         }
         outputs.map_or(Ok(Scores::new()), |out| E::score(&out, data))
-    }
-
-    /// Trains for `plan.epochs` epochs (or `plan.max_steps` minibatches) as stage `coll.rank()`
-    /// of `coll.size()`, scoring dev after every epoch (and test when dev improves). The last
-    /// stage reports `events` and holds the scores.
-    pub fn fit<E: AsExample>(
-        &mut self,
-        data: Splits<'_, E>,
-        plan: &PipeSettings,
-        coll: &mut dyn Collective,
-        events: &mut dyn FnMut(Event),
-    ) -> Result<Summary> {
-        let mut mail = Mailbox::new(coll);
-        let last = mail.rank() + 1 == mail.size();
-        let mut summary = Summary::default();
-        let mut steps = 0u64;
-        for epoch in 1..=plan.epochs {
-            let order = epoch_order(data.train.len(), &mut self.order);
-            let mut minibatches: Vec<Vec<&E>> =
-                order.chunks(plan.batch.max(1)).map(|c| c.iter().map(|&i| &data.train[i]).collect()).collect();
-            if let Some(max) = plan.max_steps {
-                minibatches.truncate(max.saturating_sub(steps) as usize);
-            }
-            if minibatches.is_empty() {
-                break;
-            }
-            if last {
-                events(Event::EpochStart { epoch, done: 0, total: data.train.len() });
-            }
-            let (mut loss, start) = (0.0f64, Instant::now());
-            self.train_on(&mut mail, &minibatches, plan, &mut |examples, stats| {
-                loss += f64::from(stats.loss);
-                events(Event::Trees(examples));
-            })?;
-            summary.train_seconds += start.elapsed().as_secs_f64();
-            summary.sentences += minibatches.iter().map(Vec::len).sum::<usize>();
-            steps += minibatches.len() as u64;
-            let dev = self.score(&mut mail, data.dev)?.first().map_or(f64::NAN, |s| s.1);
-            // With no finite dev score by the last epoch (an empty or constant dev split), test
-            // is scored on the last epoch's weights.
-            let end = epoch == plan.epochs || plan.max_steps.is_some_and(|m| steps >= m);
-            let improved = dev > self.best_dev || (end && self.best_dev == f64::NEG_INFINITY);
-            let me = mail.rank();
-            for to in (0..mail.size()).filter(|&r| last && r != me) {
-                mail.send(to, FLAG, vec![u8::from(improved)])?;
-            }
-            let improved = if last { improved } else { mail.recv(mail.size() - 1, FLAG)? == [1] };
-            if improved {
-                self.test_scores = self.score(&mut mail, data.test)?;
-                self.best_dev = dev;
-            }
-            if last {
-                let loss = loss / minibatches.len() as f64;
-                summary.loss_curve.push(loss);
-                summary.dev_curve.push(dev);
-                events(Event::EpochEnd { epoch, loss, dev });
-            }
-        }
-        Ok(summary)
     }
 }
 
