@@ -174,9 +174,9 @@ fn tree_fc_with(embed: usize, hidden: usize, p: CellDropout) -> Result<VertexFn>
     f.build()
 }
 
-/// The tree and sequence models of the zoo, by name.
+/// The cells of the zoo's tree and sequence models, by the name the CLI gives them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Model {
+pub enum CellKind {
     /// [`tree_lstm`]
     TreeLstm,
     /// [`child_sum_tree_lstm`]
@@ -187,26 +187,26 @@ pub enum Model {
     TreeFc,
 }
 
-impl Model {
-    /// Every model.
-    pub const ALL: [Model; 4] = [Model::TreeLstm, Model::ChildSum, Model::VarLstm, Model::TreeFc];
+impl CellKind {
+    /// Every kind.
+    pub const ALL: [CellKind; 4] = [CellKind::TreeLstm, CellKind::ChildSum, CellKind::VarLstm, CellKind::TreeFc];
 
     /// The model's name, as the command line and checkpoints spell it.
     pub fn name(self) -> &'static str {
         match self {
-            Model::TreeLstm => "tree-lstm",
-            Model::ChildSum => "child-sum",
-            Model::VarLstm => "var-lstm",
-            Model::TreeFc => "tree-fc",
+            CellKind::TreeLstm => "tree-lstm",
+            CellKind::ChildSum => "child-sum",
+            CellKind::VarLstm => "var-lstm",
+            CellKind::TreeFc => "tree-fc",
         }
     }
 
     /// The model called `name`.
-    pub fn from_name(name: &str) -> Result<Model> {
-        Model::ALL
+    pub fn from_name(name: &str) -> Result<CellKind> {
+        CellKind::ALL
             .into_iter()
             .find(|m| m.name() == name)
-            .ok_or_else(|| arbor_core::Error::input("model", Model::ALL.map(Model::name).join(", "), name))
+            .ok_or_else(|| arbor_core::Error::input("model", CellKind::ALL.map(CellKind::name).join(", "), name))
     }
 
     /// The model's vertex function.
@@ -216,20 +216,20 @@ impl Model {
 
     /// The model's vertex function with dropout `p` on its pulled input (the word vector), its
     /// recurrent update and its pushed output (what the classifier reads);
-    /// [`CellDropout::NONE`] gives [`Model::cell`].
+    /// [`CellDropout::NONE`] gives [`CellKind::cell`].
     pub fn cell_with_dropout(self, embed: usize, hidden: usize, p: CellDropout) -> Result<VertexFn> {
         match self {
-            Model::TreeLstm => tree_lstm_with(embed, hidden, p),
+            CellKind::TreeLstm => tree_lstm_with(embed, hidden, p),
             // Constituency trees (SST, the synthetic treebank) are binary.
-            Model::ChildSum => child_sum_tree_lstm_with(embed, hidden, 2, p),
-            Model::VarLstm => var_lstm_with(embed, hidden, p),
-            Model::TreeFc => tree_fc_with(embed, hidden, p),
+            CellKind::ChildSum => child_sum_tree_lstm_with(embed, hidden, 2, p),
+            CellKind::VarLstm => var_lstm_with(embed, hidden, p),
+            CellKind::TreeFc => tree_fc_with(embed, hidden, p),
         }
     }
 
     /// Whether the model reads sentences as chains rather than trees.
     pub fn chains(self) -> bool {
-        self == Model::VarLstm
+        self == CellKind::VarLstm
     }
 }
 
@@ -280,7 +280,7 @@ mod tests {
 
     #[test]
     fn cell_dropout_puts_each_rate_where_it_says() {
-        for model in Model::ALL {
+        for model in CellKind::ALL {
             let rates = |p| model.cell_with_dropout(4, 3, p).expect("a zoo cell builds").dropout_rates().to_vec();
             assert_eq!(rates(CellDropout::NONE), Vec::<f32>::new(), "{}", model.name());
             assert_eq!(rates(CellDropout::output(0.5)), [0.5], "{}", model.name());

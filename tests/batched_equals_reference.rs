@@ -122,7 +122,7 @@ fn dropout_masks_are_the_same_batched_and_one_graph_at_a_time() {
         check(dropout_cell(), seed, 10, 40, dag);
     }
     check_pulling(dropout_cell(), 34, 8, 30, false, Some(5));
-    check(nn::Model::TreeLstm.cell_with_dropout(6, 5, nn::CellDropout::all(0.5)).unwrap(), 35, 8, 30, false);
+    check(nn::CellKind::TreeLstm.cell_with_dropout(6, 5, nn::CellDropout::all(0.5)).unwrap(), 35, 8, 30, false);
 }
 
 #[test]

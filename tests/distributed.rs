@@ -120,7 +120,7 @@ fn workers_draw_the_dropout_masks_of_one() {
     let data = Labelled::all(&trees, LossOn::All, synthetic::CLASSES);
     let opt = Config::new(Rule::Sgd { momentum: 0.9 }, 0.1);
     let with_dropout = || {
-        let cell = nn::Model::TreeLstm.cell_with_dropout(8, 12, nn::CellDropout::all(0.3)).expect("the cell builds");
+        let cell = nn::CellKind::TreeLstm.cell_with_dropout(8, 12, nn::CellDropout::all(0.3)).expect("the cell builds");
         let mut m = classifier(cell, 3);
         m.cells[0].set_dropout_key(DropoutKey { seed: 11, ..DropoutKey::default() });
         let mut counts = vec![0; synthetic::vocab().len()];

@@ -25,7 +25,7 @@ fn cells() -> Vec<(VertexFn, bool)> {
         (nn::child_sum_tree_lstm(6, 5, 3).unwrap(), false),
         (nn::ggnn(6, 5).unwrap(), true),
         // Dropout masks drawn on the host for both backends: the same masks.
-        (nn::Model::TreeLstm.cell_with_dropout(6, 5, nn::CellDropout::all(0.5)).unwrap(), false),
+        (nn::CellKind::TreeLstm.cell_with_dropout(6, 5, nn::CellDropout::all(0.5)).unwrap(), false),
     ]
 }
 

@@ -301,7 +301,7 @@ fn a_pooled_model_gradient_matches_finite_differences() {
             .with_readout(readout);
         if matches!(readout, Readout::Sum | Readout::Mean | Readout::Vertices) {
             // A second layer with dropout on what it pulls and pushes, stacked on the first.
-            let above = nn::Model::TreeLstm.cell_with_dropout(hidden, hidden, nn::CellDropout::all(0.2)).unwrap();
+            let above = nn::CellKind::TreeLstm.cell_with_dropout(hidden, hidden, nn::CellDropout::all(0.2)).unwrap();
             model = model.stack(above, &mut rng).unwrap();
         }
         // The gradients, against central differences of the mean loss (dropout masks fixed).

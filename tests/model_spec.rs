@@ -8,7 +8,7 @@ use arbor::data::synthetic;
 use arbor::head::{mean_squared_error, softmax_classifier};
 use arbor::layers::{Embedding, LossOn};
 use arbor::model::{function_from_json, function_to_json, AsExample, Example, Feed, Model, ModelSpec};
-use arbor::nn::{self, CellDropout, Model as Kind};
+use arbor::nn::{self, CellDropout, CellKind as Kind};
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::readout::Readout;
 use arbor::rng::Rng;

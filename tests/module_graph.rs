@@ -109,3 +109,51 @@ fn a_cycle_is_found_wherever_it_closes() {
         .collect();
     assert_eq!(cycles(&graph), vec![["a", "b", "c"].map(String::from).into()]);
 }
+
+/// Every Rust source file of the workspace (its crates, tests, examples and benches).
+fn sources() -> Vec<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pending: Vec<_> = ["src", "core", "ops", "batching", "cuda", "engine", "tests", "examples", "benches"]
+        .iter()
+        .map(|d| root.join(d))
+        .filter(|d| d.is_dir())
+        .collect();
+    let mut out = Vec::new();
+    while let Some(dir) = pending.pop() {
+        for path in std::fs::read_dir(&dir).expect("a source folder is readable").flatten().map(|e| e.path()) {
+            if path.is_dir() && path.file_name().is_some_and(|n| n != "target") {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// Rooms that say what they hold: no source file over 800 lines, and no two public types of one
+/// name in the library crates (a reader never wonders which `Model` or `Splits` is meant).
+#[test]
+fn files_stay_short_and_public_types_have_one_name_each() {
+    let mut owners: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for path in sources() {
+        let text = std::fs::read_to_string(&path).expect("a source file is readable");
+        let lines = text.lines().count();
+        assert!(lines <= 800, "{} has {lines} lines (at most 800)", path.display());
+        let rel = path.to_string_lossy().into_owned();
+        if ["/tests/", "/examples/", "/benches/", "/bin/"].iter().any(|d| rel.contains(d)) {
+            continue;
+        }
+        for line in text.split("#[cfg(test)]").next().unwrap_or_default().lines() {
+            for kind in ["pub struct ", "pub enum ", "pub trait ", "pub type "] {
+                if let Some(rest) = line.trim_start().strip_prefix(kind) {
+                    let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    owners.entry(name).or_default().push(rel.clone());
+                }
+            }
+        }
+    }
+    let shared: Vec<_> = owners.iter().filter(|(_, files)| files.len() > 1).collect();
+    assert!(shared.is_empty(), "public types of one name: {shared:?}");
+    assert!(owners.contains_key("Model") && owners.contains_key("Splits"), "the scan found the library's types");
+}

@@ -39,7 +39,7 @@ fn the_zoo_passes_the_gradient_check_over_whole_graphs() {
         (nn::tree_fc(3, 4).unwrap(), draw(strategy::trees(2, 1..=9), 3, 4)),
         (nn::ggnn(3, 4).unwrap(), draw(strategy::message_passing(2..=4, 1..=2), 2, 5)),
         (
-            nn::Model::TreeLstm.cell_with_dropout(3, 4, nn::CellDropout::all(0.3)).unwrap(),
+            nn::CellKind::TreeLstm.cell_with_dropout(3, 4, nn::CellDropout::all(0.3)).unwrap(),
             draw(strategy::dags(2, 1..=9), 3, 6),
         ),
     ];

@@ -100,6 +100,26 @@ impl Vocab {
     }
 }
 
+/// The three splits of a data set read from its folder, with a vocabulary grown on the training
+/// split: what [`sst::read_splits`] (trees) and [`sick::read_splits`] (sentence pairs) return.
+pub struct Dataset<E> {
+    /// Trained on.
+    pub train: Vec<E>,
+    /// Chooses the best epoch.
+    pub dev: Vec<E>,
+    /// Reported at the best epoch.
+    pub test: Vec<E>,
+    /// The vocabulary.
+    pub vocab: Vocab,
+}
+
+impl<E> Dataset<E> {
+    /// The splits as the training loop takes them.
+    pub fn splits(&self) -> crate::trainer::Splits<'_, E> {
+        crate::trainer::Splits { train: &self.train, dev: &self.dev, test: &self.test }
+    }
+}
+
 /// One labelled tree: its graph, each vertex's word id (`PAD` for internal vertices) and label.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TreeExample {

@@ -4,7 +4,7 @@
 //! dependency tree) and `sim.txt` (the relatedness score, 1 to 5). Each token is a vertex whose
 //! children are its dependents, in sentence order; dependency trees are n-ary.
 
-use super::Vocab;
+use super::{Dataset, Vocab};
 use crate::error::{Error, Result};
 use crate::graph::InputGraph;
 use crate::metrics;
@@ -74,25 +74,13 @@ impl AsExample for Pair {
     }
 }
 
-/// The three splits of a SICK folder, with a vocabulary grown on the training split.
-pub struct Splits {
-    /// Training pairs.
-    pub train: Vec<Pair>,
-    /// Development pairs.
-    pub dev: Vec<Pair>,
-    /// Test pairs.
-    pub test: Vec<Pair>,
-    /// The vocabulary.
-    pub vocab: Vocab,
-}
-
 /// Reads `DIR/train`, `DIR/dev` and `DIR/test`.
-pub fn read_splits(dir: &Path, lowercase: bool) -> Result<Splits> {
+pub fn read_splits(dir: &Path, lowercase: bool) -> Result<Dataset<Pair>> {
     let mut vocab = Vocab::new(lowercase);
     let train = read(&dir.join("train"), &mut vocab, true)?;
     let dev = read(&dir.join("dev"), &mut vocab, false)?;
     let test = read(&dir.join("test"), &mut vocab, false)?;
-    Ok(Splits { train, dev, test, vocab })
+    Ok(Dataset { train, dev, test, vocab })
 }
 
 /// Reads the pairs of one split folder. With `grow`, new words enter `vocab`; otherwise they map

@@ -1,7 +1,7 @@
 //! The Stanford Sentiment Treebank in PTB form (`DIR/{train,dev,test}.txt`, one tree per line,
 //! labels 0–4 on every vertex).
 
-use super::{TreeExample, Vocab, PAD};
+use super::{Dataset, TreeExample, Vocab, PAD};
 use crate::error::{Error, Result};
 use crate::ptb::PtbTree;
 use std::path::Path;
@@ -94,23 +94,11 @@ fn right_branching(text: &str, file: &str, line: usize) -> Result<PtbTree> {
     Ok(PtbTree { labels: vec![String::new(); graph.len()], graph, words })
 }
 
-/// The three splits of a treebank directory, with a vocabulary grown on the training split.
-pub struct Splits {
-    /// Training trees.
-    pub train: Vec<TreeExample>,
-    /// Development trees.
-    pub dev: Vec<TreeExample>,
-    /// Test trees.
-    pub test: Vec<TreeExample>,
-    /// The vocabulary.
-    pub vocab: Vocab,
-}
-
 /// Reads `DIR/train.txt`, `DIR/dev.txt` and `DIR/test.txt`.
-pub fn read_splits(dir: &Path, lowercase: bool) -> Result<Splits> {
+pub fn read_splits(dir: &Path, lowercase: bool) -> Result<Dataset<TreeExample>> {
     let mut vocab = Vocab::new(lowercase);
     let train = read(&dir.join("train.txt"), &mut vocab, true)?;
     let dev = read(&dir.join("dev.txt"), &mut vocab, false)?;
     let test = read(&dir.join("test.txt"), &mut vocab, false)?;
-    Ok(Splits { train, dev, test, vocab })
+    Ok(Dataset { train, dev, test, vocab })
 }

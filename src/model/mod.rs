@@ -20,7 +20,7 @@ use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::{all_finite, Optimizer};
 use crate::readout::{Pooled, Readout};
 use crate::trainer::step::{check_gradients, clip_all, names, tensor_name};
-use crate::trainer::{Learned, Learner, Scores, Settings, StepStats};
+use crate::trainer::{Scores, StepStats};
 use crate::DropoutKey;
 use crate::{Backend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
@@ -29,6 +29,7 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 mod layout;
+mod learner;
 mod spec;
 pub(crate) use layout::{head_inputs, layout, pulls, read_grad, read_rows, unread, with_words_dropped, Layout};
 pub use spec::{function_from_json, function_to_json, ModelSpec};
@@ -218,59 +219,6 @@ pub struct ModelGrads {
     pub head: Vec<Vec<f32>>,
     /// Of the word vectors the minibatch looked up.
     pub words: SparseGrad,
-}
-
-impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
-    fn share_graphs<'a>(batch: &[&'a E], rank: usize, size: usize, _: &Settings) -> Result<Vec<&'a InputGraph>> {
-        let examples: Vec<Example<'a>> = batch.iter().map(|e| e.example()).collect();
-        let mine = &examples[Model::<B>::share(&examples, rank, size)];
-        Ok(mine.iter().flat_map(|e| e.trees.iter().map(|t| t.graph)).collect())
-    }
-
-    fn planner(&self) -> Option<Planner> {
-        Some(Model::planner(self))
-    }
-
-    fn step(
-        &mut self,
-        coll: &mut dyn Collective,
-        batch: &[&E],
-        opt: &mut Optimizer,
-        plan: &Settings,
-        step: u64,
-        planned: Option<Planned<'_>>,
-    ) -> Result<StepStats> {
-        let examples: Vec<Example<'_>> = batch.iter().map(|e| e.example()).collect();
-        let denom = batch.iter().map(|e| e.terms()).sum();
-        self.step_shared(coll, &examples, denom, opt, plan.clip, step, planned)
-    }
-
-    /// Each replica scores alone (they are identical).
-    fn score(&mut self, data: &[E], _: &mut dyn Collective) -> Result<Scores> {
-        Model::score(self, data)
-    }
-}
-
-impl<B: Backend> Learned for Model<B> {
-    fn tensors(&self) -> Result<Vec<Named>> {
-        Model::tensors(self)
-    }
-
-    fn spec(&self) -> Option<serde_json::Value> {
-        Some(Model::spec(self).to_json())
-    }
-
-    fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
-        Model::tensors_lent(self)
-    }
-
-    fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
-        Model::restore(self, ck)
-    }
-
-    fn replica(&self) -> Result<Self> {
-        Model::replica(self)
-    }
 }
 
 /// The prefix of the tensor names of layer `k`'s parameters: `cell` for the bottom one, `cell1`,

@@ -4,7 +4,7 @@
 use super::{Part, PipeSettings};
 use crate::dist::collective::{Collective, Mailbox};
 use crate::dist::data_parallel::{merge, shard};
-use crate::dist::schedule::{self, Kind, Op};
+use crate::dist::schedule::{self, Kind, Pass};
 use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
 use crate::model::{self, layer_prefix, AsExample, Example, Layout, Outputs};
@@ -541,11 +541,11 @@ impl<B: Backend> Stage<B> {
         let ops = schedule::ops(plan.kind, rank, stages, minibatches.len(), m);
         // The steps of the loop: each forward pass with the backward passes after it (and any
         // backward passes before the first forward), its micro-batch scheduled ahead.
-        let starts: Vec<usize> = (0..ops.len()).filter(|&i| i == 0 || matches!(ops[i], Op::Forward(_))).collect();
+        let starts: Vec<usize> = (0..ops.len()).filter(|&i| i == 0 || matches!(ops[i], Pass::Forward(_))).collect();
         let planners: Vec<Vec<Planner>> =
             self.engines.iter().map(|s| s.iter().map(Engine::planner).collect()).collect();
         let prepare = |u: usize| match ops[starts[u]] {
-            Op::Forward(j) if micro[j].vertices() > 0 => {
+            Pass::Forward(j) if micro[j].vertices() > 0 => {
                 planners[j % slots].iter().map(|p| p.plan(&micro[j].layout.graphs)).collect::<Result<Vec<_>>>()
             }
             _ => Ok(Vec::new()),
@@ -554,13 +554,13 @@ impl<B: Backend> Stage<B> {
             let end = starts.get(u + 1).copied().unwrap_or(ops.len());
             for &op in &ops[starts[u]..end] {
                 match op {
-                    Op::Forward(j) => {
+                    Pass::Forward(j) => {
                         // Minibatch t runs on W(t) after a flush, on W(t−1) under 2BW.
                         let lagging = (j / m).saturating_sub(plan.kind.lag()) as u64;
                         self.catch_up(mail, base + lagging, up)?;
                         self.forward(mail, &micro[j], j % slots, std::mem::take(&mut plans))?;
                     }
-                    Op::Backward(j) => {
+                    Pass::Backward(j) => {
                         if let Some((examples, stats)) = self.backward(mail, &micro[j], j % slots, up.clip.is_some())? {
                             if self.part.head.is_some() {
                                 done(examples, stats);

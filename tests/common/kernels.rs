@@ -40,7 +40,7 @@ pub fn cells() -> Vec<VertexFn> {
         nn::child_sum_tree_lstm_nary(5, 4).unwrap(),
         nn::relatedness_head(4, 3, 5).unwrap(),
         arbor::head::softmax_classifier(4, 5).unwrap(),
-        nn::Model::VarLstm.cell_with_dropout(5, 4, nn::CellDropout::all(0.5)).unwrap(),
+        nn::CellKind::VarLstm.cell_with_dropout(5, 4, nn::CellDropout::all(0.5)).unwrap(),
         every_op(),
     ]
 }

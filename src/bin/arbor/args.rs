@@ -1,7 +1,7 @@
 //! The command line: subcommands and their flags.
 
 use arbor::dist::schedule::Kind;
-use arbor::nn::{CellDropout, Model};
+use arbor::nn::{CellDropout, CellKind};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -122,12 +122,12 @@ impl ModelArg {
         }
     }
 
-    pub(crate) fn model(self) -> Model {
+    pub(crate) fn model(self) -> CellKind {
         match self {
-            ModelArg::TreeLstm => Model::TreeLstm,
-            ModelArg::ChildSum | ModelArg::Sick => Model::ChildSum,
-            ModelArg::VarLstm => Model::VarLstm,
-            ModelArg::TreeFc | ModelArg::Ggnn => Model::TreeFc,
+            ModelArg::TreeLstm => CellKind::TreeLstm,
+            ModelArg::ChildSum | ModelArg::Sick => CellKind::ChildSum,
+            ModelArg::VarLstm => CellKind::VarLstm,
+            ModelArg::TreeFc | ModelArg::Ggnn => CellKind::TreeFc,
         }
     }
 }

@@ -9,7 +9,7 @@ use arbor::head::argmax;
 use arbor::layers::LossOn;
 use arbor::loss_scale::LossScaler;
 use arbor::model::{AsExample, Example, Model};
-use arbor::nn::Model as Kind;
+use arbor::nn::CellKind as Kind;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::readout::Readout;
 use arbor::rng::Rng;

@@ -10,7 +10,7 @@ use arbor::data::labelled::Labelled;
 use arbor::data::{sst, synthetic, TreeExample, Vocab};
 use arbor::layers::LossOn;
 use arbor::model;
-use arbor::nn::Model;
+use arbor::nn::CellKind;
 use arbor::readout::Readout;
 use arbor::rng::Rng;
 use arbor::{Backend, Error, Result};
@@ -37,7 +37,7 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         return crate::sick::eval(args, &dir, &ck);
     }
     let meta = &ck.meta;
-    let kind = Model::from_name(meta["model"].as_str().unwrap_or_default())?;
+    let kind = CellKind::from_name(meta["model"].as_str().unwrap_or_default())?;
     let (words, lowercase) = vocabulary(meta);
     let trained_on = meta["data"].as_str().unwrap_or("synthetic");
     let data_dir = args.data.clone().or_else(|| (trained_on != "synthetic").then(|| PathBuf::from(trained_on)));
@@ -68,7 +68,7 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         }
     };
     let test: Vec<TreeExample> = if kind.chains() { test.iter().map(TreeExample::to_chain).collect() } else { test };
-    struct Work<'a>(Model, &'a Checkpoint, usize, &'a [TreeExample]);
+    struct Work<'a>(CellKind, &'a Checkpoint, usize, &'a [TreeExample]);
     impl OnDevice for Work<'_> {
         type Out = f64;
         fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<f64> {
@@ -104,7 +104,7 @@ pub(crate) struct Restored<B: Backend> {
 
 impl<B: Backend> Restored<B> {
     /// The classifier of `kind` cells over `vocab` words in `ck`, on `backend`.
-    pub(crate) fn from(backend: B, kind: Model, ck: &Checkpoint, vocab: usize) -> Result<Restored<B>> {
+    pub(crate) fn from(backend: B, kind: CellKind, ck: &Checkpoint, vocab: usize) -> Result<Restored<B>> {
         let meta = &ck.meta;
         let classes = meta_usize(meta, "classes")?;
         if !meta["model_spec"].is_null() {

@@ -10,7 +10,7 @@ mod sick;
 mod train;
 
 use arbor::data::{sst, synthetic, TreeExample, Vocab};
-use arbor::nn::Model;
+use arbor::nn::CellKind;
 use arbor::{Backend, Error, Result};
 use args::{Cli, Command};
 use args::{Device, PrecisionArg};
@@ -106,7 +106,7 @@ pub(crate) struct Data {
 }
 
 /// The synthetic treebank of `seed`, or the SST splits in `dir`; sentences as chains for `model`.
-pub(crate) fn load(dir: Option<&Path>, seed: u64, lowercase: bool, model: Model) -> Result<Data> {
+pub(crate) fn load(dir: Option<&Path>, seed: u64, lowercase: bool, model: CellKind) -> Result<Data> {
     let mut data = match dir {
         None => Data {
             name: "synthetic".into(),
@@ -147,7 +147,7 @@ pub(crate) fn load(dir: Option<&Path>, seed: u64, lowercase: bool, model: Model)
 
 /// Refuses a tree read from `file` with a node of more children than `model`'s cell takes,
 /// naming the tree's line (the trees are the file's non-blank lines, in order).
-fn check_arity(file: &Path, trees: &[TreeExample], arity: usize, model: Model) -> Result<()> {
+fn check_arity(file: &Path, trees: &[TreeExample], arity: usize, model: CellKind) -> Result<()> {
     let wide = |t: &TreeExample| (0..t.graph.len()).map(|v| t.graph.children(v).len()).find(|&n| n > arity);
     let Some((k, n)) = trees.iter().enumerate().find_map(|(k, t)| wide(t).map(|n| (k, n))) else { return Ok(()) };
     let text = std::fs::read_to_string(file).unwrap_or_default();

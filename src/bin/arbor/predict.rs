@@ -7,7 +7,7 @@ use crate::{on_device, OnDevice};
 use arbor::checkpoint::Checkpoint;
 use arbor::data::{sst, TreeExample, Vocab};
 use arbor::head::{argmax, probabilities};
-use arbor::nn::Model;
+use arbor::nn::CellKind;
 use arbor::{Backend, Error, Result};
 use serde_json::json;
 use std::io::BufRead;
@@ -28,10 +28,10 @@ pub(crate) fn predict(args: &PredictArgs) -> Result<()> {
             "one of the sentence-pair model `sick` (score pairs with `arbor eval`)",
         ));
     }
-    let kind = Model::from_name(&name)?;
+    let kind = CellKind::from_name(&name)?;
     let (words, lowercase) = vocabulary(&ck.meta);
     let vocab = Vocab::from_words(&words, lowercase);
-    struct Work<'a>(&'a Checkpoint, &'a PredictArgs, Model, &'a Vocab, usize);
+    struct Work<'a>(&'a Checkpoint, &'a PredictArgs, CellKind, &'a Vocab, usize);
     impl OnDevice for Work<'_> {
         type Out = ();
         fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<()> {
@@ -45,7 +45,7 @@ pub(crate) fn predict(args: &PredictArgs) -> Result<()> {
 type Pending = (String, TreeExample, Option<u32>);
 
 /// [`predict`] with `model`: reads every sentence, classifying them [`CHUNK`] at a time.
-fn classify<B: Backend>(mut model: Restored<B>, args: &PredictArgs, kind: Model, vocab: &Vocab) -> Result<()> {
+fn classify<B: Backend>(mut model: Restored<B>, args: &PredictArgs, kind: CellKind, vocab: &Vocab) -> Result<()> {
     let mut pending: Vec<Pending> = Vec::new();
     let mut read = |text: String, file: &str, number: usize| -> Result<()> {
         if !text.trim().is_empty() {

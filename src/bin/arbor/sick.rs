@@ -17,7 +17,7 @@ use arbor::data::{Vocab, PAD};
 use arbor::layers::Embedding;
 use arbor::model::{AsExample, Feed, Model};
 use arbor::rng::Rng;
-use arbor::trainer::{fit_threads, Event, Splits};
+use arbor::trainer::{fit_threads, Event};
 use arbor::{nn, Backend, Error, Result};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -97,7 +97,7 @@ fn train_on<B: Backend<Buffer: Send, Index: Send> + Send>(
     );
     record_optional_flags(args, &mut plan.meta);
     let _folder = prepare_run(std::slice::from_mut(&mut run), args, &plan)?;
-    let splits = Splits { train: &data.train, dev: &data.dev, test: &data.test };
+    let splits = data.splits();
     let announce = |workers: String| {
         eprintln!(
             "arbor: training sick relatedness on {} ({} train / {} dev / {} test pairs, vocabulary {}, {workers})",

@@ -11,7 +11,7 @@ use arbor::dist::Collective;
 use arbor::layers::LossOn;
 use arbor::layers::{Embedding, WordDropout};
 use arbor::model;
-use arbor::nn::Model;
+use arbor::nn::CellKind;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::pipeline::{Part, PipeSettings, Stage};
 use arbor::plot::{self, Series};
@@ -180,7 +180,7 @@ impl<'a> Progress<'a> {
 pub(crate) struct Setup<'a> {
     pub(crate) args: &'a TrainArgs,
     pub(crate) sizes: Sizes,
-    pub(crate) kind: Model,
+    pub(crate) kind: CellKind,
     pub(crate) data: Data,
     pub(crate) rng: Rng,
     pub(crate) loss_on: LossOn,

@@ -1,0 +1,64 @@
+//! A [`Model`] as the one loop's [`Learner`]: data-parallel steps, scores, and its tensors for
+//! checkpoints.
+
+use super::{AsExample, Example, Model};
+use crate::checkpoint::{Checkpoint, Lent, Named};
+use crate::dist::Collective;
+use crate::engine::{Planned, Planner};
+use crate::optim::Optimizer;
+use crate::trainer::{Learned, Learner, Scores, Settings, StepStats};
+use crate::{Backend, InputGraph};
+use arbor_core::error::Result;
+
+impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
+    fn share_graphs<'a>(batch: &[&'a E], rank: usize, size: usize, _: &Settings) -> Result<Vec<&'a InputGraph>> {
+        let examples: Vec<Example<'a>> = batch.iter().map(|e| e.example()).collect();
+        let mine = &examples[Model::<B>::share(&examples, rank, size)];
+        Ok(mine.iter().flat_map(|e| e.trees.iter().map(|t| t.graph)).collect())
+    }
+
+    fn planner(&self) -> Option<Planner> {
+        Some(Model::planner(self))
+    }
+
+    fn step(
+        &mut self,
+        coll: &mut dyn Collective,
+        batch: &[&E],
+        opt: &mut Optimizer,
+        plan: &Settings,
+        step: u64,
+        planned: Option<Planned<'_>>,
+    ) -> Result<StepStats> {
+        let examples: Vec<Example<'_>> = batch.iter().map(|e| e.example()).collect();
+        let denom = batch.iter().map(|e| e.terms()).sum();
+        self.step_shared(coll, &examples, denom, opt, plan.clip, step, planned)
+    }
+
+    /// Each replica scores alone (they are identical).
+    fn score(&mut self, data: &[E], _: &mut dyn Collective) -> Result<Scores> {
+        Model::score(self, data)
+    }
+}
+
+impl<B: Backend> Learned for Model<B> {
+    fn tensors(&self) -> Result<Vec<Named>> {
+        Model::tensors(self)
+    }
+
+    fn spec(&self) -> Option<serde_json::Value> {
+        Some(Model::spec(self).to_json())
+    }
+
+    fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
+        Model::tensors_lent(self)
+    }
+
+    fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
+        Model::restore(self, ck)
+    }
+
+    fn replica(&self) -> Result<Self> {
+        Model::replica(self)
+    }
+}
