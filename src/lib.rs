@@ -4,7 +4,6 @@ pub mod average;
 pub mod checkpoint;
 pub mod data;
 pub mod dist;
-pub mod engine;
 pub mod head;
 pub mod layers;
 pub mod loss_scale;
@@ -22,6 +21,7 @@ pub mod trainer;
 pub mod zoo;
 
 pub use arbor_batching as batching;
+pub use arbor_engine as engine;
 pub use arbor_core::backend::Backend;
 pub use arbor_core::dropout::DropoutKey;
 pub use arbor_core::graph::InputGraph;

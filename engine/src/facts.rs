@@ -303,7 +303,7 @@ mod tests {
     /// vertices store everything.
     #[test]
     fn leaves_leave_out_what_no_one_reads() {
-        let f = crate::nn::tree_lstm(6, 5).unwrap();
+        let f = arbor::nn::tree_lstm(6, 5).unwrap();
         let fwd = f.forward();
         let gathers: Loads = fwd.nodes.iter().map(|n| matches!(n.op, Op::Gather { .. })).collect();
         let pads: Loads = fwd.nodes.iter().map(|n| matches!(n.op, Op::Pull { .. })).collect();
