@@ -2,6 +2,7 @@
 //! `cargo run --release --example tree_fc [LEAVES] [HIDDEN]`.
 
 use arbor::rng::Rng;
+use arbor::Pass;
 use arbor::{nn, CpuBackend, Engine, InputGraph, Pull};
 use std::time::Instant;
 
@@ -18,12 +19,12 @@ fn main() -> arbor::Result<()> {
     let n: usize = trees.iter().map(InputGraph::len).sum();
     let x: Vec<f32> = (0..n * hidden).map(|_| rng.range(-1.0, 1.0)).collect();
     let dh = vec![1e-3; n * hidden];
-    engine.forward(&refs, &[Pull::Rows(&x)])?;
+    engine.run(Pass::train(&refs, &[Pull::Rows(&x)]))?;
     engine.backward(&[&dh])?;
     let start = Instant::now();
     let reps = 5;
     for _ in 0..reps {
-        engine.forward(&refs, &[Pull::Rows(&x)])?;
+        engine.run(Pass::train(&refs, &[Pull::Rows(&x)]))?;
         engine.backward(&[&dh])?;
     }
     let secs = start.elapsed().as_secs_f64() / reps as f64;

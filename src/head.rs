@@ -35,7 +35,7 @@
 //! # Ok::<(), arbor::Error>(())
 //! ```
 
-use crate::engine::{Engine, Gradients, Pull};
+use crate::engine::{Engine, Gradients, Pass, Pull};
 use crate::{Backend, Builder, Init, InputGraph, Var, VertexFn};
 use arbor_core::error::{Error, Result};
 
@@ -79,14 +79,14 @@ impl<B: Backend> Head<B> {
     pub fn forward(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
         self.examples = self.count(inputs)?;
         let pulls: Vec<Pull<'_>> = inputs.iter().map(|&rows| Pull::Rows(rows)).collect();
-        self.engine.forward(&vec![&self.one; self.examples], &pulls)
+        self.engine.run(Pass::train(&vec![&self.one; self.examples], &pulls))
     }
 
     /// [`Head::forward`] for inference: keeps nothing for a backward pass.
     pub fn infer(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
         let examples = self.count(inputs)?;
         let pulls: Vec<Pull<'_>> = inputs.iter().map(|&rows| Pull::Rows(rows)).collect();
-        self.engine.infer(&vec![&self.one; examples], &pulls)
+        self.engine.run(Pass::infer(&vec![&self.one; examples], &pulls))
     }
 
     /// The gradients of `scale · Σ loss` over the examples of the last [`Head::forward`]

@@ -8,7 +8,7 @@
 //! use arbor::layers::Embedding;
 //! use arbor::ptb::PtbTree;
 //! use arbor::rng::Rng;
-//! use arbor::{nn, CpuBackend, Engine, InputGraph};
+//! use arbor::{nn, CpuBackend, Engine, InputGraph, Pass};
 //!
 //! let text = ["(4 (3 good) (4 (3 very) (4 good)))", "(0 (1 bad) (0 (2 very) (0 bad)))", "(2 (2 a) (2 book))"];
 //! let trees: Vec<PtbTree> = text.iter().enumerate().map(|(i, t)| PtbTree::parse(t, "inline", i + 1)).collect::<Result<_, _>>()?;
@@ -38,10 +38,10 @@
 //! };
 //! let mut losses = Vec::new();
 //! for _ in 0..60 {
-//!     let h = engine.forward_rows(&graphs, &[embed.pull(&ids)], &roots)?; // the roots' rows
+//!     let h = engine.run(Pass::train(&graphs, &[embed.pull(&ids)]).rows(&roots))?; // the roots' rows
 //!     let loss: f32 = head.forward(&[&h[0], &onehot])?[0].iter().sum();
 //!     let out = head.backward(1.0 / 3.0)?; // the mean over the three roots
-//!     let grads = engine.backward_rows(&roots, &[&out.pulls[0]])?;
+//!     let grads = engine.backward(&[&out.pulls[0]])?; // at the roots, as the pass read them
 //!     engine.update_params(|params| sgd(params, &grads.params))?;
 //!     head.engine().update_params(|params| sgd(params, &out.params))?;
 //!     if let Some(g) = &grads.tables[0] {

@@ -21,7 +21,6 @@ pub mod trainer;
 pub mod zoo;
 
 pub use arbor_batching as batching;
-pub use arbor_engine as engine;
 pub use arbor_core::backend::Backend;
 pub use arbor_core::dropout::DropoutKey;
 pub use arbor_core::graph::InputGraph;
@@ -30,9 +29,10 @@ pub use arbor_core::{backend, dropout, error, finite, fusion, graph, ir, memory,
 pub use arbor_core::{Error, Result, Shape};
 #[cfg(feature = "cuda")]
 pub use arbor_cuda as cuda;
+pub use arbor_engine as engine;
 pub use arbor_ops::cpu::{budget as cpu_thread_budget, isa, with_threads as with_cpu_threads, HostBuffer};
 pub use arbor_ops::CpuBackend;
-pub use engine::{Engine, Gradients, Planned, Planner, Pull, SparseGrad};
+pub use engine::{Engine, Gradients, Pass, Planned, Planner, Pull, SparseGrad};
 
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

@@ -4,6 +4,7 @@
 use arbor::ir::interp::run_graph;
 use arbor::rng::Rng;
 use arbor::testing::{check_batched_with, Batched};
+use arbor::Pass;
 use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, Pull, VertexFn};
 use proptest::prelude::*;
 
@@ -205,8 +206,8 @@ fn nary_child_sum_equals_the_capped_cell() {
     let refs: Vec<&InputGraph> = gs.iter().collect();
     let mut a = Engine::new(CpuBackend::new(), capped, &params).unwrap();
     let mut b = Engine::new(CpuBackend::new(), nary, &params).unwrap();
-    let ha = a.forward(&refs, &[Pull::Rows(&x)]).unwrap();
-    let hb = b.forward(&refs, &[Pull::Rows(&x), Pull::Rows(&x_parent)]).unwrap();
+    let ha = a.run(Pass::train(&refs, &[Pull::Rows(&x)])).unwrap();
+    let hb = b.run(Pass::train(&refs, &[Pull::Rows(&x), Pull::Rows(&x_parent)])).unwrap();
     assert_close("h", &hb[0], &ha[0]);
     let (ga, gb) = (a.backward(&[&dh]).unwrap(), b.backward(&[&dh]).unwrap());
     for (p, (gb, ga)) in gb.params.iter().zip(&ga.params).enumerate() {
@@ -285,7 +286,7 @@ fn shared_rows_and_zero_columns_cut_executed_flops() {
     let same: Vec<f32> = distinct[..embed].repeat(50);
     let flops = |x: &[f32]| {
         let mut e = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
-        let out = e.infer(&refs, &[Pull::Rows(x)]).unwrap();
+        let out = e.run(Pass::infer(&refs, &[Pull::Rows(x)])).unwrap();
         (e.flops(), out)
     };
     let (all, _) = flops(&distinct);
@@ -314,7 +315,7 @@ fn lookup_gradients_run_per_distinct_id() {
     let dh = random_rows(&mut rng, 50 * hidden);
     let backward = |pull: Pull| {
         let mut e = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
-        e.forward(&refs, &[pull]).unwrap();
+        e.run(Pass::train(&refs, &[pull])).unwrap();
         let before = e.flops();
         let grads = e.backward(&[&dh]).unwrap();
         (e.flops() - before, grads)
@@ -339,11 +340,11 @@ fn padding_rows_get_zero_gradients_when_asked() {
     let x = [0.5, -0.2, 0.1, 0.3, 0.3, -0.7, 0.0, 0.0, 0.0];
     let dh = [0.0, 0.0, 0.0, 0.0, 1.0, -1.0];
     let mut plain = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
-    plain.forward(&[&g], &[Pull::Rows(&x)]).unwrap();
+    plain.run(Pass::train(&[&g], &[Pull::Rows(&x)])).unwrap();
     let want = plain.backward(&[&dh]).unwrap();
     let mut skipping = Engine::new(CpuBackend::new(), f, &params).unwrap();
     skipping.set_skip_padding_grads(true);
-    skipping.forward(&[&g], &[Pull::Rows(&x)]).unwrap();
+    skipping.run(Pass::train(&[&g], &[Pull::Rows(&x)])).unwrap();
     let got = skipping.backward(&[&dh]).unwrap();
     assert_eq!(got.pulls[0][..6], want.pulls[0][..6]);
     assert!(want.pulls[0][6..].iter().any(|&v| v != 0.0), "the root's input gradient is not zero without skipping");
@@ -360,7 +361,7 @@ fn empty_slots_and_single_vertices() {
     let right_only = InputGraph::from_children(vec![vec![], vec![None, Some(0)]]).unwrap();
     let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
     let x: Vec<f32> = random_rows(&mut rng, 3 * 3);
-    let out = engine.forward(&[&lone, &right_only], &[Pull::Rows(&x)]).unwrap();
+    let out = engine.run(Pass::train(&[&lone, &right_only], &[Pull::Rows(&x)])).unwrap();
     let run = run_graph(&f, &params, &right_only, &[&x[3..]], &[&[0.0; 4]]);
     assert_close("right-only child", &out[0][2..], &run.outputs[0]);
 }
@@ -499,7 +500,7 @@ fn sibling_products_summed_in_place() {
         let left_only = InputGraph::from_children(vec![vec![], vec![Some(0), None]]).unwrap();
         let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
         let x = random_rows(&mut rng, 4 * 4);
-        let out = engine.forward(&[&right_only, &left_only], &[Pull::Rows(&x)]).unwrap();
+        let out = engine.run(Pass::train(&[&right_only, &left_only], &[Pull::Rows(&x)])).unwrap();
         for (g, graph) in [&right_only, &left_only].into_iter().enumerate() {
             let run = run_graph(&f, &params, graph, &[&x[8 * g..8 * g + 8]], &[&[0.0; 6]]);
             assert_close("one child", &out[0][6 * g..6 * g + 6], &run.outputs[0]);

@@ -2,6 +2,7 @@
 //! in steady state (no allocation after the first minibatch of a size).
 
 use arbor::rng::Rng;
+use arbor::Pass;
 use arbor::{nn, Backend, CpuBackend, Engine, Error, InputGraph, Pull};
 
 fn engine(embed: usize, hidden: usize) -> Engine<CpuBackend> {
@@ -14,11 +15,11 @@ fn engine(embed: usize, hidden: usize) -> Engine<CpuBackend> {
 fn wrong_input_length_names_the_input() {
     let mut e = engine(3, 2);
     let g = InputGraph::from_children(vec![vec![], vec![Some(0)]]).unwrap();
-    let err = e.forward(&[&g], &[Pull::Rows(&[0.0; 5])]).unwrap_err();
+    let err = e.run(Pass::train(&[&g], &[Pull::Rows(&[0.0; 5])])).unwrap_err();
     assert!(matches!(err, Error::Input { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("input `x`") && msg.contains("6 values") && msg.contains("got 5"), "{msg}");
-    let err = e.forward(&[&g], &[]).unwrap_err();
+    let err = e.run(Pass::train(&[&g], &[])).unwrap_err();
     assert!(err.to_string().contains("expected 1"), "{err}");
 }
 
@@ -27,11 +28,11 @@ fn chosen_rows_past_the_minibatch_are_refused() {
     let mut e = engine(3, 2);
     let g = InputGraph::from_children(vec![vec![], vec![Some(0)]]).unwrap();
     let x = [0.5; 6];
-    let err = e.infer_rows(&[&g], &[Pull::Rows(&x)], &[1, 2]).unwrap_err();
+    let err = e.run(Pass::infer(&[&g], &[Pull::Rows(&x)]).rows(&[1, 2])).unwrap_err();
     assert!(matches!(err, Error::Input { .. }), "{err:?}");
     assert!(err.to_string().contains("vertex indices below 2") && err.to_string().contains("vertex 2"), "{err}");
-    let root = e.infer_rows(&[&g], &[Pull::Rows(&x)], &[1]).unwrap();
-    assert_eq!(root[0], e.infer(&[&g], &[Pull::Rows(&x)]).unwrap()[0][2..4]);
+    let root = e.run(Pass::infer(&[&g], &[Pull::Rows(&x)]).rows(&[1])).unwrap();
+    assert_eq!(root[0], e.run(Pass::infer(&[&g], &[Pull::Rows(&x)])).unwrap()[0][2..4]);
 }
 
 #[test]
@@ -39,8 +40,11 @@ fn bad_gradient_rows_are_refused() {
     let mut e = engine(3, 2);
     let g = InputGraph::from_children(vec![vec![], vec![Some(0)]]).unwrap();
     let x = [0.5; 6];
-    e.forward_rows(&[&g], &[Pull::Rows(&x)], &[1]).unwrap();
-    let mut err = |rows: &[usize], grad: &[f32]| e.backward_rows(rows, &[grad]).unwrap_err().to_string();
+    // The rows of a training pass are where its backward pass takes the gradients.
+    let mut err = |rows: &[usize], grad: &[f32]| {
+        let pass = e.run(Pass::train(&[&g], &[Pull::Rows(&x)]).rows(rows));
+        pass.and_then(|_| e.backward(&[grad])).unwrap_err().to_string()
+    };
     let msg = err(&[1, 1], &[1.0; 4]);
     assert!(msg.contains("each vertex at most once") && msg.contains("vertex 1 twice"), "{msg}");
     let msg = err(&[2], &[1.0; 2]);
@@ -50,7 +54,7 @@ fn bad_gradient_rows_are_refused() {
         msg.contains("gradient of output `h`") && msg.contains("2 values (1 rows × 2)") && msg.contains("got 3"),
         "{msg}"
     );
-    let msg = e.forward_rows(&[&g], &[Pull::Rows(&x)], &[0, 5]).unwrap_err().to_string();
+    let msg = e.run(Pass::train(&[&g], &[Pull::Rows(&x)]).rows(&[0, 5])).unwrap_err().to_string();
     assert!(msg.contains("output rows") && msg.contains("vertex 5"), "{msg}");
 }
 
@@ -60,7 +64,7 @@ fn bad_lookups_name_the_input_and_vertex() {
     let g = InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)]]).unwrap();
     let table = [0.5; 12];
     let mut run = |table: &[f32], ids: &[u32], padding| {
-        e.forward(&[&g], &[Pull::Lookup { table, ids, padding }]).unwrap_err().to_string()
+        e.run(Pass::train(&[&g], &[Pull::Lookup { table, ids, padding }])).unwrap_err().to_string()
     };
     let msg = run(&table, &[0, 1], None);
     assert!(msg.contains("ids of input `x`") && msg.contains("3 (one per vertex)") && msg.contains("got 2"), "{msg}");
@@ -69,7 +73,7 @@ fn bad_lookups_name_the_input_and_vertex() {
     let msg = run(&table, &[0, 4, 1], None);
     assert!(msg.contains("id of vertex 1") && msg.contains("below 4") && msg.contains("got 4"), "{msg}");
     // The padding id pulls zeros wherever it lies.
-    e.forward(&[&g], &[Pull::Lookup { table: &table, ids: &[0, 1, 99], padding: Some(99) }]).unwrap();
+    e.run(Pass::train(&[&g], &[Pull::Lookup { table: &table, ids: &[0, 1, 99], padding: Some(99) }])).unwrap();
 }
 
 #[test]
@@ -77,7 +81,7 @@ fn too_many_children_names_graph_and_vertex() {
     let mut e = engine(3, 2);
     let ok = InputGraph::from_children(vec![vec![]]).unwrap();
     let wide = InputGraph::from_children(vec![vec![], vec![], vec![], vec![Some(0), Some(1), Some(2)]]).unwrap();
-    let err = e.forward(&[&ok, &wide], &[Pull::Rows(&[0.0; 15])]).unwrap_err();
+    let err = e.run(Pass::train(&[&ok, &wide], &[Pull::Rows(&[0.0; 15])])).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::Graph { .. }));
     assert!(
@@ -102,7 +106,7 @@ fn cycles_and_bad_child_indices_are_refused() {
 fn backward_checks_gradient_lengths() {
     let mut e = engine(3, 2);
     let g = InputGraph::chain(3);
-    e.forward(&[&g], &[Pull::Rows(&[0.5; 9])]).unwrap();
+    e.run(Pass::train(&[&g], &[Pull::Rows(&[0.5; 9])])).unwrap();
     let err = e.backward(&[&[1.0; 5]]).unwrap_err();
     assert!(err.to_string().contains("gradient of output `h`"), "{err}");
 }
@@ -115,16 +119,16 @@ fn steady_state_allocates_nothing() {
     let refs: Vec<&InputGraph> = graphs.iter().collect();
     let x: Vec<f32> = (0..20 * 4).map(|_| rng.uniform()).collect();
     let dh = vec![1.0; 20 * 3];
-    e.forward(&refs, &[Pull::Rows(&x)]).unwrap();
+    e.run(Pass::train(&refs, &[Pull::Rows(&x)])).unwrap();
     e.backward(&[&dh]).unwrap();
     let after_first = e.backend().allocations();
     for _ in 0..3 {
-        e.forward(&refs, &[Pull::Rows(&x)]).unwrap();
+        e.run(Pass::train(&refs, &[Pull::Rows(&x)])).unwrap();
         e.backward(&[&dh]).unwrap();
     }
     assert_eq!(e.backend().allocations(), after_first, "a steady-state step allocated device memory");
     // A smaller minibatch reuses the same arena too.
-    e.forward(&refs[..2], &[Pull::Rows(&x[..5 * 4])]).unwrap();
+    e.run(Pass::train(&refs[..2], &[Pull::Rows(&x[..5 * 4])])).unwrap();
     assert_eq!(e.backend().allocations(), after_first);
 }
 
@@ -134,7 +138,7 @@ fn chain_of_100k_vertices_runs_forward_and_backward() {
     let n = 100_000;
     let g = InputGraph::chain(n);
     let x = vec![0.1; n * 2];
-    let h = e.forward(&[&g], &[Pull::Rows(&x)]).unwrap();
+    let h = e.run(Pass::train(&[&g], &[Pull::Rows(&x)])).unwrap();
     assert_eq!(h[0].len(), n * 2);
     assert!(h[0].iter().all(|v| v.is_finite()));
     let mut dh = vec![0.0; n * 2];
@@ -151,7 +155,7 @@ fn tree_of_100k_leaves_runs_forward_and_backward() {
     let g = InputGraph::balanced_binary(100_000);
     let n = g.len();
     let x = vec![0.1; n * 2];
-    e.forward(&[&g], &[Pull::Rows(&x)]).unwrap();
+    e.run(Pass::train(&[&g], &[Pull::Rows(&x)])).unwrap();
     assert_eq!(e.schedule().tasks.len(), 18); // ⌈log2 100000⌉ + 1 heights
     let grads = e.backward(&[&vec![1e-3; n * 2]]).unwrap();
     assert!(grads.params.iter().flatten().all(|g| g.is_finite()));
@@ -181,10 +185,10 @@ fn planned_ahead_equals_scheduled_in_forward() {
     let vertices: usize = graphs.iter().map(InputGraph::len).sum();
     let x: Vec<f32> = (0..vertices * 3).map(|_| rng.range(-1.0, 1.0)).collect();
     let (mut direct, mut ahead) = (engine(3, 2), engine(3, 2));
-    let want = direct.forward(&refs, &[Pull::Rows(&x)]).unwrap();
+    let want = direct.run(Pass::train(&refs, &[Pull::Rows(&x)])).unwrap();
     let planner = ahead.planner();
     let planned = std::thread::scope(|s| s.spawn(|| planner.plan(&refs)).join().unwrap()).unwrap();
-    assert_eq!(ahead.forward_planned(planned, &[Pull::Rows(&x)], None).unwrap(), want);
+    assert_eq!(ahead.run(Pass::planned(planned, &[Pull::Rows(&x)])).unwrap(), want);
     let dy = vec![0.5; want[0].len()];
     assert_eq!(ahead.backward(&[&dy]).unwrap(), direct.backward(&[&dy]).unwrap());
 
@@ -192,5 +196,5 @@ fn planned_ahead_equals_scheduled_in_forward() {
     let err = planner.plan(&[&graphs[0], &wide]).err().expect("a graph too wide for the cell");
     assert!(err.to_string().contains("#1"), "{err}");
     let other = planner.plan(&refs).unwrap();
-    assert!(direct.forward_planned(other, &[Pull::Rows(&x)], None).is_err(), "another engine's plan was accepted");
+    assert!(direct.run(Pass::planned(other, &[Pull::Rows(&x)])).is_err(), "another engine's plan was accepted");
 }

@@ -7,6 +7,7 @@
 
 use arbor::cuda::{CudaBackend, Precision};
 use arbor::rng::Rng;
+use arbor::Pass;
 use arbor::{nn, Backend, CpuBackend, Engine, InputGraph, Pull, VertexFn};
 
 /// Opening a device on a machine without CUDA is an error, never a panic.
@@ -53,8 +54,8 @@ fn cells_match(precision: Precision, tolerance: f32) {
         let vertices: usize = graphs.iter().map(InputGraph::len).sum();
         let width = f.inputs()[0].shape.numel();
         let x: Vec<f32> = (0..vertices * width).map(|_| rng.range(-1.0, 1.0)).collect();
-        let hg = gpu.forward(&refs, &[Pull::Rows(&x)]).unwrap();
-        let hc = cpu.forward(&refs, &[Pull::Rows(&x)]).unwrap();
+        let hg = gpu.run(Pass::train(&refs, &[Pull::Rows(&x)])).unwrap();
+        let hc = cpu.run(Pass::train(&refs, &[Pull::Rows(&x)])).unwrap();
         close(&format!("{} forward", f.name()), &hg[0], &hc[0]);
         let dy: Vec<f32> = (0..hc[0].len()).map(|_| rng.range(-1.0, 1.0)).collect();
         let gg = gpu.backward(&[&dy]).unwrap();
@@ -63,11 +64,11 @@ fn cells_match(precision: Precision, tolerance: f32) {
         for (k, (a, b)) in gg.params.iter().zip(&gc.params).enumerate() {
             close(&format!("{} gradient of parameter {k}", f.name()), a, b);
         }
-        let inferred = gpu.infer(&refs, &[Pull::Rows(&x)]).unwrap();
-        let hc = cpu.infer(&refs, &[Pull::Rows(&x)]).unwrap();
+        let inferred = gpu.run(Pass::infer(&refs, &[Pull::Rows(&x)])).unwrap();
+        let hc = cpu.run(Pass::infer(&refs, &[Pull::Rows(&x)])).unwrap();
         close(&format!("{} inference", f.name()), &inferred[0], &hc[0]);
         let rows: Vec<usize> = (0..vertices).rev().step_by(5).collect();
-        let picked = gpu.infer_rows(&refs, &[Pull::Rows(&x)], &rows).unwrap();
+        let picked = gpu.run(Pass::infer(&refs, &[Pull::Rows(&x)]).rows(&rows)).unwrap();
         let block = f.outputs()[0].shape.numel();
         let want: Vec<f32> = rows.iter().flat_map(|&r| hc[0][r * block..(r + 1) * block].iter().copied()).collect();
         close(&format!("{} inference of chosen rows", f.name()), &picked[0], &want);
@@ -105,7 +106,7 @@ fn no_device_allocation_after_warm_up() {
     let vertices: usize = graphs.iter().map(InputGraph::len).sum();
     let x = vec![0.25f32; vertices * 8];
     let step = |e: &mut Engine<CudaBackend>| {
-        let h = e.forward(&refs, &[Pull::Rows(&x)]).unwrap();
+        let h = e.run(Pass::train(&refs, &[Pull::Rows(&x)])).unwrap();
         e.backward(&[&vec![1.0; h[0].len()]]).unwrap();
     };
     step(&mut gpu);

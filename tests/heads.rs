@@ -6,6 +6,7 @@
 use arbor::head::{binary_cross_entropy, kl_divergence, mean_squared_error, softmax_cross_entropy, Head};
 use arbor::rng::Rng;
 use arbor::testing::{check_model_gradients, GradCheck};
+use arbor::Pass;
 use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, Pull, Var, VertexFn};
 use proptest::prelude::*;
 
@@ -190,7 +191,7 @@ fn a_pair_model_gradient_matches_finite_differences() {
     let mut loss = |cp: &[Vec<f32>], hp: &[Vec<f32>], x: &[f32]| -> f64 {
         cells.set_params(cp).unwrap();
         head.engine().set_params(hp).unwrap();
-        let h = cells.forward_rows(&graphs, &[Pull::Rows(x)], &roots).unwrap().swap_remove(0);
+        let h = cells.run(Pass::train(&graphs, &[Pull::Rows(x)]).rows(&roots)).unwrap().swap_remove(0);
         let (ha, hb) = split(&h);
         let l = head.infer(&[&ha, &hb, &target]).unwrap().swap_remove(0);
         l.iter().map(|&v| f64::from(v)).sum::<f64>() / pairs as f64
@@ -198,7 +199,7 @@ fn a_pair_model_gradient_matches_finite_differences() {
 
     let mut cells_g = Engine::new(CpuBackend::new(), cell, &cell_params).unwrap();
     let mut head_g = Head::new(CpuBackend::new(), head_fn, &head_params).unwrap();
-    let h = cells_g.forward_rows(&graphs, &[Pull::Rows(&x)], &roots).unwrap().swap_remove(0);
+    let h = cells_g.run(Pass::train(&graphs, &[Pull::Rows(&x)]).rows(&roots)).unwrap().swap_remove(0);
     let (ha, hb) = split(&h);
     head_g.forward(&[&ha, &hb, &target]).unwrap();
     let hg = head_g.backward(1.0 / pairs as f32).unwrap();
@@ -207,7 +208,7 @@ fn a_pair_model_gradient_matches_finite_differences() {
         dh.extend_from_slice(ga);
         dh.extend_from_slice(gb);
     }
-    let cg = cells_g.backward_rows(&roots, &[&dh]).unwrap();
+    let cg = cells_g.backward(&[&dh]).unwrap();
 
     let eps = 1e-2f32;
     let check = |what: &str, analytic: &[f32], numeric: &mut dyn FnMut(usize) -> f64| {

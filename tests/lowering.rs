@@ -3,6 +3,7 @@
 
 use arbor::engine::{Counts, Launch, Lowering, PlanKind};
 use arbor::rng::Rng;
+use arbor::Pass;
 use arbor::{nn, CpuBackend, Engine, InputGraph, Pull};
 
 /// Two constituency trees: a 2-leaf one and a 3-leaf one. Three tasks: the 5 leaves, the 2
@@ -98,7 +99,7 @@ fn the_engine_runs_the_list_the_lowering_prints() {
     let flops: u64 = l.launches().iter().map(Launch::flops).sum();
     let params = f.init_params(&mut Rng::new(3));
     let mut e = Engine::new(CpuBackend::new(), f, &params).unwrap();
-    e.forward(&refs, &[Pull::Rows(&x)]).unwrap();
+    e.run(Pass::train(&refs, &[Pull::Rows(&x)])).unwrap();
     let ran: Vec<String> = e.lowering().launches().iter().map(Launch::to_string).collect();
     assert_eq!(ran, expected);
     assert_eq!(e.flops(), flops);

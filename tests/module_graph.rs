@@ -103,7 +103,8 @@ fn the_engine_stands_alone_and_no_import_cycle_comes_in() {
     let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/Cargo.toml"))
         .expect("engine/Cargo.toml");
     let deps = manifest.split("[dependencies]").nth(1).and_then(|d| d.split("\n[").next()).unwrap_or_default();
-    let named: Vec<&str> = deps.lines().filter_map(|l| l.split(['.', ' ', '=']).next()).filter(|n| !n.is_empty()).collect();
+    let named: Vec<&str> =
+        deps.lines().filter_map(|l| l.split(['.', ' ', '=']).next()).filter(|n| !n.is_empty()).collect();
     assert_eq!(named, ["arbor-core", "arbor-batching"], "the engine's dependencies");
     assert_eq!(cycles(&graph), Vec::<BTreeSet<String>>::new(), "{graph:#?}");
 }

@@ -17,6 +17,7 @@ use arbor::cuda::codegen::{generate, Binding};
 use arbor::cuda::nvrtc::{self, Usage};
 use arbor::fusion::Kernel;
 use arbor::rng::Rng;
+use arbor::Pass;
 use arbor::{nn, Backend, CpuBackend, Engine, HostBuffer, InputGraph, Pull, VertexFn};
 use common::kernels::{bindings, cells, kernels};
 use std::cell::RefCell;
@@ -161,11 +162,11 @@ fn engine_kernels(f: &VertexFn, seed: u64) -> Vec<(String, Kernel, Vec<Binding>)
     let mut engine = Engine::new(Recorder::default(), f.clone(), &params).unwrap();
     let phase = |engine: &Engine<Recorder>, name| *engine.backend().phase.borrow_mut() = name;
     phase(&engine, "forward");
-    engine.forward(&refs, &pulls).unwrap();
+    engine.run(Pass::train(&refs, &pulls)).unwrap();
     phase(&engine, "backward");
     engine.backward(&grads).unwrap();
     phase(&engine, "inference");
-    engine.infer(&refs, &pulls).unwrap();
+    engine.run(Pass::infer(&refs, &pulls)).unwrap();
     engine.backend().seen.take()
 }
 

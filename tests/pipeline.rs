@@ -4,7 +4,7 @@
 
 use arbor::data::labelled::Labelled;
 use arbor::data::{synthetic, TreeExample, PAD, UNK};
-use arbor::dist::schedule::{ops, simulate, Kind, Pass};
+use arbor::dist::schedule::{ops, simulate, Kind, MicroPass};
 use arbor::dist::{Collective, ThreadCollective};
 use arbor::head::softmax_classifier;
 use arbor::layers::{Embedding, LossOn, WordDropout};
@@ -26,10 +26,10 @@ proptest! {
     #[test]
     fn schedules_are_sound(p in 1usize..6, m in 1usize..9, t in 1usize..5, two_bw in any::<bool>()) {
         let kind = if two_bw { Kind::TwoBw } else { Kind::OneFOneBFlush };
-        let per_stage: Vec<Vec<Pass>> = (0..p).map(|s| ops(kind, s, p, t, m)).collect();
+        let per_stage: Vec<Vec<MicroPass>> = (0..p).map(|s| ops(kind, s, p, t, m)).collect();
         for (s, list) in per_stage.iter().enumerate() {
-            let mut fwd: Vec<usize> = list.iter().filter_map(|o| match o { Pass::Forward(j) => Some(*j), _ => None }).collect();
-            let mut bwd: Vec<usize> = list.iter().filter_map(|o| match o { Pass::Backward(j) => Some(*j), _ => None }).collect();
+            let mut fwd: Vec<usize> = list.iter().filter_map(|o| match o { MicroPass::Forward(j) => Some(*j), _ => None }).collect();
+            let mut bwd: Vec<usize> = list.iter().filter_map(|o| match o { MicroPass::Backward(j) => Some(*j), _ => None }).collect();
             fwd.sort_unstable();
             bwd.sort_unstable();
             prop_assert_eq!(&fwd, &(0..t * m).collect::<Vec<_>>(), "stage {}", s);
@@ -52,19 +52,19 @@ proptest! {
 /// The simulation rejects broken schedules, so the property above can fail.
 #[test]
 fn simulation_catches_broken_schedules() {
-    let good: Vec<Vec<Pass>> = (0..2).map(|s| ops(Kind::OneFOneBFlush, s, 2, 1, 3)).collect();
+    let good: Vec<Vec<MicroPass>> = (0..2).map(|s| ops(Kind::OneFOneBFlush, s, 2, 1, 3)).collect();
     assert!(simulate(&good, 3).is_ok());
     let mut swapped = good.clone();
     swapped[1].swap(0, 2);
     assert!(simulate(&swapped, 3).unwrap_err().contains("expects micro-batch"));
     let mut early = good.clone();
     early[1] = vec![
-        Pass::Backward(0),
-        Pass::Forward(0),
-        Pass::Forward(1),
-        Pass::Backward(1),
-        Pass::Forward(2),
-        Pass::Backward(2),
+        MicroPass::Backward(0),
+        MicroPass::Forward(0),
+        MicroPass::Forward(1),
+        MicroPass::Backward(1),
+        MicroPass::Forward(2),
+        MicroPass::Backward(2),
     ];
     assert!(simulate(&early, 3).unwrap_err().contains("before its forward"));
     let mut stuck = good;

@@ -112,7 +112,7 @@ fn lock(scheduler: &Mutex<Scheduler>) -> std::sync::MutexGuard<'_, Scheduler> {
 
 /// Schedules minibatches for one engine, on any thread: a trainer plans minibatch k+1 while
 /// the device runs minibatch k, so a forward pass given the plan
-/// ([`Engine::forward_planned`]) spends no time scheduling.
+/// ([`Pass::planned`]) spends no time scheduling.
 #[derive(Clone)]
 pub struct Planner {
     f: Arc<VertexFn>,
@@ -140,6 +140,57 @@ impl Planner {
     }
 }
 
+/// The minibatch of a [`Pass`]: graphs checked and scheduled as it runs, or ahead of it.
+enum Graphs<'a> {
+    Now(&'a [&'a InputGraph]),
+    Planned(Planned<'a>),
+}
+
+/// One forward pass of an [`Engine`] ([`Engine::run`]): its minibatch, each input's rows,
+/// whether it trains, and which vertices' outputs come back.
+///
+/// ```
+/// # use arbor::{engine::Pass, InputGraph, Pull};
+/// # fn passes(graphs: &[&InputGraph], x: &[f32], roots: &[usize]) {
+/// let pulls = [Pull::Rows(x)];
+/// let training = Pass::train(graphs, &pulls); // every vertex's outputs, kept for backward
+/// let at_roots = Pass::train(graphs, &pulls).rows(roots); // only the roots' outputs
+/// let inference = Pass::infer(graphs, &pulls); // keeps nothing for backward
+/// # }
+/// ```
+pub struct Pass<'a> {
+    graphs: Graphs<'a>,
+    pulls: &'a [Pull<'a>],
+    train: bool,
+    rows: Option<&'a [usize]>,
+}
+
+impl<'a> Pass<'a> {
+    /// A training pass over `graphs`: it keeps what [`Engine::backward`] needs.
+    pub fn train(graphs: &'a [&'a InputGraph], pulls: &'a [Pull<'a>]) -> Pass<'a> {
+        Pass { graphs: Graphs::Now(graphs), pulls, train: true, rows: None }
+    }
+
+    /// An inference pass over `graphs`: it keeps nothing for a backward pass, so it needs less
+    /// memory.
+    pub fn infer(graphs: &'a [&'a InputGraph], pulls: &'a [Pull<'a>]) -> Pass<'a> {
+        Pass { graphs: Graphs::Now(graphs), pulls, train: false, rows: None }
+    }
+
+    /// A training pass over a minibatch the engine's [`Planner`] has already checked and
+    /// scheduled (on another thread, while the pass before ran).
+    pub fn planned(planned: Planned<'a>, pulls: &'a [Pull<'a>]) -> Pass<'a> {
+        Pass { graphs: Graphs::Planned(planned), pulls, train: true, rows: None }
+    }
+
+    /// Returns only the vertices `rows` (merged-vertex indices, e.g. the roots a loss reads) of
+    /// each pushed output, in that order: `rows.len()` blocks each. Only those rows leave the
+    /// device; after a training pass, [`Engine::backward`] takes gradients at those rows only.
+    pub fn rows(self, rows: &'a [usize]) -> Pass<'a> {
+        Pass { rows: Some(rows), ..self }
+    }
+}
+
 /// `values` cut into consecutive pieces of the given sizes.
 fn split_sizes<'a>(mut values: &'a mut [f32], sizes: &[usize]) -> Vec<&'a mut [f32]> {
     let mut out = Vec::with_capacity(sizes.len());
@@ -154,9 +205,9 @@ fn split_sizes<'a>(mut values: &'a mut [f32], sizes: &[usize]) -> Vec<&'a mut [f
 
 /// Runs one vertex function over minibatches of input graphs on a backend.
 ///
-/// [`Engine::forward`] runs F over every vertex of a minibatch of graphs, batching the vertices
-/// that are ready at the same step across all graphs, and keeps what [`Engine::backward`] needs;
-/// [`Engine::infer`] keeps nothing. Per-vertex data, in and out, is laid out graph by graph,
+/// [`Engine::run`] runs F over every vertex of a minibatch of graphs (one [`Pass`]), batching the
+/// vertices that are ready at the same step across all graphs; a training pass keeps what
+/// [`Engine::backward`] needs, an inference pass nothing. Per-vertex data, in and out, is laid out graph by graph,
 /// vertex by vertex (the *merged-vertex order*). The engine owns the parameters
 /// ([`Engine::params`], [`Engine::set_params`], [`Engine::update_params`]); the backward pass
 /// returns their gradients and leaves updating them to the caller.
@@ -167,6 +218,7 @@ fn split_sizes<'a>(mut values: &'a mut [f32], sizes: &[usize]) -> Vec<&'a mut [f
 /// with parameters chosen so that the result can be checked by hand:
 ///
 /// ```
+/// use arbor::engine::Pass;
 /// use arbor::{Builder, CpuBackend, Engine, Init, InputGraph, Pull};
 ///
 /// let f = Builder::new("elman", 1);
@@ -182,7 +234,8 @@ fn split_sizes<'a>(mut values: &'a mut [f32], sizes: &[usize]) -> Vec<&'a mut [f
 /// let mut engine = Engine::new(CpuBackend::new(), cell, &params)?;
 /// let (a, b) = (InputGraph::chain(2), InputGraph::chain(3));
 /// let x = vec![1.0; 5 * 2]; // one 2-wide row per vertex: a's 2, then b's 3
-/// let out = engine.forward(&[&a, &b], &[Pull::Rows(&x)])?;
+/// let pulls = [Pull::Rows(&x)];
+/// let out = engine.run(Pass::train(&[&a, &b], &pulls))?;
 /// let h = &out[0]; // the pushed `h`, 5 rows of 3
 /// let h0 = 1f32.tanh(); // x·W = 1 in every column, no child
 /// let h1 = (1.0 + 3.0 * 0.25 * h0).tanh(); // plus h0·U
@@ -195,7 +248,7 @@ fn split_sizes<'a>(mut values: &'a mut [f32], sizes: &[usize]) -> Vec<&'a mut [f
 /// assert!(grads.params[2].iter().all(|&g| g > 0.0)); // dL/db: every h grows with b
 ///
 /// // Inference computes the same values and keeps nothing for a backward pass.
-/// let again = engine.infer(&[&a, &b], &[Pull::Rows(&x)])?;
+/// let again = engine.run(Pass::infer(&[&a, &b], &pulls))?;
 /// assert!(again[0].iter().zip(h).all(|(p, q)| (p - q).abs() < 1e-6));
 /// # Ok::<(), arbor::Error>(())
 /// ```
@@ -212,6 +265,9 @@ pub struct Engine<B: Backend> {
     dropout: DropoutKey,
     /// The masks of the last pass, one per dropout site.
     masks: Vec<Vec<f32>>,
+    /// The vertices whose outputs the last training pass returned (none: all), where
+    /// [`Engine::backward`] takes their gradients.
+    rows: Option<Vec<usize>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -230,6 +286,7 @@ impl<B: Backend> Engine<B> {
             host: Vec::new(),
             dropout: DropoutKey::default(),
             masks: Vec::new(),
+            rows: None,
         };
         e.set_params(params)?;
         Ok(e)
@@ -308,26 +365,6 @@ impl<B: Backend> Engine<B> {
         self.lowering.planner()
     }
 
-    /// [`Engine::forward`] on a minibatch this engine's [`Planner`] has already scheduled;
-    /// with `rows`, returns only those vertices' outputs, as [`Engine::forward_rows`].
-    pub fn forward_planned(
-        &mut self,
-        planned: Planned<'_>,
-        pulls: &[Pull<'_>],
-        rows: Option<&[usize]>,
-    ) -> Result<Vec<Vec<f32>>> {
-        if self.function().dropout_rates().is_empty() {
-            self.lowering.forward_planned(planned, pulls, rows)?;
-        } else {
-            let sizes = planned.sizes.clone();
-            let f = Arc::clone(self.lowering.function_arc());
-            let all = Engine::<B>::with_masks(&f, self.dropout, &mut self.masks, pulls, &sizes, true)?;
-            self.lowering.forward_planned(planned, &all, rows)?;
-        }
-        self.run()?;
-        self.download_outputs(rows)
-    }
-
     /// Replaces every parameter's values.
     pub fn set_params(&mut self, params: &[Vec<f32>]) -> Result<()> {
         let f = self.lowering.function_arc();
@@ -379,63 +416,35 @@ impl<B: Backend> Engine<B> {
         Ok(out)
     }
 
-    /// Runs F over every vertex of `graphs` (one minibatch), keeping what [`Engine::backward`]
-    /// needs. `pulls[i]` gives input `i` for every vertex, graph by graph, vertex by vertex.
-    /// Returns each pushed output the same way.
-    pub fn forward(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>]) -> Result<Vec<Vec<f32>>> {
-        self.run_forward(graphs, pulls, true, None)
-    }
-
-    /// [`Engine::forward`] returning only the vertices `rows` (merged-vertex indices, e.g. the
-    /// roots a loss reads) of each pushed output, in that order: `rows.len()` blocks each. Pair
-    /// it with [`Engine::backward_rows`]: the other vertices' outputs never leave the device.
-    pub fn forward_rows(
-        &mut self,
-        graphs: &[&InputGraph],
-        pulls: &[Pull<'_>],
-        rows: &[usize],
-    ) -> Result<Vec<Vec<f32>>> {
-        self.run_forward(graphs, pulls, true, Some(rows))
-    }
-
-    /// Like [`Engine::forward`], for inference: keeps nothing for a backward pass, so it needs
-    /// less memory.
-    pub fn infer(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>]) -> Result<Vec<Vec<f32>>> {
-        self.run_forward(graphs, pulls, false, None)
-    }
-
-    /// [`Engine::infer`] returning only the vertices `rows` (merged-vertex indices, e.g. the
-    /// roots a classifier reads) of each pushed output, in that order: `rows.len()` blocks each.
-    /// Only those rows leave the device.
-    pub fn infer_rows(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>], rows: &[usize]) -> Result<Vec<Vec<f32>>> {
-        self.run_forward(graphs, pulls, false, Some(rows))
-    }
-
-    fn run_forward(
-        &mut self,
-        graphs: &[&InputGraph],
-        pulls: &[Pull<'_>],
-        train: bool,
-        rows: Option<&[usize]>,
-    ) -> Result<Vec<Vec<f32>>> {
-        check_graphs(self.function(), graphs)?;
-        check_vertices("output rows", graphs.iter().map(|g| g.len()).sum(), rows.unwrap_or_default())?;
-        let schedule = self.lowering.schedule_graphs(graphs);
+    /// Runs F over every vertex of a minibatch as `pass` says (see [`Pass`]): in training,
+    /// keeping what [`Engine::backward`] needs. `pulls[i]` gives input `i` for every vertex,
+    /// graph by graph, vertex by vertex. Returns each pushed output the same way (or only the
+    /// vertices [`Pass::rows`] names).
+    pub fn run(&mut self, pass: Pass<'_>) -> Result<Vec<Vec<f32>>> {
+        let Pass { graphs, pulls, train, rows } = pass;
+        let (schedule, sizes) = match graphs {
+            Graphs::Now(graphs) => {
+                check_graphs(self.function(), graphs)?;
+                (self.lowering.schedule_graphs(graphs), graphs.iter().map(|g| g.len()).collect())
+            }
+            Graphs::Planned(planned) => self.lowering.take_planned(planned)?,
+        };
+        check_vertices("output rows", sizes.iter().sum(), rows.unwrap_or_default())?;
         if self.function().dropout_rates().is_empty() {
             self.lowering.forward_scheduled(schedule, pulls, train)?;
         } else {
-            let sizes: Vec<usize> = graphs.iter().map(|g| g.len()).collect();
             let f = Arc::clone(self.lowering.function_arc());
             let all = Engine::<B>::with_masks(&f, self.dropout, &mut self.masks, pulls, &sizes, train)?;
             self.lowering.forward_scheduled(schedule, &all, train)?;
         }
-        self.run()?;
+        self.rows = rows.map(<[usize]>::to_vec);
+        self.execute()?;
         self.download_outputs(rows)
     }
 
     /// Uploads the host data of the pass just lowered (growing the arena and the index buffer
     /// to its layout; they never shrink) and runs its launches.
-    fn run(&mut self) -> Result<()> {
+    fn execute(&mut self) -> Result<()> {
         let (l, backend) = (&self.lowering, &self.backend);
         let arena = l.memory_plan().len;
         if backend.len(&self.bufs[ARENA]) < arena {
@@ -473,23 +482,20 @@ impl<B: Backend> Engine<B> {
             .collect()
     }
 
-    /// Runs F' over the minibatch of the last [`Engine::forward`], given each pushed output's
-    /// gradient (laid out like the outputs). Returns the gradients of the pulled inputs and of
-    /// the parameters.
+    /// Runs F' over the minibatch of the last training [`Engine::run`], given each pushed
+    /// output's gradient laid out as that pass returned the outputs: every vertex's, or only
+    /// those of the vertices [`Pass::rows`] named (every other vertex's gradient being zero).
+    /// Returns the gradients of the pulled inputs and of the parameters.
     pub fn backward(&mut self, push_grads: &[&[f32]]) -> Result<Gradients> {
-        self.run_backward(None, push_grads)
-    }
-
-    /// [`Engine::backward`] given each pushed output's gradient only at the vertices `rows`
-    /// (merged-vertex indices, each at most once; `rows.len()` blocks per output, in that
-    /// order), every other vertex's being zero: the output of [`Engine::forward_rows`].
-    pub fn backward_rows(&mut self, rows: &[usize], push_grads: &[&[f32]]) -> Result<Gradients> {
-        self.run_backward(Some(rows), push_grads)
+        let rows = self.rows.take();
+        let grads = self.run_backward(rows.as_deref(), push_grads);
+        self.rows = rows;
+        grads
     }
 
     fn run_backward(&mut self, rows: Option<&[usize]>, push_grads: &[&[f32]]) -> Result<Gradients> {
         self.lowering.backward(rows, push_grads)?;
-        self.run()?;
+        self.execute()?;
         let f = Arc::clone(self.lowering.function_arc());
         let n = self.schedule().len();
         let skip = self.lowering.skip_padding_grads();

@@ -124,7 +124,7 @@ impl Lowering {
     }
 
     /// Lowers the forward pass (inference unless `train`) over `graphs` with inputs `pulls`
-    /// (as [`Engine::forward`](super::Engine::forward) takes them) and returns its launches.
+    /// (as [`Engine::run`](super::Engine::run) takes them) and returns its launches.
     pub fn forward(&mut self, graphs: &[&InputGraph], pulls: &[Pull<'_>], train: bool) -> Result<&[Launch]> {
         check_graphs(&self.a.f, graphs)?;
         let schedule = self.schedule_graphs(graphs);
@@ -139,18 +139,12 @@ impl Lowering {
         schedule
     }
 
-    /// [`Lowering::forward`] of a minibatch this lowering's [`Planner`] scheduled.
-    pub(super) fn forward_planned(
-        &mut self,
-        planned: Planned<'_>,
-        pulls: &[Pull<'_>],
-        rows: Option<&[usize]>,
-    ) -> Result<()> {
+    /// The schedule and graph sizes of a minibatch this lowering's [`Planner`] scheduled.
+    pub(super) fn take_planned(&self, planned: Planned<'_>) -> Result<(Schedule, Vec<usize>)> {
         if !Arc::ptr_eq(&planned.scheduler, &self.scheduler) {
             return Err(internal("a minibatch planned for another engine (or before set_policy)".into()));
         }
-        check_vertices("output rows", planned.schedule.len(), rows.unwrap_or_default())?;
-        self.forward_scheduled(planned.schedule, pulls, true)
+        Ok((planned.schedule, planned.sizes))
     }
 
     /// The forward pass over a checked, scheduled minibatch.
@@ -176,13 +170,13 @@ impl Lowering {
 
     /// Lowers the backward pass over the minibatch of the last training forward pass, given
     /// each pushed output's gradient (all vertices, or only `rows`, as
-    /// [`Engine::backward_rows`](super::Engine::backward_rows) takes them).
+    /// [`Engine::backward`](super::Engine::backward) takes them after a pass of [`Pass::rows`](super::Pass::rows)).
     pub fn backward(&mut self, rows: Option<&[usize]>, push_grads: &[&[f32]]) -> Result<&[Launch]> {
         if !self.b.trained {
             return Err(Error::input(
                 "Engine::backward",
-                "a preceding Engine::forward",
-                "no forward pass, or an inference pass (Engine::infer keeps nothing for backward)",
+                "a preceding training pass (Engine::run of Pass::train)",
+                "no forward pass, or an inference pass (Pass::infer keeps nothing for backward)",
             ));
         }
         let f = Arc::clone(&self.a.f);

@@ -32,7 +32,7 @@ impl Kind {
 
 /// One pass of one micro-batch on one stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pass {
+pub enum MicroPass {
     /// The forward pass of micro-batch `j`.
     Forward(usize),
     /// The backward pass of micro-batch `j`.
@@ -40,18 +40,18 @@ pub enum Pass {
 }
 
 /// 1F1B over micro-batches `first..first + n` for stage `stage` of `stages`.
-fn one_f_one_b(stage: usize, stages: usize, first: usize, n: usize, out: &mut Vec<Pass>) {
+fn one_f_one_b(stage: usize, stages: usize, first: usize, n: usize, out: &mut Vec<MicroPass>) {
     let warm = stages.saturating_sub(stage + 1).min(n);
-    out.extend((first..first + warm).map(Pass::Forward));
+    out.extend((first..first + warm).map(MicroPass::Forward));
     for k in 0..n - warm {
-        out.push(Pass::Forward(first + warm + k));
-        out.push(Pass::Backward(first + k));
+        out.push(MicroPass::Forward(first + warm + k));
+        out.push(MicroPass::Backward(first + k));
     }
-    out.extend((first + n - warm..first + n).map(Pass::Backward));
+    out.extend((first + n - warm..first + n).map(MicroPass::Backward));
 }
 
 /// Stage `stage`'s passes over `minibatches` minibatches of `micro_batches` micro-batches each.
-pub fn ops(kind: Kind, stage: usize, stages: usize, minibatches: usize, micro_batches: usize) -> Vec<Pass> {
+pub fn ops(kind: Kind, stage: usize, stages: usize, minibatches: usize, micro_batches: usize) -> Vec<MicroPass> {
     let mut out = Vec::with_capacity(2 * minibatches * micro_batches);
     match kind {
         Kind::OneFOneBFlush => {
@@ -81,7 +81,7 @@ pub struct Trace {
 /// to the previous one, and every receive must get the micro-batch it expects. Errors name the
 /// first violation: a receive that gets another micro-batch, a backward before its forward, a
 /// deadlock, or a message left unreceived.
-pub fn simulate(per_stage: &[Vec<Pass>], micro_batches: usize) -> Result<Trace, String> {
+pub fn simulate(per_stage: &[Vec<MicroPass>], micro_batches: usize) -> Result<Trace, String> {
     let p = per_stage.len();
     let m = micro_batches.max(1);
     // down[s]: stage s → s+1 (activations); up[s]: stage s+1 → s (gradients).
@@ -95,11 +95,11 @@ pub fn simulate(per_stage: &[Vec<Pass>], micro_batches: usize) -> Result<Trace, 
         for s in 0..p {
             let Some(&op) = per_stage[s].get(next[s]) else { continue };
             let inbox = match op {
-                Pass::Forward(_) if s > 0 => Some(&mut down[s - 1]),
-                Pass::Backward(_) if s + 1 < p => Some(&mut up[s]),
+                MicroPass::Forward(_) if s > 0 => Some(&mut down[s - 1]),
+                MicroPass::Backward(_) if s + 1 < p => Some(&mut up[s]),
                 _ => None,
             };
-            let (Pass::Forward(j) | Pass::Backward(j)) = op;
+            let (MicroPass::Forward(j) | MicroPass::Backward(j)) = op;
             if let Some(inbox) = inbox {
                 match inbox.front() {
                     None => continue,
@@ -112,14 +112,14 @@ pub fn simulate(per_stage: &[Vec<Pass>], micro_batches: usize) -> Result<Trace, 
                 }
             }
             match op {
-                Pass::Forward(_) => {
+                MicroPass::Forward(_) => {
                     held[s].push(j);
                     if s + 1 < p {
                         down[s].push_back(j);
                         trace.messages += 1;
                     }
                 }
-                Pass::Backward(_) => {
+                MicroPass::Backward(_) => {
                     let Some(k) = held[s].iter().position(|&h| h == j) else {
                         return Err(format!("stage {s} runs the backward of micro-batch {j} before its forward"));
                     };

@@ -13,7 +13,7 @@
 use crate::checkpoint::{Checkpoint, Lent, Named};
 use crate::dist::data_parallel::{merge, shard, Pending};
 use crate::dist::Collective;
-use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
+use crate::engine::{Engine, Pass, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
 use crate::layers::Embedding;
 use crate::loss_scale::{scale_all, LossScaler};
@@ -145,7 +145,7 @@ pub struct Model<B: Backend> {
 }
 
 /// What the cells' pass is for.
-enum Pass<'p> {
+enum Purpose<'p> {
     /// Training, with the minibatch already scheduled if it is.
     Train(Option<Planned<'p>>),
     /// Inference.
@@ -274,13 +274,15 @@ fn run_pass<B: Backend>(
     train: bool,
     planned: Option<Planned<'_>>,
 ) -> Result<Vec<Vec<f32>>> {
-    match (train, planned, rows) {
-        (true, Some(p), rows) => engine.forward_planned(p, pulls, rows),
-        (true, None, Some(rows)) => engine.forward_rows(graphs, pulls, rows),
-        (true, None, None) => engine.forward(graphs, pulls),
-        (false, _, Some(rows)) => engine.infer_rows(graphs, pulls, rows),
-        (false, _, None) => engine.infer(graphs, pulls),
-    }
+    let pass = match (train, planned) {
+        (true, Some(p)) => Pass::planned(p, pulls),
+        (true, None) => Pass::train(graphs, pulls),
+        (false, _) => Pass::infer(graphs, pulls),
+    };
+    engine.run(match rows {
+        Some(rows) => pass.rows(rows),
+        None => pass,
+    })
 }
 
 impl<B: Backend> Model<B> {
@@ -394,7 +396,7 @@ impl<B: Backend> Model<B> {
 
     /// The head's pushed outputs over `batch`, one block per example (inference).
     pub fn infer(&mut self, batch: &[Example<'_>]) -> Result<Vec<Vec<f32>>> {
-        let (_, inputs, _) = self.read_out(batch, Pass::Infer)?;
+        let (_, inputs, _) = self.read_out(batch, Purpose::Infer)?;
         self.head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())
     }
 
@@ -419,13 +421,13 @@ impl<B: Backend> Model<B> {
     fn read_out<'a>(
         &mut self,
         batch: &[Example<'a>],
-        pass: Pass<'_>,
+        pass: Purpose<'_>,
     ) -> Result<(Layout<'a>, Vec<Vec<f32>>, Option<Pooled>)> {
         let layout = self.layout(batch)?;
         let rows = (self.readout == Readout::Root).then_some(layout.roots.as_slice());
         let (train, mut planned) = match pass {
-            Pass::Train(planned) => (true, planned),
-            Pass::Infer => (false, None),
+            Purpose::Train(planned) => (true, planned),
+            Purpose::Infer => (false, None),
         };
         let dropped =
             train.then(|| with_words_dropped(&self.embedding, self.cells[0].dropout_key(), &layout)).flatten();
@@ -478,7 +480,7 @@ impl<B: Backend> Model<B> {
         planned: Option<Planned<'_>>,
         head_done: &mut HeadDone<'_>,
     ) -> Result<ModelGrads> {
-        let (layout, inputs, pooled) = self.read_out(batch, Pass::Train(planned))?;
+        let (layout, inputs, pooled) = self.read_out(batch, Purpose::Train(planned))?;
         let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         // Under a loss scale every gradient is formed scaled and divided by the scale once final.
         let scale = self.loss_scale.map_or(1.0, |s| s.scale());
@@ -496,7 +498,7 @@ impl<B: Backend> Model<B> {
             readout => {
                 let dh = read_grad(&hg.pulls, k, width, layout.roots.len());
                 match readout {
-                    Readout::Root => self.cells[top].backward_rows(&layout.roots, &[&dh])?,
+                    Readout::Root => self.cells[top].backward(&[&dh])?,
                     _ => {
                         let all = unread(dh, &layout, readout, width, pooled.as_ref());
                         self.cells[top].backward(&[&all])?

@@ -4,8 +4,8 @@
 use super::{Part, PipeSettings};
 use crate::dist::collective::{Collective, Mailbox};
 use crate::dist::data_parallel::{merge, shard};
-use crate::dist::schedule::{self, Kind, Pass};
-use crate::engine::{Engine, Planned, Planner, Pull, SparseGrad};
+use crate::dist::schedule::{self, Kind, MicroPass};
+use crate::engine::{Engine, Pass, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
 use crate::model::{self, layer_prefix, AsExample, Example, Layout, Outputs};
 use crate::optim::{check_finite, clip_to, sum_squares, Optimizer};
@@ -306,9 +306,9 @@ impl<B: Backend> Stage<B> {
                     rank: mail.rank(),
                     msg: format!("no schedule for layer {}", part.first + i),
                 })?;
-                e.forward_planned(plan, &pulls, None)?
+                e.run(Pass::planned(plan, &pulls))?
             } else {
-                e.infer(&layout.graphs, &pulls)?
+                e.run(Pass::infer(&layout.graphs, &pulls))?
             };
             x = out.swap_remove(0);
         }
@@ -541,11 +541,12 @@ impl<B: Backend> Stage<B> {
         let ops = schedule::ops(plan.kind, rank, stages, minibatches.len(), m);
         // The steps of the loop: each forward pass with the backward passes after it (and any
         // backward passes before the first forward), its micro-batch scheduled ahead.
-        let starts: Vec<usize> = (0..ops.len()).filter(|&i| i == 0 || matches!(ops[i], Pass::Forward(_))).collect();
+        let starts: Vec<usize> =
+            (0..ops.len()).filter(|&i| i == 0 || matches!(ops[i], MicroPass::Forward(_))).collect();
         let planners: Vec<Vec<Planner>> =
             self.engines.iter().map(|s| s.iter().map(Engine::planner).collect()).collect();
         let prepare = |u: usize| match ops[starts[u]] {
-            Pass::Forward(j) if micro[j].vertices() > 0 => {
+            MicroPass::Forward(j) if micro[j].vertices() > 0 => {
                 planners[j % slots].iter().map(|p| p.plan(&micro[j].layout.graphs)).collect::<Result<Vec<_>>>()
             }
             _ => Ok(Vec::new()),
@@ -554,13 +555,13 @@ impl<B: Backend> Stage<B> {
             let end = starts.get(u + 1).copied().unwrap_or(ops.len());
             for &op in &ops[starts[u]..end] {
                 match op {
-                    Pass::Forward(j) => {
+                    MicroPass::Forward(j) => {
                         // Minibatch t runs on W(t) after a flush, on W(t−1) under 2BW.
                         let lagging = (j / m).saturating_sub(plan.kind.lag()) as u64;
                         self.catch_up(mail, base + lagging, up)?;
                         self.forward(mail, &micro[j], j % slots, std::mem::take(&mut plans))?;
                     }
-                    Pass::Backward(j) => {
+                    MicroPass::Backward(j) => {
                         if let Some((examples, stats)) = self.backward(mail, &micro[j], j % slots, up.clip.is_some())? {
                             if self.part.head.is_some() {
                                 done(examples, stats);

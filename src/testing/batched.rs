@@ -3,6 +3,7 @@
 use super::{random_params, uniform_rows, Comparisons, Mismatch};
 use crate::batching::{Agenda, ByDepth, ByHeight, Policy};
 use crate::dropout::{self, DropoutKey};
+use crate::engine::Pass;
 use crate::graph::InputGraph;
 use crate::ir::interp::run_graph;
 use crate::ir::VertexFn;
@@ -77,7 +78,7 @@ struct Reference {
 /// computes what the reference interpreter computes one vertex and one graph at a time: pushed
 /// outputs in training and in inference, the pulled inputs' gradients and the parameters'
 /// gradients (summed over the graphs) for random output gradients; with dropout, the same masks.
-/// Also that asking for some rows only (`infer_rows`, `forward_rows`, `backward_rows`) gives
+/// Also that asking for some rows only (`Pass::rows`, in inference, training and the backward pass after it) gives
 /// exactly those rows' bits, and, with [`Batched::table`], that lookups give the rows' results
 /// and the table gradients.
 ///
@@ -120,16 +121,16 @@ pub fn check_batched_with(f: &VertexFn, graphs: &[InputGraph], opts: &Batched) -
         let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).map_err(fail)?;
         engine.set_policy(policy);
         engine.set_dropout_key(key);
-        let inferred = engine.infer(&refs, &pull_refs).map_err(fail)?;
+        let inferred = engine.run(Pass::infer(&refs, &pull_refs)).map_err(fail)?;
         // Some vertices, out of order and one twice: each output's rows of `infer`, in that order.
         let rows: Vec<usize> = (0..total).rev().step_by(3).chain((total > 0).then_some(0)).collect();
-        let picked = engine.infer_rows(&refs, &pull_refs, &rows).map_err(fail)?;
+        let picked = engine.run(Pass::infer(&refs, &pull_refs).rows(&rows)).map_err(fail)?;
         for (o, (got, all)) in picked.iter().zip(&inferred).enumerate() {
             if got != &pick(all, &rows, f.outputs()[o].shape.numel()) {
                 exact.push(format!("{name}: `infer_rows` output {o} differs from those rows of `infer`"));
             }
         }
-        let outputs = engine.forward(&refs, &pull_refs).map_err(fail)?;
+        let outputs = engine.run(Pass::train(&refs, &pull_refs)).map_err(fail)?;
         let grads = engine.backward(&grad_refs).map_err(fail)?;
         for (o, (got, want)) in inferred.iter().zip(&want.inferred).enumerate() {
             close(&format!("{name}: inferred output {o}"), got, want);
@@ -158,14 +159,14 @@ pub fn check_batched_with(f: &VertexFn, graphs: &[InputGraph], opts: &Batched) -
                     .collect::<Vec<f32>>(),
             );
         }
-        let picked = engine.forward_rows(&refs, &pull_refs, &some).map_err(fail)?;
+        let picked = engine.run(Pass::train(&refs, &pull_refs).rows(&some)).map_err(fail)?;
         for (o, (got, all)) in picked.iter().zip(&outputs).enumerate() {
             if got != &pick(all, &some, f.outputs()[o].shape.numel()) {
                 exact.push(format!("{name}: `forward_rows` output {o} differs from those rows of `forward`"));
             }
         }
-        let got = engine.backward_rows(&some, &sparse.iter().map(Vec::as_slice).collect::<Vec<_>>()).map_err(fail)?;
-        engine.forward(&refs, &pull_refs).map_err(fail)?;
+        let got = engine.backward(&sparse.iter().map(Vec::as_slice).collect::<Vec<_>>()).map_err(fail)?;
+        engine.run(Pass::train(&refs, &pull_refs)).map_err(fail)?;
         let all = engine.backward(&dense.iter().map(Vec::as_slice).collect::<Vec<_>>()).map_err(fail)?;
         if (got.pulls, got.params) != (all.pulls, all.params) {
             exact.push(format!("{name}: `backward_rows` differs from `backward` with zeros at the other rows"));
@@ -180,7 +181,7 @@ pub fn check_batched_with(f: &VertexFn, graphs: &[InputGraph], opts: &Batched) -
             .collect();
         let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).map_err(fail)?;
         engine.set_dropout_key(key);
-        let outputs = engine.forward(&refs, &lookups).map_err(fail)?;
+        let outputs = engine.run(Pass::train(&refs, &lookups)).map_err(fail)?;
         let grads = engine.backward(&grad_refs).map_err(fail)?;
         for (o, (got, want)) in outputs.iter().zip(&want.outputs).enumerate() {
             close(&format!("lookup: output {o}"), got, want);

@@ -2,6 +2,7 @@
 
 use super::{random_params, uniform_rows, EntryKind, GradComparisons, GradReport, Mismatch, Tolerance};
 use crate::dropout::DropoutKey;
+use crate::engine::Pass;
 use crate::graph::InputGraph;
 use crate::ir::VertexFn;
 use crate::rng::Rng;
@@ -64,7 +65,7 @@ pub fn check_gradients(f: &VertexFn, graphs: &[InputGraph], opts: &GradCheck) ->
     // L and the magnitude of its terms, in f64 over the engine's f32 outputs.
     let objective = |engine: &mut Engine<CpuBackend>, pulls: &[Vec<f32>]| -> crate::Result<(f64, f64)> {
         let rows: Vec<Pull> = pulls.iter().map(|p| Pull::Rows(p)).collect();
-        let outputs = engine.forward(&refs, &rows)?;
+        let outputs = engine.run(Pass::train(&refs, &rows))?;
         let mut total = (0.0, 0.0);
         for (out, w) in outputs.iter().zip(&weights) {
             for (&y, &w) in out.iter().zip(w) {
