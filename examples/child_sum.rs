@@ -26,7 +26,7 @@ fn main() -> arbor::Result<()> {
         }
     })?;
     // `root_accuracy`, then `phrase_accuracy` (over every vertex).
-    let scores: Vec<String> = run.test_scores.iter().map(|(name, v)| format!("{name} {v:.4}")).collect();
-    println!("test {} at the best dev epoch ({})", scores.join(", "), run.best_epoch);
+    let scores: Vec<String> = run.test_scores().iter().map(|(name, v)| format!("{name} {v:.4}")).collect();
+    println!("test {} at the best dev epoch ({})", scores.join(", "), run.best_epoch());
     Ok(())
 }

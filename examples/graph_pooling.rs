@@ -101,6 +101,6 @@ fn main() -> arbor::Result<()> {
             }
         }
     })?;
-    println!("held-out accuracy {:.3} after {} epochs", run.test_acc, plan.epochs);
+    println!("held-out accuracy {:.3} after {} epochs", run.test_acc(), plan.epochs);
     Ok(())
 }

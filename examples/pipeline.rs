@@ -49,7 +49,7 @@ fn main() -> arbor::Result<()> {
     println!(
         "{kind:?}: {:.0} sentences/s, test root accuracy {:.4}",
         summary.sentences as f64 / summary.train_seconds,
-        runs[0].test_acc
+        runs[0].test_acc()
     );
     Ok(())
 }

@@ -67,6 +67,6 @@ fn main() -> arbor::Result<()> {
             println!("epoch {epoch}: training MSE {loss:.4}, dev MSE {:.4}", -dev);
         }
     })?;
-    println!("test MSE {:.4} at the best dev epoch ({})", -run.test_acc, run.best_epoch);
+    println!("test MSE {:.4} at the best dev epoch ({})", -run.test_acc(), run.best_epoch());
     Ok(())
 }

@@ -36,7 +36,7 @@ fn main() -> arbor::Result<()> {
             println!("epoch {epoch}: mean KL {loss:.4}, dev Pearson {dev:.4}");
         }
     })?;
-    let scores: Vec<String> = run.test_scores.iter().map(|(name, v)| format!("{name} {v:.4}")).collect();
-    println!("test {} (at the best dev Pearson, {:.4})", scores.join(", "), run.best_dev);
+    let scores: Vec<String> = run.test_scores().iter().map(|(name, v)| format!("{name} {v:.4}")).collect();
+    println!("test {} (at the best dev Pearson, {:.4})", scores.join(", "), run.best_dev());
     Ok(())
 }

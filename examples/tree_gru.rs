@@ -66,6 +66,6 @@ fn main() -> arbor::Result<()> {
             println!("epoch {epoch}: loss {loss:.4}, dev root accuracy {dev:.4}");
         }
     })?;
-    println!("test root accuracy {:.4} at the best dev epoch ({})", run.test_acc, run.best_epoch);
+    println!("test root accuracy {:.4} at the best dev epoch ({})", run.test_acc(), run.best_epoch());
     Ok(())
 }

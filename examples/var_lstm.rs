@@ -32,6 +32,6 @@ fn main() -> arbor::Result<()> {
             println!("epoch {epoch}: loss {loss:.4}, dev accuracy {dev:.4}");
         }
     })?;
-    println!("test accuracy {:.4} at the best dev epoch ({})", run.test_acc, run.best_epoch);
+    println!("test accuracy {:.4} at the best dev epoch ({})", run.test_acc(), run.best_epoch());
     Ok(())
 }

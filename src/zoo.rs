@@ -35,7 +35,7 @@ pub fn classifier<B: Backend>(
     for f in cells {
         model = model.stack(f, rng)?;
     }
-    for e in &mut model.cells {
+    for e in model.cells_mut() {
         e.set_dropout_key(DropoutKey { seed: seed.wrapping_add(e.dropout_key().seed), ..e.dropout_key() });
     }
     Ok(model.with_readout(readout))

@@ -122,10 +122,10 @@ fn workers_draw_the_dropout_masks_of_one() {
     let with_dropout = || {
         let cell = nn::CellKind::TreeLstm.cell_with_dropout(8, 12, nn::CellDropout::all(0.3)).expect("the cell builds");
         let mut m = classifier(cell, 3);
-        m.cells[0].set_dropout_key(DropoutKey { seed: 11, ..DropoutKey::default() });
+        m.cells_mut()[0].set_dropout_key(DropoutKey { seed: 11, ..DropoutKey::default() });
         let mut counts = vec![0; synthetic::vocab().len()];
         trees.iter().flat_map(|e| &e.words).for_each(|&w| counts[w as usize] += 1);
-        m.embedding = m.embedding.clone().with_word_dropout(WordDropout::by_frequency(UNK, &counts, 20.0));
+        *m.embedding_mut() = m.embedding().clone().with_word_dropout(WordDropout::by_frequency(UNK, &counts, 20.0));
         m
     };
     let one = values(&data_parallel(&with_dropout(), 1, &data, (40, 4), opt)[0]);
@@ -301,8 +301,8 @@ fn a_pair_model_on_the_training_loop_with_workers_equals_one() {
         let summary = fit_threads(&mut run, workers, Duration::from_secs(60), splits, &settings, &mut |_| {})
             .expect("the run trains");
         let values: Vec<(String, Vec<f32>)> =
-            run.model.tensors().expect("tensors").into_iter().map(|(n, _, v)| (n, v)).collect();
-        (values, summary, run.test_scores)
+            run.model().tensors().expect("tensors").into_iter().map(|(n, _, v)| (n, v)).collect();
+        (values, summary, run.test_scores().clone())
     };
     let (one, summary, scores) = run(1);
     assert_eq!(summary.sentences, 240);

@@ -138,7 +138,7 @@ fn sst_training_on_the_gpu_reaches_the_cpu_bar() {
     let train = Labelled::all(&splits.train, LossOn::All, sst::CLASSES);
     let plan = Settings { clip: Some(5.0), ..Settings::new(2, 25) };
     let losses = run.fit_local(Splits { train: &train, dev: &[], test: &[] }, &plan).unwrap().loss_curve;
-    let acc = run.model.score(&Labelled::all(&splits.test, LossOn::All, sst::CLASSES)).unwrap()[0].1;
+    let acc = run.model_mut().score(&Labelled::all(&splits.test, LossOn::All, sst::CLASSES)).unwrap()[0].1;
     assert!(losses[1] < losses[0], "loss did not fall: {losses:?}");
     // The bar of tests/training.rs for the same run on the CPU.
     assert!(acc >= 0.40, "fine-grained test root accuracy {acc}");
@@ -191,7 +191,7 @@ fn a_training_run_on_the_gpu_follows_the_cpu_run() {
     let mut cpu =
         arbor::zoo::tree_classifier(cell, synthetic::vocab().len(), synthetic::CLASSES, LossOn::All, &mut rng).unwrap();
     cpu.restore(&ck).unwrap();
-    let (a, b) = (gpu.model.score(&dev).unwrap()[0].1, cpu.score(&dev).unwrap()[0].1);
+    let (a, b) = (gpu.model_mut().score(&dev).unwrap()[0].1, cpu.score(&dev).unwrap()[0].1);
     assert!((a - b).abs() <= 0.02, "GPU accuracy {a}, the same parameters on the CPU {b}");
 }
 

@@ -230,7 +230,7 @@ fn a_model_needs_a_feed_per_input_and_a_head_as_wide_as_its_cell() {
         .expect("refused");
     assert!(err.to_string().contains("head inputs") && err.to_string().contains("2 wide"), "{err}");
     let model = zoo::tree_classifier(two_outputs(), 5, 2, LossOn::All, &mut rng).unwrap();
-    assert_eq!(model.head.function().inputs()[0].shape.numel(), 2, "the head reads the first output");
+    assert_eq!(model.head().function().inputs()[0].shape.numel(), 2, "the head reads the first output");
 }
 
 /// Word dropout replaces a word seen `c` times by the unknown word at rate α / (α + c), never the
@@ -279,15 +279,15 @@ fn a_training_step_trains_the_unknown_word_for_the_dropped_ones() {
     let mut model = zoo::tree_classifier(nn::tree_lstm(4, 4).unwrap(), 5, 3, LossOn::Root, &mut rng).unwrap();
     assert_eq!(PAD, 0);
     let words = WordDropout::by_frequency(1, &[0, 0, 1, 1, 1], 1e6);
-    model.embedding = model.embedding.clone().with_word_dropout(words);
-    let before = model.embedding.table().to_vec();
+    *model.embedding_mut() = model.embedding().clone().with_word_dropout(words);
+    let before = model.embedding().table().to_vec();
     let tree = InputGraph::balanced_binary(2);
     let ids = [2, 3, 0];
     // The loss on the root (vertex 2), of class 1.
     let example = Example { trees: vec![Tree::new(&tree, &ids, 2)], target: onehot(&[Some(1)], 3) };
     let mut opt = Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.5));
     model.step(&[example], &mut opt, None).unwrap();
-    let moved = |id: usize| before[id * 4..][..4] != model.embedding.table()[id * 4..][..4];
+    let moved = |id: usize| before[id * 4..][..4] != model.embedding().table()[id * 4..][..4];
     assert!(moved(1), "the unknown word's vector did not move");
     assert!(!moved(2) && !moved(3) && !moved(4), "a dropped word's vector moved");
 }

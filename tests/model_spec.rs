@@ -116,9 +116,9 @@ fn a_model_of_ones_own_loads_from_its_checkpoint_alone() {
     // The best epoch's model, from the folder alone, predicts what the trained model did at
     // its best epoch (scored again here).
     let mut loaded = Model::load(&dir, &CpuBackend::new()).unwrap();
-    assert_eq!(loaded.readout, Readout::Mean);
+    assert_eq!(loaded.readout(), Readout::Mean);
     let scores = loaded.score(&data[40..]).unwrap();
-    assert_eq!(scores[0].1, run.best_dev, "{scores:?} vs best dev {}", run.best_dev);
+    assert_eq!(scores[0].1, run.best_dev(), "{scores:?} vs best dev {}", run.best_dev());
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -134,7 +134,7 @@ fn a_tree_classifier_loads_and_scores_as_trained() {
     let (train, dev) = (Labelled::all(&train, LossOn::All, classes), Labelled::all(&dev, LossOn::All, classes));
     run.fit_local(Splits { train: &train, dev: &dev, test: &dev }, &Settings::new(2, 16).checkpoint(&dir)).unwrap();
     let mut loaded = Model::load(&dir, &CpuBackend::new()).unwrap();
-    assert_eq!(loaded.score(&dev).unwrap(), run.test_scores);
+    assert_eq!(&loaded.score(&dev).unwrap(), run.test_scores());
     // A checkpoint written before models described themselves says so.
     let last = dir.join("last");
     let mut ck = arbor::checkpoint::Checkpoint::load(&last).unwrap();

@@ -282,7 +282,8 @@ fn word_dropout_in_stages_drops_what_the_model_drops() {
     let dropping = || {
         let mut m = model();
         let every_word_once = vec![1; synthetic::vocab().len()];
-        m.embedding = m.embedding.clone().with_word_dropout(WordDropout::by_frequency(UNK, &every_word_once, 0.5));
+        *m.embedding_mut() =
+            m.embedding().clone().with_word_dropout(WordDropout::by_frequency(UNK, &every_word_once, 0.5));
         m
     };
     let whole = stepped(dropping(), &batches);
@@ -360,10 +361,10 @@ fn stages_in_the_one_loop_checkpoint_and_resume_exactly() {
         if resume {
             let ck = Checkpoint::load(&dir.join("last")).expect("the stopped run's checkpoint");
             runs.iter_mut().for_each(|r| r.resume(&ck, &plan.meta).expect("resumes"));
-            assert_eq!(runs[0].pos.steps, 4);
+            assert_eq!(runs[0].position().steps, 4);
         }
         fit_together(runs.iter_mut().collect(), Duration::from_secs(60), splits, &plan, &mut |_| {}).expect("trains");
-        (dir, runs.pop().expect("a last stage").test_scores)
+        (dir, runs.pop().expect("a last stage").test_scores().clone())
     };
     let (whole, scores) = fit("whole", None, false);
     fit("stopped", Some(4), false);

@@ -26,7 +26,7 @@ fn fit(
     let plan = Settings { clip: Some(5.0), ..Settings::new(epochs, 25) };
     let summary = run.fit_local(Splits { train: &train, dev: &[], test: &[] }, &plan).unwrap();
     let losses = summary.loss_curve;
-    (run.model, losses[0], losses[epochs - 1])
+    (run.into_model(), losses[0], losses[epochs - 1])
 }
 
 /// Root accuracy on `test`.

@@ -53,12 +53,14 @@ fn a_power_of_two_scale_changes_nothing() {
     let data = labelled(&data);
     let run = |scale: Option<LossScaler>| {
         let mut m = model(7);
-        m.loss_scale = scale;
+        if let Some(scale) = scale {
+            m = m.with_loss_scale(scale);
+        }
         let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.01));
         for b in data.chunks(4) {
             step(&mut m, b, &mut opt, Some(5.0));
         }
-        (params(&m), m.loss_scale)
+        (params(&m), m.loss_scale())
     };
     let (plain, _) = run(None);
     let (scaled, scaler) = run(Some(LossScaler::new(4096.0, 0)));
@@ -73,7 +75,7 @@ fn an_overflowing_step_is_skipped_and_the_scale_halves() {
     let data = synthetic::generate(4, 8, 5);
     let data = labelled(&data);
     let mut m = model(3);
-    m.loss_scale = Some(LossScaler::new(2f32.powi(100), 0));
+    m = m.with_loss_scale(LossScaler::new(2f32.powi(100), 0));
     let mut opt = Optimizer::new(Config::new(Rule::Sgd { momentum: 0.0 }, 0.1));
     let before = params(&m);
     // Targets of 1e30 (in place of 1) give the gradient entering the backward pass, scaled by
@@ -93,7 +95,7 @@ fn an_overflowing_step_is_skipped_and_the_scale_halves() {
     assert!(grads.cells.iter().flatten().flatten().any(|x| !x.is_finite()), "the scaled backward pass overflowed");
     assert!(!m.apply(&mut grads, &mut opt, None).unwrap(), "the step was applied");
     assert_eq!(params(&m), before);
-    let scaler = m.loss_scale.unwrap();
+    let scaler = m.loss_scale().unwrap();
     assert_eq!((scaler.scale(), scaler.skipped()), (2f32.powi(99), 1));
 
     step(&mut m, &data, &mut opt, None);
@@ -151,9 +153,9 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     };
     let (plain, plain_summary) = fit(None, 1);
     let (averaged, summary) = fit(Some(0.9), 1);
-    assert_eq!(params(&averaged.model), params(&plain.model), "averaging changed training");
-    let avg = averaged.average.as_ref().expect("the run averages");
-    let trained = params(&averaged.model);
+    assert_eq!(params(averaged.model()), params(plain.model()), "averaging changed training");
+    let avg = averaged.average().expect("the run averages");
+    let trained = params(averaged.model());
     assert!(avg.tensors().iter().zip(&trained).any(|(a, t)| a.2 != *t), "the average is the last step");
     // Scored: the model restored from the average gives the last epoch's dev accuracy.
     let mut scored = model(5);
@@ -164,12 +166,12 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     let best = arbor::checkpoint::Checkpoint::load(&dir.join("best")).unwrap();
     let mut kept = model(5);
     kept.restore(&best).unwrap();
-    assert_eq!(accuracy(&mut kept, splits.dev), averaged.best_dev);
-    assert_eq!(accuracy(&mut kept, splits.test), averaged.test_acc);
+    assert_eq!(accuracy(&mut kept, splits.dev), averaged.best_dev());
+    assert_eq!(accuracy(&mut kept, splits.test), averaged.test_acc());
     // Two workers keep the same average.
     let (two, _) = fit(Some(0.9), 2);
     let close = two
-        .average
+        .average()
         .unwrap()
         .tensors()
         .iter()
@@ -228,7 +230,7 @@ fn a_model_reading_every_vertex_trains_on_the_mean_over_labelled_vertices() {
                 chunk.iter().map(|&i| data[i].labels.iter().filter(|&&l| (l as usize) < classes).count()).sum();
             alike += usize::from(labelled == chunk.len());
             let mut grads = by_hand.gradients(&examples, labelled, None).unwrap();
-            let loss: f32 = grads.outputs[by_hand.head.loss_output()].iter().sum();
+            let loss: f32 = grads.outputs[by_hand.head().loss_output()].iter().sum();
             sum += f64::from(loss / labelled as f32);
             assert!(by_hand.apply(&mut grads, &mut opt, None).unwrap());
         }
@@ -236,7 +238,7 @@ fn a_model_reading_every_vertex_trains_on_the_mean_over_labelled_vertices() {
     }
     assert_eq!(alike, 0, "a minibatch of one labelled vertex per tree tells the two means apart");
     assert_eq!(got.loss_curve, losses, "the run's losses");
-    assert_eq!(params(&run.model), params(&by_hand), "the run's steps");
+    assert_eq!(params(run.model()), params(&by_hand), "the run's steps");
 }
 
 /// Epoch hooks: a run stops after the epoch its hook says, `patience` stops after that many
@@ -254,12 +256,12 @@ fn epoch_hooks_stop_a_run_and_schedule_its_learning_rate() {
         (run, summary)
     };
     let (run, summary) = fit(&Settings::new(10, 10).stop_when(|e| e.epoch == 3));
-    assert_eq!((summary.loss_curve.len(), run.pos.epoch, run.pos.steps), (3, 4, 12));
-    assert_eq!(run.last_epoch.map(|e| e.epoch), Some(3));
+    assert_eq!((summary.loss_curve.len(), run.position().epoch, run.position().steps), (3, 4, 12));
+    assert_eq!(run.last_epoch().map(|e| e.epoch), Some(3));
     // Resumed from that state, the hook is asked again before anything is trained.
     let (mut again, plan) = (run, Settings::new(10, 10).stop_when(|e| e.epoch == 3));
     let summary = fit_threads(&mut again, 1, Duration::from_secs(60), splits, &plan, &mut |_| {}).unwrap();
-    assert!(summary.loss_curve.is_empty() && again.pos.steps == 12);
+    assert!(summary.loss_curve.is_empty() && again.position().steps == 12);
     let patience = Settings::new(10, 10).patience(2);
     let hook = patience.on_epoch.as_ref().unwrap();
     let end = |epoch, best_epoch| EpochEnd { epoch, loss: 0.1, dev: 0.5, best_dev: 0.6, best_epoch };
@@ -269,11 +271,11 @@ fn epoch_hooks_stop_a_run_and_schedule_its_learning_rate() {
     let frozen =
         Settings { lr_schedule: Some(std::sync::Arc::new(|e| if e >= 2 { 0.0 } else { 1.0 })), ..Settings::new(2, 10) };
     let (two, _) = fit(&frozen);
-    assert_eq!(one.model.tensors().unwrap(), two.model.tensors().unwrap());
+    assert_eq!(one.model().tensors().unwrap(), two.model().tensors().unwrap());
     let (decayed, _) = fit(&Settings::new(2, 10).lr_decay(0.5));
     let (plain, _) = fit(&Settings::new(2, 10));
-    assert_ne!(decayed.model.tensors().unwrap(), plain.model.tensors().unwrap());
-    assert_eq!(fit(&Settings::new(2, 10).lr_decay(1.0)).0.model.tensors().unwrap(), plain.model.tensors().unwrap());
+    assert_ne!(decayed.model().tensors().unwrap(), plain.model().tensors().unwrap());
+    assert_eq!(fit(&Settings::new(2, 10).lr_decay(1.0)).0.model().tensors().unwrap(), plain.model().tensors().unwrap());
 }
 
 /// A run whose settings record nothing about the model (`Settings::new`) still writes
@@ -291,6 +293,6 @@ fn checkpoints_of_default_settings_resume() {
     fit_threads(&mut run, 1, Duration::from_secs(60), splits, &plan, &mut |_| {}).unwrap();
     let mut resumed = fresh();
     resumed.resume(&arbor::checkpoint::Checkpoint::load(&dir.join("last")).unwrap(), &plan.meta).unwrap();
-    assert_eq!((resumed.pos, resumed.best_epoch), (run.pos, run.best_epoch));
+    assert_eq!((resumed.position(), resumed.best_epoch()), (run.position(), run.best_epoch()));
     std::fs::remove_dir_all(&dir).ok();
 }

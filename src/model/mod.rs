@@ -129,19 +129,19 @@ pub struct Example<'a> {
 /// ```
 pub struct Model<B: Backend> {
     /// The word vectors.
-    pub embedding: Embedding,
+    embedding: Embedding,
     /// The vertex functions' engines, bottom first: the bottom one pulls what [`Model::feeds`]
     /// say, each one above pulls the first output the one below pushed at the same vertex (see
     /// [`Model::stack`]).
-    pub cells: Vec<Engine<B>>,
+    cells: Vec<Engine<B>>,
     /// What feeds each of the vertex function's inputs.
-    pub feeds: Vec<Feed>,
+    feeds: Vec<Feed>,
     /// The head.
-    pub head: Head<B>,
+    head: Head<B>,
     /// How each graph's row is read out for the head ([`Readout::Root`] unless set).
-    pub readout: Readout,
+    readout: Readout,
     /// A loss scale for half-precision products (none: gradients are not scaled).
-    pub loss_scale: Option<LossScaler>,
+    loss_scale: Option<LossScaler>,
 }
 
 /// What the cells' pass is for.
@@ -286,6 +286,46 @@ fn run_pass<B: Backend>(
 }
 
 impl<B: Backend> Model<B> {
+    /// The word vectors.
+    pub fn embedding(&self) -> &Embedding {
+        &self.embedding
+    }
+
+    /// The word vectors, to change (pre-trained rows, word dropout).
+    pub fn embedding_mut(&mut self) -> &mut Embedding {
+        &mut self.embedding
+    }
+
+    /// The vertex functions' engines, bottom first (see [`Model::stack`]).
+    pub fn cells(&self) -> &[Engine<B>] {
+        &self.cells
+    }
+
+    /// The engines, to change (their parameters, dropout keys or skipping of padding rows).
+    pub fn cells_mut(&mut self) -> &mut [Engine<B>] {
+        &mut self.cells
+    }
+
+    /// What feeds each of the bottom vertex function's inputs.
+    pub fn feeds(&self) -> &[Feed] {
+        &self.feeds
+    }
+
+    /// The head.
+    pub fn head(&self) -> &Head<B> {
+        &self.head
+    }
+
+    /// The head, to change (its dropout key, its engine's parameters).
+    pub fn head_mut(&mut self) -> &mut Head<B> {
+        &mut self.head
+    }
+
+    /// How each graph's row is read out for the head.
+    pub fn readout(&self) -> Readout {
+        self.readout
+    }
+
     /// A model; checks that the feeds match the vertex function's inputs (each as wide as a word
     /// vector), that [`Feed::ParentWords`] has a padding row, and that the head reads rows as
     /// wide as the cell pushes, then a target.
@@ -375,6 +415,11 @@ impl<B: Backend> Model<B> {
     pub fn with_loss_scale(mut self, scaler: LossScaler) -> Model<B> {
         self.loss_scale = Some(scaler);
         self
+    }
+
+    /// The loss scale, as the steps so far have moved it (none: gradients are not scaled).
+    pub fn loss_scale(&self) -> Option<LossScaler> {
+        self.loss_scale
     }
 
     /// The top vertex function's engine (whose first output the head reads).

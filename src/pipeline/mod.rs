@@ -84,7 +84,7 @@ impl Part {
     /// Cuts `model` into `stages` parts of whole layers, as even as the layer count allows
     /// (copies of its learned values).
     pub fn split<B: Backend>(model: &Model<B>, stages: usize) -> Result<Vec<Part>> {
-        let n = model.cells.len();
+        let n = model.cells().len();
         if stages == 0 || stages > n {
             return Err(Error::input(
                 "pipeline stages",
@@ -92,20 +92,20 @@ impl Part {
                 stages.to_string(),
             ));
         }
-        let mut layers = model.cells.iter().map(Layer::of).collect::<Result<Vec<_>>>()?.into_iter();
+        let mut layers = model.cells().iter().map(Layer::of).collect::<Result<Vec<_>>>()?.into_iter();
         let head = Layer {
-            f: model.head.function().clone(),
-            params: model.head.params()?,
-            seed: model.head.dropout_key().seed,
+            f: model.head().function().clone(),
+            params: model.head().params()?,
+            seed: model.head().dropout_key().seed,
         };
-        let (mut input, mut head) = (Some((model.embedding.clone(), model.feeds.clone())), Some(head));
+        let (mut input, mut head) = (Some((model.embedding().clone(), model.feeds().to_vec())), Some(head));
         Ok((0..stages)
             .map(|s| Part {
                 input: if s == 0 { input.take() } else { None },
                 first: s * n / stages,
                 layers: layers.by_ref().take((s + 1) * n / stages - s * n / stages).collect(),
                 head: if s + 1 == stages { head.take() } else { None },
-                readout: model.readout,
+                readout: model.readout(),
                 graphs: model.graphs_per_example(),
                 spec: Some(model.spec().to_json()),
             })

@@ -30,7 +30,7 @@ pub fn check_model_gradients(
     let what = format!("gradients of a model over {} examples", batch.len());
     let fail = |e: crate::Error| Mismatch::other(what.clone(), e.to_string());
     let n = batch.len().max(1);
-    let loss_at = model.head.loss_output();
+    let loss_at = model.head().loss_output();
     // The mean loss and the magnitude of its terms, in training mode without an update.
     let loss = |model: &mut Model<CpuBackend>| -> crate::Result<(f64, f64)> {
         let out = model.gradients(batch, n, None)?;
@@ -43,9 +43,9 @@ pub fn check_model_gradients(
     let shapes = |f: &crate::VertexFn| -> Vec<(String, usize)> {
         f.params().iter().map(|p| (p.name.clone(), p.shape.cols().max(1))).collect()
     };
-    let cell_shapes: Vec<Vec<(String, usize)>> = model.cells.iter().map(|e| shapes(e.function())).collect();
-    let head_shapes = shapes(model.head.function());
-    let dim = model.embedding.dim();
+    let cell_shapes: Vec<Vec<(String, usize)>> = model.cells().iter().map(|e| shapes(e.function())).collect();
+    let head_shapes = shapes(model.head().function());
+    let dim = model.embedding().dim();
     let mut rng = Rng::new(opts.seed);
     let mut targets: Vec<(Part, usize, f32)> = Vec::new();
     for (k, layer) in grads.cells.iter().enumerate() {
@@ -73,8 +73,8 @@ pub fn check_model_gradients(
         }
     };
     let mut cell_params: Vec<Vec<Vec<f32>>> =
-        model.cells.iter().map(|e| e.params()).collect::<crate::Result<_>>().map_err(fail)?;
-    let mut head_params = model.head.params().map_err(fail)?;
+        model.cells().iter().map(|e| e.params()).collect::<crate::Result<_>>().map_err(fail)?;
+    let mut head_params = model.head().params().map_err(fail)?;
     let mut check = GradComparisons::new(what.clone(), opts.tolerance, scale);
     for (part, e, analytic) in targets {
         // Sets the entry to `value` (its original when `value` is `None`), returns the original.
@@ -82,13 +82,13 @@ pub fn check_model_gradients(
             let slot = match part {
                 Part::Cell(k, p) => &mut cell_params[k][p][e],
                 Part::Head(p) => &mut head_params[p][e],
-                Part::Word(r) => &mut model.embedding.table_mut()[r as usize * dim + e],
+                Part::Word(r) => &mut model.embedding_mut().table_mut()[r as usize * dim + e],
             };
             let old = *slot;
             *slot = value.unwrap_or(old);
             match part {
-                Part::Cell(k, _) => model.cells[k].set_params(&cell_params[k])?,
-                Part::Head(_) => model.head.engine().set_params(&head_params)?,
+                Part::Cell(k, _) => model.cells_mut()[k].set_params(&cell_params[k])?,
+                Part::Head(_) => model.head_mut().engine().set_params(&head_params)?,
                 Part::Word(_) => {}
             }
             Ok(old)

@@ -214,29 +214,29 @@ pub struct Summary {
 /// is a [`Learner`].
 pub struct Run<L> {
     /// The model.
-    pub model: L,
+    model: L,
     /// The optimizer and its state.
-    pub opt: Optimizer,
+    opt: Optimizer,
     /// Where the data iterator stands.
-    pub pos: Position,
+    pos: Position,
     /// Best dev score so far (root accuracy for a classifier); −∞ before the first epoch's end.
-    pub best_dev: f64,
+    best_dev: f64,
     /// The test score at the best dev score; NaN before the first epoch's end.
-    pub test_acc: f64,
+    test_acc: f64,
     /// Every test score at the best dev score (the first is `test_acc`); none before the first
     /// epoch's end.
-    pub test_scores: Scores,
+    test_scores: Scores,
     /// A moving average of the learned tensors, updated after every step, that is scored (and
     /// kept as `best/`) in place of the trained values; none by default (see
     /// [`Run::with_average`]).
-    pub average: Option<Average>,
+    average: Option<Average>,
     /// The summed training losses of the current epoch's steps so far (`pos.step_in_epoch` of
     /// them), kept in checkpoints so that a resumed epoch reports the loss of the whole epoch.
-    pub epoch_loss: f64,
+    epoch_loss: f64,
     /// The epoch of the best dev score (0 before any).
-    pub best_epoch: usize,
+    best_epoch: usize,
     /// What the last evaluated epoch reported (for [`Settings::on_epoch`], also after a resume).
-    pub last_epoch: Option<EpochEnd>,
+    last_epoch: Option<EpochEnd>,
 }
 
 fn meta_error(key: &str, got: &Value) -> Error {
@@ -244,6 +244,68 @@ fn meta_error(key: &str, got: &Value) -> Error {
 }
 
 impl<L> Run<L> {
+    /// The model.
+    pub fn model(&self) -> &L {
+        &self.model
+    }
+
+    /// The model, to change (e.g. its word vectors before training).
+    pub fn model_mut(&mut self) -> &mut L {
+        &mut self.model
+    }
+
+    /// The model, the run ended.
+    pub fn into_model(self) -> L {
+        self.model
+    }
+
+    /// The model and the optimizer with its state, the run ended (to go on in a fresh run).
+    pub fn into_parts(self) -> (L, Optimizer) {
+        (self.model, self.opt)
+    }
+
+    /// The optimizer and its state.
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.opt
+    }
+
+    /// Where the data iterator stands.
+    pub fn position(&self) -> Position {
+        self.pos
+    }
+
+    /// The best dev score so far (root accuracy for a classifier); −∞ before the first epoch's
+    /// end.
+    pub fn best_dev(&self) -> f64 {
+        self.best_dev
+    }
+
+    /// The epoch of the best dev score (0 before any).
+    pub fn best_epoch(&self) -> usize {
+        self.best_epoch
+    }
+
+    /// The main test score at the best dev score; NaN before the first epoch's end.
+    pub fn test_acc(&self) -> f64 {
+        self.test_acc
+    }
+
+    /// Every test score at the best dev score (the first is [`Run::test_acc`]); none before the
+    /// first epoch's end.
+    pub fn test_scores(&self) -> &Scores {
+        &self.test_scores
+    }
+
+    /// What the last evaluated epoch reported.
+    pub fn last_epoch(&self) -> Option<EpochEnd> {
+        self.last_epoch
+    }
+
+    /// The moving average of the learned tensors, if the run keeps one ([`Run::with_average`]).
+    pub fn average(&self) -> Option<&Average> {
+        self.average.as_ref()
+    }
+
     /// A fresh run whose first epoch's order is drawn from `rng`.
     pub fn new(model: L, opt: Optimizer, rng: &Rng) -> Run<L> {
         let pos = Position { epoch: 1, step_in_epoch: 0, epoch_rng: rng.state(), steps: 0 };

@@ -73,8 +73,9 @@ where
             &plan,
             &mut |_| {},
         )?;
-        let mut run = Run::new(run.model, run.opt, &Rng::new(2));
-        let flops_before = run.model.flops();
+        let (model, opt) = run.into_parts();
+        let mut run = Run::new(model, opt, &Rng::new(2));
+        let flops_before = run.model_mut().flops();
         let start = Instant::now();
         let mut progress = |e: Event| {
             if let Event::Trees(n) = e {
@@ -86,7 +87,7 @@ where
         let seconds = start.elapsed().as_secs_f64();
         pb.finish_and_clear();
         // Every replica runs its share of each minibatch: the first one's flops are its share.
-        let flops = (run.model.flops() - flops_before) as f64 * args.workers as f64;
+        let flops = (run.model_mut().flops() - flops_before) as f64 * args.workers as f64;
         return Ok((seconds, flops));
     }
     let mut replicas: Vec<Model<B>> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;

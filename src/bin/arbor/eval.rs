@@ -122,7 +122,7 @@ impl<B: Backend> Restored<B> {
 
     /// `trees` as the model reads them: every vertex, or the roots.
     fn examples<'t>(&self, trees: &'t [TreeExample]) -> Vec<Labelled<'t>> {
-        let on = if self.model.readout == Readout::Vertices { LossOn::All } else { LossOn::Root };
+        let on = if self.model.readout() == Readout::Vertices { LossOn::All } else { LossOn::Root };
         Labelled::all(trees, on, self.classes)
     }
 

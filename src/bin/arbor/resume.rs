@@ -89,15 +89,20 @@ pub(crate) fn prepare_run<L: Learned>(
             run.resume(&ck, &plan.meta)?;
         }
         let run = runs.first().ok_or_else(|| Error::input("a run", "at least one worker", "none"))?;
-        let stopped = |hook: &arbor::trainer::EpochHook| run.last_epoch.is_some_and(|e| hook(&e) == Next::Stop);
-        let done = run.pos.epoch > plan.epochs
-            || plan.max_steps.is_some_and(|m| run.pos.steps >= m)
-            || (run.pos.step_in_epoch == 0 && plan.on_epoch.as_ref().is_some_and(stopped));
+        let stopped = |hook: &arbor::trainer::EpochHook| run.last_epoch().is_some_and(|e| hook(&e) == Next::Stop);
+        let done = run.position().epoch > plan.epochs
+            || plan.max_steps.is_some_and(|m| run.position().steps >= m)
+            || (run.position().step_in_epoch == 0 && plan.on_epoch.as_ref().is_some_and(stopped));
         if done {
             return Err(Error::input(
                 format!("--resume {}", from.display()),
                 "a checkpoint with training left to do (raise --epochs, --max-steps or --patience)",
-                format!("one at epoch {}, step {} (--epochs {})", run.pos.epoch, run.pos.steps, plan.epochs),
+                format!(
+                    "one at epoch {}, step {} (--epochs {})",
+                    run.position().epoch,
+                    run.position().steps,
+                    plan.epochs
+                ),
             ));
         }
         if run_folder.is_none() && args.checkpoint.is_none() {
@@ -131,7 +136,12 @@ pub(crate) fn prepare_run<L: Learned>(
             ));
         }
         if let Some(run) = runs.first() {
-            eprintln!("arbor: resuming from {} at epoch {}, step {}", from.display(), run.pos.epoch, run.pos.steps);
+            eprintln!(
+                "arbor: resuming from {} at epoch {}, step {}",
+                from.display(),
+                run.position().epoch,
+                run.position().steps
+            );
         }
     }
     Ok(folder)

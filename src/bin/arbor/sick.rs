@@ -132,8 +132,8 @@ fn train_on<B: Backend<Buffer: Send, Index: Send> + Send>(
     crate::train::warn_without_dev(&summary);
     // The best epoch's scores, or those of what a run stopped before any epoch's end trained.
     let (dev, test) = match &summary.unfinished {
-        Some((dev, test)) if run.best_dev == f64::NEG_INFINITY => (*dev, test.clone()),
-        _ => (run.best_dev, run.test_scores.clone()),
+        Some((dev, test)) if run.best_dev() == f64::NEG_INFINITY => (*dev, test.clone()),
+        _ => (run.best_dev(), run.test_scores().clone()),
     };
     let test = |key: &str| test.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
     let seconds = summary.train_seconds;
@@ -141,7 +141,7 @@ fn train_on<B: Backend<Buffer: Send, Index: Send> + Send>(
         "{}",
         json!({
             "model": "sick", "data": dir_name(args), "epochs": epochs, "batch": args.batch, "hidden": hidden,
-            "embed": embed, "workers": args.workers, "steps": run.pos.steps, "train_seconds": (seconds * 1000.0).round() / 1000.0,
+            "embed": embed, "workers": args.workers, "steps": run.position().steps, "train_seconds": (seconds * 1000.0).round() / 1000.0,
             "pairs_per_s": (summary.sentences as f64 / seconds.max(1e-9)).round(), "dev_pearson": dev,
             "test_pearson": test("pearson"), "test_spearman": test("spearman"), "test_mse": test("mse"),
         })

@@ -620,7 +620,7 @@ where
         })?,
     };
     let Some(run) = at.map(|k| &runs[k]) else { return Ok(None) };
-    let mut report = outcome(&summary, run.pos.steps, run.best_dev, run.test_acc);
+    let mut report = outcome(&summary, run.position().steps, run.best_dev(), run.test_acc());
     if args.layers > 1 {
         report["layers"] = json!(args.layers);
     }
