@@ -18,6 +18,8 @@ fn main() -> arbor::Result<()> {
         seed: 1,
         optimizer: Config::new(Rule::Adam, 0.005),
         clip: Some(5.0),
+        checkpoint: None,
+        meta: serde_json::Value::Null,
     };
     // Told (fold from 0, epoch from 1) after every epoch.
     let r = cross_validate_ggnn(&CpuBackend::new(), &data, &cfg, &mut |fold, epoch| {

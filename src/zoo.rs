@@ -12,6 +12,8 @@ use crate::trainer::{cross_validate, CvResult, Event, Run, Settings};
 use crate::{Backend, DropoutKey, VertexFn};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
+use serde_json::{json, Value};
+use std::path::PathBuf;
 
 /// A classifier of `cells` stacked bottom first (each above the first pulls the row the one
 /// below pushes, all pushing rows of one width) over `words`, on replicas of `backend`: a
@@ -91,6 +93,12 @@ pub struct GraphTraining {
     pub optimizer: Config,
     /// Gradient-norm bound.
     pub clip: Option<f32>,
+    /// Keep each fold's checkpoints in a folder of its own here (`fold-0`, `fold-1`, …; see
+    /// [`trainer::fold_dir`](crate::trainer::fold_dir)); none by default.
+    pub checkpoint: Option<PathBuf>,
+    /// What each fold's checkpoint records beside the run's state, the fold and the settings
+    /// here (e.g. where the data is, for `arbor eval`).
+    pub meta: Value,
 }
 
 /// A gated graph network ([`ggnn`](crate::nn::ggnn)) classifying the graphs of `data`: node
@@ -151,7 +159,10 @@ where
     }
     check_graph_training(data, cfg)?;
     let graphs = Unrolled::all(data, cfg.steps);
-    let plan = Settings { clip: cfg.clip, ..Settings::new(cfg.epochs, cfg.batch) };
+    let mut meta = if cfg.meta.is_object() { cfg.meta.clone() } else { json!({}) };
+    (meta["model"], meta["message_steps"], meta["seed"]) = (json!("ggnn"), json!(cfg.steps), json!(cfg.seed));
+    let checkpoint = cfg.checkpoint.clone();
+    let plan = Settings { clip: cfg.clip, checkpoint, meta, ..Settings::new(cfg.epochs, cfg.batch) };
     let mut rng = Rng::new(cfg.seed);
     let mut new_run = |_fold: usize| {
         let model = ggnn(backend, data, cfg.features, cfg.hidden, &mut rng)?;

@@ -359,3 +359,44 @@ fn frozen_tensors_stay_as_they_were() {
     assert!(!out.status.success() && err.contains("--freeze cell.V") && err.contains("cell.W"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `arbor eval --checkpoint DIR`, with no other flag, gives back every model's training scores:
+/// the tree models on the synthetic treebank, and `ggnn`'s cross-validation (each fold's model
+/// scored on the graphs it held out; their mean the training's `cv_acc_mean`).
+#[test]
+fn eval_reproduces_every_models_training_scores() {
+    let ck = temp("every-model");
+    for model in ["child-sum", "var-lstm", "tree-fc"] {
+        std::fs::remove_dir_all(&ck).ok();
+        let mut args = vec!["train", "--model", model, "--epochs", "1", "--checkpoint", ck.to_str().unwrap()];
+        args.extend(SMALL);
+        let trained = last_json(&arbor(&args));
+        let evaluated = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
+        assert_eq!(trained["test_acc"], evaluated["test_acc"], "{model}");
+    }
+    std::fs::remove_dir_all(&ck).ok();
+    let mutag = arbor::data::data_dir().join("mutag");
+    let graphs = [
+        "train",
+        "--model",
+        "ggnn",
+        "--data",
+        mutag.to_str().unwrap(),
+        "--folds",
+        "3",
+        "--epochs",
+        "2",
+        "--hidden",
+        "8",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+    ];
+    let trained = last_json(&arbor(&graphs));
+    let evaluated = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
+    assert_eq!(trained["cv_acc_mean"], evaluated["cv_acc_mean"], "{trained} {evaluated}");
+    assert_eq!(evaluated["fold_scores"].as_array().map(Vec::len), Some(3), "{evaluated}");
+    // One fold's folder scores that fold alone.
+    let fold = last_json(&arbor(&["eval", "--checkpoint", ck.join("fold-1").to_str().unwrap()]));
+    assert_eq!(fold["fold_scores"][0], evaluated["fold_scores"][1], "{fold}");
+    std::fs::remove_dir_all(&ck).ok();
+}

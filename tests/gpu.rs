@@ -275,6 +275,8 @@ fn cross_validation_on_the_gpu_follows_the_cpu() {
         seed: 1,
         optimizer: Config::new(Rule::Adam, 0.01),
         clip: Some(5.0),
+        checkpoint: None,
+        meta: serde_json::Value::Null,
     };
     let gpu = cross_validate_ggnn(&CudaBackend::new(0).unwrap(), &d, &cfg, &mut |_, _| {}).unwrap();
     let cpu = cross_validate_ggnn(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();

@@ -69,6 +69,8 @@ fn ggnn_learns_mutag() {
         seed: 1,
         optimizer: Config::new(Rule::Adam, 0.01),
         clip: Some(5.0),
+        checkpoint: None,
+        meta: serde_json::Value::Null,
     };
     let r = cross_validate_ggnn(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
     assert_eq!(r.fold_scores.len(), 3);

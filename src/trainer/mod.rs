@@ -26,7 +26,7 @@ mod settings;
 pub(crate) mod step;
 mod threads;
 pub use ahead::{each_step, plan_each};
-pub use folds::{cross_validate, fold_indices, CvResult};
+pub use folds::{cross_validate, fold_dir, fold_indices, CvResult};
 use gather::gather_parts;
 pub(crate) use gather::share_from;
 pub use settings::{EpochEnd, EpochHook, LrSchedule, Next, Settings};

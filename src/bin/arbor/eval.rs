@@ -32,7 +32,13 @@ pub(crate) fn scored_checkpoint(folder: &Path, verb: &str) -> Result<(PathBuf, C
 
 /// Reloads a checkpoint ([`scored_checkpoint`]) and prints its test scores.
 pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
+    if arbor::trainer::fold_dir(&args.checkpoint, 0).is_dir() {
+        return crate::graphs::eval(args);
+    }
     let (dir, ck) = scored_checkpoint(&args.checkpoint, "evaluating")?;
+    if ck.meta["model"] == "ggnn" {
+        return crate::graphs::eval(args);
+    }
     if ck.meta["model"] == "sick" {
         return crate::sick::eval(args, &dir, &ck);
     }

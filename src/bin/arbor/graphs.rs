@@ -1,17 +1,22 @@
 //! `arbor train --model ggnn`: graph classification by cross-validation.
 
 use crate::args::PrecisionArg;
-use crate::args::TrainArgs;
+use crate::args::{EvalArgs, TrainArgs};
+use crate::eval::scored_checkpoint;
+use crate::meta_usize;
 use crate::train::{optimizer, Sizes};
 use crate::{on_device, OnDevice};
 use arbor::data::tu;
-use arbor::trainer::CvResult;
+use arbor::data::tu::Unrolled;
+use arbor::model::Model;
+use arbor::run_folder::{Existing, RunFolder};
+use arbor::trainer::{fold_dir, fold_indices, CvResult};
 use arbor::zoo::{cross_validate_ggnn, GraphTraining};
 use arbor::Backend;
 use arbor::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// The name of the TU data set in `dir` (the prefix of its `NAME_A.txt`).
@@ -33,7 +38,6 @@ fn tu_name(dir: &Path) -> Result<String> {
 pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     let epochs = sizes.epochs;
     let tree_only = [
-        ("--checkpoint", args.checkpoint.is_some()),
         ("--resume", args.resume.is_some()),
         ("--plot", args.plot.is_some()),
         ("--embeddings", args.embeddings.is_some()),
@@ -74,7 +78,14 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         seed: args.seed,
         optimizer: optimizer(args, sizes.lr),
         clip: (args.clip > 0.0).then_some(args.clip),
+        checkpoint: args.checkpoint.clone(),
+        // Where the graphs are, so that `arbor eval` scores each fold's held-out graphs again.
+        meta: json!({"data": dir.display().to_string(), "name": name}),
     };
+    // The folder is this run's for its whole life (refused if another run's checkpoints are
+    // there, unless --overwrite).
+    let existing = if args.overwrite { Existing::Overwrite } else { Existing::Refuse };
+    let _folder = args.checkpoint.as_deref().map(|dir| RunFolder::claim(dir, existing)).transpose()?;
     let pb = ProgressBar::new((args.folds() * epochs) as u64);
     pb.set_style(
         ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} epochs, eta {eta}")
@@ -105,6 +116,59 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             "steps": args.steps(), "hidden": sizes.hidden, "embed": sizes.embed,
             "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
             "graphs_per_s": result.examples_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
+        })
+    );
+    Ok(())
+}
+
+/// `arbor eval` of `arbor train --model ggnn --checkpoint DIR`: each fold's model (`DIR/fold-k`,
+/// or one fold's folder) scored on the graphs it held out, read from where training read them
+/// (or `--data`); their mean is the training's `cv_acc_mean`.
+pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
+    let folds: Vec<PathBuf> =
+        (0..).map(|k| fold_dir(&args.checkpoint, k)).take_while(|d| d.join("last").is_dir()).collect();
+    let folds = if folds.is_empty() { vec![args.checkpoint.clone()] } else { folds };
+    let mut fold_scores = Vec::with_capacity(folds.len());
+    let mut read: Option<(PathBuf, Vec<Unrolled>)> = None;
+    for dir in &folds {
+        let (_, ck) = scored_checkpoint(dir, "evaluating")?;
+        let meta = &ck.meta;
+        let recorded = meta["data"].as_str().map(PathBuf::from);
+        let data_dir = args.data.clone().or(recorded).ok_or_else(|| {
+            Error::input(format!("checkpoint {}", dir.display()), "the data folder it records", "none (give --data)")
+        })?;
+        let (k, count, seed, steps) = (
+            meta_usize(meta, "fold")?,
+            meta_usize(meta, "folds")?,
+            meta["fold_seed"].as_u64(),
+            meta_usize(meta, "message_steps")?,
+        );
+        let seed = seed.ok_or_else(|| Error::input("checkpoint metadata", "a number `fold_seed`", "none"))?;
+        if read.as_ref().is_none_or(|(d, _)| *d != data_dir) {
+            let name = meta["name"].as_str().map_or_else(|| tu_name(&data_dir), |n| Ok(n.to_string()))?;
+            read = Some((data_dir.clone(), Unrolled::all(&tu::read(&data_dir, &name)?, steps)));
+        }
+        let graphs = read.as_ref().map(|(_, g)| g.as_slice()).unwrap_or_default();
+        let held = fold_indices(graphs.len(), count, seed)?;
+        let test: Vec<Unrolled> = held.get(k).into_iter().flatten().map(|&i| graphs[i].clone()).collect();
+        struct Work<'a>(&'a arbor::checkpoint::Checkpoint, &'a [Unrolled]);
+        impl OnDevice for Work<'_> {
+            type Out = f64;
+            fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<f64> {
+                let mut model = Model::from_checkpoint(self.0, &backend)?;
+                Ok(model.score(self.1)?.first().map_or(f64::NAN, |s| s.1))
+            }
+        }
+        fold_scores.push(on_device(args.device, PrecisionArg::F32, Work(&ck, &test))?);
+    }
+    let n = fold_scores.len() as f64;
+    let mean = fold_scores.iter().sum::<f64>() / n;
+    let std = (fold_scores.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / n).sqrt();
+    println!(
+        "{}",
+        json!({
+            "checkpoint": args.checkpoint.display().to_string(), "model": "ggnn", "folds": fold_scores.len(),
+            "fold_scores": fold_scores, "cv_acc_mean": mean, "cv_acc_std": std,
         })
     );
     Ok(())
