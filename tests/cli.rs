@@ -285,6 +285,36 @@ fn sick_trains_and_its_checkpoint_evaluates_the_same() {
         assert_eq!(evaluated[key], trained[key], "{key}: {evaluated} after {trained}");
     }
     assert_eq!(evaluated["pairs"], 4927);
+    // `arbor predict` scores pairs: the test split's pairs, given as tokens and heads, get the
+    // relatedness whose Pearson correlation with the gold scores is the one eval reports; a pair
+    // of plain sentences typed on the command line gets one line.
+    let test = std::path::Path::new(data).join("test");
+    let file = |name: &str| std::fs::read_to_string(test.join(name)).expect("a SICK test file");
+    let [a, ah, b, bh, sim] = ["a.toks", "a.parents", "b.toks", "b.parents", "sim.txt"].map(file);
+    let lines: Vec<String> = a
+        .lines()
+        .zip(ah.lines())
+        .zip(b.lines().zip(bh.lines()))
+        .map(|((a, ah), (b, bh))| format!("{a}\t{ah}\t{b}\t{bh}"))
+        .collect();
+    let input = format!("{ck}-pairs.txt");
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let out = arbor(&["predict", "--checkpoint", ck, "--input", &input]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let predicted: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["relatedness"].as_f64().unwrap())
+        .collect();
+    // The gold scores as the reader keeps them (f32).
+    let gold: Vec<f64> = sim.lines().map(|s| f64::from(s.trim().parse::<f32>().unwrap())).collect();
+    assert_eq!(serde_json::json!(arbor::metrics::pearson(&predicted, &gold)), evaluated["test_pearson"]);
+    let out = arbor(&["predict", "--checkpoint", ck, "a man is playing a guitar\ta person plays music"]);
+    let line: serde_json::Value = serde_json::from_slice(out.stdout.trim_ascii()).expect("one JSON line");
+    assert!(line["relatedness"].as_f64().is_some_and(|r| (1.0..=5.0).contains(&r)), "{line}");
+    let out = arbor(&["predict", "--checkpoint", ck, "a man\tplays\tmusic"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("argument") && err.contains("3 tab-separated fields"), "{err}");
+    std::fs::remove_file(&input).ok();
     std::fs::remove_dir_all(ck).ok();
     let out = arbor(&[&args[..], &["--layers", "2"]].concat());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -107,26 +107,58 @@ pub fn read(dir: &Path, vocab: &mut Vocab, grow: bool) -> Result<Vec<Pair>> {
     let mut out = Vec::with_capacity(pairs);
     for (i, &a_toks) in lines[0].iter().enumerate() {
         let at = |k: usize| (files[k].0.as_str(), i + 1);
-        let a = sentence(a_toks, lines[1][i], at(0), at(1), vocab, grow)?;
-        let b = sentence(lines[2][i], lines[3][i], at(2), at(3), vocab, grow)?;
+        let id = &mut |w: &str| if grow { vocab.add(w) } else { vocab.get(w) };
+        let a = sentence(a_toks, lines[1][i], at(0), at(1), id)?;
+        let b = sentence(lines[2][i], lines[3][i], at(2), at(3), id)?;
         let score = parse_score(lines[4][i], at(4))?;
         out.push(Pair { a, b, score });
     }
     Ok(out)
 }
 
+/// A pair to score, from one line of text: sentence A and sentence B separated by a tab, each
+/// either its tokens alone (read as a chain, every token headed by the next, the last the root)
+/// or its tokens and their heads as the SICK files give them
+/// (`tokens<TAB>heads<TAB>tokens<TAB>heads`, heads counting from 1, 0 for the root). Words not
+/// in `vocab` read as `<unk>`; the score is unknown (NaN). Errors name `file` and `line`.
+pub fn parse_pair(text: &str, file: &str, line: usize, vocab: &Vocab) -> Result<Pair> {
+    let fields: Vec<&str> = text.split('\t').map(str::trim).collect();
+    let at = (file, line);
+    let chain = |toks: &str| {
+        let n = toks.split_ascii_whitespace().count();
+        (1..=n).map(|t| if t == n { "0".to_string() } else { (t + 1).to_string() }).collect::<Vec<_>>().join(" ")
+    };
+    let (a, a_heads, b, b_heads) = match fields[..] {
+        [a, b] => (a, chain(a), b, chain(b)),
+        [a, a_heads, b, b_heads] => (a, a_heads.to_string(), b, b_heads.to_string()),
+        _ => {
+            return Err(parse_error(
+                at,
+                format!(
+                    "{} tab-separated fields: expected 2 (sentence A, sentence B) or 4 (tokens and heads of each)",
+                    fields.len()
+                ),
+            ))
+        }
+    };
+    let id = &mut |w: &str| vocab.get(w);
+    let a = sentence(a, &a_heads, at, at, id)?;
+    let b = sentence(b, &b_heads, at, at, id)?;
+    Ok(Pair { a, b, score: f32::NAN })
+}
+
 fn parse_error((file, line): (&str, usize), msg: String) -> Error {
     Error::Parse { file: file.into(), line, msg }
 }
 
-/// A sentence from its tokens line and its parents line (each with its file and line number).
+/// A sentence from its tokens line and its parents line (each with its file and line number),
+/// `id` giving each word's id.
 fn sentence(
     toks: &str,
     parents: &str,
     toks_at: (&str, usize),
     parents_at: (&str, usize),
-    vocab: &mut Vocab,
-    grow: bool,
+    id: &mut dyn FnMut(&str) -> u32,
 ) -> Result<Sentence> {
     // Tokens are separated by ASCII spaces and tabs: a no-break space is part of a word.
     let tokens: Vec<&str> = toks.split_ascii_whitespace().collect();
@@ -166,7 +198,7 @@ fn sentence(
     // times a minibatch's words): refused here, naming it, when even its own sentence would not fit.
     crate::memory::check_batch_named(&[&graph], |_, v| format!("token {}", v + 1))
         .map_err(|e| parse_error(parents_at, e.to_string()))?;
-    let words = tokens.iter().map(|w| if grow { vocab.add(w) } else { vocab.get(w) }).collect();
+    let words = tokens.iter().map(|w| id(w)).collect();
     Ok(Sentence { graph, words, root })
 }
 

@@ -379,8 +379,8 @@ pub(crate) enum Distributed {
 
 #[derive(Parser)]
 pub(crate) struct PredictArgs {
-    /// A checkpoint folder of a tree or sequence model (as written by `train --checkpoint`;
-    /// `best/` is used if present).
+    /// A checkpoint folder of a tree or sequence model, or of the sentence-pair model `sick` (as
+    /// written by `train --checkpoint`; `best/` is used if present).
     #[arg(long)]
     pub(crate) checkpoint: PathBuf,
     /// Read the sentences from this file, one per line, instead of standard input.
@@ -391,7 +391,9 @@ pub(crate) struct PredictArgs {
     pub(crate) device: Device,
     /// Sentences to classify, each one argument: plain words (`"a fine film"`, read as a
     /// right-branching tree), a bracketing without labels (`"((a fine) film)"`) or an SST tree.
-    /// Without them, the lines of --input or of standard input.
+    /// For a `sick` checkpoint, sentence pairs to score: `"A<TAB>B"` (each read as a chain), or
+    /// tokens and heads as in the SICK files (`"toks<TAB>heads<TAB>toks<TAB>heads"`). Without
+    /// them, the lines of --input or of standard input.
     pub(crate) sentences: Vec<String>,
 }
 

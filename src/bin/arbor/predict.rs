@@ -5,8 +5,9 @@ use crate::args::PredictArgs;
 use crate::eval::{scored_checkpoint, vocabulary, Restored};
 use crate::{on_device, OnDevice};
 use arbor::checkpoint::Checkpoint;
-use arbor::data::{sst, TreeExample, Vocab};
+use arbor::data::{sick, sst, TreeExample, Vocab};
 use arbor::head::{argmax, probabilities};
+use arbor::model::Model;
 use arbor::nn::CellKind;
 use arbor::{Backend, Error, Result};
 use serde_json::json;
@@ -19,14 +20,10 @@ const CHUNK: usize = 256;
 /// checkpoint's tree or sequence model and prints, per sentence, its predicted class, the
 /// probabilities of every class and, for an SST tree with a root label, that label as `gold`.
 pub(crate) fn predict(args: &PredictArgs) -> Result<()> {
-    let (dir, ck) = scored_checkpoint(&args.checkpoint, "predicting with")?;
+    let (_, ck) = scored_checkpoint(&args.checkpoint, "predicting with")?;
     let name = ck.meta["model"].as_str().unwrap_or_default().to_string();
     if name == "sick" {
-        return Err(Error::input(
-            format!("arbor predict --checkpoint {}", dir.display()),
-            "a checkpoint of a tree or sequence classifier",
-            "one of the sentence-pair model `sick` (score pairs with `arbor eval`)",
-        ));
+        return relate(args, &ck);
     }
     let kind = CellKind::from_name(&name)?;
     let (words, lowercase) = vocabulary(&ck.meta);
@@ -57,6 +54,13 @@ fn classify<B: Backend>(mut model: Restored<B>, args: &PredictArgs, kind: CellKi
         }
         Ok(())
     };
+    each_input(args, &mut read)?;
+    print(&mut model, &mut pending)
+}
+
+/// Calls `read` with every input of `args` (the arguments, else the lines of --input, else those
+/// of standard input), with the file and line it came from.
+fn each_input(args: &PredictArgs, read: &mut dyn FnMut(String, &str, usize) -> Result<()>) -> Result<()> {
     if !args.sentences.is_empty() {
         for (k, sentence) in args.sentences.iter().enumerate() {
             read(sentence.clone(), "argument", k + 1)?;
@@ -73,7 +77,41 @@ fn classify<B: Backend>(mut model: Restored<B>, args: &PredictArgs, kind: CellKi
             read(text, "stdin", k + 1)?;
         }
     }
-    print(&mut model, &mut pending)
+    Ok(())
+}
+
+/// Scores the sentence pairs of `args` (each `A<TAB>B`, or with heads as in the SICK files:
+/// [`sick::parse_pair`]) with the checkpoint's relatedness model, printing per pair its expected
+/// relatedness (1 to 5).
+fn relate(args: &PredictArgs, ck: &Checkpoint) -> Result<()> {
+    let (words, lowercase) = vocabulary(&ck.meta);
+    let vocab = Vocab::from_words(&words, lowercase);
+    struct Work<'a>(&'a Checkpoint, &'a PredictArgs, &'a Vocab);
+    impl OnDevice for Work<'_> {
+        type Out = ();
+        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<()> {
+            let mut model = Model::from_checkpoint(self.0, &backend)?;
+            let mut pending: Vec<(String, sick::Pair)> = Vec::new();
+            let mut flush = |pending: &mut Vec<(String, sick::Pair)>| -> Result<()> {
+                let pairs: Vec<sick::Pair> = pending.iter().map(|(_, p)| p.clone()).collect();
+                for ((text, _), score) in pending.drain(..).zip(sick::predict(&mut model, &pairs)?) {
+                    println!("{}", json!({"input": text.trim(), "relatedness": score}));
+                }
+                Ok(())
+            };
+            each_input(self.1, &mut |text, file, number| {
+                if !text.trim().is_empty() {
+                    pending.push((text.clone(), sick::parse_pair(&text, file, number, self.2)?));
+                }
+                if pending.len() >= CHUNK {
+                    flush(&mut pending)?;
+                }
+                Ok(())
+            })?;
+            flush(&mut pending)
+        }
+    }
+    on_device(args.device, PrecisionArg::F32, Work(ck, args, &vocab))
 }
 
 /// Classifies the `pending` sentences and prints a JSON line for each.
