@@ -7,7 +7,7 @@ use arbor::data::labelled::Labelled;
 use arbor::data::synthetic;
 use arbor::head::{mean_squared_error, softmax_classifier};
 use arbor::layers::{Embedding, LossOn};
-use arbor::model::{function_from_json, function_to_json, AsExample, Example, Feed, Model, ModelSpec};
+use arbor::model::{function_from_json, function_to_json, AsExample, Example, Feed, Model, ModelSpec, Tree};
 use arbor::nn::{self, CellDropout, CellKind as Kind};
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::readout::Readout;
@@ -135,6 +135,16 @@ fn a_tree_classifier_loads_and_scores_as_trained() {
     run.fit_local(Splits { train: &train, dev: &dev, test: &dev }, &Settings::new(2, 16).checkpoint(&dir)).unwrap();
     let mut loaded = Model::load(&dir, &CpuBackend::new()).unwrap();
     assert_eq!(&loaded.score(&dev).unwrap(), run.test_scores());
+    // Serving: the trees alone, without targets, get the logits inference with targets gives
+    // (a row per vertex: the loss was at every vertex).
+    let trees: Vec<Vec<Tree<'_>>> = dev.iter().map(|e| e.example().trees).collect();
+    let served = loaded.predict(&trees).unwrap();
+    let scored = loaded.infer_all(&dev).unwrap();
+    assert_eq!(served.get("logits").unwrap(), scored.get("logits").unwrap());
+    assert_eq!(
+        served.get("logits").unwrap().len(),
+        dev.iter().map(|e| e.example().trees[0].graph.len()).sum::<usize>() * classes
+    );
     // A checkpoint written before models described themselves says so.
     let last = dir.join("last");
     let mut ck = arbor::checkpoint::Checkpoint::load(&last).unwrap();

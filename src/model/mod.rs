@@ -445,6 +445,28 @@ impl<B: Backend> Model<B> {
         self.head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())
     }
 
+    /// The head's pushed outputs for inputs that have no target — each example given as its
+    /// graphs alone, in the order of the head's inputs — by name, in order (inference, in
+    /// chunks): what serving a model needs. The head's target input reads zeros, so a loss it
+    /// pushes means nothing here; read its other outputs (`logits`, a prediction).
+    pub fn predict(&mut self, inputs: &[Vec<Tree<'_>>]) -> Result<Outputs> {
+        let width = self.head.function().inputs().last().map_or(0, |p| p.shape.numel());
+        let readout = self.readout;
+        let rows = |trees: &[Tree<'_>]| match readout {
+            Readout::Vertices => trees.iter().map(|t| t.graph.len()).sum(),
+            _ => 1,
+        };
+        let mut out = Outputs::of(self.head.function());
+        for chunk in inputs.chunks(256) {
+            let batch: Vec<Example<'_>> = chunk
+                .iter()
+                .map(|trees| Example { trees: trees.clone(), target: vec![0.0; width * rows(trees)] })
+                .collect();
+            out.extend(self.infer(&batch)?);
+        }
+        Ok(out)
+    }
+
     /// The head's pushed outputs over all of `data`, by name (inference, in chunks).
     pub fn infer_all<E: AsExample>(&mut self, data: &[E]) -> Result<Outputs> {
         let mut out = Outputs::of(self.head.function());
