@@ -1,12 +1,15 @@
-"""Runs `arbor bench` and the DyNet script alternately (A B A B …) on the same settings and prints
-the median throughput ratio. Needs `cargo build --release` and `benches/peers/setup.sh` first.
+"""Runs `arbor bench`, the lean DyNet script and (for the Tree-LSTM) the level-batched PyTorch
+script in turn (arbor, DyNet, PyTorch, arbor, …) on the same settings and prints the median
+throughput ratios against each. Needs `cargo build --release` and `benches/peers/setup.sh` first.
+The peers get the same cores: DyNet's build is single-threaded, PyTorch runs on `--peer-threads`
+(default: every core, as arbor).
 With `--before BINARY` (an older arbor build) every round runs both arbor builds (taking turns at
 going first), then DyNet, and the summary adds the before/DyNet and arbor/before ratios: a change
 measured against the peer and against itself in one run.
 
 usage: compare.py --model tree-lstm|var-lstm --batch B --hidden H --embed E --sentences N
                   --mode train|infer [--loss root|all] [--pairs 3] [--data DIR] [--arbor BINARY]
-                  [--before BINARY]
+                  [--before BINARY] [--peers dynet,pytorch] [--peer-threads T]
 Prints one JSON line per pair (to stderr) and a final JSON summary (stdout).
 """
 import argparse
@@ -30,6 +33,8 @@ ap.add_argument("--threads", type=int, default=0, help="arbor threads (0: all co
 ap.add_argument("--workers", type=int, default=1, help="arbor workers, each on its share of the cores")
 ap.add_argument("--arbor", default=os.path.join(root, "target", "release", "arbor"), help="the arbor binary")
 ap.add_argument("--before", help="an older arbor binary, run in every round too")
+ap.add_argument("--peers", default="dynet,pytorch", help="the peers to run, of dynet and pytorch")
+ap.add_argument("--peer-threads", type=int, default=0, help="PyTorch's threads (0: every core)")
 ap.add_argument("--data", default=os.environ.get("ARBOR_DATA", os.path.join(root, "..", "shared", "data")) + "/sst")
 a = ap.parse_args()
 
@@ -42,8 +47,13 @@ if a.workers > 1:
     flags += ["--workers", str(a.workers)]
 arbor_cmd = [a.arbor, "bench"] + common + flags
 before_cmd = a.before and [a.before, "bench"] + common + flags
-dynet_cmd = [os.path.join(root, "target", "peers-venv", "bin", "python"),
-             os.path.join(root, "benches", "peers", "dynet_models.py")] + common
+python = os.path.join(root, "target", "peers-venv", "bin", "python")
+peers = {
+    "dynet": [python, os.path.join(root, "benches", "peers", "dynet_models.py")] + common,
+    "pytorch": [python, os.path.join(root, "benches", "peers", "torch_tree_lstm.py"), "--device", "cpu",
+                "--threads", str(a.peer_threads or os.cpu_count())] + common,
+}
+chosen = [p for p in a.peers.split(",") if p and not (p == "pytorch" and a.model != "tree-lstm")]
 
 
 def run(cmd):
@@ -51,7 +61,8 @@ def run(cmd):
     return json.loads(out.strip().splitlines()[-1])
 
 
-arbor, dynet, before = [], [], []
+arbor, before = [], []
+peer_rates = {p: [] for p in chosen}
 for i in range(a.pairs):
     line = {"pair": i + 1}
     # The two arbor builds take turns at going first, so neither always follows DyNet.
@@ -62,10 +73,11 @@ for i in range(a.pairs):
         before.append(run(before_cmd)["sent_per_s"])
     if before_cmd:
         line["before"] = before[-1]
-    y = run(dynet_cmd)
     arbor.append(x["sent_per_s"])
-    dynet.append(y["sent_per_s"])
-    line.update({"arbor": x["sent_per_s"], "dynet": y["sent_per_s"]})
+    line["arbor"] = x["sent_per_s"]
+    for p in chosen:
+        peer_rates[p].append(run(peers[p])["sent_per_s"])
+        line[p] = peer_rates[p][-1]
     print(json.dumps(line), file=sys.stderr)
 
 
@@ -76,12 +88,12 @@ def median_ratio(xs, ys):
 summary = {
     "model": a.model, "mode": a.mode, "workers": a.workers, "batch": a.batch, "hidden": a.hidden, "embed": a.embed, "loss": a.loss,
     "sentences": a.sentences, "pairs": a.pairs, "arbor_sent_per_s": statistics.median(arbor),
-    "dynet_sent_per_s": statistics.median(dynet), "median_ratio": median_ratio(arbor, dynet),
 }
+for p, rates in peer_rates.items():
+    summary[f"{p}_sent_per_s"] = statistics.median(rates)
+    summary[f"arbor_vs_{p}"] = median_ratio(arbor, rates)
 if before:
-    summary.update({
-        "before_sent_per_s": statistics.median(before),
-        "before_vs_dynet": median_ratio(before, dynet),
-        "after_vs_before": median_ratio(arbor, before),
-    })
+    summary.update({"before_sent_per_s": statistics.median(before), "after_vs_before": median_ratio(arbor, before)})
+    if "dynet" in peer_rates:
+        summary["before_vs_dynet"] = median_ratio(before, peer_rates["dynet"])
 print(json.dumps(summary))

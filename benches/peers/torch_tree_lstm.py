@@ -1,10 +1,12 @@
-"""A level-batched binary Tree-LSTM in PyTorch, the GPU peer of `arbor bench --device cuda`: the
-same cell (Tai et al. 2015, a forget gate per child), SST data, sizes, root loss and Adagrad
-(lr 0.05). Each minibatch runs `x·W` for every vertex at once, then one batched step per tree
-level (all vertices whose children are done), as DGL and TreeLSTM reference code do.
+"""A level-batched binary Tree-LSTM in PyTorch, the peer of `arbor bench` on the CPU and on a GPU:
+the same cell (Tai et al. 2015, a forget gate per child), SST data, sizes, root loss and Adagrad
+(lr 0.05). Each minibatch runs the leaves at once — one product over their word vectors for
+their three gates (input, output, update: a leaf has no children to forget) — then one batched
+step per tree level (all vertices whose children are done): one product over `[h_left; h_right]`
+for the five gates, the states written in place, as DGL and TreeLSTM reference code do.
 
 usage: torch_tree_lstm.py --data DIR --batch B --hidden H --embed E --sentences N
-                          [--mode train|infer] [--device cuda|cpu]
+                          [--mode train|infer] [--device cuda|cpu] [--threads T]
 Prints one JSON line like `arbor bench`.
 """
 import argparse
@@ -26,7 +28,12 @@ ap.add_argument("--embed", type=int, default=300)
 ap.add_argument("--sentences", type=int, default=8192)
 ap.add_argument("--mode", default="train", choices=["train", "infer"])
 ap.add_argument("--device", default="cuda")
+ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: every core)")
+ap.add_argument("--model", default="tree-lstm", choices=["tree-lstm"])
+ap.add_argument("--loss", default="root", choices=["root"])
 args = ap.parse_args()
+if args.threads:
+    torch.set_num_threads(args.threads)
 dev = torch.device(args.device)
 torch.manual_seed(1)
 
@@ -85,25 +92,26 @@ def minibatch(batch):
 
 H, E = args.hidden, args.embed
 emb = torch.nn.Embedding(len(vocab), E, padding_idx=0).to(dev)
-W = torch.nn.Linear(E, 5 * H).to(dev)
-U0 = torch.nn.Linear(H, 5 * H, bias=False).to(dev)
-U1 = torch.nn.Linear(H, 5 * H, bias=False).to(dev)
+W_leaf = torch.nn.Linear(E, 3 * H).to(dev)  # a leaf's i, o, u
+U = torch.nn.Linear(2 * H, 5 * H).to(dev)  # an internal node's i, f_left, f_right, o, u
 out = torch.nn.Linear(H, 5).to(dev)
-params = [*emb.parameters(), *W.parameters(), *U0.parameters(), *U1.parameters(), *out.parameters()]
+params = [*emb.parameters(), *W_leaf.parameters(), *U.parameters(), *out.parameters()]
 opt = torch.optim.Adagrad(params, lr=0.05)
 
 
 def forward(words, levels, roots, n):
-    xw = W(emb(words))
     h = torch.zeros(n + 1, H, device=dev)
     c = torch.zeros(n + 1, H, device=dev)
-    for idx, l, r in levels:
-        g = xw[idx] + U0(h[l]) + U1(h[r])
-        i, f0, f1, o, u = g.chunk(5, dim=1)
+    leaves_idx = levels[0][0]
+    i, o, u = W_leaf(emb(words[leaves_idx])).chunk(3, dim=1)
+    cl = torch.sigmoid(i) * torch.tanh(u)
+    c = c.index_copy(0, leaves_idx, cl)
+    h = h.index_copy(0, leaves_idx, torch.sigmoid(o) * torch.tanh(cl))
+    for idx, l, r in levels[1:]:
+        i, f0, f1, o, u = U(torch.cat([h[l], h[r]], dim=1)).chunk(5, dim=1)
         cn = torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(f0) * c[l] + torch.sigmoid(f1) * c[r]
-        hn = torch.sigmoid(o) * torch.tanh(cn)
         c = c.index_copy(0, idx, cn)
-        h = h.index_copy(0, idx, hn)
+        h = h.index_copy(0, idx, torch.sigmoid(o) * torch.tanh(cn))
     return out(h[roots])
 
 
@@ -136,7 +144,7 @@ if dev.type == "cuda":
 seconds = time.perf_counter() - start
 vertices = sum(b[4] for b in batches)
 print(json.dumps({
-    "model": "tree-lstm", "peer": "pytorch-level-batched", "mode": args.mode, "device": args.device,
+    "system": "pytorch", "model": "tree-lstm", "peer": "pytorch-level-batched", "threads": torch.get_num_threads(), "mode": args.mode, "device": args.device,
     "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else None,
     "batch": args.batch, "hidden": H, "embed": E, "sentences": args.sentences,
     "seconds": round(seconds, 4), "sent_per_s": round(args.sentences / seconds),

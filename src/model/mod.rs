@@ -153,7 +153,7 @@ enum Purpose<'p> {
 }
 
 /// An example a [`Model`] learns from in the one training loop
-/// ([`Learner`]): one or more graphs and a target, and the score that
+/// ([`Learner`](crate::trainer::Learner)): one or more graphs and a target, and the score that
 /// picks the best epoch over such examples.
 pub trait AsExample: Sync + Sized {
     /// The example's graphs, words and target.

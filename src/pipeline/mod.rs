@@ -1,13 +1,13 @@
 //! Pipeline parallelism for a [`Model`] of stacked vertex functions ([`Model::stack`]: layer
 //! `k + 1` pulls the row layer `k` pushed at the same vertex), cut into stages of whole layers
 //! ([`Part::split`]). Stage 0 holds the word vectors, the last stage the head; every stage runs
-//! on its own worker of a [`Collective`] (a thread or an MPI rank) and passes the rows of every
-//! vertex forward and their gradients back. Examples are any [`AsExample`]: trees with a label
+//! on its own worker of a [`Collective`](crate::dist::Collective) (a thread or an MPI rank) and passes the rows of every
+//! vertex forward and their gradients back. Examples are any [`AsExample`](crate::model::AsExample): trees with a label
 //! per vertex ([`Labelled`](crate::data::labelled::Labelled)), sentence pairs, graphs with a
 //! pooled readout.
 //!
 //! A minibatch is cut into micro-batches of about equal vertex counts; the stages run them in
-//! the order of a [`schedule`] (1F1B with a flush, or PipeDream-2BW). A stage
+//! the order of a [`schedule`](crate::dist::schedule) (1F1B with a flush, or PipeDream-2BW). A stage
 //! keeps one engine per micro-batch it may hold at once, so a micro-batch's backward pass finds
 //! its forward's values — and the weights its forward saw — untouched.
 //!

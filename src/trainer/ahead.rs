@@ -4,7 +4,7 @@ use crate::engine::{Planned, Planner};
 use crate::InputGraph;
 use arbor_core::error::{Error, Result};
 
-/// The one loop over steps that every trainer runs ([`Run::fit`], which `arbor train`, `arbor
+/// The one loop over steps that every trainer runs ([`Run::fit`](super::Run::fit), which `arbor train`, `arbor
 /// bench --mode train` and cross-validation run, and a pipeline stage's passes): while
 /// `step` runs step `k` with what `prepare(k)` made of it, `prepare(k + 1)` runs on a helper
 /// thread — for a minibatch, checking and scheduling its graphs ([`plan_each`]) — when this

@@ -96,7 +96,7 @@ where
 }
 
 /// Trains `runs` together, one thread each, as the workers of one run: replicas of one model
-/// (data-parallel), or the stages of a pipeline in order ([`Learned::parted`]). Returns the
+/// (data-parallel), or the stages of a pipeline in order ([`Learned::parted`](super::Learned::parted)). Returns the
 /// summary of the worker that reports (worker 0, or a pipeline's last stage, which knows the
 /// losses), `events` hearing what it reports.
 pub fn fit_together<L: Learner<E>, E: Sync>(
