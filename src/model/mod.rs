@@ -10,7 +10,6 @@
 //! of zeros for cross-entropy or KL divergence; for other losses, e.g. a last column the loss is
 //! multiplied by, 0 there), and an example's loss is the sum over its vertices.
 
-use crate::checkpoint::{Checkpoint, Lent, Named};
 use crate::dist::data_parallel::{merge, shard, Pending};
 use crate::dist::Collective;
 use crate::engine::{Engine, Pass, Planned, Planner, Pull, SparseGrad};
@@ -19,18 +18,18 @@ use crate::layers::Embedding;
 use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::{all_finite, Optimizer};
 use crate::readout::{Pooled, Readout};
-use crate::trainer::step::{check_gradients, clip_all, names, tensor_name};
+use crate::trainer::step::{check_gradients, clip_all, names};
 use crate::trainer::{Scores, StepStats};
 use crate::DropoutKey;
 use crate::{Backend, InputGraph, VertexFn};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
-use std::borrow::Cow;
 use std::ops::Range;
 
 mod layout;
 mod learner;
 mod spec;
+mod tensors;
 pub(crate) use layout::{head_inputs, layout, pulls, read_grad, read_rows, unread, with_words_dropped, Layout};
 pub use spec::{function_from_json, function_to_json, ModelSpec};
 
@@ -757,58 +756,6 @@ impl<B: Backend> Model<B> {
     pub fn share(batch: &[Example<'_>], rank: usize, size: usize) -> Range<usize> {
         let weights: Vec<usize> = batch.iter().map(|e| e.trees.iter().map(|t| t.graph.len()).sum()).collect();
         shard(&weights, size).get(rank).cloned().unwrap_or_default()
-    }
-
-    /// Every learned tensor under its name (`embedding`, `cell.<name>`, `cell1.<name>`, …,
-    /// `head.<name>`), for a checkpoint.
-    pub fn tensors(&self) -> Result<Vec<Named>> {
-        Ok(crate::checkpoint::owned(self.tensors_lent()?))
-    }
-
-    /// [`Model::tensors`] with the word vectors lent, not copied.
-    pub fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
-        let mut out = vec![(
-            "embedding".to_string(),
-            vec![self.embedding.vocab(), self.embedding.dim()],
-            Cow::Borrowed(self.embedding.table()),
-        )];
-        let mut values: Vec<Vec<Vec<f32>>> = self.cells.iter().map(Engine::params).collect::<Result<_>>()?;
-        values.push(self.head.params()?);
-        for ((of, f), values) in self.functions().into_iter().zip(values) {
-            for (decl, values) in f.params().iter().zip(values) {
-                out.push((tensor_name(&of, &decl.name), decl.shape.dims().to_vec(), Cow::Owned(values)));
-            }
-        }
-        Ok(out)
-    }
-
-    /// Every function with parameters under its name prefix: each layer's, then the head's.
-    fn functions(&self) -> Vec<(String, &VertexFn)> {
-        let mut all: Vec<_> = self.cells.iter().enumerate().map(|(k, e)| (layer_prefix(k), e.function())).collect();
-        all.push(("head".to_string(), self.head.function()));
-        all
-    }
-
-    /// Takes every learned tensor from `ck` (as [`Model::tensors`] names them); an error names
-    /// a missing tensor or one of another size, and changes nothing.
-    pub fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
-        let table = ck.sized("embedding", self.embedding.table().len())?;
-        let mut params = Vec::new();
-        for (of, f) in self.functions() {
-            params.push(
-                f.params()
-                    .iter()
-                    .map(|d| ck.sized(&tensor_name(&of, &d.name), d.shape.numel()))
-                    .collect::<Result<Vec<_>>>()?,
-            );
-        }
-        let head = params.pop().unwrap_or_default();
-        for (engine, p) in self.cells.iter_mut().zip(&params) {
-            engine.set_params(p)?;
-        }
-        self.head.engine().set_params(&head)?;
-        self.embedding.table_mut().copy_from_slice(&table);
-        Ok(())
     }
 
     /// Checks `batch` and lays it out for the cells.
