@@ -91,7 +91,8 @@ def minibatch(batch):
 
 
 H, E = args.hidden, args.embed
-emb = torch.nn.Embedding(len(vocab), E, padding_idx=0).to(dev)
+# Sparse gradients: the optimizer touches only the rows a minibatch looked up, as DyNet and arbor do.
+emb = torch.nn.Embedding(len(vocab), E, padding_idx=0, sparse=True).to(dev)
 W_leaf = torch.nn.Linear(E, 3 * H).to(dev)  # a leaf's i, o, u
 U = torch.nn.Linear(2 * H, 5 * H).to(dev)  # an internal node's i, f_left, f_right, o, u
 out = torch.nn.Linear(H, 5).to(dev)
