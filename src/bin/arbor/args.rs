@@ -280,7 +280,9 @@ pub(crate) struct TrainArgs {
     /// same vertex.
     #[arg(long, default_value_t = 1)]
     pub(crate) layers: usize,
-    /// Pipeline stages (threads, or MPI ranks), each holding a contiguous share of the layers.
+    /// Pipeline stages (threads, or MPI ranks), each holding a contiguous share of the layers;
+    /// trained by the same loop as one stage (checkpoints, --resume, --average), one worker each
+    /// (--workers stays 1).
     #[arg(long, default_value_t = 1)]
     pub(crate) stages: usize,
     /// The pipeline schedule (default 1f1b; with --stages above 1).
@@ -350,7 +352,8 @@ pub(crate) enum ScheduleArg {
     /// 1F1B with a flush after every minibatch (equals accumulating the micro-batches).
     #[value(name = "1f1b")]
     OneFOneB,
-    /// PipeDream-2BW: no flush, two weight versions, gradients one step stale.
+    /// PipeDream-2BW: two weight versions, gradients one step stale; it flushes only at an
+    /// epoch's end and at a checkpoint.
     #[value(name = "2bw")]
     TwoBw,
 }
