@@ -192,6 +192,8 @@ pub(crate) fn eval(args: &EvalArgs, dir: &Path, ck: &Checkpoint) -> Result<()> {
     Ok(())
 }
 
+/// The test scores of the checkpoint's model: rebuilt from its `model_spec`, or for a checkpoint
+/// written before models described themselves, from its sizes.
 fn eval_on<B: Backend>(
     backend: &B,
     ck: &Checkpoint,
@@ -200,7 +202,12 @@ fn eval_on<B: Backend>(
     hidden: usize,
     test: &[Pair],
 ) -> Result<Value> {
-    let mut model = pair_model(backend, vocab, embed, hidden, 1, &mut Rng::new(0))?;
-    model.restore(ck)?;
+    let mut model = if ck.meta.get("model_spec").is_some() {
+        Model::from_checkpoint(ck, backend)?
+    } else {
+        let mut model = pair_model(backend, vocab, embed, hidden, 1, &mut Rng::new(0))?;
+        model.restore(ck)?;
+        model
+    };
     scores(&mut model, test)
 }
