@@ -520,7 +520,6 @@ impl<L> Run<L> {
                 stopped = true;
             }
             let count = if stopped { 0 } else { batches.len() };
-            let windows = self.windows(count, plan);
             let mut account = |run: &mut Self,
                                coll: &mut dyn Collective,
                                first: usize,
@@ -536,7 +535,7 @@ impl<L> Run<L> {
                     run.pos.steps += 1;
                 }
                 trained = true;
-                let due = plan.checkpoint_every.is_some_and(|n| n > 0 && run.pos.steps.is_multiple_of(n));
+                let due = checkpoint_due(plan, run.pos.steps);
                 if let (true, Some(dir)) = (due, &plan.checkpoint) {
                     run.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
                 }
@@ -546,7 +545,7 @@ impl<L> Run<L> {
                 Ok(!stopped)
             };
             if self.model.parted() {
-                for w in windows {
+                for w in self.windows(count, plan) {
                     let start = Instant::now();
                     let (first, mut step) = (self.pos.steps, self.pos.steps);
                     let Run { model, opt, average, .. } = &mut *self;
@@ -665,21 +664,14 @@ impl<L> Run<L> {
         ck.map_or(Ok(()), |ck| persister.persist(ck, dir))
     }
 
-    /// The minibatches `0..count` of the epoch, in the windows one call of the model trains: one
-    /// each, or for a [parted](Learned::parted) model as many as run before the next
-    /// checkpoint or `plan.max_steps` (a pipeline applies every update of a window before a
-    /// checkpoint is taken).
-    fn windows(&self, count: usize, plan: &Settings) -> Vec<std::ops::Range<usize>>
-    where
-        L: Learned,
-    {
-        if !self.model.parted() {
-            return (0..count).map(|k| k..k + 1).collect();
-        }
+    /// The minibatches `0..count` of the epoch in the windows a [parted](Learned::parted) model
+    /// trains at once: as many as run before the next checkpoint or `plan.max_steps` (a pipeline
+    /// applies every update of a window before a checkpoint is taken).
+    fn windows(&self, count: usize, plan: &Settings) -> Vec<std::ops::Range<usize>> {
         let steps = self.pos.steps;
         let ends = |k: usize| {
             let after = steps + k as u64 + 1;
-            plan.checkpoint_every.is_some_and(|n| n > 0 && after.is_multiple_of(n)) || plan.max_steps == Some(after)
+            checkpoint_due(plan, after) || plan.max_steps == Some(after)
         };
         let mut out = Vec::new();
         let mut start = 0;
@@ -705,6 +697,11 @@ impl<L> Run<L> {
         self.model.restore(&trained)?;
         out
     }
+}
+
+/// Whether `plan` snapshots `last/` after `steps` steps (`Settings::checkpoint_every`).
+fn checkpoint_due(plan: &Settings, steps: u64) -> bool {
+    plan.checkpoint_every.is_some_and(|n| n > 0 && steps.is_multiple_of(n))
 }
 
 /// `v` with every number that a flag typed as `f32` recorded (`0.10000000149011612`) shown as
