@@ -9,7 +9,9 @@ measured against the peer and against itself in one run.
 
 usage: compare.py --model tree-lstm|var-lstm --batch B --hidden H --embed E --sentences N
                   --mode train|infer [--loss root|all] [--pairs 3] [--data DIR] [--arbor BINARY]
-                  [--before BINARY] [--peers dynet,pytorch] [--peer-threads T]
+                  [--before BINARY] [--peers dynet,pytorch] [--peer-threads T] [--device cpu|cuda]
+With `--device cuda` both arbor and PyTorch run on the GPU (DyNet's wheel is CPU-only); the peers'
+Python is `$PEER_PYTHON`, else `target/peers-venv`, else this interpreter.
 Prints one JSON line per pair (to stderr) and a final JSON summary (stdout).
 """
 import argparse
@@ -35,6 +37,7 @@ ap.add_argument("--arbor", default=os.path.join(root, "target", "release", "arbo
 ap.add_argument("--before", help="an older arbor binary, run in every round too")
 ap.add_argument("--peers", default="dynet,pytorch", help="the peers to run, of dynet and pytorch")
 ap.add_argument("--peer-threads", type=int, default=0, help="PyTorch's threads (0: every core)")
+ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 ap.add_argument("--data", default=os.environ.get("ARBOR_DATA", os.path.join(root, "..", "shared", "data")) + "/sst")
 a = ap.parse_args()
 
@@ -45,13 +48,16 @@ if a.threads:
     flags += ["--threads", str(a.threads)]
 if a.workers > 1:
     flags += ["--workers", str(a.workers)]
+if a.device == "cuda":
+    flags += ["--device", "cuda"]
 arbor_cmd = [a.arbor, "bench"] + common + flags
 before_cmd = a.before and [a.before, "bench"] + common + flags
-python = os.path.join(root, "target", "peers-venv", "bin", "python")
+venv = os.path.join(root, "target", "peers-venv", "bin", "python")
+python = os.environ.get("PEER_PYTHON") or (venv if os.path.exists(venv) else sys.executable)
+torch_flags = ["--device", "cuda"] if a.device == "cuda" else ["--device", "cpu", "--threads", str(a.peer_threads or os.cpu_count())]
 peers = {
     "dynet": [python, os.path.join(root, "benches", "peers", "dynet_models.py")] + common,
-    "pytorch": [python, os.path.join(root, "benches", "peers", "torch_tree_lstm.py"), "--device", "cpu",
-                "--threads", str(a.peer_threads or os.cpu_count())] + common,
+    "pytorch": [python, os.path.join(root, "benches", "peers", "torch_tree_lstm.py")] + torch_flags + common,
 }
 chosen = [p for p in a.peers.split(",") if p and not (p == "pytorch" and a.model != "tree-lstm")]
 
@@ -86,7 +92,7 @@ def median_ratio(xs, ys):
 
 
 summary = {
-    "model": a.model, "mode": a.mode, "workers": a.workers, "batch": a.batch, "hidden": a.hidden, "embed": a.embed, "loss": a.loss,
+    "device": a.device, "model": a.model, "mode": a.mode, "workers": a.workers, "batch": a.batch, "hidden": a.hidden, "embed": a.embed, "loss": a.loss,
     "sentences": a.sentences, "pairs": a.pairs, "arbor_sent_per_s": statistics.median(arbor),
 }
 for p, rates in peer_rates.items():
