@@ -68,21 +68,36 @@ fn product_at(
         c: c.as_mut_ptr().wrapping_add(cols.start),
         ldc,
         accumulate,
+        sums: std::ptr::null_mut(),
     };
+    if k <= KC + KC / 2 {
+        return kernel(level, ops, cols.len());
+    }
+    PARTIAL.with(|cell| {
+        let mut sums = cell.borrow_mut();
+        if sums.len() < m * SUMS_PER_ROW {
+            sums.resize(m * SUMS_PER_ROW, 0.0);
+        }
+        kernel(level, Operands { sums: sums.as_mut_ptr(), ..ops }, cols.len())
+    })
+}
+
+/// Runs the kernel of `level` over `width` columns; `false` where it has none.
+fn kernel(level: Isa, ops: Operands, width: usize) -> bool {
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: each kernel runs only at a level the CPU has, and every access stays inside the
         // spans checked above (column tails are partial vectors).
-        Isa::Avx512 => unsafe { x86::product_avx512(ops, cols.len()) },
+        Isa::Avx512 => unsafe { x86::product_avx512(ops, width) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { x86::product_avx2(ops, cols.len()) },
+        Isa::Avx2 => unsafe { x86::product_avx2(ops, width) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above (NEON is part of every AArch64 CPU).
-        _ => unsafe { columns::<super::simd::neon::V4, 4>(ops, cols.len()) },
+        _ => unsafe { columns::<super::simd::neon::V4, 4>(ops, width) },
         #[cfg(not(target_arch = "aarch64"))]
         _ => {
-            let _ = ops;
+            let _ = (ops, width);
             return false;
         }
     }
@@ -118,6 +133,9 @@ struct Operands {
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    /// Room for [`SUMS_PER_ROW`] running sums per row of C where the inner dimension is longer
+    /// than one pass (else null).
+    sums: *mut f32,
 }
 
 /// Rows of A per block.
@@ -151,25 +169,89 @@ unsafe fn columns<W: Vector, const V: usize>(ops: Operands, width: usize) {
     }
 }
 
-/// Every row block of one column block of `V` vectors, the last with `tail` lanes.
+/// Steps of the inner dimension per pass over a column block's rows: the block's rows of B
+/// for one pass (up to four 16-lane vectors each: 32 KiB) stay in L1 while every row block of A
+/// uses them, instead of coming from L2 for each row block.
+const KC: usize = 128;
+
+/// Running sums kept per row of C between passes: the widest column block of any kernel.
+const SUMS_PER_ROW: usize = 64;
+
+thread_local! {
+    /// Each thread's running sums of a column block between passes over the inner dimension
+    /// (grown to the most rows a product had; no allocation per product after that).
+    static PARTIAL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Every row block of one column block of `V` vectors, the last with `tail` lanes: in passes
+/// of [`KC`] steps of the inner dimension where the operands have room for running sums, kept
+/// between passes (each element is still one chain of multiply-adds over `p = 0..k`).
 ///
 /// # Safety
 /// As [`columns`].
 #[inline(always)]
 unsafe fn rows<W: Vector, const V: usize>(ops: Operands, tail: usize) {
+    if ops.sums.is_null() {
+        // SAFETY: as for this function.
+        unsafe { row_blocks::<W, V>(ops, tail, Sums::Whole) };
+        return;
+    }
+    let mut p0 = 0;
+    while p0 < ops.k {
+        let kc = (ops.k - p0).min(KC);
+        let kept = Kept { at: ops.sums, first: p0 == 0, last: p0 + kc == ops.k };
+        // SAFETY: steps `p0..p0 + kc` of the inner dimension lie inside A and B.
+        let at = unsafe { Operands { k: kc, a: ops.a.add(p0 * ops.cs), b: ops.b.add(p0 * ops.ldb), ..ops } };
+        // SAFETY: as for this function; the sums hold `SUMS_PER_ROW ≥ V·LANES` for each row.
+        unsafe { row_blocks::<W, V>(at, tail, Sums::Kept(kept)) };
+        p0 += kc;
+    }
+}
+
+/// Where a pass over part of the inner dimension starts and leaves its sums.
+#[derive(Clone, Copy)]
+enum Sums {
+    /// The whole inner dimension in one pass: from zero, into C.
+    Whole,
+    /// One pass of several.
+    Kept(Kept),
+}
+
+/// Running sums between passes: `V` vectors per row of C from `at`, row after row; the first
+/// pass starts from zero, the last writes C.
+#[derive(Clone, Copy)]
+struct Kept {
+    at: *mut f32,
+    first: bool,
+    last: bool,
+}
+
+/// Every row block of one column block of `V` vectors over `ops.k` steps, the last vector with
+/// `tail` lanes.
+///
+/// # Safety
+/// As [`columns`]; `Sums::Kept` holds `V` vectors for each of the `m` rows.
+#[inline(always)]
+unsafe fn row_blocks<W: Vector, const V: usize>(ops: Operands, tail: usize, sums: Sums) {
     let mut i = 0;
     while i < ops.m {
-        // SAFETY: row `i` lies inside A and C.
-        let at = unsafe { Operands { a: ops.a.add(i * ops.rs), c: ops.c.add(i * ops.ldc), ..ops } };
+        // SAFETY: row `i` lies inside A and C, and inside the running sums.
+        let (at, sums) = unsafe {
+            let at = Operands { a: ops.a.add(i * ops.rs), c: ops.c.add(i * ops.ldc), ..ops };
+            match sums {
+                Sums::Kept(k) => (at, Sums::Kept(Kept { at: k.at.add(i * V * W::LANES), ..k })),
+                Sums::Whole => (at, sums),
+            }
+        };
         // SAFETY: as for this function; the block's rows lie inside A and C.
         unsafe {
             match (ops.m - i).min(ROWS) {
-                6 => block::<W, 6, V>(at, tail),
-                5 => block::<W, 5, V>(at, tail),
-                4 => block::<W, 4, V>(at, tail),
-                3 => block::<W, 3, V>(at, tail),
-                2 => block::<W, 2, V>(at, tail),
-                _ => block::<W, 1, V>(at, tail),
+                6 => block::<W, 6, V>(at, tail, sums),
+                5 => block::<W, 5, V>(at, tail, sums),
+                4 => block::<W, 4, V>(at, tail, sums),
+                3 => block::<W, 3, V>(at, tail, sums),
+                2 => block::<W, 2, V>(at, tail, sums),
+                _ => block::<W, 1, V>(at, tail, sums),
             }
         }
         i += ROWS;
@@ -196,11 +278,19 @@ unsafe fn load<W: Vector, const V: usize>(p: *const f32, q: usize, tail: usize) 
 /// rows. (No closures here: a closure would be compiled without the caller's instructions.)
 ///
 /// # Safety
-/// As [`columns`].
+/// As [`row_blocks`].
 #[inline(always)]
-unsafe fn block<W: Vector, const R: usize, const V: usize>(ops: Operands, tail: usize) {
+unsafe fn block<W: Vector, const R: usize, const V: usize>(ops: Operands, tail: usize, sums: Sums) {
     let Operands { k, a, rs, cs, b, ldb, c, ldc, accumulate, .. } = ops;
     let mut acc = [[W::splat(0.0); V]; R];
+    if let Sums::Kept(Kept { at, first: false, .. }) = sums {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (q, v) in acc.iter_mut().enumerate() {
+                // SAFETY: the running sums hold `V` whole vectors for each row.
+                *v = unsafe { W::load(at.add((r * V + q) * W::LANES)) };
+            }
+        }
+    }
     let mut bv = [W::splat(0.0); V];
     for p in 0..k {
         // SAFETY: row `p` of B lies inside B.
@@ -216,6 +306,15 @@ unsafe fn block<W: Vector, const R: usize, const V: usize>(ops: Operands, tail: 
                 acc[q] = av.mul_add(bv[q], acc[q]);
             }
         }
+    }
+    if let Sums::Kept(Kept { at, last: false, .. }) = sums {
+        for (r, acc) in acc.iter().enumerate() {
+            for (q, v) in acc.iter().enumerate() {
+                // SAFETY: as above.
+                unsafe { v.store(at.add((r * V + q) * W::LANES)) };
+            }
+        }
+        return;
     }
     for (r, acc) in acc.iter().enumerate() {
         // SAFETY: row `r` of the block lies inside C.
@@ -383,15 +482,20 @@ mod x86 {
 mod tests {
     use super::*;
 
-    /// `product` at every level this CPU has, for every row count up to 13, A as stored and
-    /// transposed, column ranges with every tail, with and without accumulation, every stride
+    /// `product` at every level this CPU has, for every row count up to 13, an inner dimension
+    /// of one pass and of three, A as stored and transposed, column ranges with every tail, with and without accumulation, every stride
     /// padded: bit for bit one chain of fused multiply-adds per element, from zero, then added to
     /// C (so every level, block and thread split gives the same bits).
     #[test]
     fn direct_products_are_one_multiply_add_chain_per_element() {
-        let (n, k) = (150, 9);
+        let n = 150;
         let value = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 25.0;
-        for level in Isa::ALL.into_iter().filter(|&l| l <= Isa::detected() && has_kernel(l)) {
+        // One pass over the inner dimension, and several (the last shorter than the others).
+        for (level, k) in Isa::ALL
+            .into_iter()
+            .filter(|&l| l <= Isa::detected() && has_kernel(l))
+            .flat_map(|l| [(l, 9), (l, 2 * KC + 5)])
+        {
             for (m, ta) in (0..=13).flat_map(|m| [(m, false), (m, true)]) {
                 let (lda, ldb, ldc) = (if ta { m + 2 } else { k + 2 }, n + 3, n + 1);
                 let a_at = |i: usize, p: usize| if ta { p * lda + i } else { i * lda + p };
