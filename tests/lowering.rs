@@ -87,6 +87,7 @@ fn a_tree_lstm_minibatch_lowers_to_the_expected_launches() {
     assert_eq!((input_grad.m, input_grad.n, input_grad.k), (4, 18, 1), "summed per distinct word: k = 1");
 }
 
+/// The engine runs the lowering's list, counting its floating-point operations and backend calls.
 #[test]
 fn the_engine_runs_the_list_the_lowering_prints() {
     let graphs = minibatch();
@@ -104,4 +105,11 @@ fn the_engine_runs_the_list_the_lowering_prints() {
     assert_eq!(ran, expected);
     assert_eq!(e.flops(), flops);
     assert!(flops > 0);
+    // One backend call per product, fused kernel, fill, copy, scatter-add and row sum: the
+    // forward pass's 6 + 5, then the backward pass's, counted as the lowering printed them.
+    assert_eq!(e.calls(), 11);
+    let g = vec![0.1f32; 8 * 6];
+    e.backward(&[&g]).unwrap();
+    assert_eq!(e.calls(), 11 + Counts::of(e.lowering().launches()).total() as u64);
+    assert!(e.calls() > 11);
 }

@@ -114,6 +114,12 @@ impl Counts {
         }
         c
     }
+
+    /// Backend calls in all: one per product, fused kernel, copy, fill, scatter-add and row sum
+    /// (a device launches a kernel, or a library call, for each).
+    pub fn total(&self) -> usize {
+        self.products + self.fused + self.copies + self.fills + self.scatters + self.row_sums
+    }
 }
 
 impl Launch {

@@ -260,6 +260,8 @@ pub struct Engine<B: Backend> {
     lowering: Lowering,
     /// Floating-point operations executed so far (GEMMs and fused kernels).
     flops: u64,
+    /// Backend calls made so far ([`Counts::total`]).
+    calls: u64,
     host: Vec<f32>,
     /// What the next training pass draws its dropout masks from.
     dropout: DropoutKey,
@@ -283,6 +285,7 @@ impl<B: Backend> Engine<B> {
             index,
             lowering,
             flops: 0,
+            calls: 0,
             host: Vec::new(),
             dropout: DropoutKey::default(),
             masks: Vec::new(),
@@ -327,6 +330,13 @@ impl<B: Backend> Engine<B> {
     /// per element per fused op. Work skipped as known zeros is not counted.
     pub fn flops(&self) -> u64 {
         self.flops
+    }
+
+    /// Backend calls this engine has made: one per product, fused kernel, copy, fill,
+    /// scatter-add and row sum (on a GPU, a kernel launch or a cuBLAS call each). Parameter
+    /// reads and writes, and the optimizer, are not counted.
+    pub fn calls(&self) -> u64 {
+        self.calls
     }
 
     /// Schedules later minibatches with `policy` (the default batches by height).
@@ -463,6 +473,7 @@ impl<B: Backend> Engine<B> {
             backend.write(&mut self.bufs[ARENA], *at, &up.data[range.clone()])?;
         }
         self.flops += launch::execute(backend, &mut Mem { data: &mut self.bufs, index: &self.index }, l.launches())?;
+        self.calls += launch::Counts::of(l.launches()).total() as u64;
         Ok(())
     }
 

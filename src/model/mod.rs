@@ -642,6 +642,11 @@ impl<B: Backend> Model<B> {
         self.cells.iter().map(Engine::flops).sum::<u64>() + self.head.engine().flops()
     }
 
+    /// Backend calls the cells' and the head's engines made so far ([`Engine::calls`]).
+    pub fn calls(&mut self) -> u64 {
+        self.cells.iter().map(Engine::calls).sum::<u64>() + self.head.engine().calls()
+    }
+
     /// The scheduler of the bottom cells' engine (for [`Model::gradients`] with a minibatch
     /// planned ahead).
     pub fn planner(&self) -> Planner {

@@ -52,9 +52,8 @@ fn bench_model<B: Backend>(
 /// Times `examples` through `args.workers` replicas of `model` on threads (see
 /// `BenchArgs::workers`), each with a [replica](Backend::replica) of its backend, after a warm-up
 /// on three minibatches. Training runs one epoch of [`Run::fit`], the loop `arbor train` runs;
-/// inference gives each worker every `args.workers`-th minibatch from its rank on. Returns the
-/// seconds and the floating-point operations the engines executed.
-pub(crate) fn measure<B: Backend>(model: Model<B>, args: &BenchArgs, examples: &[Labelled<'_>]) -> Result<(f64, f64)>
+/// inference gives each worker every `args.workers`-th minibatch from its rank on.
+pub(crate) fn measure<B: Backend>(model: Model<B>, args: &BenchArgs, examples: &[Labelled<'_>]) -> Result<Timed>
 where
     Model<B>: Send,
 {
@@ -75,7 +74,7 @@ where
         )?;
         let (model, opt) = run.into_parts();
         let mut run = Run::new(model, opt, &Rng::new(2));
-        let flops_before = run.model_mut().flops();
+        let (flops_before, calls_before) = (run.model_mut().flops(), run.model_mut().calls());
         let start = Instant::now();
         let mut progress = |e: Event| {
             if let Event::Trees(n) = e {
@@ -88,7 +87,8 @@ where
         pb.finish_and_clear();
         // Every replica runs its share of each minibatch: the first one's flops are its share.
         let flops = (run.model_mut().flops() - flops_before) as f64 * args.workers as f64;
-        return Ok((seconds, flops));
+        let calls = (run.model_mut().calls() - calls_before) as f64;
+        return Ok(Timed { seconds, flops, calls_per_step: calls / examples.len().div_ceil(args.batch) as f64 });
     }
     let mut replicas: Vec<Model<B>> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
     replicas.insert(0, model);
@@ -111,14 +111,27 @@ where
         pass(&mut model, &batches[..batches.len().min(3)], None)?;
         let mut meet = [0.0f32];
         coll.all_reduce_sum(&mut meet)?;
-        let flops_before = model.flops();
+        let (flops_before, calls_before) = (model.flops(), model.calls());
         let start = Instant::now();
         pass(&mut model, &batches, Some(&pb))?;
-        Ok((start, model.flops() - flops_before))
+        Ok((start, model.flops() - flops_before, model.calls() - calls_before))
     })?;
-    let seconds = timed.iter().map(|(start, _)| start.elapsed()).max().unwrap_or_default().as_secs_f64();
+    let seconds = timed.iter().map(|(start, ..)| start.elapsed()).max().unwrap_or_default().as_secs_f64();
     pb.finish_and_clear();
-    Ok((seconds, timed.iter().map(|&(_, flops)| flops as f64).sum()))
+    let calls: u64 = timed.iter().map(|&(.., calls)| calls).sum();
+    Ok(Timed {
+        seconds,
+        flops: timed.iter().map(|&(_, flops, _)| flops as f64).sum(),
+        calls_per_step: calls as f64 / batches.len().max(1) as f64,
+    })
+}
+
+/// A timed run: its seconds, the floating-point operations its engines executed, and their
+/// backend calls per minibatch (one replica's, for training on several workers).
+pub(crate) struct Timed {
+    seconds: f64,
+    flops: f64,
+    calls_per_step: f64,
 }
 
 /// The classes of a minibatch's target rows (each example's one row).
@@ -199,19 +212,18 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
     let labelled: Vec<Labelled<'_>> = examples.iter().map(|tree| Labelled { tree, loss_on: on, classes }).collect();
     struct Work<'a, 'l>(VertexFn, usize, usize, &'a BenchArgs, &'a [Labelled<'l>], LossOn);
     impl OnDevice for Work<'_, '_> {
-        type Out = (f64, f64, String);
-        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<(f64, f64, String)> {
+        type Out = (Timed, String);
+        fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<(Timed, String)> {
             let Work(cell, vocab, classes, args, examples, loss_on) = self;
             let mut model = bench_model(&backend, cell, vocab, classes, args, loss_on)?;
             if args.precision == PrecisionArg::F16 {
                 model = model.with_loss_scale(LossScaler::dynamic());
             }
-            let (seconds, flops) = measure(model, args, examples)?;
-            Ok((seconds, flops, backend.device()))
+            Ok((measure(model, args, examples)?, backend.device()))
         }
     }
     let work = Work(cell, vocab, classes, args, &labelled, loss_on);
-    let (seconds, flops, device) = on_device(args.device, args.precision, work)?;
+    let (Timed { seconds, flops, calls_per_step }, device) = on_device(args.device, args.precision, work)?;
     let gpu = (args.device == Device::Cuda).then_some(device);
     let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
     let nominal = vertices as f64 * nominal_per_vertex as f64;
@@ -237,6 +249,7 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
             "gflops": significant(flops / seconds / 1e9),
             "nominal_gflops": significant(nominal / seconds / 1e9),
             "peak_rss_mb": (peak_rss_mb() * 10.0).round() / 10.0,
+            "launches_per_step": calls_per_step.round(),
         })
     );
     Ok(())
