@@ -76,11 +76,14 @@ impl Average {
             .zip(current)
             .flat_map(|((_, _, avg), (_, _, now))| avg.chunks_mut(PIECE).zip(now.as_ref().chunks(PIECE)));
         for_each_on_team(pieces.collect(), |(avg, now)| {
-            vectorised(|| {
-                for (a, &x) in avg.iter_mut().zip(now) {
-                    *a += (1.0 - keep) * (x - *a);
-                }
-            })
+            vectorised(
+                #[inline(always)]
+                || {
+                    for (a, &x) in avg.iter_mut().zip(now) {
+                        *a += (1.0 - keep) * (x - *a);
+                    }
+                },
+            )
         });
         Ok(())
     }

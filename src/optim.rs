@@ -154,7 +154,10 @@ impl Optimizer {
         let s = self.slot(name, p.len());
         let pieces = p.chunks_mut(PIECE).zip(g.chunks(PIECE)).zip(s.m.chunks_mut(PIECE)).zip(s.v.chunks_mut(PIECE));
         for_each_on_team(pieces.map(|(((p, g), m), v)| (p, g, m, v)).collect(), |(p, g, m, v)| {
-            vectorised(|| update(c, t, p, g, m, v))
+            vectorised(
+                #[inline(always)]
+                || update(c, t, p, g, m, v),
+            )
         });
     }
 
@@ -187,7 +190,12 @@ impl Optimizer {
             next = r as usize + 1;
             items.push((p, g, m, v));
         }
-        for_each_on_team(items, |(p, g, m, v)| vectorised(|| update(c, t, p, g, m, v)));
+        for_each_on_team(items, |(p, g, m, v)| {
+            vectorised(
+                #[inline(always)]
+                || update(c, t, p, g, m, v),
+            )
+        });
     }
 }
 

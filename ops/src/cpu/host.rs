@@ -21,8 +21,9 @@ pub fn for_each_on_team<T: Send>(items: Vec<T>, f: impl Fn(T) + Sync) {
     });
 }
 
-/// Runs `f`, compiled (where it is inlined, as small closures over plain loops are) for AVX-512
-/// or AVX2 + FMA when the [active](super::isa::active) level has them.
+/// Runs `f`, compiled for AVX-512 or AVX2 + FMA when the [active](super::isa::active) level has
+/// them — where `f` is inlined here: pass a closure marked `#[inline(always)]` (one left to the
+/// compiler may be compiled on its own, with the baseline's instructions).
 #[inline(always)]
 pub fn vectorised<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
@@ -61,7 +62,12 @@ mod tests {
         });
         assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         let mut data = vec![1.0f32; 1000];
-        for_each_on_team(data.chunks_mut(100).collect(), |c| vectorised(|| c.iter_mut().for_each(|x| *x *= 3.0)));
+        for_each_on_team(data.chunks_mut(100).collect(), |c| {
+            vectorised(
+                #[inline(always)]
+                || c.iter_mut().for_each(|x| *x *= 3.0),
+            )
+        });
         assert!(data.iter().all(|&x| x == 3.0));
     }
 }

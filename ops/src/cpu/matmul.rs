@@ -2,12 +2,14 @@
 //! [team] (or by batch entries, for batched products), so each core reads only its
 //! share of B and keeps it in its own cache from one task to the next. Products run on the
 //! [direct] kernel, reading B in place or, when B is a transposed parameter, a
-//! row-major copy of its transpose made once between parameter writes. Transposed products of
+//! row-major copy of its transpose made once between parameter writes — except products of a
+//! few rows with a transposed parameter, which run as [dots] over its rows as stored (making the
+//! copy would cost more than they do). Transposed products of
 //! other values, products of many rows below AVX-512 ([`direct::suits`]) and every product on an
 //! x86-64 CPU (or [level](super::isa::active)) without AVX2 run on the `gemm` crate.
 
 use super::memory::{Raw, Span};
-use super::{bad, direct, team};
+use super::{bad, direct, dots, team};
 use arbor_core::backend::{Gemm, Loc};
 use arbor_core::error::Result;
 use gemm::Parallelism;
@@ -138,6 +140,8 @@ impl Out {
 enum Path {
     /// The direct kernel on B as stored (`None`) or on a transposed copy.
     Direct(Option<Arc<Vec<f32>>>),
+    /// Dot products with a transposed parameter's rows as stored ([`dots`]).
+    Dots,
     /// The `gemm` crate.
     Crate,
 }
@@ -164,6 +168,8 @@ pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) ->
     for g in gs {
         paths.push(if !direct::suits(super::isa::active(), g.m) || (g.tb && !g.b_fixed) {
             Path::Crate
+        } else if g.tb && !g.ta && dots::suits(super::isa::active(), g.m) {
+            Path::Dots
         } else if g.tb {
             // SAFETY: range checked above; parameters are not written by compute calls.
             let b = unsafe { raw.get("gemm", g.b, extent(g.n, g.k, g.ldb))? };
@@ -190,7 +196,7 @@ fn run_part(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path], part: usize, parts: usiz
         match path {
             // Every element of the direct kernel is one chain of multiply-adds, wherever the
             // columns are cut: one call over the part's units.
-            Path::Direct(_) => {
+            Path::Direct(_) | Path::Dots => {
                 let units = team::share(g.n.div_ceil(UNIT), part, parts);
                 run(raw, g, path, 0, units.start * UNIT..(units.end * UNIT).min(g.n))?;
             }
@@ -303,6 +309,11 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Re
     let a = unsafe { raw.get("gemm", g.a.offset_by(i.saturating_mul(g.stride_a)), extent(a_rows, a_cols, g.lda))? };
     // SAFETY: as above.
     let b = unsafe { raw.get("gemm", g.b.offset_by(i.saturating_mul(g.stride_b)), extent(b_rows, b_cols, g.ldb))? };
+    if let Path::Dots = path {
+        if dots::product((g.m, g.k), cols.clone(), (a, g.lda), (b, g.ldb), (c, g.ldc), g.accumulate) {
+            return Ok(());
+        }
+    }
     if let Path::Direct(t) = path {
         let (b, ldb) = t.as_ref().map_or((b, g.ldb), |t| (t.as_slice(), g.n));
         if direct::product((g.m, g.k), cols.clone(), (a, g.lda, g.ta), (b, ldb), (c, g.ldc), g.accumulate) {

@@ -3,6 +3,7 @@
 
 mod buffer;
 mod direct;
+mod dots;
 mod elementwise;
 mod fused;
 pub mod host;
@@ -211,13 +212,16 @@ impl Backend for CpuBackend {
                     let acc = &mut *acc.borrow_mut();
                     acc.clear();
                     acc.extend(d.iter().map(|&x| if accumulate { f64::from(x) } else { 0.0 }));
-                    host::vectorised(|| {
-                        for row in s.chunks_exact(cols.max(1)) {
-                            for (a, &x) in acc.iter_mut().zip(&row[span.clone()]) {
-                                *a += f64::from(x);
+                    host::vectorised(
+                        #[inline(always)]
+                        || {
+                            for row in s.chunks_exact(cols.max(1)) {
+                                for (a, &x) in acc.iter_mut().zip(&row[span.clone()]) {
+                                    *a += f64::from(x);
+                                }
                             }
-                        }
-                    });
+                        },
+                    );
                     for (d, a) in d.iter_mut().zip(acc.iter()) {
                         *d = *a as f32;
                     }
