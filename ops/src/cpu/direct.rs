@@ -47,9 +47,6 @@ fn product_at(
     (c, ldc): (&mut [f32], usize),
     accumulate: bool,
 ) -> bool {
-    let spans = |rows: usize, width: usize, ld: usize, len: usize| {
-        rows == 0 || (rows - 1).checked_mul(ld).and_then(|x| x.checked_add(width)).is_some_and(|end| end <= len)
-    };
     let (a_rows, a_cols) = if ta { (k, m) } else { (m, k) };
     if !spans(a_rows, a_cols, lda, a.len()) || !spans(k, cols.end, ldb, b.len()) || !spans(m, cols.end, ldc, c.len()) {
         return false;
@@ -102,6 +99,11 @@ fn kernel(level: Isa, ops: Operands, width: usize) -> bool {
         }
     }
     true
+}
+
+/// Whether `rows` rows of `width` elements, `ld` apart, fit in `len` elements.
+pub(super) fn spans(rows: usize, width: usize, ld: usize, len: usize) -> bool {
+    rows == 0 || (rows - 1).checked_mul(ld).and_then(|x| x.checked_add(width)).is_some_and(|end| end <= len)
 }
 
 /// Whether the direct kernel runs at `level` (everywhere but x86-64 without AVX2).
@@ -344,8 +346,7 @@ pub(crate) fn transpose(
     ps: std::ops::Range<usize>,
     out: &mut [f32],
 ) -> bool {
-    let spans_b = n == 0 || (n - 1).checked_mul(ldb).and_then(|x| x.checked_add(k)).is_some_and(|end| end <= b.len());
-    if !spans_b || ps.end > k || out.len() < ps.len() * n {
+    if !spans(n, k, ldb, b.len()) || ps.end > k || out.len() < ps.len() * n {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
@@ -478,24 +479,44 @@ mod x86 {
     }
 }
 
+/// What the product kernels' tests share.
+#[cfg(test)]
+pub(super) mod checks {
+    use super::{has_kernel, Isa};
+
+    /// Every level this CPU has that has a kernel.
+    pub fn levels() -> impl Iterator<Item = Isa> {
+        Isa::ALL.into_iter().filter(|&l| l <= Isa::detected() && has_kernel(l))
+    }
+
+    /// A fixed, varied test value for index `i`.
+    pub fn value(i: usize) -> f32 {
+        ((i * 37 % 101) as f32 - 50.0) / 25.0
+    }
+
+    /// Asserts `got` equals `want` bit for bit, naming the case and the element.
+    pub fn same_bits(got: &[f32], want: &[f32], case: &str) {
+        for (e, (x, y)) in got.iter().zip(want).enumerate() {
+            assert_eq!(x.to_bits(), y.to_bits(), "{case}, [{e}]: {x} vs {y}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::checks::{levels, same_bits, value};
     use super::*;
 
     /// `product` at every level this CPU has, for every row count up to 13, an inner dimension
-    /// of one pass and of three, A as stored and transposed, column ranges with every tail, with and without accumulation, every stride
-    /// padded: bit for bit one chain of fused multiply-adds per element, from zero, then added to
-    /// C (so every level, block and thread split gives the same bits).
+    /// of one pass and of three, A as stored and transposed, column ranges with every tail, with
+    /// and without accumulation, every stride padded: bit for bit one chain of fused
+    /// multiply-adds per element, from zero, then added to C (so every level, block and thread
+    /// split gives the same bits).
     #[test]
     fn direct_products_are_one_multiply_add_chain_per_element() {
         let n = 150;
-        let value = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 25.0;
         // One pass over the inner dimension, and several (the last shorter than the others).
-        for (level, k) in Isa::ALL
-            .into_iter()
-            .filter(|&l| l <= Isa::detected() && has_kernel(l))
-            .flat_map(|l| [(l, 9), (l, 2 * KC + 5)])
-        {
+        for (level, k) in levels().flat_map(|l| [(l, 9), (l, 2 * KC + 5)]) {
             for (m, ta) in (0..=13).flat_map(|m| [(m, false), (m, true)]) {
                 let (lda, ldb, ldc) = (if ta { m + 2 } else { k + 2 }, n + 3, n + 1);
                 let a_at = |i: usize, p: usize| if ta { p * lda + i } else { i * lda + p };
@@ -521,13 +542,7 @@ mod tests {
                             accumulate,
                         );
                         assert!(done, "{level}: no kernel");
-                        for (e, (x, y)) in c.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                x.to_bits(),
-                                y.to_bits(),
-                                "{level}: m {m}, ta {ta}, cols {cols:?}, [{e}]: {x} vs {y}"
-                            );
-                        }
+                        same_bits(&c, &want, &format!("{level}: m {m}, ta {ta}, cols {cols:?}"));
                     }
                 }
             }

@@ -30,21 +30,9 @@ pub(crate) fn suits(level: Isa, m: usize) -> bool {
 
 /// `C (+)= A·Bᵀ` over the columns `cols` of C (rows of B), for `m` rows of A and an inner
 /// dimension `k`, with A (`m × k`), B (`n × k`) and C row-major (row strides `lda`, `ldb`,
-/// `ldc`); `false` (nothing done) where the [active](super::isa::active) level has no kernel or
-/// a slice does not span its operand.
+/// `ldc`), at the instruction-set level `level` (at most what the CPU has); `false` (nothing
+/// done) where the level has no kernel or a slice does not span its operand.
 pub(crate) fn product(
-    (m, k): (usize, usize),
-    cols: std::ops::Range<usize>,
-    (a, lda): (&[f32], usize),
-    (b, ldb): (&[f32], usize),
-    (c, ldc): (&mut [f32], usize),
-    accumulate: bool,
-) -> bool {
-    product_at(super::isa::active(), (m, k), cols, (a, lda), (b, ldb), (c, ldc), accumulate)
-}
-
-/// [`product`] at the instruction-set level `level` (at most what the CPU has).
-fn product_at(
     level: Isa,
     (m, k): (usize, usize),
     cols: std::ops::Range<usize>,
@@ -53,9 +41,7 @@ fn product_at(
     (c, ldc): (&mut [f32], usize),
     accumulate: bool,
 ) -> bool {
-    let spans = |rows: usize, width: usize, ld: usize, len: usize| {
-        rows == 0 || (rows - 1).checked_mul(ld).and_then(|x| x.checked_add(width)).is_some_and(|end| end <= len)
-    };
+    use super::direct::spans;
     if !spans(m, k, lda, a.len()) || !spans(cols.end, k, ldb, b.len()) || !spans(m, cols.end, ldc, c.len()) {
         return false;
     }
@@ -230,6 +216,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::direct::checks::{levels, same_bits, value};
     use super::*;
 
     /// At every level this CPU has, for every row count up to the most, inner dimensions short of,
@@ -238,8 +225,7 @@ mod tests {
     #[test]
     fn dot_products_are_sixteen_chains_added_in_a_fixed_tree() {
         let n = 21;
-        let value = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 25.0;
-        for level in Isa::ALL.into_iter().filter(|&l| l <= Isa::detected() && super::super::direct::has_kernel(l)) {
+        for level in levels() {
             for (m, k) in (0..=MAX_ROWS).flat_map(|m| [(m, 1), (m, 7), (m, 16), (m, 45)]) {
                 let (lda, ldb, ldc) = (k + 2, k + 3, n + 1);
                 for cols in [0..n, 5..n, 3..3, 20..21] {
@@ -260,15 +246,9 @@ mod tests {
                             }
                         }
                         let done =
-                            product_at(level, (m, k), cols.clone(), (&a, lda), (&b, ldb), (&mut c, ldc), accumulate);
+                            product(level, (m, k), cols.clone(), (&a, lda), (&b, ldb), (&mut c, ldc), accumulate);
                         assert!(done, "{level}: no kernel");
-                        for (e, (x, y)) in c.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                x.to_bits(),
-                                y.to_bits(),
-                                "{level}: m {m}, k {k}, cols {cols:?}, [{e}]: {x} vs {y}"
-                            );
-                        }
+                        same_bits(&c, &want, &format!("{level}: m {m}, k {k}, cols {cols:?}"));
                     }
                 }
             }
@@ -279,8 +259,9 @@ mod tests {
     #[test]
     fn operands_too_short_are_refused() {
         let (a, b, mut c) = (vec![1.0; 8], vec![1.0; 8], vec![0.0; 4]);
-        assert!(!product((2, 4), 0..2, (&a, 4), (&b[..7], 4), (&mut c, 2), false));
-        assert!(!product((2, 4), 0..2, (&a[..7], 4), (&b, 4), (&mut c, 2), false));
-        assert!(!product((2, 4), 0..2, (&a, 4), (&b, 4), (&mut c[..3], 2), false));
+        let level = Isa::detected();
+        assert!(!product(level, (2, 4), 0..2, (&a, 4), (&b[..7], 4), (&mut c, 2), false));
+        assert!(!product(level, (2, 4), 0..2, (&a[..7], 4), (&b, 4), (&mut c, 2), false));
+        assert!(!product(level, (2, 4), 0..2, (&a, 4), (&b, 4), (&mut c[..3], 2), false));
     }
 }

@@ -310,7 +310,15 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Re
     // SAFETY: as above.
     let b = unsafe { raw.get("gemm", g.b.offset_by(i.saturating_mul(g.stride_b)), extent(b_rows, b_cols, g.ldb))? };
     if let Path::Dots = path {
-        if dots::product((g.m, g.k), cols.clone(), (a, g.lda), (b, g.ldb), (c, g.ldc), g.accumulate) {
+        if dots::product(
+            super::isa::active(),
+            (g.m, g.k),
+            cols.clone(),
+            (a, g.lda),
+            (b, g.ldb),
+            (c, g.ldc),
+            g.accumulate,
+        ) {
             return Ok(());
         }
     }
