@@ -123,6 +123,15 @@ impl Counts {
 }
 
 impl Launch {
+    /// Backend calls: one per product of a wave, else one (their sum over a list is
+    /// [`Counts::total`]).
+    pub fn calls(&self) -> usize {
+        match self {
+            Launch::Gemms(gs) => gs.len(),
+            _ => 1,
+        }
+    }
+
     /// Floating-point operations: `2·m·n·k` per matrix product, one per element per fused op
     /// (copies, fills and sums count none).
     pub fn flops(&self) -> u64 {
@@ -168,11 +177,13 @@ impl Uploads {
     }
 }
 
-/// Runs `launches` in order on `backend` over `mem`; returns the flops they executed.
-pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &[Launch]) -> Result<u64> {
-    let mut flops = 0;
+/// Runs `launches` in order on `backend` over `mem`; returns the flops they executed and the
+/// backend calls they made.
+pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &[Launch]) -> Result<(u64, u64)> {
+    let (mut flops, mut calls) = (0, 0);
     for l in launches {
         flops += l.flops();
+        calls += l.calls() as u64;
         match l {
             Launch::Fill { dst, len } => backend.fill(mem, *dst, *len, 0.0)?,
             Launch::Gemm(g) => backend.gemm(mem, g)?,
@@ -185,7 +196,7 @@ pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &
             Launch::SumRows { src, rows, cols, dst } => backend.sum_rows(mem, *src, *rows, *cols, *dst, true)?,
         }
     }
-    Ok(flops)
+    Ok((flops, calls))
 }
 
 /// `buf:offset`, with the engine's buffers named.

@@ -472,8 +472,10 @@ impl<B: Backend> Engine<B> {
         for (at, range) in &up.writes {
             backend.write(&mut self.bufs[ARENA], *at, &up.data[range.clone()])?;
         }
-        self.flops += launch::execute(backend, &mut Mem { data: &mut self.bufs, index: &self.index }, l.launches())?;
-        self.calls += launch::Counts::of(l.launches()).total() as u64;
+        let (flops, calls) =
+            launch::execute(backend, &mut Mem { data: &mut self.bufs, index: &self.index }, l.launches())?;
+        self.flops += flops;
+        self.calls += calls;
         Ok(())
     }
 

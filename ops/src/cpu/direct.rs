@@ -193,36 +193,26 @@ thread_local! {
 /// As [`columns`].
 #[inline(always)]
 unsafe fn rows<W: Vector, const V: usize>(ops: Operands, tail: usize) {
-    if ops.sums.is_null() {
-        // SAFETY: as for this function.
-        unsafe { row_blocks::<W, V>(ops, tail, Sums::Whole) };
-        return;
-    }
+    // Without room for running sums, one pass over the whole inner dimension.
+    let kc = if ops.sums.is_null() { ops.k } else { KC };
     let mut p0 = 0;
     while p0 < ops.k {
-        let kc = (ops.k - p0).min(KC);
-        let kept = Kept { at: ops.sums, first: p0 == 0, last: p0 + kc == ops.k };
+        let kc = (ops.k - p0).min(kc);
+        let sums = Sums { at: ops.sums, first: p0 == 0, last: p0 + kc == ops.k };
         // SAFETY: steps `p0..p0 + kc` of the inner dimension lie inside A and B.
         let at = unsafe { Operands { k: kc, a: ops.a.add(p0 * ops.cs), b: ops.b.add(p0 * ops.ldb), ..ops } };
-        // SAFETY: as for this function; the sums hold `SUMS_PER_ROW ≥ V·LANES` for each row.
-        unsafe { row_blocks::<W, V>(at, tail, Sums::Kept(kept)) };
+        // SAFETY: as for this function; the sums, where a pass is not both first and last, hold
+        // `SUMS_PER_ROW ≥ V·LANES` for each row.
+        unsafe { row_blocks::<W, V>(at, tail, sums) };
         p0 += kc;
     }
 }
 
-/// Where a pass over part of the inner dimension starts and leaves its sums.
+/// One pass over part of the inner dimension: the first starts from zero, the last writes C;
+/// between passes the running sums are kept at `at`, `V` vectors per row of C, row after row
+/// (a pass that is both first and last keeps none: `at` may be null).
 #[derive(Clone, Copy)]
-enum Sums {
-    /// The whole inner dimension in one pass: from zero, into C.
-    Whole,
-    /// One pass of several.
-    Kept(Kept),
-}
-
-/// Running sums between passes: `V` vectors per row of C from `at`, row after row; the first
-/// pass starts from zero, the last writes C.
-#[derive(Clone, Copy)]
-struct Kept {
+struct Sums {
     at: *mut f32,
     first: bool,
     last: bool,
@@ -232,18 +222,17 @@ struct Kept {
 /// `tail` lanes.
 ///
 /// # Safety
-/// As [`columns`]; `Sums::Kept` holds `V` vectors for each of the `m` rows.
+/// As [`columns`]; unless the pass is both first and last, the sums hold `V` vectors for each of
+/// the `m` rows.
 #[inline(always)]
 unsafe fn row_blocks<W: Vector, const V: usize>(ops: Operands, tail: usize, sums: Sums) {
     let mut i = 0;
     while i < ops.m {
-        // SAFETY: row `i` lies inside A and C, and inside the running sums.
+        // SAFETY: row `i` lies inside A and C; the sums' address is only followed where they
+        // are kept (it may be null otherwise, hence `wrapping_add`).
         let (at, sums) = unsafe {
             let at = Operands { a: ops.a.add(i * ops.rs), c: ops.c.add(i * ops.ldc), ..ops };
-            match sums {
-                Sums::Kept(k) => (at, Sums::Kept(Kept { at: k.at.add(i * V * W::LANES), ..k })),
-                Sums::Whole => (at, sums),
-            }
+            (at, Sums { at: sums.at.wrapping_add(i * V * W::LANES), ..sums })
         };
         // SAFETY: as for this function; the block's rows lie inside A and C.
         unsafe {
@@ -285,7 +274,8 @@ unsafe fn load<W: Vector, const V: usize>(p: *const f32, q: usize, tail: usize) 
 unsafe fn block<W: Vector, const R: usize, const V: usize>(ops: Operands, tail: usize, sums: Sums) {
     let Operands { k, a, rs, cs, b, ldb, c, ldc, accumulate, .. } = ops;
     let mut acc = [[W::splat(0.0); V]; R];
-    if let Sums::Kept(Kept { at, first: false, .. }) = sums {
+    if !sums.first {
+        let at = sums.at;
         for (r, acc) in acc.iter_mut().enumerate() {
             for (q, v) in acc.iter_mut().enumerate() {
                 // SAFETY: the running sums hold `V` whole vectors for each row.
@@ -309,7 +299,8 @@ unsafe fn block<W: Vector, const R: usize, const V: usize>(ops: Operands, tail: 
             }
         }
     }
-    if let Sums::Kept(Kept { at, last: false, .. }) = sums {
+    if !sums.last {
+        let at = sums.at;
         for (r, acc) in acc.iter().enumerate() {
             for (q, v) in acc.iter().enumerate() {
                 // SAFETY: as above.
