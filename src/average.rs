@@ -15,9 +15,9 @@
 //! ```
 
 use crate::checkpoint::{Checkpoint, Named};
-use crate::optim::PIECE;
 use arbor_core::error::{Error, Result};
 use arbor_ops::cpu::host::{for_each_on_team, vectorised};
+use arbor_ops::cpu::optim::PIECE;
 
 /// The name prefix of the averaged tensors in a checkpoint (`avg.embedding`, `avg.cell.W`, …).
 const PREFIX: &str = "avg.";

@@ -5,48 +5,10 @@
 use crate::layers::SparseGrad;
 use arbor_core::error::{Error, Result};
 pub use arbor_core::finite::all_finite;
-use arbor_ops::cpu::host::{for_each_on_team, vectorised};
+use arbor_core::optim::apply;
+pub use arbor_core::optim::{Config, Rule, Update};
+use arbor_ops::cpu::optim;
 use std::collections::{BTreeMap, BTreeSet};
-
-/// Which update rule.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Rule {
-    /// SGD with momentum (0 for plain SGD); weight decay is added to the gradient.
-    Sgd {
-        /// Momentum coefficient.
-        momentum: f32,
-    },
-    /// Adagrad; weight decay is added to the gradient.
-    Adagrad,
-    /// Adam; weight decay is added to the gradient (L2).
-    Adam,
-    /// AdamW: Adam with decoupled weight decay.
-    AdamW,
-}
-
-/// Optimizer settings.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Config {
-    /// The update rule.
-    pub rule: Rule,
-    /// Learning rate.
-    pub lr: f32,
-    /// Weight decay.
-    pub weight_decay: f32,
-    /// Adam's β₁.
-    pub beta1: f32,
-    /// Adam's β₂.
-    pub beta2: f32,
-    /// Denominator guard (Adagrad, Adam).
-    pub eps: f32,
-}
-
-impl Config {
-    /// Settings for `rule` at learning rate `lr`, with common defaults for the rest.
-    pub fn new(rule: Rule, lr: f32) -> Config {
-        Config { rule, lr, weight_decay: 0.0, beta1: 0.9, beta2: 0.999, eps: 1e-8 }
-    }
-}
 
 /// Per-tensor state.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -149,16 +111,9 @@ impl Optimizer {
         if self.frozen.contains(name) {
             return;
         }
-        let c = self.config_of(name);
-        let t = self.steps.max(1);
+        let u = Update::new(self.config_of(name), self.steps);
         let s = self.slot(name, p.len());
-        let pieces = p.chunks_mut(PIECE).zip(g.chunks(PIECE)).zip(s.m.chunks_mut(PIECE)).zip(s.v.chunks_mut(PIECE));
-        for_each_on_team(pieces.map(|(((p, g), m), v)| (p, g, m, v)).collect(), |(p, g, m, v)| {
-            vectorised(
-                #[inline(always)]
-                || update(c, t, p, g, m, v),
-            )
-        });
+        optim::dense(&u, p, g, &mut s.m, &mut s.v);
     }
 
     /// Updates the rows that `g` touches of the embedding table `name` (`dim` wide; nothing if it
@@ -168,40 +123,21 @@ impl Optimizer {
         if self.frozen.contains(name) {
             return;
         }
-        let c = self.config_of(name);
-        let t = self.steps.max(1);
+        let u = Update::new(self.config_of(name), self.steps);
         let s = self.slot(name, table.len());
         let vocab = table.len() / dim.max(1);
-        if dim == 0 || !g.rows.windows(2).all(|w| w[0] < w[1]) || g.rows.last().is_some_and(|&r| r as usize >= vocab) {
+        if dim == 0 || !optim::rows_in_order(&g.rows, vocab) {
             // Not the documented form (ascending, each once, in range): row by row, in order.
             for (k, &r) in g.rows.iter().enumerate() {
                 let rows = r as usize * dim..(r as usize + 1) * dim;
                 let (m, v) = (&mut s.m[rows.clone()], &mut s.v[rows.clone()]);
-                update(c, t, &mut table[rows], &g.values[k * dim..(k + 1) * dim], m, v);
+                apply(&u, &mut table[rows], &g.values[k * dim..(k + 1) * dim], m, v);
             }
             return;
         }
-        // The touched rows of the table and of the state, picked out in one pass.
-        let mut rows = table.chunks_exact_mut(dim).zip(s.m.chunks_exact_mut(dim)).zip(s.v.chunks_exact_mut(dim));
-        let mut next = 0;
-        let mut items = Vec::with_capacity(g.rows.len());
-        for (&r, g) in g.rows.iter().zip(g.values.chunks_exact(dim)) {
-            let Some(((p, m), v)) = rows.nth(r as usize - next) else { break };
-            next = r as usize + 1;
-            items.push((p, g, m, v));
-        }
-        for_each_on_team(items, |(p, g, m, v)| {
-            vectorised(
-                #[inline(always)]
-                || update(c, t, p, g, m, v),
-            )
-        });
+        optim::rows(&u, (table, dim), &g.rows, &g.values, &mut s.m, &mut s.v);
     }
 }
-
-/// Elements per piece of a dense update shared out between the threads (the optimizer's and a
-/// weight average's).
-pub(crate) const PIECE: usize = 1 << 14;
 
 /// `len` zeros with every page written (a zeroed allocation may leave its pages unmapped until
 /// first touched).
@@ -214,40 +150,6 @@ fn written_zeros(len: usize) -> Vec<f32> {
     v
 }
 
-#[inline(always)]
-fn update(c: Config, t: u64, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-    match c.rule {
-        Rule::Sgd { momentum } => {
-            for ((p, &g), m) in p.iter_mut().zip(g).zip(m) {
-                let g = g + c.weight_decay * *p;
-                *m = momentum * *m + g;
-                *p -= c.lr * *m;
-            }
-        }
-        Rule::Adagrad => {
-            for ((p, &g), m) in p.iter_mut().zip(g).zip(m) {
-                let g = g + c.weight_decay * *p;
-                *m += g * g;
-                *p -= c.lr * g / (m.sqrt() + c.eps);
-            }
-        }
-        Rule::Adam | Rule::AdamW => {
-            let (b1, b2) = (c.beta1, c.beta2);
-            let (bc1, bc2) = (1.0 - b1.powi(t as i32), 1.0 - b2.powi(t as i32));
-            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
-                let g = if c.rule == Rule::Adam { g + c.weight_decay * *p } else { g };
-                *m = b1 * *m + (1.0 - b1) * g;
-                *v = b2 * *v + (1.0 - b2) * g * g;
-                let step = (*m / bc1) / ((*v / bc2).sqrt() + c.eps);
-                if c.rule == Rule::AdamW {
-                    *p -= c.lr * c.weight_decay * *p;
-                }
-                *p -= c.lr * step;
-            }
-        }
-    }
-}
-
 /// Scales every gradient so their joint L2 norm is at most `max`; returns the norm before.
 pub fn clip_grad_norm(grads: &mut [&mut [f32]], max: f32) -> f32 {
     let norm = sum_squares(grads).sqrt() as f32;
@@ -257,7 +159,7 @@ pub fn clip_grad_norm(grads: &mut [&mut [f32]], max: f32) -> f32 {
 
 /// The sum of the squares of every gradient value (in f64), for a norm over several workers.
 pub fn sum_squares(grads: &[&mut [f32]]) -> f64 {
-    grads.iter().flat_map(|g| g.iter()).map(|&x| f64::from(x) * f64::from(x)).sum()
+    grads.iter().map(|g| arbor_core::optim::sum_squares(g)).sum()
 }
 
 /// Scales every gradient by `max / norm` if their joint norm `norm` exceeds `max`.

@@ -471,3 +471,117 @@ fn sixteen_bit_conversions_round_like_the_half_crate() {
         }
     }
 }
+
+/// The optimizer kernels (`arbor::cuda::optim`), compiled for the host, give the CPU optimizer's
+/// bits for every rule, with and without weight decay, over three steps (Adam's bias corrections
+/// move): dense tensors, table rows (sparse gradients, state kept per row), the scaling that
+/// clips to a norm; their sum of squares equals the CPU's to rounding and is not finite when a
+/// value is not.
+#[test]
+fn optimizer_kernels_give_the_cpu_optimizers_bits() {
+    use arbor::cuda::codegen::PRELUDE;
+    use arbor::cuda::optim::OPTIM_BODIES;
+    use arbor::layers::SparseGrad;
+    use arbor::optim::{clip_to, Config, Optimizer, Rule, Update};
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let (n, dim, vocab) = (37usize, 4usize, 6usize);
+    let steps: [&[u32]; 3] = [&[0, 2, 5], &[1, 2], &[2, 3, 4, 5]];
+    let mut rng = Rng::new(45);
+    let rules = [Rule::Sgd { momentum: 0.0 }, Rule::Sgd { momentum: 0.9 }, Rule::Adagrad, Rule::Adam, Rule::AdamW];
+    let dir = std::env::temp_dir().join(format!("arbor-optim-{}", std::process::id()));
+    for (case, (rule, wd)) in rules.iter().flat_map(|&r| [(r, 0.0f32), (r, 0.01)]).enumerate() {
+        let config = Config { weight_decay: wd, ..Config::new(rule, 0.05) };
+        let mut values = |len: usize| (0..len).map(|_| rng.range(-1.5, 1.5)).collect::<Vec<f32>>();
+        let (p0, table0) = (values(n), values(vocab * dim));
+        let dense_grads: Vec<Vec<f32>> = (0..3).map(|_| values(n)).collect();
+        let row_grads: Vec<Vec<f32>> = steps.iter().map(|r| values(r.len() * dim)).collect();
+        // The CPU optimizer.
+        let mut opt = Optimizer::new(config);
+        let (mut p, mut table) = (p0.clone(), table0.clone());
+        for (t, rows) in steps.iter().enumerate() {
+            opt.begin_step();
+            opt.dense("w", &mut p, &dense_grads[t]);
+            let g = SparseGrad { rows: rows.to_vec(), values: row_grads[t].clone() };
+            opt.sparse("embedding", &mut table, dim, &g);
+        }
+        let norm = 2.5f32;
+        let mut clipped = p.clone();
+        clip_to(&mut [clipped.as_mut_slice()], norm, 1.0);
+        let want: Vec<u32> = [&p, &opt.slots["w"].m, &opt.slots["w"].v, &table]
+            .into_iter()
+            .chain([&opt.slots["embedding"].m, &opt.slots["embedding"].v, &clipped])
+            .flat_map(|v| bits(v))
+            .collect();
+        // The kernels, one thread index at a time.
+        let mut c = format!("#define ARBOR_HOST 1\n{PRELUDE}{OPTIM_BODIES}#include <stdio.h>\n");
+        let floats = |name: &str, v: &[f32]| {
+            format!(
+                "{}float {name}[{}]; \n",
+                c_array("static const unsigned", &format!("{name}_bits"), &bits(v)),
+                v.len()
+            )
+        };
+        c += &floats("p", &p0);
+        c += &floats("e", &table0);
+        c += &format!("float m[{n}], v[{n}], em[{}], ev[{}];\n", vocab * dim, vocab * dim);
+        let mut body = String::from("memcpy(p, p_bits, sizeof p); memcpy(e, e_bits, sizeof e);\n");
+        for (t, rows) in steps.iter().enumerate() {
+            let u = Update::new(config, t as u64 + 1);
+            let coeffs = format!(
+                "{}, {:e}f, {:e}f, {:e}f, {:e}f, {:e}f, {:e}f, {:e}f, {:e}f",
+                u.rule_code(),
+                config.lr,
+                config.weight_decay,
+                u.momentum(),
+                config.beta1,
+                config.beta2,
+                config.eps,
+                u.bc1,
+                u.bc2
+            );
+            c += &floats(&format!("g{t}"), &dense_grads[t]);
+            c += &floats(&format!("r{t}"), &row_grads[t]);
+            c += &c_array("static const unsigned", &format!("rows{t}"), rows);
+            body += &format!(
+                "memcpy(g{t}, g{t}_bits, sizeof g{t}); memcpy(r{t}, r{t}_bits, sizeof r{t});\n\
+                 for (long long t = 0; t < {n}; ++t) arbor_update_body(t, {n}, p, g{t}, m, v, {coeffs});\n\
+                 for (long long t = 0; t < {nr}; ++t) arbor_update_rows_body(t, {k}, {dim}, rows{t}, {vocab}, e, r{t}, em, ev, {coeffs});\n",
+                nr = rows.len() * dim,
+                k = rows.len(),
+            );
+        }
+        c += &format!(
+            "int main(void) {{\n{body}\
+             float clipped[{n}]; memcpy(clipped, p, sizeof p);\n\
+             for (long long t = 0; t < {n}; ++t) arbor_scale_body(t, clipped, {n}, {s:e}f);\n\
+             float* out[] = {{p, m, v, e, em, ev, clipped}}; int len[] = {{{n}, {n}, {n}, {w}, {w}, {w}, {n}}};\n\
+             for (int k = 0; k < 7; ++k) for (int i = 0; i < len[k]; ++i) {{ unsigned u; memcpy(&u, &out[k][i], 4); printf(\"%u\\n\", u); }}\n\
+             double sum = 0.0; for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, &sum);\n\
+             printf(\"%.17g\\n\", sum);\n\
+             p[3] = 1.0f / 0.0f; sum = 0.0; for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, &sum);\n\
+             printf(\"%d\\n\", isfinite(sum) ? 1 : 0);\n\
+             return 0;\n}}\n",
+            s = 1.0f32 / norm,
+            w = vocab * dim,
+        );
+        let exe = compile_on_host(&dir, &format!("optim{case}"), &c);
+        let out = Command::new(&exe).output().expect("the optimizer kernels run");
+        assert!(out.status.success(), "{rule:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+        let got: Vec<u32> = lines[..want.len()].iter().map(|l| l.parse().unwrap()).collect();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g,
+                w,
+                "{rule:?}, weight decay {wd}: value {i}: kernel {}, CPU {}",
+                f32::from_bits(*g),
+                f32::from_bits(*w)
+            );
+        }
+        let sum: f64 = lines[want.len()].parse().unwrap();
+        let cpu = arbor::optim::sum_squares(&[p.clone().as_mut_slice()]);
+        assert!((sum - cpu).abs() <= 1e-12 * cpu, "{rule:?}: sum of squares {sum}, CPU {cpu}");
+        assert_eq!(lines[want.len() + 1], "0", "{rule:?}: an infinity makes the sum not finite");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

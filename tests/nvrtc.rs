@@ -11,11 +11,12 @@
 
 mod common;
 
-use arbor::backend::{Gemm, Loc, Mem, Rows};
+use arbor::backend::{Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
 use arbor::cuda::cache::KernelCache;
 use arbor::cuda::codegen::{generate, Binding};
 use arbor::cuda::nvrtc::{self, Usage};
 use arbor::fusion::Kernel;
+use arbor::optim::Update;
 use arbor::rng::Rng;
 use arbor::Pass;
 use arbor::{nn, Backend, CpuBackend, Engine, HostBuffer, InputGraph, Pull, VertexFn};
@@ -131,6 +132,26 @@ impl Backend for Recorder {
         accumulate: bool,
     ) -> arbor::Result<()> {
         self.cpu.sum_rows(&mut cpu(mem), src, rows, cols, dst, accumulate)
+    }
+    fn update(&self, mem: &mut Mem<'_, Self>, u: &Update, at: &OptimAt, len: usize) -> arbor::Result<()> {
+        self.cpu.update(&mut cpu(mem), u, at, len)
+    }
+    fn update_rows(
+        &self,
+        mem: &mut Mem<'_, Self>,
+        u: &Update,
+        at: &OptimAt,
+        table: (usize, usize),
+        rows: IndexLoc,
+        n: usize,
+    ) -> arbor::Result<()> {
+        self.cpu.update_rows(&mut cpu(mem), u, at, table, rows, n)
+    }
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, src: Loc, len: usize) -> arbor::Result<f64> {
+        self.cpu.sum_squares(&mut cpu(mem), src, len)
+    }
+    fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> arbor::Result<()> {
+        self.cpu.scale(&mut cpu(mem), dst, len, s)
     }
 }
 

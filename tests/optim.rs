@@ -1,8 +1,11 @@
 //! Optimizers: each rule minimises a quadratic; sparse updates touch only their rows; Adam's
 //! first step and clipping have their closed forms.
 
+mod common;
+
 use arbor::layers::SparseGrad;
 use arbor::optim::{clip_grad_norm, Config, Optimizer, Rule};
+use arbor::{Backend, CpuBackend};
 
 /// Minimises Σ (p − target)² from zero and returns the final distance.
 fn minimise(rule: Rule, lr: f32, steps: usize) -> f32 {
@@ -213,4 +216,56 @@ fn a_frozen_tensor_is_left_as_it_is() {
     assert_eq!((w, table), (vec![1.0; 5], vec![1.0; 6]));
     assert!(u.iter().all(|&x| x < 1.0), "{u:?}");
     assert_eq!(opt.slots.keys().collect::<Vec<_>>(), ["u"]);
+}
+
+/// The CPU backend's optimizer calls (the ones a device keeps its parameters with) give the
+/// host optimizer's bits for every rule, with and without weight decay: three steps of a dense
+/// update and of table rows; its scaling clips as `clip_to` does and its sum of squares is the
+/// host's.
+#[test]
+fn backend_updates_equal_the_host_optimizer() {
+    use common::optim::{configs, data, run, DIM, ROWS};
+    for (k, config) in configs().into_iter().enumerate() {
+        let common::optim::Data { mut p, mut table, dense, rows } = data(k as u64);
+        let mut opt = Optimizer::new(config);
+        for t in 0..3 {
+            opt.begin_step();
+            opt.dense("w", &mut p, &dense[t]);
+            opt.sparse("embedding", &mut table, DIM, &SparseGrad { rows: ROWS[t].to_vec(), values: rows[t].clone() });
+        }
+        let mut scaled = p.clone();
+        arbor::optim::clip_to(&mut [scaled.as_mut_slice()], 2.5, 1.0);
+        let (w, e) = (&opt.slots["w"], &opt.slots["embedding"]);
+        let want = [&p, &w.m, &w.v, &table, &e.m, &e.v, &scaled];
+        let (got, sum) = run(&CpuBackend::new(), config, k as u64);
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(g), bits(w), "{config:?}: tensor {i}");
+        }
+        assert_eq!(sum, arbor::optim::sum_squares(&[p.as_mut_slice()]));
+    }
+}
+
+/// The backend's calls refuse what would alias or race: a state tensor overlapping the values,
+/// rows out of order or past the table.
+#[test]
+fn backend_updates_refuse_overlaps_and_bad_rows() {
+    use arbor::backend::{IndexLoc, Loc, Mem, OptimAt};
+    use arbor::optim::Update;
+    let cpu = CpuBackend::new();
+    let u = Update::new(Config::new(Rule::Adam, 0.1), 1);
+    let mut bufs = [cpu.alloc(64).unwrap()];
+    let mut index = cpu.alloc_index(2).unwrap();
+    cpu.write_index(&mut index, 0, &[3, 1]).unwrap();
+    let indexes = [index];
+    let mut mem = Mem { data: &mut bufs, index: &indexes };
+    let at = |k: usize| Loc { buf: 0, offset: k };
+    let overlapping = OptimAt { p: at(0), g: at(16), m: at(4), v: at(32) };
+    let e = cpu.update(&mut mem, &u, &overlapping, 8).unwrap_err().to_string();
+    assert!(e.contains("update") && e.contains("overlaps"), "{e}");
+    let rows = OptimAt { p: at(0), g: at(48), m: at(16), v: at(32) };
+    let e = cpu.update_rows(&mut mem, &u, &rows, (4, 4), IndexLoc { buf: 0, offset: 0 }, 2).unwrap_err().to_string();
+    assert!(e.contains("not ascending"), "{e}");
+    let e = cpu.update(&mut mem, &u, &OptimAt { p: at(60), g: at(0), m: at(8), v: at(16) }, 8).unwrap_err();
+    assert!(e.to_string().contains("outside"), "{e}");
 }

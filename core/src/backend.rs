@@ -7,6 +7,7 @@
 
 use crate::error::Result;
 use crate::fusion::Kernel;
+use crate::optim::Update;
 
 /// An element offset into one of the data buffers of a [`Mem`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -139,6 +140,21 @@ impl Gemm {
     }
 }
 
+/// Where one tensor's optimizer update ([`Backend::update`], [`Backend::update_rows`]) reads and
+/// writes: its values `p`, its gradient `g`, and its state `m` (momentum, Adagrad's sum of
+/// squares, Adam's first moment) and `v` (Adam's second moment), each in a data buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptimAt {
+    /// The values, updated.
+    pub p: Loc,
+    /// The gradient, read.
+    pub g: Loc,
+    /// The first state tensor, updated.
+    pub m: Loc,
+    /// The second state tensor, updated.
+    pub v: Loc,
+}
+
 /// The memory one call may touch: data buffers and index buffers.
 pub struct Mem<'a, B: Backend + ?Sized> {
     /// f32 buffers, addressed by [`Loc::buf`].
@@ -228,4 +244,24 @@ pub trait Backend {
         dst: Loc,
         accumulate: bool,
     ) -> Result<()>;
+    /// Applies the optimizer update `u` to the `len` values at `at.p` with the gradient at
+    /// `at.g` and the state at `at.m` and `at.v` (`arbor_core::optim::apply`, bit for bit).
+    fn update(&self, mem: &mut Mem<'_, Self>, u: &Update, at: &OptimAt, len: usize) -> Result<()>;
+    /// Applies `u` to `n` rows of a table of `table = (dim, vocab)`: `vocab` rows of `dim` values at `at.p` (state rows
+    /// at `at.m`, `at.v`): row `rows[k]` (ascending, each once) with the gradient at
+    /// `at.g + k·dim`. The other rows and their state are left as they are.
+    fn update_rows(
+        &self,
+        mem: &mut Mem<'_, Self>,
+        u: &Update,
+        at: &OptimAt,
+        table: (usize, usize),
+        rows: IndexLoc,
+        n: usize,
+    ) -> Result<()>;
+    /// The sum of the squares of `len` values at `src`, in f64, read back to the host: a norm
+    /// and, since it is finite exactly when every value is, the finiteness test in one pass.
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, src: Loc, len: usize) -> Result<f64>;
+    /// Multiplies `len` values at `dst` by `s` (clipping by a norm).
+    fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> Result<()>;
 }

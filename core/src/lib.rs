@@ -9,6 +9,7 @@ pub mod fusion;
 pub mod graph;
 pub mod ir;
 pub mod memory;
+pub mod optim;
 pub mod ptb;
 pub mod rng;
 pub mod tensor;

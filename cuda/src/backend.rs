@@ -11,9 +11,11 @@
 use crate::cache::KernelCache;
 use crate::codegen::{generate, Binding, Generated, Param, PRELUDE};
 use crate::nvrtc;
-use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows};
+use crate::optim::{OPTIM_BODIES, OPTIM_KERNELS};
+use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
+use arbor_core::optim::Update;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
@@ -112,11 +114,11 @@ const HELPERS: [(&str, &str, &str); 6] = [
     ),
 ];
 
-/// The CUDA source of the helper kernels: the prelude, their bodies, and a `__global__` wrapper
-/// for each.
+/// The CUDA source of the helper kernels and the optimizer's ([`crate::optim`]): the prelude,
+/// their bodies, and a `__global__` wrapper for each.
 pub fn helpers() -> String {
-    let mut src = format!("{PRELUDE}{HELPER_BODIES}");
-    for (name, params, args) in HELPERS {
+    let mut src = format!("{PRELUDE}{HELPER_BODIES}{OPTIM_BODIES}");
+    for (name, params, args) in HELPERS.into_iter().chain(OPTIM_KERNELS) {
         src.push_str(&format!(
             "extern \"C\" __global__ void {name}({params}) {{ {name}_body(ARBOR_THREAD, {args}); }}\n"
         ));
@@ -216,7 +218,7 @@ impl CudaBackend {
         let cache = RefCell::new(KernelCache::new(KernelCache::default_dir()));
         let module = load(&ctx, &cache, &helpers(), &arch, &target)?;
         let mut helpers = HashMap::new();
-        for (name, _, _) in HELPERS {
+        for (name, _, _) in HELPERS.into_iter().chain(OPTIM_KERNELS) {
             helpers.insert(name, module.load_function(name).map_err(|e| fail("load kernels", e))?);
         }
         Ok(CudaBackend {
@@ -688,6 +690,70 @@ impl Backend for CudaBackend {
             [Arg::Ptr(s), Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(d), Arg::I32(i32::from(accumulate))];
         self.launch("sum_rows", &self.helpers["arbor_sum_rows"], cols, &args)
     }
+
+    fn update(&self, mem: &mut Mem<'_, Self>, u: &Update, at: &OptimAt, len: usize) -> Result<()> {
+        let mut args = vec![Arg::I64(len as i64)];
+        for loc in [at.p, at.g, at.m, at.v] {
+            args.push(Arg::Ptr(self.data(mem, "update", loc, len)?));
+        }
+        args.extend(coefficients(u));
+        self.launch("update", &self.helpers["arbor_update"], len, &args)
+    }
+
+    fn update_rows(
+        &self,
+        mem: &mut Mem<'_, Self>,
+        u: &Update,
+        at: &OptimAt,
+        (dim, vocab): (usize, usize),
+        rows: IndexLoc,
+        n: usize,
+    ) -> Result<()> {
+        let op = "update_rows";
+        let table = dim * vocab;
+        let mut args = vec![Arg::I64(n as i64), Arg::I64(dim as i64), Arg::Ptr(self.index(mem, op, rows, n)?)];
+        args.push(Arg::I64(vocab as i64));
+        args.push(Arg::Ptr(self.data(mem, op, at.p, table)?));
+        args.push(Arg::Ptr(self.data(mem, op, at.g, n * dim)?));
+        args.push(Arg::Ptr(self.data(mem, op, at.m, table)?));
+        args.push(Arg::Ptr(self.data(mem, op, at.v, table)?));
+        args.extend(coefficients(u));
+        self.launch(op, &self.helpers["arbor_update_rows"], n * dim, &args)
+    }
+
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, src: Loc, len: usize) -> Result<f64> {
+        let x = self.data(mem, "sum_squares", src, len)?;
+        let sum: CudaSlice<f64> = self.stream.alloc_zeros(1).map_err(|e| fail("sum_squares", e))?;
+        let threads = crate::optim::sum_threads(len);
+        let args =
+            [Arg::I64(threads as i64), Arg::Ptr(x), Arg::I64(len as i64), Arg::Ptr(sum.device_ptr(&self.stream).0)];
+        self.launch("sum_squares", &self.helpers["arbor_sum_squares"], threads, &args)?;
+        let mut out = [0.0f64];
+        self.stream.memcpy_dtoh(&sum, &mut out).map_err(|e| fail("sum_squares", e))?;
+        self.synchronize()?;
+        Ok(out[0])
+    }
+
+    fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> Result<()> {
+        let args = [Arg::Ptr(self.data(mem, "scale", dst, len)?), Arg::I64(len as i64), Arg::F32(s)];
+        self.launch("scale", &self.helpers["arbor_scale"], len, &args)
+    }
+}
+
+/// The rule and coefficients of `u`, as the optimizer kernels take them after their pointers.
+fn coefficients(u: &Update) -> [Arg; 9] {
+    let c = u.config;
+    [
+        Arg::I32(u.rule_code()),
+        Arg::F32(c.lr),
+        Arg::F32(c.weight_decay),
+        Arg::F32(u.momentum()),
+        Arg::F32(c.beta1),
+        Arg::F32(c.beta2),
+        Arg::F32(c.eps),
+        Arg::F32(u.bc1),
+        Arg::F32(u.bc2),
+    ]
 }
 
 #[cfg(test)]

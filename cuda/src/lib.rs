@@ -10,6 +10,7 @@ pub mod backend;
 pub mod cache;
 pub mod codegen;
 pub mod nvrtc;
+pub mod optim;
 
 pub use backend::{CudaBackend, Precision};
 

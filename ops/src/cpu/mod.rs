@@ -10,12 +10,14 @@ pub mod host;
 pub mod isa;
 mod matmul;
 mod memory;
+pub mod optim;
 mod simd;
 mod team;
 
-use arbor_core::backend::{Backend, Gemm, Loc, Mem, Rows};
+use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
+use arbor_core::optim::Update;
 pub use buffer::HostBuffer;
 use memory::Raw;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -229,5 +231,36 @@ impl Backend for CpuBackend {
                 Ok(())
             })
         })
+    }
+
+    fn update(&self, mem: &mut Mem<'_, Self>, u: &Update, at: &OptimAt, len: usize) -> Result<()> {
+        let raw = Raw::new(mem, [at.p.buf, at.m.buf, at.v.buf])?;
+        self.within(|| optim::update(&raw, u, at, len))
+    }
+
+    fn update_rows(
+        &self,
+        mem: &mut Mem<'_, Self>,
+        u: &Update,
+        at: &OptimAt,
+        table: (usize, usize),
+        rows: IndexLoc,
+        n: usize,
+    ) -> Result<()> {
+        let raw = Raw::new(mem, [at.p.buf, at.m.buf, at.v.buf])?;
+        self.within(|| optim::update_rows(&raw, u, at, table, rows, n))
+    }
+
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, src: Loc, len: usize) -> Result<f64> {
+        let buf = mem.data.get(src.buf).ok_or_else(|| bad("sum_squares", format!("no buffer {}", src.buf)))?;
+        Ok(arbor_core::optim::sum_squares(span(buf, src.offset, len)?))
+    }
+
+    fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> Result<()> {
+        let raw = Raw::new(mem, [dst.buf])?;
+        // SAFETY: `Raw::get_mut` checks the range; nothing else is read or written.
+        let x = unsafe { raw.get_mut("scale", dst, len)? };
+        x.iter_mut().for_each(|x| *x *= s);
+        Ok(())
     }
 }

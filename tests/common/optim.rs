@@ -1,0 +1,95 @@
+//! The optimizer's backend calls run on any backend the same way: three steps of a dense update
+//! and of table rows, a scaling and a sum of squares, for every rule with and without weight
+//! decay, on random values.
+
+use arbor::backend::{IndexLoc, Loc, Mem, OptimAt};
+use arbor::optim::{Config, Rule, Update};
+use arbor::rng::Rng;
+use arbor::Backend;
+
+/// Every rule, with and without weight decay.
+pub fn configs() -> Vec<Config> {
+    let rules = [Rule::Sgd { momentum: 0.0 }, Rule::Sgd { momentum: 0.9 }, Rule::Adagrad, Rule::Adam, Rule::AdamW];
+    rules.iter().flat_map(|&r| [0.0, 0.01].map(|wd| Config { weight_decay: wd, ..Config::new(r, 0.05) })).collect()
+}
+
+/// The rows each of the three steps updates (of a table of [`VOCAB`] rows of [`DIM`]).
+pub const ROWS: [&[u32]; 3] = [&[0, 2, 5], &[1, 2], &[2, 3, 4, 5]];
+/// The table's rows and their width.
+pub const VOCAB: usize = 6;
+/// See [`VOCAB`].
+pub const DIM: usize = 4;
+/// The dense tensor's length.
+pub const N: usize = 37;
+
+/// The starting values and the gradients of the three steps.
+pub struct Data {
+    /// The dense tensor.
+    pub p: Vec<f32>,
+    /// The table.
+    pub table: Vec<f32>,
+    /// The dense gradient of each step.
+    pub dense: Vec<Vec<f32>>,
+    /// The rows' gradient of each step.
+    pub rows: Vec<Vec<f32>>,
+}
+
+/// [`Data`] drawn from `seed`.
+pub fn data(seed: u64) -> Data {
+    let mut rng = Rng::new(seed);
+    let mut values = |len: usize| (0..len).map(|_| rng.range(-1.5, 1.5)).collect::<Vec<f32>>();
+    let (p, table) = (values(N), values(VOCAB * DIM));
+    let dense = (0..3).map(|_| values(N)).collect();
+    let rows = ROWS.iter().map(|r| values(r.len() * DIM)).collect();
+    Data { p, table, dense, rows }
+}
+
+/// Runs three steps of `config` on `backend` over [`data`]`(seed)` — the dense tensor, the table's
+/// rows — then scales the dense values by 0.4; returns the values and state after (`p`, `m`, `v`,
+/// table, its `m`, its `v`, the scaled values) and the sum of squares of `p`.
+pub fn run<B: Backend>(backend: &B, config: Config, seed: u64) -> (Vec<Vec<f32>>, f64) {
+    let Data { p, table, dense, rows } = data(seed);
+    let w = VOCAB * DIM;
+    // One buffer: [p | m | v | table | em | ev | g | row gradient]; one index buffer.
+    let at = [0, N, 2 * N, 3 * N, 3 * N + w, 3 * N + 2 * w, 3 * N + 3 * w, 4 * N + 3 * w];
+    let len = at[7] + 4 * DIM;
+    let mut buf = backend.alloc(len).unwrap();
+    backend.write(&mut buf, at[0], &p).unwrap();
+    backend.write(&mut buf, at[3], &table).unwrap();
+    let mut index = backend.alloc_index(4).unwrap();
+    let loc = |k: usize| Loc { buf: 0, offset: at[k] };
+    let dense_at = OptimAt { p: loc(0), g: loc(6), m: loc(1), v: loc(2) };
+    let rows_at = OptimAt { p: loc(3), g: loc(7), m: loc(4), v: loc(5) };
+    for t in 0..3 {
+        backend.write(&mut buf, at[6], &dense[t]).unwrap();
+        backend.write(&mut buf, at[7], &rows[t]).unwrap();
+        backend.write_index(&mut index, 0, ROWS[t]).unwrap();
+        let u = Update::new(config, t as u64 + 1);
+        let (mut bufs, indexes) = ([buf], [index]);
+        let mut mem = Mem { data: &mut bufs, index: &indexes };
+        backend.update(&mut mem, &u, &dense_at, N).unwrap();
+        let rows_index = IndexLoc { buf: 0, offset: 0 };
+        backend.update_rows(&mut mem, &u, &rows_at, (DIM, VOCAB), rows_index, ROWS[t].len()).unwrap();
+        let [b] = bufs;
+        let [i] = indexes;
+        (buf, index) = (b, i);
+    }
+    let mut bufs = [buf];
+    let mut mem = Mem { data: &mut bufs, index: &[] };
+    let sum = backend.sum_squares(&mut mem, loc(0), N).unwrap();
+    let mut all = backend.read_vec(&bufs[0], 0, at[6]).unwrap();
+    let mut mem = Mem { data: &mut bufs, index: &[] };
+    backend.scale(&mut mem, loc(0), N, 0.4).unwrap();
+    all.extend(backend.read_vec(&bufs[0], 0, N).unwrap());
+    let parts = [N, N, N, w, w, w, N];
+    let mut rest = all.as_slice();
+    let out = parts
+        .iter()
+        .map(|&k| {
+            let (a, b) = rest.split_at(k);
+            rest = b;
+            a.to_vec()
+        })
+        .collect();
+    (out, sum)
+}
