@@ -93,6 +93,14 @@ impl<B: Backend> Head<B> {
     /// (`scale = 1 / examples` for the mean loss): per input, its rows' gradients; per
     /// parameter, its gradient.
     pub fn backward(&mut self, scale: f32) -> Result<Gradients> {
+        let mut grads = self.backward_kept(scale)?;
+        grads.params = self.engine.param_grads()?;
+        Ok(grads)
+    }
+
+    /// [`Head::backward`], leaving the parameters' gradients in the head's engine (`params`
+    /// comes back empty; see [`Engine::backward_kept`]).
+    pub fn backward_kept(&mut self, scale: f32) -> Result<Gradients> {
         let n = self.examples;
         let grads: Vec<Vec<f32>> = self
             .engine
@@ -103,7 +111,7 @@ impl<B: Backend> Head<B> {
             .map(|(k, o)| if k == self.loss { vec![scale; n] } else { vec![0.0; n * o.shape.numel()] })
             .collect();
         let refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
-        self.engine.backward(&refs)
+        self.engine.backward_kept(&refs)
     }
 
     /// Which pushed output is the loss.
@@ -121,6 +129,11 @@ impl<B: Backend> Head<B> {
         &mut self.engine
     }
 
+    /// [`Head::engine`], to read.
+    pub fn engine_ref(&self) -> &Engine<B> {
+        &self.engine
+    }
+
     /// The head function.
     pub fn function(&self) -> &VertexFn {
         self.engine.function()
@@ -131,10 +144,12 @@ impl<B: Backend> Head<B> {
         self.engine.dropout_key()
     }
 
-    /// A copy with the same function and learned values (and dropout key) on `backend`.
+    /// A copy with the same function and learned values (and dropout key and optimizer state) on
+    /// `backend`.
     pub fn replica_on(&self, backend: B) -> Result<Head<B>> {
         let mut head = Head::new(backend, self.function().clone(), &self.engine.params()?)?;
         head.engine.set_dropout_key(self.engine.dropout_key());
+        head.engine.set_optimizer_state(&self.engine.optimizer_state()?)?;
         Ok(head)
     }
 

@@ -106,12 +106,15 @@ impl Optimizer {
         s
     }
 
+    /// The update of tensor `name` at this step (none if it is frozen), for a backend that keeps
+    /// the tensor and its state ([`Engine::optimize`](crate::Engine::optimize)).
+    pub fn update_of(&self, name: &str) -> Option<Update> {
+        (!self.frozen.contains(name)).then(|| Update::new(self.config_of(name), self.steps))
+    }
+
     /// Updates the dense tensor `name` (values `p`) with gradient `g` (nothing if it is frozen).
     pub fn dense(&mut self, name: &str, p: &mut [f32], g: &[f32]) {
-        if self.frozen.contains(name) {
-            return;
-        }
-        let u = Update::new(self.config_of(name), self.steps);
+        let Some(u) = self.update_of(name) else { return };
         let s = self.slot(name, p.len());
         optim::dense(&u, p, g, &mut s.m, &mut s.v);
     }
@@ -120,10 +123,7 @@ impl Optimizer {
     /// is frozen), with state kept for every row, so a row's history survives minibatches that
     /// skip it.
     pub fn sparse(&mut self, name: &str, table: &mut [f32], dim: usize, g: &SparseGrad) {
-        if self.frozen.contains(name) {
-            return;
-        }
-        let u = Update::new(self.config_of(name), self.steps);
+        let Some(u) = self.update_of(name) else { return };
         let s = self.slot(name, table.len());
         let vocab = table.len() / dim.max(1);
         if dim == 0 || !optim::rows_in_order(&g.rows, vocab) {
@@ -164,10 +164,15 @@ pub fn sum_squares(grads: &[&mut [f32]]) -> f64 {
 
 /// Scales every gradient by `max / norm` if their joint norm `norm` exceeds `max`.
 pub fn clip_to(grads: &mut [&mut [f32]], norm: f32, max: f32) {
-    if norm > max && norm > 0.0 {
-        let s = max / norm;
+    if let Some(s) = clip_factor(norm, max) {
         grads.iter_mut().for_each(|g| g.iter_mut().for_each(|x| *x *= s));
     }
+}
+
+/// What clipping gradients of joint norm `norm` to `max` multiplies them by (none: they are
+/// within it).
+pub fn clip_factor(norm: f32, max: f32) -> Option<f32> {
+    (norm > max && norm > 0.0).then(|| max / norm)
 }
 
 /// The first value of the named `tensors` that is not finite, as an [`Error::Diverged`] of step

@@ -301,8 +301,8 @@ fn a_gather_past_its_rows_stops_the_kernel() {
 /// range.
 #[test]
 fn a_scatter_past_its_rows_stops_the_kernel() {
-    use arbor::cuda::backend::HELPER_BODIES;
     use arbor::cuda::codegen::PRELUDE;
+    use arbor::cuda::helpers::HELPER_BODIES;
     let dir = std::env::temp_dir().join(format!("arbor-scatter-bounds-{}", std::process::id()));
     // Two source rows of width 2 into a destination of 3 rows; sets of the second call: {0, 1}, {2}.
     let program = |index: [u32; 2], last_offset: u32| {
@@ -330,8 +330,8 @@ fn a_scatter_past_its_rows_stops_the_kernel() {
 
 #[test]
 fn helper_kernels_compute_what_the_cpu_backend_does() {
-    use arbor::cuda::backend::HELPER_BODIES;
     use arbor::cuda::codegen::PRELUDE;
+    use arbor::cuda::helpers::HELPER_BODIES;
     let (block, n, rows) = (3usize, 5usize, 4usize);
     let mut rng = Rng::new(9);
     let mut values = |len: usize| (0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<f32>>();
@@ -412,8 +412,8 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
 /// bits the `half` crate gives (round to nearest even) for edge cases and random bit patterns.
 #[test]
 fn sixteen_bit_conversions_round_like_the_half_crate() {
-    use arbor::cuda::backend::HELPER_BODIES;
     use arbor::cuda::codegen::PRELUDE;
+    use arbor::cuda::helpers::HELPER_BODIES;
     let mut bits: Vec<u32> = [
         0.0f32,
         -0.0,

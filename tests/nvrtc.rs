@@ -147,8 +147,8 @@ impl Backend for Recorder {
     ) -> arbor::Result<()> {
         self.cpu.update_rows(&mut cpu(mem), u, at, table, rows, n)
     }
-    fn sum_squares(&self, mem: &mut Mem<'_, Self>, src: Loc, len: usize) -> arbor::Result<f64> {
-        self.cpu.sum_squares(&mut cpu(mem), src, len)
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> arbor::Result<Vec<f64>> {
+        self.cpu.sum_squares(&mut cpu(mem), regions)
     }
     fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> arbor::Result<()> {
         self.cpu.scale(&mut cpu(mem), dst, len, s)
@@ -210,7 +210,7 @@ fn sst_tree_lstms() -> [(String, VertexFn); 2] {
 /// Every module to compile: `(what it is, its source)`, each distinct source once.
 fn modules() -> Vec<(String, String)> {
     let mut sources = BTreeMap::new();
-    sources.insert(arbor::cuda::backend::helpers(), "helper kernels".to_string());
+    sources.insert(arbor::cuda::helpers::helpers(), "helper kernels".to_string());
     let zoo = cells().into_iter().map(|f| (f.name().to_string(), f));
     for (seed, (name, f)) in zoo.chain(sst_tree_lstms()).enumerate() {
         for (label, k, b) in planned(&f).into_iter().chain(engine_kernels(&f, seed as u64)) {
@@ -323,7 +323,7 @@ fn compiled_modules_are_cached_for_a_later_run() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("arbor-nvrtc-cache-{}", std::process::id()));
-    let source = arbor::cuda::backend::helpers();
+    let source = arbor::cuda::helpers::helpers();
     let compile = |arch: &'static str| move |src: &str, _: &str| nvrtc::compile(src, arch).map(|c| c.image);
     let sm90 = nvrtc::target("sm_90").unwrap();
     let mut first = KernelCache::new(Some(dir.clone()));

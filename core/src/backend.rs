@@ -259,9 +259,10 @@ pub trait Backend {
         rows: IndexLoc,
         n: usize,
     ) -> Result<()>;
-    /// The sum of the squares of `len` values at `src`, in f64, read back to the host: a norm
-    /// and, since it is finite exactly when every value is, the finiteness test in one pass.
-    fn sum_squares(&self, mem: &mut Mem<'_, Self>, src: Loc, len: usize) -> Result<f64>;
+    /// The sum of the squares of each region `(at, len)` of `regions`, in f64, read back to the
+    /// host in one read: norms and, since a sum is finite exactly when every value is, the
+    /// finiteness test in one pass.
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>>;
     /// Multiplies `len` values at `dst` by `s` (clipping by a norm).
     fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> Result<()>;
 }

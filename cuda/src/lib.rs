@@ -3,12 +3,13 @@
 //!
 //! [`CudaBackend`] implements the engine's `Backend` on one device: cuBLAS GEMMs, fused kernels
 //! generated as CUDA C ([`codegen`]) and compiled with NVRTC for the device's architecture
-//! ([`nvrtc`], which needs no device; [`cache`]: in memory and on disk), all in the arena buffers
-//! the engine plans.
+//! ([`nvrtc`], which needs no device; [`cache`]: in memory and on disk), its own small kernels
+//! ([`helpers`]) and the optimizer's ([`optim`]), all in the buffers the engine plans.
 
 pub mod backend;
 pub mod cache;
 pub mod codegen;
+pub mod helpers;
 pub mod nvrtc;
 pub mod optim;
 

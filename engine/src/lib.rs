@@ -19,12 +19,14 @@ mod facts;
 mod fnv;
 mod launch;
 mod lower;
+mod optimize;
 mod products;
 mod sums;
 
 pub use analysis::{PlanKind, StepRef};
 pub use launch::{Counts, Launch, Uploads, ARENA, GRADS, PARAMS};
 pub use lower::Lowering;
+pub use optimize::{ParamState, STATE_M, STATE_V};
 
 use arbor_batching::{MemoryPlan, Policy, Schedule, Scheduler};
 use arbor_core::backend::{Backend, Loc, Mem, NO_ROW};
@@ -270,6 +272,8 @@ pub struct Engine<B: Backend> {
     /// The vertices whose outputs the last training pass returned (none: all), where
     /// [`Engine::backward`] takes their gradients.
     rows: Option<Vec<usize>>,
+    /// Per parameter: [`Engine::optimize`] has updated it (its state is in use).
+    updated: Vec<bool>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -290,6 +294,7 @@ impl<B: Backend> Engine<B> {
             dropout: DropoutKey::default(),
             masks: Vec::new(),
             rows: None,
+            updated: Vec::new(),
         };
         e.set_params(params)?;
         Ok(e)
@@ -377,23 +382,29 @@ impl<B: Backend> Engine<B> {
 
     /// Replaces every parameter's values.
     pub fn set_params(&mut self, params: &[Vec<f32>]) -> Result<()> {
+        self.write_params(PARAMS, params, "parameters")
+    }
+
+    /// Writes one tensor per parameter (`what` they are, for errors) to buffer `buf`, laid out
+    /// as the parameters are.
+    fn write_params(&mut self, buf: usize, values: &[Vec<f32>], what: &str) -> Result<()> {
         let f = self.lowering.function_arc();
-        if params.len() != f.params().len() {
+        if values.len() != f.params().len() {
             return Err(Error::input(
-                format!("parameters of `{}`", f.name()),
+                format!("{what} of `{}`", f.name()),
                 format!("{} tensors", f.params().len()),
-                format!("{}", params.len()),
+                format!("{}", values.len()),
             ));
         }
-        for ((p, decl), &at) in params.iter().zip(f.params()).zip(&self.lowering.a.param_at) {
+        for ((p, decl), &at) in values.iter().zip(f.params()).zip(&self.lowering.a.param_at) {
             if p.len() != decl.shape.numel() {
                 return Err(Error::input(
-                    format!("parameter `{}`", decl.name),
+                    format!("{what} of parameter `{}`", decl.name),
                     format!("{} values for {}", decl.shape.numel(), decl.shape),
                     format!("{}", p.len()),
                 ));
             }
-            self.backend.write(&mut self.bufs[PARAMS], at, p)?;
+            self.backend.write(&mut self.bufs[buf], at, p)?;
         }
         Ok(())
     }
@@ -500,6 +511,14 @@ impl<B: Backend> Engine<B> {
     /// those of the vertices [`Pass::rows`] named (every other vertex's gradient being zero).
     /// Returns the gradients of the pulled inputs and of the parameters.
     pub fn backward(&mut self, push_grads: &[&[f32]]) -> Result<Gradients> {
+        let mut grads = self.backward_kept(push_grads)?;
+        grads.params = self.param_grads()?;
+        Ok(grads)
+    }
+
+    /// [`Engine::backward`], leaving the parameters' gradients in the engine (`params` comes
+    /// back empty) for [`Engine::optimize`]; [`Engine::param_grads`] reads them.
+    pub fn backward_kept(&mut self, push_grads: &[&[f32]]) -> Result<Gradients> {
         let rows = self.rows.take();
         let grads = self.run_backward(rows.as_deref(), push_grads);
         self.rows = rows;
@@ -535,7 +554,7 @@ impl<B: Backend> Engine<B> {
             }
             pulls.push(rows);
         }
-        Ok(Gradients { pulls, tables, params: self.read_params(GRADS)? })
+        Ok(Gradients { pulls, tables, params: Vec::new() })
     }
 
     /// The table gradient of looked-up input `i` (distinct ids `ids`): read where the backward

@@ -58,6 +58,14 @@ impl<B: Backend> Learned for Model<B> {
         Model::restore(self, ck)
     }
 
+    fn optimizer_tensors(&self) -> Result<Vec<Named>> {
+        Model::optimizer_tensors(self)
+    }
+
+    fn adopt_optimizer_state(&mut self, opt: &mut Optimizer) -> Result<()> {
+        Model::adopt_optimizer_state(self, opt)
+    }
+
     fn replica(&self) -> Result<Self> {
         Model::replica(self)
     }

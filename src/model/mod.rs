@@ -16,9 +16,8 @@ use crate::engine::{Engine, Pass, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
 use crate::layers::Embedding;
 use crate::loss_scale::{scale_all, LossScaler};
-use crate::optim::{all_finite, Optimizer};
+use crate::optim::Optimizer;
 use crate::readout::{Pooled, Readout};
-use crate::trainer::step::{check_gradients, clip_all, names};
 use crate::trainer::{Scores, StepStats};
 use crate::DropoutKey;
 use crate::{Backend, InputGraph, VertexFn};
@@ -30,6 +29,7 @@ mod layout;
 mod learner;
 mod spec;
 mod tensors;
+mod update;
 pub(crate) use layout::{head_inputs, layout, pulls, read_grad, read_rows, unread, with_words_dropped, Layout};
 pub use spec::{function_from_json, function_to_json, ModelSpec};
 
@@ -218,6 +218,9 @@ pub struct ModelGrads {
     pub head: Vec<Vec<f32>>,
     /// Of the word vectors the minibatch looked up.
     pub words: SparseGrad,
+    /// The dense gradients are held by the engines, where [`Model::apply`] tests, clips and
+    /// applies them (`cells` and `head` are empty).
+    pub kept: bool,
 }
 
 /// The prefix of the tensor names of layer `k`'s parameters: `cell` for the bottom one, `cell1`,
@@ -517,7 +520,7 @@ impl<B: Backend> Model<B> {
     /// names `cell.<name>` (`cell1.<name>`, … for layers stacked above), `head.<name>` and
     /// `embedding`. Returns the head's outputs (the losses among them).
     pub fn step(&mut self, batch: &[Example<'_>], opt: &mut Optimizer, clip: Option<f32>) -> Result<Vec<Vec<f32>>> {
-        let mut grads = self.gradients(batch, batch.len(), None)?;
+        let mut grads = self.gradients_then(batch, batch.len(), None, &mut |_, _| Ok(()), true)?;
         self.apply(&mut grads, opt, clip)?;
         Ok(grads.outputs)
     }
@@ -533,41 +536,48 @@ impl<B: Backend> Model<B> {
         denom: usize,
         planned: Option<Planned<'_>>,
     ) -> Result<ModelGrads> {
-        self.gradients_then(batch, denom, planned, &mut |_, _| Ok(()))
+        self.gradients_then(batch, denom, planned, &mut |_, _| Ok(()), false)
     }
 
     /// [`Model::gradients`], telling `head_done` the head's outputs and its parameters' final
     /// gradients as soon as they are known, before the cells' backward pass runs (so that a
-    /// data-parallel step can send them meanwhile).
+    /// data-parallel step can send them meanwhile); with `keep`, the dense gradients stay in the
+    /// engines ([`ModelGrads::kept`]) and `head_done` is told none.
     fn gradients_then(
         &mut self,
         batch: &[Example<'_>],
         denom: usize,
         planned: Option<Planned<'_>>,
         head_done: &mut HeadDone<'_>,
+        keep: bool,
     ) -> Result<ModelGrads> {
         let (layout, inputs, pooled) = self.read_out(batch, Purpose::Train(planned))?;
         let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         // Under a loss scale every gradient is formed scaled and divided by the scale once final.
         let scale = self.loss_scale.map_or(1.0, |s| s.scale());
-        let mut hg = self.head.backward(scale / denom.max(1) as f32)?;
+        let head_scale = scale / denom.max(1) as f32;
+        let mut hg = if keep { self.head.backward_kept(head_scale)? } else { self.head.backward(head_scale)? };
         if scale != 1.0 {
             scale_all(&mut hg.params, 1.0 / scale);
+            if keep {
+                self.head.engine().scale_grads(1.0 / scale)?;
+            }
         }
         head_done(&outputs, &hg.params)?;
+        let backward = |e: &mut Engine<B>, g: &[&[f32]]| if keep { e.backward_kept(g) } else { e.backward(g) };
         let (k, width) = (self.graphs_per_example(), width_out(self.top().function()));
         let top = self.cells.len() - 1;
         let mut g = match self.readout {
             // One graph per example, every vertex's row read in order: the head's input
             // gradient is the cells' output gradient as it is.
-            Readout::Vertices => self.cells[top].backward(&[&hg.pulls[0]])?,
+            Readout::Vertices => backward(&mut self.cells[top], &[&hg.pulls[0]])?,
             readout => {
                 let dh = read_grad(&hg.pulls, k, width, layout.roots.len());
                 match readout {
-                    Readout::Root => self.cells[top].backward(&[&dh])?,
+                    Readout::Root => backward(&mut self.cells[top], &[&dh])?,
                     _ => {
                         let all = unread(dh, &layout, readout, width, pooled.as_ref());
-                        self.cells[top].backward(&[&all])?
+                        backward(&mut self.cells[top], &[&all])?
                     }
                 }
             }
@@ -576,65 +586,20 @@ impl<B: Backend> Model<B> {
         for k in (0..top).rev() {
             cells[k + 1] = std::mem::take(&mut g.params);
             let below = g.pulls.swap_remove(0);
-            g = self.cells[k].backward(&[&below])?;
+            g = backward(&mut self.cells[k], &[&below])?;
         }
         cells[0] = g.params;
         let mut tables: Vec<SparseGrad> = g.tables.into_iter().flatten().collect();
         // One lookup's rows are distinct and in order already; several (feeds) are merged.
         let words = if tables.len() == 1 { tables.swap_remove(0) } else { merge(&tables, self.embedding.dim()) };
-        let mut grads = ModelGrads { outputs, cells, head: hg.params, words };
+        let mut grads = ModelGrads { outputs, cells, head: hg.params, words, kept: keep };
         if scale != 1.0 {
             scale_all(grads.cells.iter_mut().flatten().chain([&mut grads.words.values]), 1.0 / scale);
-        }
-        Ok(grads)
-    }
-
-    /// The name prefix, function and gradients of every part: each layer, then the head.
-    fn parts<'g>(&self, grads: &'g ModelGrads) -> Vec<(String, &VertexFn, &'g Vec<Vec<f32>>)> {
-        let layers = self.cells.iter().zip(&grads.cells).enumerate();
-        let mut parts: Vec<_> = layers.map(|(k, (e, g))| (layer_prefix(k), e.function(), g)).collect();
-        parts.push(("head".to_string(), self.head.function(), &grads.head));
-        parts
-    }
-
-    /// Clips the joint norm of `grads` to `clip` if given and applies them with `opt` (see
-    /// [`Model::step`]); the next step draws new dropout masks. A step that is not finite ends
-    /// training with [`Error::Diverged`], or under a [loss scale](Model::with_loss_scale) is
-    /// skipped: returns whether the step was applied.
-    pub fn apply(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
-        // Steps counted from 1 since the start of training (the dropout key counts from 0).
-        let step = self.cells[0].dropout_key().step + 1;
-        for engine in self.cells.iter_mut().chain(std::iter::once(self.head.engine())) {
-            let key = engine.dropout_key();
-            engine.set_dropout_key(DropoutKey { step: key.step + 1, ..key });
-        }
-        if let Some(scaler) = &mut self.loss_scale {
-            let dense = grads.cells.iter().flatten().chain(&grads.head).map(Vec::as_slice);
-            if !scaler.update(dense.chain([grads.words.values.as_slice()]).all(all_finite)) {
-                return Ok(false);
+            if keep {
+                self.cells.iter_mut().try_for_each(|e| e.scale_grads(1.0 / scale))?;
             }
         }
-        let parts = self.parts(grads);
-        let names: Vec<Vec<String>> = parts.iter().map(|(n, f, _)| names(n, f)).collect();
-        if self.loss_scale.is_none() {
-            let dense: Vec<&Vec<Vec<f32>>> = parts.iter().map(|(_, _, g)| *g).collect();
-            check_gradients(step, &names, &dense, &grads.words.values)?;
-        }
-        if let Some(max) = clip {
-            let mut dense: Vec<&mut Vec<Vec<f32>>> = grads.cells.iter_mut().collect();
-            dense.push(&mut grads.head);
-            clip_all(&mut dense, &mut grads.words.values, max);
-        }
-        opt.begin_step();
-        let engines = self.cells.iter_mut().chain(std::iter::once(self.head.engine()));
-        for ((engine, g), names) in engines.zip(grads.cells.iter().chain(std::iter::once(&grads.head))).zip(&names) {
-            engine.update_params(|ps| {
-                ps.into_iter().zip(g).zip(names).for_each(|((p, g), n)| opt.dense(n, p, g));
-            })?;
-        }
-        let dim = self.embedding.dim();
-        opt.sparse("embedding", self.embedding.table_mut(), dim, &grads.words);
-        Ok(true)
+        Ok(grads)
     }
 
     /// Floating-point operations the cells' and the head's engines executed so far.
@@ -662,6 +627,7 @@ impl<B: Backend> Model<B> {
             .map(|e| {
                 let mut copy = Engine::new(e.backend().replica()?, e.function().clone(), &e.params()?)?;
                 copy.set_dropout_key(e.dropout_key());
+                copy.set_optimizer_state(&e.optimizer_state()?)?;
                 Ok(copy)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -711,6 +677,8 @@ impl<B: Backend> Model<B> {
         // With other workers, the head's gradients and the step's numbers travel in the first
         // bucket while the cells' backward pass runs (wait-free backpropagation).
         let mut first_bucket: Option<Vec<f32>> = None;
+        // Alone, the dense gradients stay in the engines (nothing to sum across workers).
+        let alone = coll.size() == 1;
         let mut head_done = |outputs: &[Vec<f32>], head: &[Vec<f32>]| -> Result<()> {
             if coll.size() > 1 {
                 let mut bucket: Vec<f32> = head.iter().flatten().copied().collect();
@@ -727,11 +695,12 @@ impl<B: Backend> Model<B> {
                 cells: self.cells.iter().map(|e| zeros(e.function())).collect(),
                 head: zeros(self.head.function()),
                 words: SparseGrad::default(),
+                kept: false,
             };
             head_done(&[], &grads.head)?;
             grads
         } else {
-            self.gradients_then(mine, denom, planned, &mut head_done)?
+            self.gradients_then(mine, denom, planned, &mut head_done, alone)?
         };
         let mut stats = StepStats { loss: loss_of(&grads.outputs), count, vertices, correct: 0 };
         if let Some(mut bucket) = first_bucket {

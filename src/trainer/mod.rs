@@ -157,6 +157,20 @@ pub trait Learned: Sized {
     /// Takes every learned tensor from a checkpoint made of [`Learned::tensors`].
     fn restore(&mut self, ck: &Checkpoint) -> Result<()>;
 
+    /// The optimizer state the model keeps itself, beside its parameters (on their device),
+    /// named as [`Optimizer::tensors`] names it, for a checkpoint; none by default (the
+    /// optimizer holds all of it).
+    fn optimizer_tensors(&self) -> Result<Vec<Named>> {
+        Ok(Vec::new())
+    }
+
+    /// Takes from `opt` (as restored from a checkpoint) the state of the tensors the model
+    /// updates itself; nothing by default.
+    fn adopt_optimizer_state(&mut self, opt: &mut Optimizer) -> Result<()> {
+        let _ = opt;
+        Ok(())
+    }
+
     /// A copy with the same learned values, for another worker.
     fn replica(&self) -> Result<Self>;
 
@@ -368,6 +382,7 @@ impl<L> Run<L> {
         let values = tensors.iter().map(|(n, _, v)| (n.as_str(), v.as_slice()));
         crate::optim::check_finite(self.pos.steps, "the value of", values)?;
         if with_optimizer {
+            tensors.extend(self.model.optimizer_tensors()?);
             tensors.extend(self.opt.tensors());
             tensors.extend(self.average.iter().flat_map(Average::named));
         }
@@ -446,6 +461,7 @@ impl<L> Run<L> {
         };
         self.model.restore(ck)?;
         self.opt.restore(ck, pos.steps)?;
+        self.model.adopt_optimizer_state(&mut self.opt)?;
         // A part of a model keeps the optimizer state of its own tensors only.
         let own: std::collections::BTreeSet<String> = self.model.tensors()?.into_iter().map(|t| t.0).collect();
         self.opt.slots.retain(|name, _| own.contains(name));

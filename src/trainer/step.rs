@@ -3,9 +3,8 @@
 //! kept under its name.
 
 use crate::layers::{Embedding, SparseGrad};
-use crate::optim::{check_finite, clip_grad_norm, Optimizer};
+use crate::optim::Optimizer;
 use crate::VertexFn;
-use arbor_core::error::Result;
 
 /// Numbers from one minibatch.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -28,22 +27,6 @@ pub(crate) fn tensor_name(of: &str, param: &str) -> String {
 /// The names of `f`'s parameters under the prefix `of`.
 pub(crate) fn names(of: &str, f: &VertexFn) -> Vec<String> {
     f.params().iter().map(|p| tensor_name(of, &p.name)).collect()
-}
-
-/// Ends training with [`Error::Diverged`](crate::Error::Diverged) at step `step` if a gradient
-/// is not finite: of the parameters of each part (their names, one gradient per parameter), or
-/// of the looked-up word vectors.
-pub(crate) fn check_gradients(step: u64, names: &[Vec<String>], parts: &[&Vec<Vec<f32>>], words: &[f32]) -> Result<()> {
-    let dense = names.iter().zip(parts).flat_map(|(n, g)| n.iter().zip(g.iter()));
-    let words = std::iter::once(("embedding", words));
-    check_finite(step, "the gradient of", dense.map(|(n, g)| (n.as_str(), g.as_slice())).chain(words))
-}
-
-/// Clips the joint norm of the dense gradients of `parts` and the word vectors' to `max`.
-pub(crate) fn clip_all(parts: &mut [&mut Vec<Vec<f32>>], words: &mut [f32], max: f32) {
-    let mut all: Vec<&mut [f32]> = parts.iter_mut().flat_map(|p| p.iter_mut()).map(Vec::as_mut_slice).collect();
-    all.push(words);
-    clip_grad_norm(&mut all, max);
 }
 
 /// One optimizer step over a model's parameters, each tensor's state kept under its name: the

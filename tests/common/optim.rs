@@ -76,7 +76,7 @@ pub fn run<B: Backend>(backend: &B, config: Config, seed: u64) -> (Vec<Vec<f32>>
     }
     let mut bufs = [buf];
     let mut mem = Mem { data: &mut bufs, index: &[] };
-    let sum = backend.sum_squares(&mut mem, loc(0), N).unwrap();
+    let sum = backend.sum_squares(&mut mem, &[(loc(0), N)]).unwrap()[0];
     let mut all = backend.read_vec(&bufs[0], 0, at[6]).unwrap();
     let mut mem = Mem { data: &mut bufs, index: &[] };
     backend.scale(&mut mem, loc(0), N, 0.4).unwrap();

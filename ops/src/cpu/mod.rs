@@ -251,9 +251,12 @@ impl Backend for CpuBackend {
         self.within(|| optim::update_rows(&raw, u, at, table, rows, n))
     }
 
-    fn sum_squares(&self, mem: &mut Mem<'_, Self>, src: Loc, len: usize) -> Result<f64> {
-        let buf = mem.data.get(src.buf).ok_or_else(|| bad("sum_squares", format!("no buffer {}", src.buf)))?;
-        Ok(arbor_core::optim::sum_squares(span(buf, src.offset, len)?))
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>> {
+        let region = |&(at, len): &(Loc, usize)| {
+            let buf = mem.data.get(at.buf).ok_or_else(|| bad("sum_squares", format!("no buffer {}", at.buf)))?;
+            Ok(arbor_core::optim::sum_squares(span(buf, at.offset, len)?))
+        };
+        regions.iter().map(region).collect()
     }
 
     fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> Result<()> {

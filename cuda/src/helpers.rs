@@ -1,0 +1,102 @@
+//! The CUDA backend's own kernels besides the generated ones: fills, scatter-adds, row sums,
+//! f32 to 16-bit conversion, and the optimizer's ([`crate::optim`]), as C bodies that also
+//! compile for the host (the tests run them there against the CPU backend).
+
+use crate::codegen::PRELUDE;
+use crate::optim::{OPTIM_BODIES, OPTIM_KERNELS};
+
+/// The bodies of the backend's own kernels (fill, scatter-adds, row sums, f32 to bf16 and f16
+/// conversion), one call per thread index `t`; [`helpers`] wraps them as kernels.
+pub const HELPER_BODIES: &str = r#"
+ARBOR_DEVICE void arbor_fill_body(long long t, float* p, long long n, float value) {
+    if (t < n) p[t] = value;
+}
+/* Scatter-adds check every row number against the `rows` their data holds, and every index
+   set against the `len` entries of its index (`arbor_row`: past them the kernel stops). */
+ARBOR_DEVICE void arbor_scatter_indexed_body(long long t, const float* src, long long block, long long n,
+                                             float* data, long long rows, const unsigned* index) {
+    if (t >= n * block) return;
+    unsigned i = index[t / block];
+    if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)arbor_row(i, rows) * block + t % block], src[t]);
+}
+ARBOR_DEVICE void arbor_scatter_set_body(long long t, const float* src, long long block, long long n, float* data,
+                                         long long rows, const unsigned* offsets, const unsigned* index,
+                                         long long len) {
+    if (t >= n * block) return;
+    long long v = t / block;
+    for (unsigned q = offsets[v]; q < offsets[v + 1]; ++q) {
+        unsigned i = index[arbor_row(q, len)];
+        if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)arbor_row(i, rows) * block + t % block], src[t]);
+    }
+}
+/* f32 to bfloat16 bits, rounded to nearest even (NaN stays NaN). */
+ARBOR_DEVICE unsigned short arbor_bf16(float x) {
+    unsigned u = arbor_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+/* f32 to IEEE half bits, rounded to nearest even: overflow to infinity, small values to
+   subnormals. */
+ARBOR_DEVICE unsigned short arbor_f16(float x) {
+    unsigned u = arbor_bits(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+    if (a < 0x38800000u) {
+        if (a < 0x33000000u) return (unsigned short)sign;
+        unsigned shift = 126u - (a >> 23), m = (a & 0x7fffffu) | 0x800000u;
+        unsigned r = m >> shift, rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rest > half || (rest == half && (r & 1u))) ++r;
+        return (unsigned short)(sign | r);
+    }
+    a -= 0x38000000u;
+    return (unsigned short)(sign | ((a + 0xfffu + ((a >> 13) & 1u)) >> 13));
+}
+ARBOR_DEVICE void arbor_to_bf16_body(long long t, const float* src, long long n, unsigned short* dst) {
+    if (t < n) dst[t] = arbor_bf16(src[t]);
+}
+ARBOR_DEVICE void arbor_to_f16_body(long long t, const float* src, long long n, unsigned short* dst) {
+    if (t < n) dst[t] = arbor_f16(src[t]);
+}
+ARBOR_DEVICE void arbor_sum_rows_body(long long j, const float* src, long long rows, long long cols, float* dst,
+                                      int accumulate) {
+    if (j >= cols) return;
+    double s = 0.0;
+    for (long long r = 0; r < rows; ++r) s += src[r * cols + j];
+    dst[j] = accumulate ? dst[j] + (float)s : (float)s;
+}
+"#;
+
+/// The helper kernels' parameters, as `(name, parameter list, argument list)`.
+pub(crate) const HELPERS: [(&str, &str, &str); 6] = [
+    ("arbor_fill", "float* p, long long n, float value", "p, n, value"),
+    (
+        "arbor_scatter_indexed",
+        "const float* src, long long block, long long n, float* data, long long rows, const unsigned* index",
+        "src, block, n, data, rows, index",
+    ),
+    (
+        "arbor_scatter_set",
+        "const float* src, long long block, long long n, float* data, long long rows, const unsigned* offsets, \
+         const unsigned* index, long long len",
+        "src, block, n, data, rows, offsets, index, len",
+    ),
+    ("arbor_to_bf16", "const float* src, long long n, unsigned short* dst", "src, n, dst"),
+    ("arbor_to_f16", "const float* src, long long n, unsigned short* dst", "src, n, dst"),
+    (
+        "arbor_sum_rows",
+        "const float* src, long long rows, long long cols, float* dst, int accumulate",
+        "src, rows, cols, dst, accumulate",
+    ),
+];
+
+/// The CUDA source of the helper kernels and the optimizer's ([`crate::optim`]): the prelude,
+/// their bodies, and a `__global__` wrapper for each.
+pub fn helpers() -> String {
+    let mut src = format!("{PRELUDE}{HELPER_BODIES}{OPTIM_BODIES}");
+    for (name, params, args) in HELPERS.into_iter().chain(OPTIM_KERNELS) {
+        src.push_str(&format!(
+            "extern \"C\" __global__ void {name}({params}) {{ {name}_body(ARBOR_THREAD, {args}); }}\n"
+        ));
+    }
+    src
+}

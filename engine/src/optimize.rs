@@ -1,0 +1,132 @@
+//! The optimizer beside the parameters: the gradients a backward pass leaves in the engine
+//! ([`Engine::backward_kept`]) are tested, clipped and applied where they are, with the state of
+//! each parameter's rule kept in the engine's own buffers, so a step on a device moves nothing
+//! parameter-sized between it and the host (one small read: the gradients' sums of squares).
+
+use crate::launch::{GRADS, PARAMS};
+use crate::Engine;
+use arbor_core::backend::{Backend, Loc, Mem, OptimAt};
+use arbor_core::error::{Error, Result};
+use arbor_core::optim::Update;
+
+/// The engine's buffers of optimizer state, laid out as [`PARAMS`]: the first and second state
+/// tensor of every parameter's rule (see [`OptimAt`]).
+pub const STATE_M: usize = 3;
+/// See [`STATE_M`].
+pub const STATE_V: usize = 4;
+
+/// A parameter's optimizer state as the host sees it: its two tensors (`m`, `v`).
+pub type ParamState = [Vec<f32>; 2];
+
+impl<B: Backend> Engine<B> {
+    /// Each parameter's offset and length in [`PARAMS`], [`GRADS`] and the state buffers.
+    fn param_spans(&self) -> Vec<(usize, usize)> {
+        let f = self.function();
+        f.params().iter().zip(&self.lowering.a.param_at).map(|(p, &at)| (at, p.shape.numel())).collect()
+    }
+
+    /// The state buffers, allocated (zero) on first use.
+    fn ensure_state(&mut self) -> Result<()> {
+        if self.bufs.len() <= STATE_V {
+            let total = self.lowering.a.params_len;
+            for _ in self.bufs.len()..=STATE_V {
+                self.bufs.push(self.backend.alloc(total)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// The sum of the squares of each parameter's gradient as the engine holds it (in f64, in
+    /// the order of `f.params()`; not finite exactly where a value is not), read in one call.
+    pub fn grad_sum_squares(&mut self) -> Result<Vec<f64>> {
+        let spans: Vec<(Loc, usize)> =
+            self.param_spans().into_iter().map(|(at, len)| (Loc { buf: GRADS, offset: at }, len)).collect();
+        let mut mem = Mem { data: &mut self.bufs, index: &self.index };
+        self.backend.sum_squares(&mut mem, &spans)
+    }
+
+    /// Multiplies every parameter's gradient as the engine holds it by `s` (clipping).
+    pub fn scale_grads(&mut self, s: f32) -> Result<()> {
+        let len = self.lowering.a.params_len;
+        let mut mem = Mem { data: &mut self.bufs, index: &self.index };
+        self.backend.scale(&mut mem, Loc { buf: GRADS, offset: 0 }, len, s)
+    }
+
+    /// Every parameter's gradient as the engine holds it (from the last backward pass, scaled or
+    /// replaced since), in the order of `f.params()`.
+    pub fn param_grads(&self) -> Result<Vec<Vec<f32>>> {
+        self.read_params(GRADS)
+    }
+
+    /// Replaces the gradients the engine holds (e.g. by their sum across workers), one per
+    /// parameter in the order of `f.params()`.
+    pub fn set_grads(&mut self, grads: &[Vec<f32>]) -> Result<()> {
+        self.write_params(GRADS, grads, "gradients")
+    }
+
+    /// Applies one optimizer update to every parameter from the gradient the engine holds:
+    /// `updates[i]` to parameter `i` (`None` leaves it, and its state, as it is), with the state
+    /// the engine keeps for each (zeros before its first update; [`Engine::optimizer_state`]).
+    pub fn optimize(&mut self, updates: &[Option<Update>]) -> Result<()> {
+        let spans = self.param_spans();
+        if updates.len() != spans.len() {
+            let f = self.function();
+            return Err(Error::input(
+                format!("updates of `{}`", f.name()),
+                format!("one per parameter ({})", spans.len()),
+                format!("{}", updates.len()),
+            ));
+        }
+        self.ensure_state()?;
+        self.updated.resize(spans.len(), false);
+        for (k, (u, (at, len))) in updates.iter().zip(spans).enumerate() {
+            let Some(u) = u else { continue };
+            let loc = |buf| Loc { buf, offset: at };
+            let where_ = OptimAt { p: loc(PARAMS), g: loc(GRADS), m: loc(STATE_M), v: loc(STATE_V) };
+            let mut mem = Mem { data: &mut self.bufs, index: &self.index };
+            self.backend.update(&mut mem, u, &where_, len)?;
+            self.updated[k] = true;
+        }
+        Ok(())
+    }
+
+    /// The optimizer state of every parameter [`Engine::optimize`] has updated (`None` for the
+    /// others), in the order of `f.params()`: read from the engine's buffers.
+    pub fn optimizer_state(&self) -> Result<Vec<Option<ParamState>>> {
+        let spans = self.param_spans();
+        if self.bufs.len() <= STATE_V {
+            return Ok(vec![None; spans.len()]);
+        }
+        let read = |buf: usize, (at, len): (usize, usize)| self.backend.read_vec(&self.bufs[buf], at, len);
+        spans
+            .into_iter()
+            .enumerate()
+            .map(|(k, span)| match self.updated.get(k) {
+                Some(true) => Ok(Some([read(STATE_M, span)?, read(STATE_V, span)?])),
+                _ => Ok(None),
+            })
+            .collect()
+    }
+
+    /// Replaces the optimizer state (as [`Engine::optimizer_state`] gives it; `None`: zeros, as
+    /// before a first update).
+    pub fn set_optimizer_state(&mut self, state: &[Option<ParamState>]) -> Result<()> {
+        let spans = self.param_spans();
+        if self.bufs.len() <= STATE_V && state.iter().all(Option::is_none) {
+            self.updated.clear();
+            return Ok(());
+        }
+        self.ensure_state()?;
+        let zeros = |len| [vec![0.0; len], vec![0.0; len]];
+        let full: Vec<ParamState> = spans
+            .iter()
+            .zip(state.iter().chain(std::iter::repeat(&None)))
+            .map(|(&(_, len), s)| s.clone().unwrap_or_else(|| zeros(len)))
+            .collect();
+        let (m, v): (Vec<Vec<f32>>, Vec<Vec<f32>>) = full.into_iter().map(|[m, v]| (m, v)).unzip();
+        self.write_params(STATE_M, &m, "optimizer state")?;
+        self.write_params(STATE_V, &v, "optimizer state")?;
+        self.updated = (0..spans.len()).map(|k| state.get(k).is_some_and(Option::is_some)).collect();
+        Ok(())
+    }
+}
