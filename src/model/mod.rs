@@ -520,7 +520,7 @@ impl<B: Backend> Model<B> {
     /// names `cell.<name>` (`cell1.<name>`, … for layers stacked above), `head.<name>` and
     /// `embedding`. Returns the head's outputs (the losses among them).
     pub fn step(&mut self, batch: &[Example<'_>], opt: &mut Optimizer, clip: Option<f32>) -> Result<Vec<Vec<f32>>> {
-        let mut grads = self.gradients_then(batch, batch.len(), None, &mut |_, _| Ok(()), true)?;
+        let mut grads = self.gradients_kept(batch, batch.len())?;
         self.apply(&mut grads, opt, clip)?;
         Ok(grads.outputs)
     }
@@ -537,6 +537,13 @@ impl<B: Backend> Model<B> {
         planned: Option<Planned<'_>>,
     ) -> Result<ModelGrads> {
         self.gradients_then(batch, denom, planned, &mut |_, _| Ok(()), false)
+    }
+
+    /// [`Model::gradients`] with the dense gradients left in the engines, where
+    /// [`Model::apply`] tests, clips and applies them ([`ModelGrads::kept`]; `cells` and `head`
+    /// empty): on a device, nothing parameter-sized comes to the host.
+    pub fn gradients_kept(&mut self, batch: &[Example<'_>], denom: usize) -> Result<ModelGrads> {
+        self.gradients_then(batch, denom, None, &mut |_, _| Ok(()), true)
     }
 
     /// [`Model::gradients`], telling `head_done` the head's outputs and its parameters' final

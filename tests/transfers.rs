@@ -1,0 +1,249 @@
+//! What a training step moves between the host and a device, counted by a backend that runs on
+//! the CPU but keeps no host memory the engine may change in place (as a GPU): the optimizer's
+//! part of a step moves nothing parameter-sized — only the gradients' sums of squares, 8 bytes
+//! per tensor, in one read per engine — and an SST step at batch 1 moves an eighth of the
+//! model's parameters at most. The counts of a step (bytes each way, synchronizing reads, backend calls) are
+//! printed for BENCHMARKS.md.
+
+use arbor::backend::{Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
+use arbor::data::labelled::Labelled;
+use arbor::data::sst;
+use arbor::fusion::Kernel;
+use arbor::layers::LossOn;
+use arbor::model::{AsExample, Example, Model};
+use arbor::optim::{Config, Optimizer, Rule, Update};
+use arbor::rng::Rng;
+use arbor::{nn, Backend, CpuBackend, HostBuffer};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+/// Host–device traffic so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Counts {
+    /// Bytes copied to the device (values and indices).
+    up: usize,
+    /// Bytes copied back.
+    down: usize,
+    /// Copies back (each waits for the device).
+    reads: usize,
+    /// The largest single copy either way, in bytes.
+    largest: usize,
+    /// Compute calls (kernel launches on a GPU).
+    calls: usize,
+}
+
+impl std::ops::Sub for Counts {
+    type Output = Counts;
+    fn sub(self, o: Counts) -> Counts {
+        let (up, down, reads, calls) = (self.up - o.up, self.down - o.down, self.reads - o.reads, self.calls - o.calls);
+        Counts { up, down, reads, calls, largest: self.largest }
+    }
+}
+
+/// The CPU backend, counting what a device backend would copy and launch.
+#[derive(Default)]
+struct Counting {
+    cpu: CpuBackend,
+    counts: Arc<Mutex<Counts>>,
+}
+
+impl Counting {
+    fn now(&self) -> Counts {
+        *self.counts.lock().unwrap()
+    }
+    /// Starts the largest-copy record afresh.
+    fn reset_largest(&self) {
+        self.counts.lock().unwrap().largest = 0;
+    }
+    fn copy(&self, up: bool, bytes: usize) {
+        let mut c = self.counts.lock().unwrap();
+        if up {
+            c.up += bytes;
+        } else {
+            c.down += bytes;
+            c.reads += 1;
+        }
+        c.largest = c.largest.max(bytes);
+    }
+    fn call(&self) {
+        self.counts.lock().unwrap().calls += 1;
+    }
+}
+
+/// The same memory, as the CPU backend's.
+fn cpu<'a>(mem: &'a mut Mem<'_, Counting>) -> Mem<'a, CpuBackend> {
+    Mem { data: &mut *mem.data, index: mem.index }
+}
+
+impl Backend for Counting {
+    type Buffer = HostBuffer;
+    type Index = Vec<u32>;
+
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    fn replica(&self) -> arbor::Result<Counting> {
+        Ok(Counting { cpu: CpuBackend::new(), counts: Arc::clone(&self.counts) })
+    }
+    fn alloc(&self, len: usize) -> arbor::Result<HostBuffer> {
+        self.cpu.alloc(len)
+    }
+    fn alloc_index(&self, len: usize) -> arbor::Result<Vec<u32>> {
+        self.cpu.alloc_index(len)
+    }
+    fn allocations(&self) -> usize {
+        self.cpu.allocations()
+    }
+    fn len(&self, buf: &HostBuffer) -> usize {
+        buf.len()
+    }
+    fn index_len(&self, buf: &Vec<u32>) -> usize {
+        buf.len()
+    }
+    fn write(&self, buf: &mut HostBuffer, offset: usize, src: &[f32]) -> arbor::Result<()> {
+        self.copy(true, 4 * src.len());
+        self.cpu.write(buf, offset, src)
+    }
+    fn write_index(&self, buf: &mut Vec<u32>, offset: usize, src: &[u32]) -> arbor::Result<()> {
+        self.copy(true, 4 * src.len());
+        self.cpu.write_index(buf, offset, src)
+    }
+    fn read(&self, buf: &HostBuffer, offset: usize, dst: &mut [f32]) -> arbor::Result<()> {
+        self.copy(false, 4 * dst.len());
+        self.cpu.read(buf, offset, dst)
+    }
+    /// One copy of the span the rows lie in, as the CUDA backend reads them.
+    fn read_rows(
+        &self,
+        buf: &HostBuffer,
+        offset: usize,
+        block: usize,
+        rows: &[u32],
+        dst: &mut [f32],
+    ) -> arbor::Result<()> {
+        let (lo, hi) = (rows.iter().min().copied().unwrap_or(0), rows.iter().max().map_or(0, |&r| r + 1));
+        self.copy(false, 4 * block * (hi - lo) as usize);
+        self.cpu.read_rows(buf, offset, block, rows, dst)
+    }
+    fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> arbor::Result<()> {
+        self.call();
+        self.cpu.fill(&mut cpu(mem), dst, len, value)
+    }
+    fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> arbor::Result<()> {
+        self.call();
+        self.cpu.gemm(&mut cpu(mem), g)
+    }
+    fn fused(
+        &self,
+        mem: &mut Mem<'_, Self>,
+        k: &Kernel,
+        n: usize,
+        loads: &[Rows],
+        stores: &[Loc],
+    ) -> arbor::Result<()> {
+        self.call();
+        self.cpu.fused(&mut cpu(mem), k, n, loads, stores)
+    }
+    fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> arbor::Result<()> {
+        self.call();
+        self.cpu.scatter_add(&mut cpu(mem), src, block, n, dst)
+    }
+    fn sum_rows(
+        &self,
+        mem: &mut Mem<'_, Self>,
+        src: Loc,
+        rows: usize,
+        cols: usize,
+        dst: Loc,
+        accumulate: bool,
+    ) -> arbor::Result<()> {
+        self.call();
+        self.cpu.sum_rows(&mut cpu(mem), src, rows, cols, dst, accumulate)
+    }
+    fn update(&self, mem: &mut Mem<'_, Self>, u: &Update, at: &OptimAt, len: usize) -> arbor::Result<()> {
+        self.call();
+        self.cpu.update(&mut cpu(mem), u, at, len)
+    }
+    fn update_rows(
+        &self,
+        mem: &mut Mem<'_, Self>,
+        u: &Update,
+        at: &OptimAt,
+        table: (usize, usize),
+        rows: IndexLoc,
+        n: usize,
+    ) -> arbor::Result<()> {
+        self.call();
+        self.cpu.update_rows(&mut cpu(mem), u, at, table, rows, n)
+    }
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> arbor::Result<Vec<f64>> {
+        self.calls_then_copy(regions.len());
+        self.cpu.sum_squares(&mut cpu(mem), regions)
+    }
+    fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> arbor::Result<()> {
+        self.call();
+        self.cpu.scale(&mut cpu(mem), dst, len, s)
+    }
+}
+
+impl Counting {
+    /// A sum of squares of `regions` regions: a launch each, then one read of 8 bytes each.
+    fn calls_then_copy(&self, regions: usize) {
+        (0..regions).for_each(|_| self.call());
+        self.copy(false, 8 * regions);
+    }
+}
+
+/// The SST Tree-LSTM of the benchmarks (hidden 150, embed 300, root loss) on the counting
+/// backend, with the parameters' tensors and bytes (cell and head).
+fn sst_model(vocab: usize, rng: &mut Rng) -> (Model<Counting>, Counting, (usize, usize)) {
+    let backend = Counting::default();
+    let cell = nn::tree_lstm(300, 150).unwrap();
+    let readout = Labelled::readout(LossOn::Root);
+    let model =
+        arbor::zoo::tree_classifier_on(&backend, vec![cell], vocab, sst::CLASSES, readout, rng).expect("the model");
+    let dense: Vec<usize> =
+        model.tensors().unwrap().iter().filter(|t| t.0 != "embedding").map(|t| 4 * t.2.len()).collect();
+    let counter = Counting { cpu: CpuBackend::new(), counts: Arc::clone(&backend.counts) };
+    (model, counter, (dense.len(), dense.iter().sum()))
+}
+
+#[test]
+fn a_training_step_moves_nothing_parameter_sized() {
+    let splits = sst::read_splits(&arbor::data::data_dir().join("sst"), false)
+        .unwrap_or_else(|e| panic!("SST data not found ({e}); set ARBOR_DATA to the folder holding sst/"));
+    let mut rng = Rng::new(45);
+    let (mut model, counter, (tensors, params)) = sst_model(splits.vocab.len(), &mut rng);
+    let train = Labelled::all(&splits.train, LossOn::Root, sst::CLASSES);
+    let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
+    let mut report = Vec::new();
+    for batch in [64, 1] {
+        let examples: Vec<Example<'_>> = train[..batch].iter().map(|e| e.example()).collect();
+        // A first step allocates what later steps reuse.
+        model.step(&examples, &mut opt, Some(5.0)).unwrap();
+        counter.reset_largest();
+        let before = counter.now();
+        let mut grads = model.gradients_kept(&examples, batch).unwrap();
+        let formed = counter.now();
+        counter.reset_largest();
+        assert!(model.apply(&mut grads, &mut opt, Some(5.0)).unwrap());
+        let applied = counter.now() - formed;
+        // The update: the sums of squares of the cell's and the head's tensors, in one read per
+        // engine; nothing sent, nothing else read.
+        assert_eq!((applied.up, applied.down, applied.reads), (0, 8 * tensors, 2), "the update's copies: {applied:?}");
+        let step = counter.now() - before;
+        // At batch 1 the forward and backward passes copy a few rows each way; at batch 64 the
+        // looked-up word vectors (the table is still on the host) outweigh everything else.
+        if batch == 1 {
+            let largest = (formed - before).largest;
+            assert!(largest < params / 32, "batch 1: a copy of {largest} bytes (the parameters: {params})");
+            assert!(step.up + step.down < params / 8, "batch 1: {step:?} against {params} bytes of parameters");
+        }
+        report.push(format!(
+            "transfers: SST Tree-LSTM h150 e300, batch {batch}: {} bytes to the device, {} back in {} reads, \
+             {} backend calls (the update: {} calls, {} bytes back in {} reads)",
+            step.up, step.down, step.reads, step.calls, applied.calls, applied.down, applied.reads
+        ));
+    }
+    let _ = writeln!(std::io::stderr(), "{}", report.join("\n"));
+}
