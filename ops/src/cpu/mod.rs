@@ -254,7 +254,11 @@ impl Backend for CpuBackend {
     fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>> {
         let region = |&(at, len): &(Loc, usize)| {
             let buf = mem.data.get(at.buf).ok_or_else(|| bad("sum_squares", format!("no buffer {}", at.buf)))?;
-            Ok(arbor_core::optim::sum_squares(span(buf, at.offset, len)?))
+            let x = span(buf, at.offset, len)?;
+            Ok(host::vectorised(
+                #[inline(always)]
+                || arbor_core::optim::sum_squares(x),
+            ))
         };
         regions.iter().map(region).collect()
     }

@@ -128,6 +128,16 @@ mod tests {
     }
 
     #[test]
+    fn sums_of_squares_have_the_same_bits_on_every_instruction_set() {
+        let x: Vec<f32> = (0..10_007).map(|i| ((i * 7919) % 1000) as f32 / 300.0 - 1.5).collect();
+        let wide = crate::cpu::host::vectorised(
+            #[inline(always)]
+            || arbor_core::optim::sum_squares(&x),
+        );
+        assert_eq!(wide.to_bits(), arbor_core::optim::sum_squares(&x).to_bits());
+    }
+
+    #[test]
     fn pieces_give_the_bits_of_one_pass() {
         let u = Update::new(Config::new(Rule::Adam, 0.01), 3);
         let n = 3 * PIECE + 5;
