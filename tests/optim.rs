@@ -269,3 +269,61 @@ fn backend_updates_refuse_overlaps_and_bad_rows() {
     let e = cpu.update(&mut mem, &u, &OptimAt { p: at(60), g: at(0), m: at(8), v: at(16) }, 8).unwrap_err();
     assert!(e.to_string().contains("outside"), "{e}");
 }
+
+/// An engine updates its parameters where it holds them as the host optimizer updates copies:
+/// the same bits for every tensor over three steps, a frozen tensor and its state left alone, a
+/// tensor at its own rate (a run of equal updates split around them); its state reads back as
+/// the host's slots and, written into another engine, continues the same way.
+#[test]
+fn engine_updates_equal_the_host_optimizer_per_tensor() {
+    use arbor::rng::Rng;
+    use arbor::{nn, Engine};
+    let f = nn::tree_lstm(3, 4).unwrap();
+    let mut rng = Rng::new(7);
+    let params = f.init_params(&mut rng);
+    let names: Vec<String> = f.params().iter().map(|p| p.name.clone()).collect();
+    let opt = Optimizer::new(Config { weight_decay: 0.01, ..Config::new(Rule::Adam, 0.05) })
+        .freeze(&names[1])
+        .with_lr(&names[3], 0.01);
+    let (mut host, mut host_opt) = (params.clone(), opt.clone());
+    let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+    let mut other = None;
+    for step in 0..3 {
+        let grads: Vec<Vec<f32>> = params.iter().map(|p| p.iter().map(|_| rng.range(-1.0, 1.0)).collect()).collect();
+        host_opt.begin_step();
+        for ((p, g), n) in host.iter_mut().zip(&grads).zip(&names) {
+            host_opt.dense(n, p, g);
+        }
+        let mut engine_opt = opt.clone();
+        engine_opt.steps = step;
+        engine_opt.begin_step();
+        let updates: Vec<_> = names.iter().map(|n| engine_opt.update_of(n)).collect();
+        assert!(updates[1].is_none() && updates[3] != updates[0]);
+        engine.set_grads(&grads).unwrap();
+        let sum: f64 = grads.iter().map(|g| arbor::optim::sum_squares(&[g.clone().as_mut_slice()])).sum();
+        assert!((engine.grad_sum_squares().unwrap() - sum).abs() <= 1e-9 * sum);
+        engine.optimize(&updates).unwrap();
+        let bits = |v: &[Vec<f32>]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&engine.params().unwrap()), bits(&host), "step {step}");
+        let state = engine.optimizer_state().unwrap();
+        for (s, n) in state.iter().zip(&names) {
+            match (s, host_opt.slots.get(n)) {
+                (Some([m, v]), Some(slot)) => assert_eq!((m, v), (&slot.m, &slot.v), "{n}"),
+                (None, None) => {}
+                (s, slot) => panic!("{n}: engine {}, host {}", s.is_some(), slot.is_some()),
+            }
+        }
+        // From the second step on, a copy of the engine continues as the engine does.
+        if let Some(copy) = other.as_mut() {
+            let copy: &mut Engine<CpuBackend> = copy;
+            copy.set_grads(&grads).unwrap();
+            copy.optimize(&updates).unwrap();
+            assert_eq!(bits(&copy.params().unwrap()), bits(&host), "the copy at step {step}");
+        } else {
+            let mut copy = Engine::new(CpuBackend::new(), f.clone(), &engine.params().unwrap()).unwrap();
+            copy.set_optimizer_state(&state).unwrap();
+            other = Some(copy);
+        }
+    }
+    assert!(engine.optimize(&[None]).unwrap_err().to_string().contains("one per parameter"));
+}

@@ -36,13 +36,12 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// The sum of the squares of each parameter's gradient as the engine holds it (in f64, in
-    /// the order of `f.params()`; not finite exactly where a value is not), read in one call.
-    pub fn grad_sum_squares(&mut self) -> Result<Vec<f64>> {
-        let spans: Vec<(Loc, usize)> =
-            self.param_spans().into_iter().map(|(at, len)| (Loc { buf: GRADS, offset: at }, len)).collect();
+    /// The sum of the squares of every parameter's gradient as the engine holds it, in f64 (not
+    /// finite exactly where a value is not): one backend call and one small read.
+    pub fn grad_sum_squares(&mut self) -> Result<f64> {
+        let len = self.lowering.a.params_len;
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };
-        self.backend.sum_squares(&mut mem, &spans)
+        Ok(self.backend.sum_squares(&mut mem, &[(Loc { buf: GRADS, offset: 0 }, len)])?.iter().sum())
     }
 
     /// Multiplies every parameter's gradient as the engine holds it by `s` (clipping).
@@ -67,6 +66,8 @@ impl<B: Backend> Engine<B> {
     /// Applies one optimizer update to every parameter from the gradient the engine holds:
     /// `updates[i]` to parameter `i` (`None` leaves it, and its state, as it is), with the state
     /// the engine keeps for each (zeros before its first update; [`Engine::optimizer_state`]).
+    /// Neighbouring parameters with the same update are one backend call (what lies between
+    /// them in the buffers is zero and stays zero under every rule).
     pub fn optimize(&mut self, updates: &[Option<Update>]) -> Result<()> {
         let spans = self.param_spans();
         if updates.len() != spans.len() {
@@ -79,13 +80,21 @@ impl<B: Backend> Engine<B> {
         }
         self.ensure_state()?;
         self.updated.resize(spans.len(), false);
-        for (k, (u, (at, len))) in updates.iter().zip(spans).enumerate() {
-            let Some(u) = u else { continue };
+        // Parameters side by side with the same update run as one call (all of them, usually).
+        let mut k = 0;
+        while k < spans.len() {
+            let Some(u) = updates[k] else {
+                k += 1;
+                continue;
+            };
+            let run = k + updates[k..].iter().take_while(|x| **x == Some(u)).count();
+            let (at, (last, len)) = (spans[k].0, spans[run - 1]);
             let loc = |buf| Loc { buf, offset: at };
             let where_ = OptimAt { p: loc(PARAMS), g: loc(GRADS), m: loc(STATE_M), v: loc(STATE_V) };
             let mut mem = Mem { data: &mut self.bufs, index: &self.index };
-            self.backend.update(&mut mem, u, &where_, len)?;
-            self.updated[k] = true;
+            self.backend.update(&mut mem, &u, &where_, last + len - at)?;
+            self.updated[k..run].fill(true);
+            k = run;
         }
         Ok(())
     }

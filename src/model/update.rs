@@ -43,17 +43,21 @@ impl<B: Backend> Model<B> {
         }
         let sums = engines.iter_mut().map(|e| e.grad_sum_squares()).collect::<Result<Vec<_>>>()?;
         let words = &mut grads.words.values;
-        let all_sums = || sums.iter().flatten().copied().chain([sum_squares(words)]);
+        let all_sums = || sums.iter().copied().chain([sum_squares(words)]);
         if let Some(scaler) = &mut self.loss_scale {
             if !scaler.update(all_sums().all(f64::is_finite)) {
                 return Ok(false);
             }
         } else if !all_sums().all(f64::is_finite) {
             // The first tensor that is not finite, named with its first such value.
-            for ((names, sums), engine) in names.iter().zip(&sums).zip(&engines) {
-                if let Some(k) = sums.iter().position(|s| !s.is_finite()) {
+            for ((names, sum), engine) in names.iter().zip(&sums).zip(&engines) {
+                if !sum.is_finite() {
                     let g = engine.param_grads()?;
-                    check_finite(step, "the gradient of", [(names[k].as_str(), g[k].as_slice())])?;
+                    check_finite(
+                        step,
+                        "the gradient of",
+                        names.iter().map(String::as_str).zip(g.iter().map(Vec::as_slice)),
+                    )?;
                 }
             }
             check_finite(step, "the gradient of", [("embedding", words.as_slice())])?;
