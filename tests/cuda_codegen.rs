@@ -585,3 +585,44 @@ fn optimizer_kernels_give_the_cpu_optimizers_bits() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The kernel that gathers rows before a read (`read_rows` of rows far apart, such as a
+/// minibatch's roots), compiled for the host, gives what the CPU backend's `read_rows` gives; a
+/// row past the data stops it.
+#[test]
+fn rows_gathered_for_a_read_are_the_rows_read() {
+    use arbor::cuda::codegen::PRELUDE;
+    use arbor::cuda::helpers::HELPER_BODIES;
+    let (block, held) = (3usize, 9usize);
+    let mut rng = Rng::new(12);
+    let src: Vec<f32> = (0..held * block).map(|_| rng.range(-1.0, 1.0)).collect();
+    let rows: Vec<u32> = vec![8, 0, 5, 2];
+    let program = |rows: &[u32]| {
+        let mut c = format!("#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}#include <stdio.h>\n");
+        c += &c_array("static const unsigned", "src_bits", &src.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        c += &c_array("static const unsigned", "index", rows);
+        c += &format!(
+            "int main(void) {{\n\
+             float src[{len}]; memcpy(src, src_bits, sizeof src); float dst[{n}];\n\
+             for (long long t = 0; t < {n}; ++t) arbor_gather_rows_body(t, src, {block}, {k}, {held}, index, dst);\n\
+             for (int i = 0; i < {n}; ++i) {{ unsigned u; memcpy(&u, &dst[i], 4); printf(\"%u\\n\", u); }}\n\
+             return 0;\n}}\n",
+            len = src.len(),
+            n = rows.len() * block,
+            k = rows.len(),
+        );
+        c
+    };
+    let dir = std::env::temp_dir().join(format!("arbor-gather-rows-{}", std::process::id()));
+    let out = Command::new(compile_on_host(&dir, "gather", &program(&rows))).output().expect("the kernel runs");
+    let past = Command::new(compile_on_host(&dir, "past", &program(&[1, 9]))).output().expect("the kernel runs");
+    std::fs::remove_dir_all(&dir).ok();
+    let got: Vec<u32> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
+    let cpu = CpuBackend::new();
+    let mut buf = cpu.alloc(src.len()).unwrap();
+    cpu.write(&mut buf, 0, &src).unwrap();
+    let mut want = vec![0.0; rows.len() * block];
+    cpu.read_rows(&buf, 0, block, &rows, &mut want).unwrap();
+    assert_eq!(got, want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    assert!(!past.status.success(), "row 9 of 9 stopped the kernel");
+}

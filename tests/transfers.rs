@@ -1,8 +1,9 @@
-//! What a training step moves between the host and a device, counted by a backend that runs on
-//! the CPU but keeps no host memory the engine may change in place (as a GPU): the optimizer's
-//! part of a step moves nothing parameter-sized — only the gradients' sums of squares, 8 bytes
-//! per tensor, in one read per engine — and an SST step at batch 1 moves an eighth of the
-//! model's parameters at most. The counts of a step (bytes each way, synchronizing reads, backend calls) are
+//! What a training step and a scoring pass move between the host and a device, counted by a
+//! backend that runs on the CPU but, as a GPU, keeps no host memory the engine may change in
+//! place and reads rows as the CUDA backend does: the optimizer's part of a step moves nothing
+//! parameter-sized — one sum of squares back per engine, 8 bytes — an SST step at batch 1 moves
+//! an eighth of the model's parameters at most, and scoring reads back only the rows the head
+//! uses and its outputs. The counts (bytes each way, synchronizing reads, backend calls) are
 //! printed for BENCHMARKS.md.
 
 use arbor::backend::{Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
@@ -112,7 +113,8 @@ impl Backend for Counting {
         self.copy(false, 4 * dst.len());
         self.cpu.read(buf, offset, dst)
     }
-    /// One copy of the span the rows lie in, as the CUDA backend reads them.
+    /// As the CUDA backend reads rows: one copy of the span they lie in where they are close
+    /// together, else their numbers sent and only they read back.
     fn read_rows(
         &self,
         buf: &HostBuffer,
@@ -122,7 +124,12 @@ impl Backend for Counting {
         dst: &mut [f32],
     ) -> arbor::Result<()> {
         let (lo, hi) = (rows.iter().min().copied().unwrap_or(0), rows.iter().max().map_or(0, |&r| r + 1));
-        self.copy(false, 4 * block * (hi - lo) as usize);
+        if (hi - lo) as usize <= 2 * rows.len() {
+            self.copy(false, 4 * block * (hi - lo) as usize);
+        } else {
+            self.copy(true, 4 * rows.len());
+            self.copy(false, 4 * block * rows.len());
+        }
         self.cpu.read_rows(buf, offset, block, rows, dst)
     }
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> arbor::Result<()> {
@@ -248,4 +255,31 @@ fn a_training_step_moves_nothing_parameter_sized() {
         ));
     }
     let _ = writeln!(std::io::stderr(), "{}", report.join("\n"));
+}
+
+/// Scoring 64 test sentences (a root readout) reads back the roots' rows for the head and the
+/// head's outputs, nothing more (the engine asks for the roots only, and rows far apart are
+/// gathered on the device before they are read).
+#[test]
+fn inference_reads_back_the_rows_it_uses() {
+    let splits = sst::read_splits(&arbor::data::data_dir().join("sst"), false)
+        .unwrap_or_else(|e| panic!("SST data not found ({e}); set ARBOR_DATA to the folder holding sst/"));
+    let mut rng = Rng::new(45);
+    let (mut model, counter, _) = sst_model(splits.vocab.len(), &mut rng);
+    let test = Labelled::all(&splits.test[..64], LossOn::Root, sst::CLASSES);
+    model.score(&test).unwrap();
+    let before = counter.now();
+    model.score(&test).unwrap();
+    let scored = counter.now() - before;
+    // 64 roots of 150 values, and per example the head's outputs (a loss, 5 probabilities, …).
+    let roots = 4 * 64 * 150;
+    assert!(scored.down <= roots + 4 * 64 * 16, "scoring read back {scored:?}");
+    let _ = writeln!(
+        std::io::stderr(),
+        "transfers: scoring 64 SST sentences: {} bytes to the device, {} back in {} reads, {} backend calls",
+        scored.up,
+        scored.down,
+        scored.reads,
+        scored.calls
+    );
 }

@@ -80,6 +80,9 @@ pub struct CudaBackend {
     precision: Cell<Precision>,
     /// 16-bit copies of product inputs (see [`Precision`]).
     scratch: RefCell<Option<DeviceBuffer<u16>>>,
+    /// Rows gathered before a read ([`Backend::read_rows`]) and their row numbers, grown (never
+    /// shrunk, to powers of two) as reads need.
+    gathered: RefCell<Option<(DeviceBuffer<f32>, DeviceBuffer<u32>)>>,
 }
 
 /// How matrix products treat their f32 inputs; accumulation is f32 in every case.
@@ -140,6 +143,7 @@ impl CudaBackend {
             allocations: Cell::new(0),
             precision: Cell::new(Precision::F32),
             scratch: RefCell::new(None),
+            gathered: RefCell::new(None),
         })
     }
 
@@ -416,14 +420,41 @@ impl Backend for CudaBackend {
         rows: &[u32],
         dst: &mut [f32],
     ) -> Result<()> {
-        // One copy of the span the rows lie in (a copy per row would wait on the device each time).
         let (Some(&lo), Some(&hi)) = (rows.iter().min(), rows.iter().max()) else { return Ok(()) };
         let (lo, hi) = (lo as usize, hi as usize + 1);
-        let mut span = vec![0.0; (hi - lo) * block];
-        self.read(buf, offset + lo * block, &mut span)?;
-        for (&r, out) in rows.iter().zip(dst.chunks_exact_mut(block.max(1))) {
-            out.copy_from_slice(&span[(r as usize - lo) * block..][..block]);
+        check("read_rows", "values", offset + lo * block, (hi - lo) * block, buf.len)?;
+        if hi - lo <= 2 * rows.len() {
+            // Rows close together: one copy of the span they lie in.
+            let mut span = vec![0.0; (hi - lo) * block];
+            self.read(buf, offset + lo * block, &mut span)?;
+            for (&r, out) in rows.iter().zip(dst.chunks_exact_mut(block.max(1))) {
+                out.copy_from_slice(&span[(r as usize - lo) * block..][..block]);
+            }
+            return Ok(());
         }
+        // Rows far apart (a minibatch's roots): gathered on the device, only they read back.
+        let n = rows.len() * block;
+        let mut slot = self.gathered.borrow_mut();
+        let (values, mut index) = match slot.take() {
+            Some((v, i)) if v.len() >= n && i.len() >= rows.len() => (v, i),
+            _ => (self.zeros(n.next_power_of_two())?, self.zeros(rows.len().next_power_of_two())?),
+        };
+        self.upload(&mut index, 0, rows)?;
+        let src = buf.slice.device_ptr(&self.stream).0 + 4 * offset as u64;
+        let held = ((buf.len - offset) / block.max(1)) as i64;
+        let args = [
+            Arg::Ptr(src),
+            Arg::I64(block as i64),
+            Arg::I64(rows.len() as i64),
+            Arg::I64(held),
+            Arg::Ptr(index.slice.device_ptr(&self.stream).0),
+            Arg::Ptr(values.slice.device_ptr(&self.stream).0),
+        ];
+        self.launch("read_rows", &self.helpers["arbor_gather_rows"], n, &args)?;
+        let view = values.slice.slice(0..n);
+        self.stream.memcpy_dtoh(&view, &mut dst[..n]).map_err(|e| fail("read_rows", e))?;
+        self.synchronize()?;
+        *slot = Some((values, index));
         Ok(())
     }
 

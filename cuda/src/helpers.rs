@@ -5,8 +5,8 @@
 use crate::codegen::PRELUDE;
 use crate::optim::{OPTIM_BODIES, OPTIM_KERNELS};
 
-/// The bodies of the backend's own kernels (fill, scatter-adds, row sums, f32 to bf16 and f16
-/// conversion), one call per thread index `t`; [`helpers`] wraps them as kernels.
+/// The bodies of the backend's own kernels (fill, scatter-adds, row sums, rows gathered for a
+/// read, f32 to bf16 and f16 conversion), one call per thread index `t`; [`helpers`] wraps them as kernels.
 pub const HELPER_BODIES: &str = r#"
 ARBOR_DEVICE void arbor_fill_body(long long t, float* p, long long n, float value) {
     if (t < n) p[t] = value;
@@ -57,6 +57,12 @@ ARBOR_DEVICE void arbor_to_bf16_body(long long t, const float* src, long long n,
 ARBOR_DEVICE void arbor_to_f16_body(long long t, const float* src, long long n, unsigned short* dst) {
     if (t < n) dst[t] = arbor_f16(src[t]);
 }
+/* Row `index[t / block]` of `src` (`rows` rows of `block` values) to `dst[t]`: rows gathered
+   before a read. */
+ARBOR_DEVICE void arbor_gather_rows_body(long long t, const float* src, long long block, long long n,
+                                         long long rows, const unsigned* index, float* dst) {
+    if (t < n * block) dst[t] = src[(long long)arbor_row(index[t / block], rows) * block + t % block];
+}
 ARBOR_DEVICE void arbor_sum_rows_body(long long j, const float* src, long long rows, long long cols, float* dst,
                                       int accumulate) {
     if (j >= cols) return;
@@ -67,7 +73,12 @@ ARBOR_DEVICE void arbor_sum_rows_body(long long j, const float* src, long long r
 "#;
 
 /// The helper kernels' parameters, as `(name, parameter list, argument list)`.
-pub(crate) const HELPERS: [(&str, &str, &str); 6] = [
+pub(crate) const HELPERS: [(&str, &str, &str); 7] = [
+    (
+        "arbor_gather_rows",
+        "const float* src, long long block, long long n, long long rows, const unsigned* index, float* dst",
+        "src, block, n, rows, index, dst",
+    ),
     ("arbor_fill", "float* p, long long n, float value", "p, n, value"),
     (
         "arbor_scatter_indexed",
