@@ -5,6 +5,7 @@
 use super::analysis::Analysis;
 use super::dedup::{self, Shared};
 use super::facts::{FactCache, Facts, Loads};
+use super::held::HeldRows;
 use super::launch::Uploads;
 use super::Pull;
 use arbor_batching::{MemoryPlan, Schedule};
@@ -86,6 +87,8 @@ pub(super) struct Batch {
     pub gathered: Vec<bool>,
     /// Products over distinct rows left in scratch by the forward pass, not yet copied out.
     pub in_scratch: Vec<SharedCopy>,
+    /// The rows of the engine's table the inputs given as [`Pull::Held`] pull, if any.
+    pub held: Option<HeldRows>,
 }
 
 /// An error unless `got` ports' worth of data came for `want` ports of `f`.
@@ -113,13 +116,6 @@ pub(super) fn check_rows(what: &str, port: &Port, n: usize, len: usize) -> Resul
 /// `port`) or the padding id.
 fn check_lookup(port: &Port, table: &[f32], ids: &[u32], padding: Option<u32>, n: usize) -> Result<()> {
     let block = port.shape.numel();
-    if ids.len() != n {
-        return Err(Error::input(
-            format!("ids of input `{}`", port.name),
-            format!("{n} (one per vertex)"),
-            format!("{}", ids.len()),
-        ));
-    }
     if block > 0 && !table.len().is_multiple_of(block) {
         return Err(Error::input(
             format!("table of input `{}`", port.name),
@@ -127,7 +123,18 @@ fn check_lookup(port: &Port, table: &[f32], ids: &[u32], padding: Option<u32>, n
             format!("{} values", table.len()),
         ));
     }
-    let rows = table.len().checked_div(block).unwrap_or(usize::MAX);
+    check_ids(port, table.len().checked_div(block).unwrap_or(usize::MAX), ids, padding, n)
+}
+
+/// An error unless `ids` names, for each of `n` vertices, one of `rows` rows or the padding id.
+pub(super) fn check_ids(port: &Port, rows: usize, ids: &[u32], padding: Option<u32>, n: usize) -> Result<()> {
+    if ids.len() != n {
+        return Err(Error::input(
+            format!("ids of input `{}`", port.name),
+            format!("{n} (one per vertex)"),
+            format!("{}", ids.len()),
+        ));
+    }
     match ids.iter().enumerate().find(|&(_, &id)| Some(id) != padding && id as usize >= rows) {
         Some((v, id)) => Err(Error::input(
             format!("id of vertex {v} (merged-vertex order) for input `{}`", port.name),
@@ -158,7 +165,7 @@ impl Batch {
     pub(super) fn new(
         a: &Analysis,
         facts: &mut FactCache,
-        skip_padding_grads: bool,
+        (skip_padding_grads, held_rows): (bool, Option<usize>),
         schedule: Schedule,
         pulls: &[Pull<'_>],
         train: bool,
@@ -174,8 +181,9 @@ impl Batch {
             ..Batch::default()
         };
         up.clear();
-        b.pull_zero_rows = b.place_pulls(f, pulls, up)?;
+        b.pull_zero_rows = b.place_pulls(f, pulls, held_rows, up)?;
         b.share_pulls(a, pulls, up);
+        b.held = HeldRows::of(&mut b, a, pulls);
         b.index_contents(f, &mut up.index);
         b.loads = (0..b.schedule.tasks.len()).map(|t| b.zero_loads(f, t)).collect();
         b.fwd_facts = b.loads.iter().map(|l| facts.forward(f, l, train, skip_padding_grads)).collect();
@@ -206,7 +214,13 @@ impl Batch {
 
     /// Checks every pulled input and adds those given as rows to the uploads. Returns, per input,
     /// which rows (in row order) are all zeros; for a lookup, which pull the padding id.
-    fn place_pulls(&self, f: &VertexFn, pulls: &[Pull<'_>], up: &mut Uploads) -> Result<Vec<Vec<bool>>> {
+    fn place_pulls(
+        &self,
+        f: &VertexFn,
+        pulls: &[Pull<'_>],
+        held_rows: Option<usize>,
+        up: &mut Uploads,
+    ) -> Result<Vec<Vec<bool>>> {
         check_count(f, "input", f.all_inputs().len(), pulls.len())?;
         let n = self.schedule.len();
         let mut zero = Vec::with_capacity(pulls.len());
@@ -219,6 +233,17 @@ impl Batch {
                 }
                 Pull::Lookup { table, ids, padding } => {
                     check_lookup(port, table, ids, padding, n)?;
+                    self.schedule.vertex_of_row.iter().map(|&v| Some(ids[v as usize]) == padding).collect()
+                }
+                Pull::Held { ids, padding } => {
+                    let rows = held_rows.ok_or_else(|| {
+                        Error::input(
+                            format!("input `{}`", port.name),
+                            "a table held by the engine (Engine::set_table)",
+                            "none held",
+                        )
+                    })?;
+                    check_ids(port, rows, ids, padding, n)?;
                     self.schedule.vertex_of_row.iter().map(|&v| Some(ids[v as usize]) == padding).collect()
                 }
             });
@@ -238,7 +263,10 @@ impl Batch {
             .map(|(i, pull)| {
                 let block = f.all_inputs()[i].shape.numel();
                 match *pull {
-                    Pull::Lookup { table, ids, padding } => Some(dedup::lookup(order, ids, table, block, padding)),
+                    Pull::Lookup { table, ids, padding } => {
+                        Some(dedup::lookup(order, ids, Some(table), block, padding))
+                    }
+                    Pull::Held { ids, padding } => Some(dedup::lookup(order, ids, None, block, padding)),
                     Pull::Rows(rows) if a.pulled_factor[i] => {
                         let row = |r: usize| &rows[order[r] as usize * block..(order[r] as usize + 1) * block];
                         dedup::find(n, block, &self.pull_zero_rows[i], row)
@@ -251,11 +279,14 @@ impl Batch {
         let mut most = 0;
         for (i, s) in self.shared.iter_mut().enumerate() {
             if let Some(s) = s {
-                s.rows_at = self.memory.append(format!("distinct rows of input {i}"), s.rows.len());
+                let len = s.unique * f.all_inputs()[i].shape.numel();
+                s.rows_at = self.memory.append(format!("distinct rows of input {i}"), len);
                 s.map_at = map_at;
                 map_at += n;
                 most = most.max(s.unique);
-                up.write_with(s.rows_at, |data| data.extend_from_slice(&s.rows));
+                if !s.rows.is_empty() {
+                    up.write_with(s.rows_at, |data| data.extend_from_slice(&s.rows));
+                }
             }
         }
         let scratch = self.memory.append("products over distinct rows", most * a.shared_width);
@@ -287,6 +318,9 @@ impl Batch {
         out.extend_from_slice(&s.child_list);
         for shared in self.shared.iter().flatten() {
             out.extend_from_slice(&shared.map);
+        }
+        if let Some(h) = &self.held {
+            h.index_contents(out);
         }
     }
 }

@@ -68,8 +68,9 @@ pub(super) fn find<'a>(n: usize, block: usize, zero: &[bool], row: impl Fn(usize
 }
 
 /// The distinct rows that row `r` (vertex `order[r]`) pulls as row `ids[order[r]]` of `table`
-/// (`block` values per row), every id but `padding`, which pulls zeros. Ids are checked already.
-pub(super) fn lookup(order: &[u32], ids: &[u32], table: &[f32], block: usize, padding: Option<u32>) -> Shared {
+/// (`block` values per row), every id but `padding`, which pulls zeros; with no table (one the
+/// engine holds), their ids only. Ids are checked already.
+pub(super) fn lookup(order: &[u32], ids: &[u32], table: Option<&[f32]>, block: usize, padding: Option<u32>) -> Shared {
     let mut distinct: Vec<u32> = ids.iter().copied().filter(|&i| Some(i) != padding).collect();
     distinct.sort_unstable();
     distinct.dedup();
@@ -84,9 +85,12 @@ pub(super) fn lookup(order: &[u32], ids: &[u32], table: &[f32], block: usize, pa
             }
         })
         .collect();
-    let mut rows = Vec::with_capacity(distinct.len() * block);
-    for &id in &distinct {
-        rows.extend_from_slice(&table[id as usize * block..(id as usize + 1) * block]);
+    let mut rows = Vec::new();
+    if let Some(table) = table {
+        rows.reserve(distinct.len() * block);
+        for &id in &distinct {
+            rows.extend_from_slice(&table[id as usize * block..(id as usize + 1) * block]);
+        }
     }
     Shared { unique: distinct.len(), ids: Some(distinct), map, rows, rows_at: 0, map_at: 0 }
 }

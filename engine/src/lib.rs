@@ -17,6 +17,7 @@ mod batch;
 mod dedup;
 mod facts;
 mod fnv;
+mod held;
 mod launch;
 mod lower;
 mod optimize;
@@ -24,6 +25,7 @@ mod products;
 mod sums;
 
 pub use analysis::{PlanKind, StepRef};
+pub use held::{TABLE, TABLE_GRAD, TABLE_M, TABLE_V};
 pub use launch::{Counts, Launch, Uploads, ARENA, GRADS, PARAMS};
 pub use lower::Lowering;
 pub use optimize::{ParamState, STATE_M, STATE_V};
@@ -49,6 +51,17 @@ pub enum Pull<'a> {
     Lookup {
         /// The table, `rows × width`.
         table: &'a [f32],
+        /// One id per vertex, in merged-vertex order.
+        ids: &'a [u32],
+        /// The id that stands for no row.
+        padding: Option<u32>,
+    },
+    /// Vertex `i` pulls row `ids[i]` of the table the engine holds ([`Engine::set_table`]),
+    /// copied on the backend: nothing of the table crosses to a device. The `padding` id pulls
+    /// zeros and gets no gradient. The backward pass leaves the table's gradient in the engine
+    /// for [`Engine::optimize_table`] (the input's entry of [`Gradients::tables`] is `None`);
+    /// several inputs may pull from the table, their gradients summed.
+    Held {
         /// One id per vertex, in merged-vertex order.
         ids: &'a [u32],
         /// The id that stands for no row.
@@ -274,6 +287,12 @@ pub struct Engine<B: Backend> {
     rows: Option<Vec<usize>>,
     /// Per parameter: [`Engine::optimize`] has updated it (its state is in use).
     updated: Vec<bool>,
+    /// The width of the held table's rows (0: none; [`Engine::set_table`]).
+    table_width: usize,
+    /// A gradient of the held table given from the host, until the next backward pass.
+    table_grad: Option<held::TableGrad>,
+    /// Its rows.
+    table_grad_rows: Vec<u32>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -281,8 +300,12 @@ impl<B: Backend> Engine<B> {
     pub fn new(backend: B, f: VertexFn, params: &[Vec<f32>]) -> Result<Engine<B>> {
         let lowering = Lowering::with_function(Arc::new(f));
         let total = lowering.a.params_len;
-        let bufs = vec![backend.alloc(0)?, backend.alloc(total)?, backend.alloc(total)?];
-        let index = vec![backend.alloc_index(0)?];
+        let mut bufs = vec![backend.alloc(0)?, backend.alloc(total)?, backend.alloc(total)?];
+        // The optimizer's state and the held table's buffers, empty until used.
+        while bufs.len() < held::BUFFERS {
+            bufs.push(backend.alloc(0)?);
+        }
+        let index = vec![backend.alloc_index(0)?, backend.alloc_index(0)?];
         let mut e = Engine {
             backend,
             bufs,
@@ -295,6 +318,9 @@ impl<B: Backend> Engine<B> {
             masks: Vec::new(),
             rows: None,
             updated: Vec::new(),
+            table_width: 0,
+            table_grad: None,
+            table_grad_rows: Vec::new(),
         };
         e.set_params(params)?;
         Ok(e)
@@ -526,6 +552,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn run_backward(&mut self, rows: Option<&[usize]>, push_grads: &[&[f32]]) -> Result<Gradients> {
+        self.table_grad = None;
         self.lowering.backward(rows, push_grads)?;
         self.execute()?;
         let f = Arc::clone(self.lowering.function_arc());
@@ -535,6 +562,12 @@ impl<B: Backend> Engine<B> {
         let mut tables = Vec::with_capacity(f.inputs().len());
         for (i, port) in f.inputs().iter().enumerate() {
             let block = port.shape.numel();
+            if self.lowering.b.held.as_ref().is_some_and(|h| h.holds(i)) {
+                // The held table's gradient stays in the engine.
+                tables.push(None);
+                pulls.push(Vec::new());
+                continue;
+            }
             if let Some(ids) = self.lowering.b.shared[i].as_ref().and_then(|s| s.ids.clone()) {
                 tables.push(Some(self.table_grad(i, ids, block)?));
                 pulls.push(Vec::new());

@@ -42,6 +42,8 @@ pub struct Lowering {
     facts: FactCache,
     pruned: FnvMap<PrunedKernel, Arc<Kernel>>,
     skip_padding_grads: bool,
+    /// The rows of the table the engine holds, if it holds one.
+    held_rows: Option<usize>,
     pub(super) b: Batch,
     launches: Vec<Launch>,
     /// Emptied vectors of earlier launches, reused by the next pass's (no allocation per pass).
@@ -72,6 +74,7 @@ impl Lowering {
             facts: FactCache::default(),
             pruned: FnvMap::default(),
             skip_padding_grads: false,
+            held_rows: None,
             b: Batch::default(),
             launches: Vec::new(),
             spare: Spare::default(),
@@ -86,6 +89,12 @@ impl Lowering {
 
     pub(super) fn function_arc(&self) -> &Arc<VertexFn> {
         &self.a.f
+    }
+
+    /// Sets the rows of the table the engine holds ([`Engine::set_table`](super::Engine::set_table)),
+    /// which inputs given as [`Pull::Held`](super::Pull::Held) are checked against.
+    pub(super) fn set_held_rows(&mut self, rows: Option<usize>) {
+        self.held_rows = rows;
     }
 
     /// Treats all-zero input rows as padding (see [`Engine::set_skip_padding_grads`](super::Engine::set_skip_padding_grads)).
@@ -151,7 +160,9 @@ impl Lowering {
     pub(super) fn forward_scheduled(&mut self, schedule: Schedule, pulls: &[Pull<'_>], train: bool) -> Result<()> {
         self.clear_launches();
         let skip = self.skip_padding_grads;
-        self.b = Batch::new(&self.a, &mut self.facts, skip, schedule, pulls, train, &mut self.uploads)?;
+        let setup = (skip, self.held_rows);
+        self.b = Batch::new(&self.a, &mut self.facts, setup, schedule, pulls, train, &mut self.uploads)?;
+        self.copy_held_rows();
         for i in 0..self.b.shared.len() {
             if self.a.rows_read[i] {
                 self.gather_lookup(i);
@@ -218,6 +229,7 @@ impl Lowering {
         }
         self.phase(Pass::Backward, kind, plan, Phase::Epilogue, 0..tasks)?;
         self.param_grads()?;
+        self.sum_held_grads()?;
         Ok(&self.launches)
     }
 

@@ -25,13 +25,17 @@ impl<B: Backend> Engine<B> {
         f.params().iter().zip(&self.lowering.a.param_at).map(|(p, &at)| (at, p.shape.numel())).collect()
     }
 
+    /// Whether the state buffers are allocated (on first use).
+    fn has_state(&self) -> bool {
+        self.backend.len(&self.bufs[STATE_M]) == self.lowering.a.params_len && self.lowering.a.params_len > 0
+    }
+
     /// The state buffers, allocated (zero) on first use.
     fn ensure_state(&mut self) -> Result<()> {
-        if self.bufs.len() <= STATE_V {
+        if !self.has_state() {
             let total = self.lowering.a.params_len;
-            for _ in self.bufs.len()..=STATE_V {
-                self.bufs.push(self.backend.alloc(total)?);
-            }
+            self.bufs[STATE_M] = self.backend.alloc(total)?;
+            self.bufs[STATE_V] = self.backend.alloc(total)?;
         }
         Ok(())
     }
@@ -103,7 +107,7 @@ impl<B: Backend> Engine<B> {
     /// others), in the order of `f.params()`: read from the engine's buffers.
     pub fn optimizer_state(&self) -> Result<Vec<Option<ParamState>>> {
         let spans = self.param_spans();
-        if self.bufs.len() <= STATE_V {
+        if !self.has_state() {
             return Ok(vec![None; spans.len()]);
         }
         let read = |buf: usize, (at, len): (usize, usize)| self.backend.read_vec(&self.bufs[buf], at, len);
@@ -121,7 +125,7 @@ impl<B: Backend> Engine<B> {
     /// before a first update).
     pub fn set_optimizer_state(&mut self, state: &[Option<ParamState>]) -> Result<()> {
         let spans = self.param_spans();
-        if self.bufs.len() <= STATE_V && state.iter().all(Option::is_none) {
+        if !self.has_state() && state.iter().all(Option::is_none) {
             self.updated.clear();
             return Ok(());
         }

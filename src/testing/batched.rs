@@ -203,6 +203,30 @@ pub fn check_batched_with(f: &VertexFn, graphs: &[InputGraph], opts: &Batched) -
         for (p, (got, want)) in grads.params.iter().zip(&want.params).enumerate() {
             close(&format!("lookup: gradient of param `{}`", f.params()[p].name), got, want);
         }
+        // The first input's table held by the engine (the others looked up): the same outputs,
+        // its table's gradient left in the engine and read back the same.
+        if let Some((table, ids)) = pulled.first().and_then(|p| p.lookup.as_ref()) {
+            let block = f.inputs()[0].shape.numel();
+            let mut mixed = lookups.clone();
+            mixed[0] = Pull::Held { ids, padding };
+            let mut engine = Engine::new(CpuBackend::new(), f.clone(), &params).map_err(fail)?;
+            engine.set_dropout_key(key);
+            engine.set_table(table, block).map_err(fail)?;
+            let outputs = engine.run(Pass::train(&refs, &mixed)).map_err(fail)?;
+            let grads = engine.backward(&grad_refs).map_err(fail)?;
+            for (o, (got, want)) in outputs.iter().zip(&want.outputs).enumerate() {
+                close(&format!("held: output {o}"), got, want);
+            }
+            if grads.tables[0].is_some() {
+                exact.push("held: a table gradient came back for the held input".into());
+            }
+            let got = engine.held_table_grad().map_err(fail)?;
+            let want = table_grad(ids, &want.pulls[0], block, padding);
+            if got.rows != want.rows {
+                exact.push("held: the rows of the held table's gradient differ".into());
+            }
+            close("held: the held table's gradient", &got.values, &want.values);
+        }
     }
     let checked = cmp.checked();
     cmp.finish()?;
