@@ -63,6 +63,7 @@ use std::borrow::Cow;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Embedding {
     dim: usize,
+    vocab: usize,
     table: Vec<f32>,
     padding: Option<u32>,
     word_dropout: Option<WordDropout>,
@@ -118,7 +119,7 @@ impl Embedding {
     /// A `vocab × dim` table drawn uniformly from `[-scale, scale]`.
     pub fn new(vocab: usize, dim: usize, scale: f32, rng: &mut Rng) -> Embedding {
         let table = (0..vocab * dim).map(|_| rng.range(-scale, scale)).collect();
-        Embedding { dim, table, padding: None, word_dropout: None }
+        Embedding { dim, vocab, table, padding: None, word_dropout: None }
     }
 
     /// Drops words in training passes as `w` says (never the padding row).
@@ -160,7 +161,7 @@ impl Embedding {
                 format!("{} values", table.len()),
             ));
         }
-        Ok(Embedding { dim, table, padding: None, word_dropout: None })
+        Ok(Embedding { dim, vocab: table.len() / dim, table, padding: None, word_dropout: None })
     }
 
     /// The padding row, if any.
@@ -170,7 +171,27 @@ impl Embedding {
 
     /// Rows in the table.
     pub fn vocab(&self) -> usize {
-        self.table.len().checked_div(self.dim).unwrap_or(0)
+        self.vocab
+    }
+
+    /// Moves the values out, keeping the settings (vocabulary, width, padding, word dropout):
+    /// a model's bottom engine holds them (`Model::word_vectors` reads them), and
+    /// [`Embedding::table`] is empty after.
+    pub fn take_table(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.table)
+    }
+
+    /// The same settings with the values `table` (`vocab × dim` of them, else an error).
+    pub fn with_table(mut self, table: Vec<f32>) -> Result<Embedding> {
+        if table.len() != self.vocab * self.dim {
+            return Err(Error::input(
+                "embedding table",
+                format!("{} values ({} rows of {})", self.vocab * self.dim, self.vocab, self.dim),
+                format!("{} values", table.len()),
+            ));
+        }
+        self.table = table;
+        Ok(self)
     }
 
     /// Width of a row.
@@ -187,6 +208,11 @@ impl Embedding {
     /// row pulls zeros and gets no gradient).
     pub fn pull<'a>(&'a self, ids: &'a [u32]) -> Pull<'a> {
         Pull::Lookup { table: &self.table, ids, padding: self.padding }
+    }
+
+    /// [`Embedding::pull`] from the values an engine holds ([`Engine::set_table`](crate::Engine::set_table)).
+    pub fn held_pull<'a>(&self, ids: &'a [u32]) -> Pull<'a> {
+        Pull::Held { ids, padding: self.padding }
     }
 
     fn check(&self, ids: &[u32]) -> Result<()> {

@@ -241,11 +241,9 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// The sum of the squares of the held table's gradient (as [`Engine::grad_sum_squares`]).
-    pub fn table_grad_sum_squares(&mut self) -> Result<f64> {
-        let Some(g) = self.table_grad_loc() else { return Ok(0.0) };
-        let mut mem = Mem { data: &mut self.bufs, index: &self.index };
-        Ok(self.backend.sum_squares(&mut mem, &[(g.values, g.n * self.table_width)])?.iter().sum())
+    /// Where the held table's gradient is, and its length, if there is one.
+    pub(super) fn table_grad_region(&self) -> Option<(Loc, usize)> {
+        self.table_grad_loc().map(|g| (g.values, g.n * self.table_width))
     }
 
     /// Multiplies the held table's gradient by `s` (clipping).

@@ -40,12 +40,15 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// The sum of the squares of every parameter's gradient as the engine holds it, in f64 (not
-    /// finite exactly where a value is not): one backend call and one small read.
-    pub fn grad_sum_squares(&mut self) -> Result<f64> {
-        let len = self.lowering.a.params_len;
+    /// The sums of the squares of every parameter's gradient as the engine holds it and of the
+    /// held table's gradient (0 without one), in f64 (not finite exactly where a value is not):
+    /// one backend call and one small read.
+    pub fn grad_sum_squares(&mut self) -> Result<(f64, f64)> {
+        let mut regions = vec![(Loc { buf: GRADS, offset: 0 }, self.lowering.a.params_len)];
+        regions.extend(self.table_grad_region());
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };
-        Ok(self.backend.sum_squares(&mut mem, &[(Loc { buf: GRADS, offset: 0 }, len)])?.iter().sum())
+        let sums = self.backend.sum_squares(&mut mem, &regions)?;
+        Ok((sums.first().copied().unwrap_or(0.0), sums.get(1).copied().unwrap_or(0.0)))
     }
 
     /// Multiplies every parameter's gradient as the engine holds it by `s` (clipping).

@@ -172,13 +172,15 @@ pub(crate) fn with_words_dropped<'a>(embedding: &Embedding, key: DropoutKey, l: 
     Some(Layout { graphs: l.graphs.clone(), words, parent_words, roots: l.roots.clone(), pools: l.pools.clone() })
 }
 
-/// The cells' inputs over `l`, as `feeds` say.
-pub(crate) fn pulls<'a>(embedding: &'a Embedding, feeds: &[Feed], l: &'a Layout<'_>) -> Vec<Pull<'a>> {
+/// The cells' inputs over `l`, as `feeds` say: from the table the bottom engine holds if
+/// `held` (a [`Model`](super::Model)'s), else looked up in `embedding`'s (a pipeline stage's).
+pub(crate) fn pulls<'a>(embedding: &'a Embedding, feeds: &[Feed], l: &'a Layout<'_>, held: bool) -> Vec<Pull<'a>> {
+    let pull = |ids: &'a [u32]| if held { embedding.held_pull(ids) } else { embedding.pull(ids) };
     feeds
         .iter()
         .map(|feed| match feed {
-            Feed::Words => embedding.pull(&l.words),
-            Feed::ParentWords => embedding.pull(&l.parent_words),
+            Feed::Words => pull(&l.words),
+            Feed::ParentWords => pull(&l.parent_words),
         })
         .collect()
 }

@@ -10,7 +10,7 @@
 //! of zeros for cross-entropy or KL divergence; for other losses, e.g. a last column the loss is
 //! multiplied by, 0 there), and an example's loss is the sum over its vertices.
 
-use crate::dist::data_parallel::{merge, shard, Pending};
+use crate::dist::data_parallel::{shard, Pending};
 use crate::dist::Collective;
 use crate::engine::{Engine, Pass, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
@@ -288,12 +288,14 @@ fn run_pass<B: Backend>(
 }
 
 impl<B: Backend> Model<B> {
-    /// The word vectors.
+    /// The word vectors' settings (vocabulary, width, padding, word dropout); their values live
+    /// in the bottom engine, on its device ([`Model::word_vectors`]), and the table here is empty.
     pub fn embedding(&self) -> &Embedding {
         &self.embedding
     }
 
-    /// The word vectors, to change (pre-trained rows, word dropout).
+    /// The word vectors' settings, to change (word dropout); the values are changed with
+    /// [`Model::set_word_vectors`].
     pub fn embedding_mut(&mut self) -> &mut Embedding {
         &mut self.embedding
     }
@@ -366,6 +368,10 @@ impl<B: Backend> Model<B> {
             check_above(pair[0].function(), pair[1].function())?;
         }
         check_head(cells[cells.len() - 1].function(), head.function())?;
+        // The word vectors live in the bottom engine, beside the cells that pull them.
+        let (mut embedding, mut cells) = (embedding, cells);
+        let dim = embedding.dim();
+        cells[0].set_table(&embedding.take_table(), dim)?;
         let mut model = Model { embedding, cells, feeds, head, readout, loss_scale: None };
         model.skip_padding_grads();
         Ok(model)
@@ -500,7 +506,7 @@ impl<B: Backend> Model<B> {
         };
         let dropped =
             train.then(|| with_words_dropped(&self.embedding, self.cells[0].dropout_key(), &layout)).flatten();
-        let pulls = pulls(&self.embedding, &self.feeds, dropped.as_ref().unwrap_or(&layout));
+        let pulls = pulls(&self.embedding, &self.feeds, dropped.as_ref().unwrap_or(&layout), true);
         let top = self.cells.len() - 1;
         let mut below = Vec::new();
         for (k, engine) in self.cells.iter_mut().enumerate() {
@@ -596,14 +602,14 @@ impl<B: Backend> Model<B> {
             g = backward(&mut self.cells[k], &[&below])?;
         }
         cells[0] = g.params;
-        let mut tables: Vec<SparseGrad> = g.tables.into_iter().flatten().collect();
-        // One lookup's rows are distinct and in order already; several (feeds) are merged.
-        let words = if tables.len() == 1 { tables.swap_remove(0) } else { merge(&tables, self.embedding.dim()) };
+        // The word vectors' gradient (every feed's, summed) stays in the bottom engine if kept.
+        let words = if keep { SparseGrad::default() } else { self.cells[0].held_table_grad()? };
         let mut grads = ModelGrads { outputs, cells, head: hg.params, words, kept: keep };
         if scale != 1.0 {
             scale_all(grads.cells.iter_mut().flatten().chain([&mut grads.words.values]), 1.0 / scale);
             if keep {
                 self.cells.iter_mut().try_for_each(|e| e.scale_grads(1.0 / scale))?;
+                self.cells[0].scale_table_grad(1.0 / scale)?;
             }
         }
         Ok(grads)
@@ -628,7 +634,7 @@ impl<B: Backend> Model<B> {
     /// A copy with the same functions, sizes and learned values, each engine on a replica of its
     /// backend (for another worker).
     pub fn replica(&self) -> Result<Model<B>> {
-        let cells = self
+        let mut cells = self
             .cells
             .iter()
             .map(|e| {
@@ -638,6 +644,8 @@ impl<B: Backend> Model<B> {
                 Ok(copy)
             })
             .collect::<Result<Vec<_>>>()?;
+        cells[0].set_table(&self.cells[0].table()?, self.embedding.dim())?;
+        cells[0].set_table_state(self.cells[0].table_state()?.as_ref())?;
         let head = self.head.replica_on(self.cells[0].backend().replica()?)?;
         let (embedding, feeds) = (self.embedding.clone(), self.feeds.clone());
         let mut model = Model { embedding, cells, feeds, head, readout: self.readout, loss_scale: self.loss_scale };

@@ -16,12 +16,12 @@ impl<B: Backend> Model<B> {
         Ok(crate::checkpoint::owned(self.tensors_lent()?))
     }
 
-    /// [`Model::tensors`] with the word vectors lent, not copied.
+    /// [`Model::tensors`] as the weight average takes them (every tensor read from its engine).
     pub fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
         let mut out = vec![(
             "embedding".to_string(),
             vec![self.embedding.vocab(), self.embedding.dim()],
-            Cow::Borrowed(self.embedding.table()),
+            Cow::Owned(self.word_vectors()?),
         )];
         let mut values: Vec<Vec<Vec<f32>>> = self.cells.iter().map(Engine::params).collect::<Result<_>>()?;
         values.push(self.head.params()?);
@@ -31,6 +31,25 @@ impl<B: Backend> Model<B> {
             }
         }
         Ok(out)
+    }
+
+    /// The word vectors, `vocab × dim`, read from the bottom engine that holds them.
+    pub fn word_vectors(&self) -> Result<Vec<f32>> {
+        self.cells[0].table()
+    }
+
+    /// Replaces the word vectors (`vocab × dim` values, e.g. pre-trained ones), keeping their
+    /// optimizer state.
+    pub fn set_word_vectors(&mut self, table: &[f32]) -> Result<()> {
+        let e = &self.embedding;
+        if table.len() != e.vocab() * e.dim() {
+            return Err(arbor_core::error::Error::input(
+                "word vectors",
+                format!("{} values ({} rows of {})", e.vocab() * e.dim(), e.vocab(), e.dim()),
+                format!("{} values", table.len()),
+            ));
+        }
+        self.cells[0].set_table(table, e.dim())
     }
 
     /// Every function with parameters under its name prefix: each layer's, then the head's.
@@ -43,7 +62,7 @@ impl<B: Backend> Model<B> {
     /// Takes every learned tensor from `ck` (as [`Model::tensors`] names them); an error names
     /// a missing tensor or one of another size, and changes nothing.
     pub fn restore(&mut self, ck: &Checkpoint) -> Result<()> {
-        let table = ck.sized("embedding", self.embedding.table().len())?;
+        let table = ck.sized("embedding", self.embedding.vocab() * self.embedding.dim())?;
         let mut params = Vec::new();
         for (of, f) in self.functions() {
             params.push(
@@ -58,7 +77,6 @@ impl<B: Backend> Model<B> {
             engine.set_params(p)?;
         }
         self.head.engine().set_params(&head)?;
-        self.embedding.table_mut().copy_from_slice(&table);
-        Ok(())
+        self.set_word_vectors(&table)
     }
 }

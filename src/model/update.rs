@@ -10,7 +10,6 @@ use crate::trainer::step::names;
 use crate::Backend;
 use crate::DropoutKey;
 use arbor_core::error::Result;
-use arbor_core::optim::sum_squares;
 
 impl<B: Backend> Model<B> {
     /// The tensor names of every part's parameters: each layer's, then the head's.
@@ -40,10 +39,13 @@ impl<B: Backend> Model<B> {
             for (engine, g) in engines.iter_mut().zip(grads.cells.iter().chain([&grads.head])) {
                 engine.set_grads(g)?;
             }
+            engines[0].set_table_grad(&grads.words)?;
         }
-        let sums = engines.iter_mut().map(|e| e.grad_sum_squares()).collect::<Result<Vec<_>>>()?;
-        let words = &mut grads.words.values;
-        let all_sums = || sums.iter().copied().chain([sum_squares(words)]);
+        // One read per engine: its parameters' sum of squares, and the bottom one's word vectors'.
+        let both = engines.iter_mut().map(|e| e.grad_sum_squares()).collect::<Result<Vec<_>>>()?;
+        let sums: Vec<f64> = both.iter().map(|s| s.0).collect();
+        let words = both[0].1;
+        let all_sums = || sums.iter().copied().chain([words]);
         if let Some(scaler) = &mut self.loss_scale {
             if !scaler.update(all_sums().all(f64::is_finite)) {
                 return Ok(false);
@@ -60,25 +62,30 @@ impl<B: Backend> Model<B> {
                     )?;
                 }
             }
-            check_finite(step, "the gradient of", [("embedding", words.as_slice())])?;
+            let g = engines[0].held_table_grad()?;
+            check_finite(step, "the gradient of", [("embedding", g.values.as_slice())])?;
         }
         if let Some(s) = clip.and_then(|max| clip_factor(all_sums().sum::<f64>().sqrt() as f32, max)) {
             engines.iter_mut().try_for_each(|e| e.scale_grads(s))?;
-            words.iter_mut().for_each(|x| *x *= s);
+            engines[0].scale_table_grad(s)?;
         }
         opt.begin_step();
         for (engine, names) in engines.iter_mut().zip(&names) {
             engine.optimize(&names.iter().map(|n| opt.update_of(n)).collect::<Vec<_>>())?;
         }
-        let dim = self.embedding.dim();
-        opt.sparse("embedding", self.embedding.table_mut(), dim, &grads.words);
+        engines[0].optimize_table(opt.update_of("embedding"))?;
         Ok(true)
     }
 
-    /// The optimizer state the engines keep beside the parameters they have updated, named as
-    /// [`Optimizer::tensors`] names it (`opt.cell.W.m`, `opt.cell.W.v`, …), for a checkpoint.
+    /// The optimizer state the engines keep beside the parameters they have updated and the
+    /// word vectors, named as [`Optimizer::tensors`] names it (`opt.cell.W.m`, `opt.cell.W.v`,
+    /// …, `opt.embedding.m`), for a checkpoint.
     pub fn optimizer_tensors(&self) -> Result<Vec<Named>> {
         let mut out = Vec::new();
+        if let Some([m, v]) = self.cells[0].table_state()? {
+            out.push(("opt.embedding.m".to_string(), vec![m.len()], m));
+            out.push(("opt.embedding.v".to_string(), vec![v.len()], v));
+        }
         let engines = self.cells.iter().chain([self.head.engine_ref()]);
         for (engine, names) in engines.zip(self.part_names()) {
             for (state, name) in engine.optimizer_state()?.into_iter().zip(names) {
@@ -90,9 +97,12 @@ impl<B: Backend> Model<B> {
         Ok(out)
     }
 
-    /// Moves the state of the model's parameters from `opt` (as restored from a checkpoint)
-    /// into the engines, which update them ([`Model::apply`]); the word vectors' stays in `opt`.
+    /// Moves the state of the model's parameters and word vectors from `opt` (as restored from
+    /// a checkpoint) into the engines, which update them ([`Model::apply`]).
     pub fn adopt_optimizer_state(&mut self, opt: &mut Optimizer) -> Result<()> {
+        if let Some(s) = opt.slots.remove("embedding") {
+            self.cells[0].set_table_state(Some(&[s.m, s.v]))?;
+        }
         let names = self.part_names();
         let engines = self.cells.iter_mut().chain([self.head.engine()]);
         for (engine, names) in engines.zip(names) {

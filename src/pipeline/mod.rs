@@ -98,7 +98,8 @@ impl Part {
             params: model.head().params()?,
             seed: model.head().dropout_key().seed,
         };
-        let (mut input, mut head) = (Some((model.embedding().clone(), model.feeds().to_vec())), Some(head));
+        let words = model.embedding().clone().with_table(model.word_vectors()?)?;
+        let (mut input, mut head) = (Some((words, model.feeds().to_vec())), Some(head));
         Ok((0..stages)
             .map(|s| Part {
                 input: if s == 0 { input.take() } else { None },

@@ -297,7 +297,9 @@ impl<B: Backend> Stage<B> {
         for (i, e) in engines[k].iter_mut().enumerate() {
             let input = [Pull::Rows(&x)];
             let pulls = match (&part.input, i) {
-                (Some((embedding, feeds)), 0) => model::pulls(embedding, feeds, dropped.as_ref().unwrap_or(layout)),
+                (Some((embedding, feeds)), 0) => {
+                    model::pulls(embedding, feeds, dropped.as_ref().unwrap_or(layout), false)
+                }
                 _ => input.to_vec(),
             };
             let mut out = if train {

@@ -75,6 +75,7 @@ pub fn check_model_gradients(
     let mut cell_params: Vec<Vec<Vec<f32>>> =
         model.cells().iter().map(|e| e.params()).collect::<crate::Result<_>>().map_err(fail)?;
     let mut head_params = model.head().params().map_err(fail)?;
+    let mut words = model.word_vectors().map_err(fail)?;
     let mut check = GradComparisons::new(what.clone(), opts.tolerance, scale);
     for (part, e, analytic) in targets {
         // Sets the entry to `value` (its original when `value` is `None`), returns the original.
@@ -82,14 +83,14 @@ pub fn check_model_gradients(
             let slot = match part {
                 Part::Cell(k, p) => &mut cell_params[k][p][e],
                 Part::Head(p) => &mut head_params[p][e],
-                Part::Word(r) => &mut model.embedding_mut().table_mut()[r as usize * dim + e],
+                Part::Word(r) => &mut words[r as usize * dim + e],
             };
             let old = *slot;
             *slot = value.unwrap_or(old);
             match part {
                 Part::Cell(k, _) => model.cells_mut()[k].set_params(&cell_params[k])?,
                 Part::Head(_) => model.head_mut().engine().set_params(&head_params)?,
-                Part::Word(_) => {}
+                Part::Word(_) => model.set_word_vectors(&words)?,
             }
             Ok(old)
         };
