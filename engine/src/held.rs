@@ -21,8 +21,8 @@ pub const TABLE_M: usize = 6;
 pub const TABLE_V: usize = 7;
 /// The engine's buffer of a table gradient given from the host ([`Engine::set_table_grad`]).
 pub const TABLE_GRAD: usize = 8;
-/// Every buffer an engine has (some empty until used).
-pub(super) const BUFFERS: usize = 9;
+/// Every buffer an engine has (some empty until used; the last is [`STAGED`](super::STAGED)).
+pub(super) const BUFFERS: usize = 10;
 
 /// What one minibatch pulls from the held table, as the lowering laid it out.
 pub(super) struct HeldRows {

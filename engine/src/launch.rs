@@ -17,6 +17,11 @@ pub const ARENA: usize = 0;
 pub const PARAMS: usize = 1;
 /// The engine's buffer that holds the parameters' gradients.
 pub const GRADS: usize = 2;
+/// The engine's buffer of values staged for one pass outside the arena (the pushed outputs'
+/// gradients given for chosen rows, before they are scattered to those rows).
+pub const STAGED: usize = 9;
+/// The engine's index buffer of the rows [`STAGED`] values go to.
+pub const STAGED_ROWS: usize = 2;
 
 /// One operation on the engine's buffers.
 #[derive(Clone, Debug)]
@@ -159,6 +164,10 @@ pub struct Uploads {
     pub writes: Vec<(usize, Range<usize>)>,
     /// The index buffer's contents (empty: unchanged).
     pub index: Vec<u32>,
+    /// Values for the [`STAGED`] buffer, and the rows they go to ([`STAGED_ROWS`]).
+    pub staged: Vec<f32>,
+    /// See [`Uploads::staged`].
+    pub staged_rows: Vec<u32>,
 }
 
 impl Uploads {
@@ -167,6 +176,8 @@ impl Uploads {
         self.data.clear();
         self.writes.clear();
         self.index.clear();
+        self.staged.clear();
+        self.staged_rows.clear();
     }
 
     /// Adds a write to the arena at `at` whose values `fill` appends to the vector it is given.

@@ -26,7 +26,7 @@ mod sums;
 
 pub use analysis::{PlanKind, StepRef};
 pub use held::{TABLE, TABLE_GRAD, TABLE_M, TABLE_V};
-pub use launch::{Counts, Launch, Uploads, ARENA, GRADS, PARAMS};
+pub use launch::{Counts, Launch, Uploads, ARENA, GRADS, PARAMS, STAGED, STAGED_ROWS};
 pub use lower::Lowering;
 pub use optimize::{ParamState, STATE_M, STATE_V};
 
@@ -305,7 +305,8 @@ impl<B: Backend> Engine<B> {
         while bufs.len() < held::BUFFERS {
             bufs.push(backend.alloc(0)?);
         }
-        let index = vec![backend.alloc_index(0)?, backend.alloc_index(0)?];
+        // The minibatch's, a table gradient's rows, the staged rows.
+        let index = vec![backend.alloc_index(0)?, backend.alloc_index(0)?, backend.alloc_index(0)?];
         let mut e = Engine {
             backend,
             bufs,
@@ -505,6 +506,16 @@ impl<B: Backend> Engine<B> {
                 self.index[0] = backend.alloc_index(up.index.len())?;
             }
             backend.write_index(&mut self.index[0], 0, &up.index)?;
+        }
+        if !up.staged.is_empty() {
+            if backend.len(&self.bufs[STAGED]) < up.staged.len() {
+                self.bufs[STAGED] = backend.alloc(up.staged.len().next_power_of_two())?;
+            }
+            backend.write(&mut self.bufs[STAGED], 0, &up.staged)?;
+            if backend.index_len(&self.index[STAGED_ROWS]) < up.staged_rows.len() {
+                self.index[STAGED_ROWS] = backend.alloc_index(up.staged_rows.len().next_power_of_two())?;
+            }
+            backend.write_index(&mut self.index[STAGED_ROWS], 0, &up.staged_rows)?;
         }
         for (at, range) in &up.writes {
             backend.write(&mut self.bufs[ARENA], *at, &up.data[range.clone()])?;

@@ -6,7 +6,7 @@ use super::analysis::{Analysis, PlanKind, StepRef};
 use super::batch::{self, Batch, SharedCopy};
 use super::facts::{self, Cut, FactCache, Facts, Loads};
 use super::fnv::FnvMap;
-use super::launch::{Launch, Uploads, ARENA, PARAMS};
+use super::launch::{Launch, Uploads, ARENA, PARAMS, STAGED, STAGED_ROWS};
 use super::products::Waves;
 use super::{check_graphs, check_vertices, internal, lock, Planned, Planner, Pull};
 use arbor_batching::{Policy, Region, Schedule, Scheduler};
@@ -266,18 +266,23 @@ impl Lowering {
                     format!("{}", values.len()),
                 ));
             }
+            // Only the given rows are sent; on the backend the region is zeroed and they are
+            // scattered to their vertices' rows.
             let mut z = vec![true; n];
-            up.write_with(region.offset, |out| {
-                let start = out.len();
-                out.resize(start + n * block, 0.0);
-                for (&v, row) in rows.iter().zip(values.chunks_exact(block.max(1))) {
-                    let r = b.schedule.row_of_vertex[v] as usize;
-                    z[r] = row.iter().all(|&x| x == 0.0);
-                    out[start + r * block..start + (r + 1) * block].copy_from_slice(row);
-                }
-            });
+            for (&v, row) in rows.iter().zip(values.chunks_exact(block.max(1))) {
+                z[b.schedule.row_of_vertex[v] as usize] = row.iter().all(|&x| x == 0.0);
+            }
+            let src = Loc { buf: STAGED, offset: up.staged.len() };
+            up.staged.extend_from_slice(values);
+            let dst = Rows::Indexed {
+                data: Loc { buf: ARENA, offset: region.offset },
+                index: IndexLoc { buf: STAGED_ROWS, offset: 0 },
+            };
+            self.launches.push(Launch::Fill { dst: Loc { buf: ARENA, offset: region.offset }, len: n * block });
+            self.launches.push(Launch::ScatterAdd { src, block, n: rows.len(), dst });
             zero.push(z);
         }
+        up.staged_rows.extend(rows.iter().map(|&v| b.schedule.row_of_vertex[v]));
         Ok(zero)
     }
 
