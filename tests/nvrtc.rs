@@ -11,16 +11,16 @@
 
 mod common;
 
-use arbor::backend::{Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
+use arbor::backend::Rows;
 use arbor::cuda::cache::KernelCache;
 use arbor::cuda::codegen::{generate, Binding};
 use arbor::cuda::nvrtc::{self, Usage};
 use arbor::fusion::Kernel;
-use arbor::optim::Update;
 use arbor::rng::Rng;
 use arbor::Pass;
-use arbor::{nn, Backend, CpuBackend, Engine, HostBuffer, InputGraph, Pull, VertexFn};
+use arbor::{nn, Engine, InputGraph, Pull, VertexFn};
 use common::kernels::{bindings, cells, kernels};
+use common::watched::{Watch, Watched};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -53,107 +53,25 @@ fn have_nvrtc() -> bool {
     have
 }
 
-/// The CPU backend, noting every fused kernel and binding the engine runs, labelled with the
-/// phase the test sets.
+/// Every fused kernel and binding the engine runs, labelled with the phase the test sets.
 #[derive(Default)]
-struct Recorder {
-    cpu: CpuBackend,
+struct Recording {
     phase: RefCell<&'static str>,
     seen: RefCell<Vec<(String, Kernel, Vec<Binding>)>>,
 }
 
-/// The same memory, as the CPU backend's.
-fn cpu<'a>(mem: &'a mut Mem<'_, Recorder>) -> Mem<'a, CpuBackend> {
-    Mem { data: &mut *mem.data, index: mem.index }
-}
-
-impl Backend for Recorder {
-    type Buffer = HostBuffer;
-    type Index = Vec<u32>;
-
-    fn name(&self) -> &'static str {
-        "recorder"
+impl Watch for Recording {
+    fn replica(&self) -> Recording {
+        Recording::default()
     }
-    fn replica(&self) -> arbor::Result<Recorder> {
-        Ok(Recorder::default())
-    }
-    fn alloc(&self, len: usize) -> arbor::Result<HostBuffer> {
-        self.cpu.alloc(len)
-    }
-    fn alloc_index(&self, len: usize) -> arbor::Result<Vec<u32>> {
-        self.cpu.alloc_index(len)
-    }
-    fn allocations(&self) -> usize {
-        self.cpu.allocations()
-    }
-    fn len(&self, buf: &HostBuffer) -> usize {
-        buf.len()
-    }
-    fn index_len(&self, buf: &Vec<u32>) -> usize {
-        buf.len()
-    }
-    fn write(&self, buf: &mut HostBuffer, offset: usize, src: &[f32]) -> arbor::Result<()> {
-        self.cpu.write(buf, offset, src)
-    }
-    fn write_index(&self, buf: &mut Vec<u32>, offset: usize, src: &[u32]) -> arbor::Result<()> {
-        self.cpu.write_index(buf, offset, src)
-    }
-    fn read(&self, buf: &HostBuffer, offset: usize, dst: &mut [f32]) -> arbor::Result<()> {
-        self.cpu.read(buf, offset, dst)
-    }
-    fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> arbor::Result<()> {
-        self.cpu.fill(&mut cpu(mem), dst, len, value)
-    }
-    fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> arbor::Result<()> {
-        self.cpu.gemm(&mut cpu(mem), g)
-    }
-    fn fused(
-        &self,
-        mem: &mut Mem<'_, Self>,
-        k: &Kernel,
-        n: usize,
-        loads: &[Rows],
-        stores: &[Loc],
-    ) -> arbor::Result<()> {
+    fn fused(&self, k: &Kernel, loads: &[Rows]) {
         let label = format!("engine {} {}", self.phase.borrow(), self.seen.borrow().len());
         self.seen.borrow_mut().push((label, k.clone(), loads.iter().map(Binding::of).collect()));
-        self.cpu.fused(&mut cpu(mem), k, n, loads, stores)
-    }
-    fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> arbor::Result<()> {
-        self.cpu.scatter_add(&mut cpu(mem), src, block, n, dst)
-    }
-    fn sum_rows(
-        &self,
-        mem: &mut Mem<'_, Self>,
-        src: Loc,
-        rows: usize,
-        cols: usize,
-        dst: Loc,
-        accumulate: bool,
-    ) -> arbor::Result<()> {
-        self.cpu.sum_rows(&mut cpu(mem), src, rows, cols, dst, accumulate)
-    }
-    fn update(&self, mem: &mut Mem<'_, Self>, u: &Update, at: &OptimAt, len: usize) -> arbor::Result<()> {
-        self.cpu.update(&mut cpu(mem), u, at, len)
-    }
-    fn update_rows(
-        &self,
-        mem: &mut Mem<'_, Self>,
-        u: &Update,
-        at: &OptimAt,
-        table: (usize, usize),
-        rows: IndexLoc,
-        n: usize,
-    ) -> arbor::Result<()> {
-        self.cpu.update_rows(&mut cpu(mem), u, at, table, rows, n)
-    }
-    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> arbor::Result<Vec<f64>> {
-        self.cpu.sum_squares(&mut cpu(mem), regions)
-    }
-    fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> arbor::Result<()> {
-        self.cpu.scale(&mut cpu(mem), dst, len, s)
     }
 }
+
+/// The CPU backend, noting every fused kernel and binding the engine runs.
+type Recorder = Watched<Recording>;
 
 /// The fused kernels the engine runs for `f` while it trains (forward, backward) and infers on a
 /// random minibatch of 24 graphs, labelled, with their bindings.
@@ -180,15 +98,15 @@ fn engine_kernels(f: &VertexFn, seed: u64) -> Vec<(String, Kernel, Vec<Binding>)
     let pulls: Vec<Pull> = pulls.iter().map(|p| Pull::Rows(p)).collect();
     let grads: Vec<Vec<f32>> = f.outputs().iter().map(|o| vec![0.5; total * o.shape.numel()]).collect();
     let grads: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
-    let mut engine = Engine::new(Recorder::default(), f.clone(), &params).unwrap();
-    let phase = |engine: &Engine<Recorder>, name| *engine.backend().phase.borrow_mut() = name;
+    let mut engine = Engine::new(Recorder::new(Recording::default()), f.clone(), &params).unwrap();
+    let phase = |engine: &Engine<Recorder>, name| *engine.backend().watch.phase.borrow_mut() = name;
     phase(&engine, "forward");
     engine.run(Pass::train(&refs, &pulls)).unwrap();
     phase(&engine, "backward");
     engine.backward(&grads).unwrap();
     phase(&engine, "inference");
     engine.run(Pass::infer(&refs, &pulls)).unwrap();
-    engine.backend().seen.take()
+    engine.backend().watch.seen.take()
 }
 
 /// The planned kernels of `f`, each bound with gathers by index (`gathered`) and contiguous.

@@ -6,15 +6,16 @@
 //! and scoring reads back only the rows the head uses and its outputs. The counts (bytes each way, synchronizing reads, backend calls) are
 //! printed for BENCHMARKS.md.
 
-use arbor::backend::{Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
+mod common;
+
 use arbor::data::labelled::Labelled;
 use arbor::data::sst;
-use arbor::fusion::Kernel;
 use arbor::layers::LossOn;
 use arbor::model::{AsExample, Example, Model};
-use arbor::optim::{Config, Optimizer, Rule, Update};
+use arbor::nn;
+use arbor::optim::{Config, Optimizer, Rule};
 use arbor::rng::Rng;
-use arbor::{nn, Backend, CpuBackend, HostBuffer};
+use common::watched::{Watch, Watched};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -41,23 +42,26 @@ impl std::ops::Sub for Counts {
     }
 }
 
-/// The CPU backend, counting what a device backend would copy and launch.
-#[derive(Default)]
-struct Counting {
-    cpu: CpuBackend,
-    counts: Arc<Mutex<Counts>>,
-}
+/// What a device backend would copy and launch, counted (shared with replicas).
+#[derive(Clone, Default)]
+struct Counter(Arc<Mutex<Counts>>);
 
-impl Counting {
+impl Counter {
     fn now(&self) -> Counts {
-        *self.counts.lock().unwrap()
+        *self.0.lock().unwrap()
     }
     /// Starts the largest-copy record afresh.
     fn reset_largest(&self) {
-        self.counts.lock().unwrap().largest = 0;
+        self.0.lock().unwrap().largest = 0;
+    }
+}
+
+impl Watch for Counter {
+    fn replica(&self) -> Counter {
+        self.clone()
     }
     fn copy(&self, up: bool, bytes: usize) {
-        let mut c = self.counts.lock().unwrap();
+        let mut c = self.0.lock().unwrap();
         if up {
             c.up += bytes;
         } else {
@@ -67,151 +71,24 @@ impl Counting {
         c.largest = c.largest.max(bytes);
     }
     fn call(&self) {
-        self.counts.lock().unwrap().calls += 1;
+        self.0.lock().unwrap().calls += 1;
     }
 }
 
-/// The same memory, as the CPU backend's.
-fn cpu<'a>(mem: &'a mut Mem<'_, Counting>) -> Mem<'a, CpuBackend> {
-    Mem { data: &mut *mem.data, index: mem.index }
-}
-
-impl Backend for Counting {
-    type Buffer = HostBuffer;
-    type Index = Vec<u32>;
-
-    fn name(&self) -> &'static str {
-        "counting"
-    }
-    fn replica(&self) -> arbor::Result<Counting> {
-        Ok(Counting { cpu: CpuBackend::new(), counts: Arc::clone(&self.counts) })
-    }
-    fn alloc(&self, len: usize) -> arbor::Result<HostBuffer> {
-        self.cpu.alloc(len)
-    }
-    fn alloc_index(&self, len: usize) -> arbor::Result<Vec<u32>> {
-        self.cpu.alloc_index(len)
-    }
-    fn allocations(&self) -> usize {
-        self.cpu.allocations()
-    }
-    fn len(&self, buf: &HostBuffer) -> usize {
-        buf.len()
-    }
-    fn index_len(&self, buf: &Vec<u32>) -> usize {
-        buf.len()
-    }
-    fn write(&self, buf: &mut HostBuffer, offset: usize, src: &[f32]) -> arbor::Result<()> {
-        self.copy(true, 4 * src.len());
-        self.cpu.write(buf, offset, src)
-    }
-    fn write_index(&self, buf: &mut Vec<u32>, offset: usize, src: &[u32]) -> arbor::Result<()> {
-        self.copy(true, 4 * src.len());
-        self.cpu.write_index(buf, offset, src)
-    }
-    fn read(&self, buf: &HostBuffer, offset: usize, dst: &mut [f32]) -> arbor::Result<()> {
-        self.copy(false, 4 * dst.len());
-        self.cpu.read(buf, offset, dst)
-    }
-    /// As the CUDA backend reads rows: one copy of the span they lie in where they are close
-    /// together, else their numbers sent and only they read back.
-    fn read_rows(
-        &self,
-        buf: &HostBuffer,
-        offset: usize,
-        block: usize,
-        rows: &[u32],
-        dst: &mut [f32],
-    ) -> arbor::Result<()> {
-        let (lo, hi) = (rows.iter().min().copied().unwrap_or(0), rows.iter().max().map_or(0, |&r| r + 1));
-        if (hi - lo) as usize <= 2 * rows.len() {
-            self.copy(false, 4 * block * (hi - lo) as usize);
-        } else {
-            self.copy(true, 4 * rows.len());
-            self.copy(false, 4 * block * rows.len());
-        }
-        self.cpu.read_rows(buf, offset, block, rows, dst)
-    }
-    fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> arbor::Result<()> {
-        self.call();
-        self.cpu.fill(&mut cpu(mem), dst, len, value)
-    }
-    fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> arbor::Result<()> {
-        self.call();
-        self.cpu.gemm(&mut cpu(mem), g)
-    }
-    fn fused(
-        &self,
-        mem: &mut Mem<'_, Self>,
-        k: &Kernel,
-        n: usize,
-        loads: &[Rows],
-        stores: &[Loc],
-    ) -> arbor::Result<()> {
-        self.call();
-        self.cpu.fused(&mut cpu(mem), k, n, loads, stores)
-    }
-    fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> arbor::Result<()> {
-        self.call();
-        self.cpu.scatter_add(&mut cpu(mem), src, block, n, dst)
-    }
-    fn sum_rows(
-        &self,
-        mem: &mut Mem<'_, Self>,
-        src: Loc,
-        rows: usize,
-        cols: usize,
-        dst: Loc,
-        accumulate: bool,
-    ) -> arbor::Result<()> {
-        self.call();
-        self.cpu.sum_rows(&mut cpu(mem), src, rows, cols, dst, accumulate)
-    }
-    fn update(&self, mem: &mut Mem<'_, Self>, u: &Update, at: &OptimAt, len: usize) -> arbor::Result<()> {
-        self.call();
-        self.cpu.update(&mut cpu(mem), u, at, len)
-    }
-    fn update_rows(
-        &self,
-        mem: &mut Mem<'_, Self>,
-        u: &Update,
-        at: &OptimAt,
-        table: (usize, usize),
-        rows: IndexLoc,
-        n: usize,
-    ) -> arbor::Result<()> {
-        self.call();
-        self.cpu.update_rows(&mut cpu(mem), u, at, table, rows, n)
-    }
-    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> arbor::Result<Vec<f64>> {
-        self.calls_then_copy(regions.len());
-        self.cpu.sum_squares(&mut cpu(mem), regions)
-    }
-    fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> arbor::Result<()> {
-        self.call();
-        self.cpu.scale(&mut cpu(mem), dst, len, s)
-    }
-}
-
-impl Counting {
-    /// A sum of squares of `regions` regions: a launch each, then one read of 8 bytes each.
-    fn calls_then_copy(&self, regions: usize) {
-        (0..regions).for_each(|_| self.call());
-        self.copy(false, 8 * regions);
-    }
-}
+/// The CPU backend, counting what a device backend would copy and launch.
+type Counting = Watched<Counter>;
 
 /// The SST Tree-LSTM of the benchmarks (hidden 150, embed 300, root loss) on the counting
 /// backend, with the parameters' tensors and bytes (cell and head).
-fn sst_model(vocab: usize, rng: &mut Rng) -> (Model<Counting>, Counting, (usize, usize)) {
-    let backend = Counting::default();
+fn sst_model(vocab: usize, rng: &mut Rng) -> (Model<Counting>, Counter, (usize, usize)) {
+    let backend = Counting::new(Counter::default());
     let cell = nn::tree_lstm(300, 150).unwrap();
     let readout = Labelled::readout(LossOn::Root);
     let model =
         arbor::zoo::tree_classifier_on(&backend, vec![cell], vocab, sst::CLASSES, readout, rng).expect("the model");
     let dense: Vec<usize> =
         model.tensors().unwrap().iter().filter(|t| t.0 != "embedding").map(|t| 4 * t.2.len()).collect();
-    let counter = Counting { cpu: CpuBackend::new(), counts: Arc::clone(&backend.counts) };
+    let counter = backend.watch.clone();
     (model, counter, (dense.len(), dense.iter().sum()))
 }
 

@@ -205,6 +205,11 @@ pub trait Backend {
         self.read(buf, offset, &mut out)?;
         Ok(out)
     }
+    /// The buffer's elements, when they are host memory the caller may read in place; `None` (the
+    /// default) for device memory, which is read back instead.
+    fn host<'a>(&self, _buf: &'a Self::Buffer) -> Option<&'a [f32]> {
+        None
+    }
     /// The buffer's elements, when they are host memory the caller may change in place; `None`
     /// (the default) for device memory, which is read and written back instead.
     fn host_mut<'a>(&self, _buf: &'a mut Self::Buffer) -> Option<&'a mut [f32]> {

@@ -186,6 +186,14 @@ impl<B: Backend> Engine<B> {
         self.backend.read_vec(&self.bufs[TABLE], 0, self.backend.len(&self.bufs[TABLE]))
     }
 
+    /// [`Engine::table`], lent where the backend keeps it in host memory (no copy).
+    pub fn table_lent(&self) -> Result<std::borrow::Cow<'_, [f32]>> {
+        match self.backend.host(&self.bufs[TABLE]) {
+            Some(t) => Ok(std::borrow::Cow::Borrowed(t)),
+            None => Ok(std::borrow::Cow::Owned(self.table()?)),
+        }
+    }
+
     /// The width of the held table's rows (0: none held).
     pub fn table_width(&self) -> usize {
         self.table_width

@@ -16,12 +16,13 @@ impl<B: Backend> Model<B> {
         Ok(crate::checkpoint::owned(self.tensors_lent()?))
     }
 
-    /// [`Model::tensors`] as the weight average takes them (every tensor read from its engine).
+    /// [`Model::tensors`] as the weight average takes them every step: the word vectors lent where
+    /// the backend keeps them in host memory, not copied.
     pub fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
         let mut out = vec![(
             "embedding".to_string(),
             vec![self.embedding.vocab(), self.embedding.dim()],
-            Cow::Owned(self.word_vectors()?),
+            self.cells[0].table_lent()?,
         )];
         let mut values: Vec<Vec<Vec<f32>>> = self.cells.iter().map(Engine::params).collect::<Result<_>>()?;
         values.push(self.head.params()?);

@@ -3,3 +3,4 @@
 
 pub mod kernels;
 pub mod optim;
+pub mod watched;

@@ -145,6 +145,10 @@ impl Backend for CpuBackend {
         Ok(span(buf, offset, len)?.to_vec())
     }
 
+    fn host<'a>(&self, buf: &'a HostBuffer) -> Option<&'a [f32]> {
+        Some(buf)
+    }
+
     fn host_mut<'a>(&self, buf: &'a mut HostBuffer) -> Option<&'a mut [f32]> {
         Some(buf.changing())
     }
