@@ -106,7 +106,7 @@ fn a_training_step_moves_nothing_parameter_sized() {
         // A first step allocates what later steps reuse.
         model.step(&examples, &mut opt, Some(5.0)).unwrap();
         counter.reset_largest();
-        let before = counter.now();
+        let (before, calls_before) = (counter.now(), model.calls());
         let mut grads = model.gradients_kept(&examples, batch).unwrap();
         let formed = counter.now();
         counter.reset_largest();
@@ -118,6 +118,8 @@ fn a_training_step_moves_nothing_parameter_sized() {
         let want = Counts { up: 0, down: 24, reads: 2, calls: 6, largest: 16 };
         assert_eq!(applied, want, "the update of {tensors} tensors");
         let step = counter.now() - before;
+        // The engines count every call the backend saw (what `arbor bench` reports per step).
+        assert_eq!(model.calls() - calls_before, step.calls as u64, "batch {batch}: the engines' count of calls");
         // What crosses is the minibatch's ids and index arrays, the roots' rows between the cell
         // and the head and their gradients, the losses and the sums of squares: at batch 1 under
         // 8 KiB up and 4 KiB back, at batch 64 under 192 KiB and 96 KiB; never a parameter, a

@@ -258,6 +258,7 @@ impl<B: Backend> Engine<B> {
     pub fn scale_table_grad(&mut self, s: f32) -> Result<()> {
         let Some(g) = self.table_grad_loc() else { return Ok(()) };
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };
+        self.calls += 1;
         self.backend.scale(&mut mem, g.values, g.n * self.table_width, s)
     }
 
@@ -278,6 +279,7 @@ impl<B: Backend> Engine<B> {
         };
         let (w, n) = (self.table_width, g.n);
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };
+        self.calls += 1;
         self.backend.update_rows(&mut mem, &u, &at, (w, len / w), g.rows, n)
     }
 

@@ -365,8 +365,9 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Backend calls this engine has made: one per product, fused kernel, copy, fill,
-    /// scatter-add and row sum (on a GPU, a kernel launch or a cuBLAS call each). Parameter
-    /// reads and writes, and the optimizer, are not counted.
+    /// scatter-add and row sum, and the optimizer's (a sum of squares per region, a scaling, an
+    /// update): on a GPU, a kernel launch or a cuBLAS call each. Reads and writes of values are
+    /// not counted.
     pub fn calls(&self) -> u64 {
         self.calls
     }

@@ -48,6 +48,7 @@ impl<B: Backend> Engine<B> {
         regions.extend(self.table_grad_region());
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };
         let sums = self.backend.sum_squares(&mut mem, &regions)?;
+        self.calls += regions.len() as u64;
         Ok((sums.first().copied().unwrap_or(0.0), sums.get(1).copied().unwrap_or(0.0)))
     }
 
@@ -55,6 +56,7 @@ impl<B: Backend> Engine<B> {
     pub fn scale_grads(&mut self, s: f32) -> Result<()> {
         let len = self.lowering.a.params_len;
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };
+        self.calls += 1;
         self.backend.scale(&mut mem, Loc { buf: GRADS, offset: 0 }, len, s)
     }
 
@@ -100,6 +102,7 @@ impl<B: Backend> Engine<B> {
             let where_ = OptimAt { p: loc(PARAMS), g: loc(GRADS), m: loc(STATE_M), v: loc(STATE_V) };
             let mut mem = Mem { data: &mut self.bufs, index: &self.index };
             self.backend.update(&mut mem, &u, &where_, last + len - at)?;
+            self.calls += 1;
             self.updated[k..run].fill(true);
             k = run;
         }
