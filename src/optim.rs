@@ -65,12 +65,7 @@ impl Optimizer {
 
     /// The state as named tensors (`opt.<tensor>.m`, `opt.<tensor>.v`), for checkpoints.
     pub fn tensors(&self) -> Vec<crate::checkpoint::Named> {
-        let mut out = Vec::new();
-        for (name, s) in &self.slots {
-            out.push((format!("opt.{name}.m"), vec![s.m.len()], s.m.clone()));
-            out.push((format!("opt.{name}.v"), vec![s.v.len()], s.v.clone()));
-        }
-        out
+        self.slots.iter().flat_map(|(name, s)| state_tensors(name, [s.m.clone(), s.v.clone()])).collect()
     }
 
     /// Restores the state saved by [`Optimizer::tensors`] after `steps` steps.
@@ -148,6 +143,12 @@ fn written_zeros(len: usize) -> Vec<f32> {
         *x = std::hint::black_box(0.0);
     }
     v
+}
+
+/// The state `[m, v]` of tensor `name` as checkpoint tensors (`opt.<name>.m`, `opt.<name>.v`),
+/// wherever it is kept (the optimizer, or the engine beside the tensor).
+pub(crate) fn state_tensors(name: &str, [m, v]: [Vec<f32>; 2]) -> [crate::checkpoint::Named; 2] {
+    [(format!("opt.{name}.m"), vec![m.len()], m), (format!("opt.{name}.v"), vec![v.len()], v)]
 }
 
 /// Scales every gradient so their joint L2 norm is at most `max`; returns the norm before.

@@ -481,37 +481,17 @@ fn sixteen_bit_conversions_round_like_the_half_crate() {
 fn optimizer_kernels_give_the_cpu_optimizers_bits() {
     use arbor::cuda::codegen::PRELUDE;
     use arbor::cuda::optim::OPTIM_BODIES;
-    use arbor::layers::SparseGrad;
-    use arbor::optim::{clip_to, Config, Optimizer, Rule, Update};
+    use arbor::optim::Update;
+    use common::optim::{configs, data, host_reference, Data, DIM as dim, N as n, ROWS as steps, VOCAB as vocab};
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    let (n, dim, vocab) = (37usize, 4usize, 6usize);
-    let steps: [&[u32]; 3] = [&[0, 2, 5], &[1, 2], &[2, 3, 4, 5]];
-    let mut rng = Rng::new(45);
-    let rules = [Rule::Sgd { momentum: 0.0 }, Rule::Sgd { momentum: 0.9 }, Rule::Adagrad, Rule::Adam, Rule::AdamW];
     let dir = std::env::temp_dir().join(format!("arbor-optim-{}", std::process::id()));
-    for (case, (rule, wd)) in rules.iter().flat_map(|&r| [(r, 0.0f32), (r, 0.01)]).enumerate() {
-        let config = Config { weight_decay: wd, ..Config::new(rule, 0.05) };
-        let mut values = |len: usize| (0..len).map(|_| rng.range(-1.5, 1.5)).collect::<Vec<f32>>();
-        let (p0, table0) = (values(n), values(vocab * dim));
-        let dense_grads: Vec<Vec<f32>> = (0..3).map(|_| values(n)).collect();
-        let row_grads: Vec<Vec<f32>> = steps.iter().map(|r| values(r.len() * dim)).collect();
+    for (case, config) in configs().into_iter().enumerate() {
+        let (rule, wd) = (config.rule, config.weight_decay);
+        let Data { p: p0, table: table0, dense: dense_grads, rows: row_grads } = data(case as u64);
         // The CPU optimizer.
-        let mut opt = Optimizer::new(config);
-        let (mut p, mut table) = (p0.clone(), table0.clone());
-        for (t, rows) in steps.iter().enumerate() {
-            opt.begin_step();
-            opt.dense("w", &mut p, &dense_grads[t]);
-            let g = SparseGrad { rows: rows.to_vec(), values: row_grads[t].clone() };
-            opt.sparse("embedding", &mut table, dim, &g);
-        }
+        let (reference, cpu) = host_reference(config, case as u64);
+        let want: Vec<u32> = reference.iter().flat_map(|v| bits(v)).collect();
         let norm = 2.5f32;
-        let mut clipped = p.clone();
-        clip_to(&mut [clipped.as_mut_slice()], norm, 1.0);
-        let want: Vec<u32> = [&p, &opt.slots["w"].m, &opt.slots["w"].v, &table]
-            .into_iter()
-            .chain([&opt.slots["embedding"].m, &opt.slots["embedding"].v, &clipped])
-            .flat_map(|v| bits(v))
-            .collect();
         // The kernels, one thread index at a time.
         let mut c = format!("#define ARBOR_HOST 1\n{PRELUDE}{OPTIM_BODIES}#include <stdio.h>\n");
         let floats = |name: &str, v: &[f32]| {
@@ -579,7 +559,6 @@ fn optimizer_kernels_give_the_cpu_optimizers_bits() {
             );
         }
         let sum: f64 = lines[want.len()].parse().unwrap();
-        let cpu = arbor::optim::sum_squares(&[p.clone().as_mut_slice()]);
         assert!((sum - cpu).abs() <= 1e-12 * cpu, "{rule:?}: sum of squares {sum}, CPU {cpu}");
         assert_eq!(lines[want.len() + 1], "0", "{rule:?}: an infinity makes the sum not finite");
     }

@@ -21,6 +21,8 @@ pub(super) struct IndexLayout {
     vertices: usize,
     child_offsets: usize,
     child_list: usize,
+    /// Entries laid out so far: the children's rows and sets, then what the distinct rows' maps
+    /// and the held table's rows append.
     pub len: usize,
 }
 
@@ -289,6 +291,7 @@ impl Batch {
                 }
             }
         }
+        self.index.len = map_at;
         let scratch = self.memory.append("products over distinct rows", most * a.shared_width);
         self.shared_scratch = scratch..scratch + most * a.shared_width;
         self.gathered = vec![false; pulls.len()];

@@ -7,7 +7,7 @@
 use super::batch::Batch;
 use super::launch::{Launch, ARENA};
 use super::lower::{Lowering, Pass};
-use super::{Engine, Pull, SparseGrad};
+use super::{Engine, ParamState, Pull, SparseGrad};
 use crate::analysis::Analysis;
 use arbor_core::backend::{Backend, IndexLoc, Loc, Mem, OptimAt, Rows, NO_ROW};
 use arbor_core::error::{Error, Result};
@@ -21,6 +21,8 @@ pub const TABLE_M: usize = 6;
 pub const TABLE_V: usize = 7;
 /// The engine's buffer of a table gradient given from the host ([`Engine::set_table_grad`]).
 pub const TABLE_GRAD: usize = 8;
+/// The engine's index buffer of the rows of a table gradient given from the host.
+pub const TABLE_ROWS: usize = 1;
 /// Every buffer an engine has (some empty until used; the last is [`STAGED`](super::STAGED)).
 pub(super) const BUFFERS: usize = 10;
 
@@ -62,17 +64,17 @@ impl HeldRows {
         let held: Vec<usize> = (0..pulls.len()).filter(|&i| matches!(pulls[i], Pull::Held { .. })).collect();
         let &first = held.first()?;
         let block = a.f.all_inputs()[first].shape.numel();
-        let ids_of = |i: usize| b.shared[i].as_ref().and_then(|s| s.ids.clone()).unwrap_or_default();
-        let mut union: Vec<u32> = held.iter().flat_map(|&i| ids_of(i)).collect();
+        let mut union: Vec<u32> =
+            held.iter().filter_map(|&i| b.shared[i].as_ref()?.ids.as_deref()).flatten().copied().collect();
         union.sort_unstable();
         union.dedup();
         let place = |id: u32| union.binary_search(&id).map_or(NO_ROW, |k| k as u32);
-        let maps = b.shared.iter().flatten().count() * b.schedule.len();
-        let mut at = b.index.len + maps + union.len();
+        let union_at = b.index.len;
+        let mut at = union_at + union.len();
         let mut inputs = Vec::with_capacity(held.len());
         for &i in &held {
             let Some(s) = &b.shared[i] else { continue };
-            let ids = ids_of(i);
+            let ids = s.ids.clone().unwrap_or_default();
             let per_distinct = b.table_grad_at[i].is_some();
             let to_union: Vec<u32> = if per_distinct {
                 ids.iter().map(|&id| place(id)).collect()
@@ -83,7 +85,7 @@ impl HeldRows {
             at = to_union_at + to_union.len();
             inputs.push(HeldInput { input: i, ids, ids_at, rows_at: s.rows_at, to_union, to_union_at, per_distinct });
         }
-        let union_at = b.index.len + maps;
+        b.index.len = at;
         let grad_at = b.trained.then(|| b.memory.append("gradient of the held table's rows", union.len() * block));
         Some(HeldRows { union, union_at, inputs, block, grad_at })
     }
@@ -149,13 +151,12 @@ impl Lowering {
     }
 }
 
-/// Where the table's gradient is: the last backward pass's (`None`: no held rows trained), or one
-/// the host gave ([`Engine::set_table_grad`]), as (rows index, values, row count).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct TableGrad {
-    rows: IndexLoc,
+/// Where the table's gradient is, the last backward pass's or one the host gave
+/// ([`Engine::set_table_grad`]): its rows' numbers on the backend and on the host, its values.
+struct TableGrad<'a> {
+    index: IndexLoc,
+    rows: &'a [u32],
     values: Loc,
-    n: usize,
 }
 
 impl<B: Backend> Engine<B> {
@@ -177,7 +178,7 @@ impl<B: Backend> Engine<B> {
         }
         self.backend.write(&mut self.bufs[TABLE], 0, table)?;
         self.lowering.set_held_rows(Some(table.len() / width));
-        self.table_grad = None;
+        self.given_table_rows = None;
         Ok(())
     }
 
@@ -200,25 +201,23 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Where the gradient of the held table is after the last backward pass (or as set).
-    fn table_grad_loc(&self) -> Option<TableGrad> {
-        if let Some(g) = self.table_grad {
-            return Some(g);
+    fn table_grad_loc(&self) -> Option<TableGrad<'_>> {
+        if let Some(rows) = &self.given_table_rows {
+            let (index, values) = (IndexLoc { buf: TABLE_ROWS, offset: 0 }, Loc { buf: TABLE_GRAD, offset: 0 });
+            return Some(TableGrad { index, rows, values });
         }
         let h = self.lowering.b.held.as_ref().filter(|_| self.lowering.b.trained)?;
         let values = Loc { buf: ARENA, offset: h.grad_at? };
-        Some(TableGrad { rows: IndexLoc { buf: 0, offset: h.union_at }, values, n: h.union.len() })
+        Some(TableGrad { index: IndexLoc { buf: 0, offset: h.union_at }, rows: &h.union, values })
     }
 
     /// The gradient of the held table from the last backward pass (or as
     /// [`Engine::set_table_grad`] replaced it), read back: for summing across workers.
     pub fn held_table_grad(&self) -> Result<SparseGrad> {
         let Some(g) = self.table_grad_loc() else { return Ok(SparseGrad::default()) };
-        let rows = match &self.table_grad {
-            Some(_) => self.table_grad_rows.clone(),
-            None => self.lowering.b.held.as_ref().map(|h| h.union.clone()).unwrap_or_default(),
-        };
-        let values = self.backend.read_vec(&self.bufs[g.values.buf], g.values.offset, g.n * self.table_width)?;
-        Ok(SparseGrad { rows, values })
+        let values =
+            self.backend.read_vec(&self.bufs[g.values.buf], g.values.offset, g.rows.len() * self.table_width)?;
+        Ok(SparseGrad { rows: g.rows.to_vec(), values })
     }
 
     /// Replaces the gradient of the held table (by its sum across workers, say) until the next
@@ -235,37 +234,35 @@ impl<B: Backend> Engine<B> {
         if self.backend.len(&self.bufs[TABLE_GRAD]) < g.values.len() {
             self.bufs[TABLE_GRAD] = self.backend.alloc(g.values.len().next_power_of_two())?;
         }
-        if self.backend.index_len(&self.index[1]) < g.rows.len() {
-            self.index[1] = self.backend.alloc_index(g.rows.len().next_power_of_two())?;
+        if self.backend.index_len(&self.index[TABLE_ROWS]) < g.rows.len() {
+            self.index[TABLE_ROWS] = self.backend.alloc_index(g.rows.len().next_power_of_two())?;
         }
         self.backend.write(&mut self.bufs[TABLE_GRAD], 0, &g.values)?;
-        self.backend.write_index(&mut self.index[1], 0, &g.rows)?;
-        self.table_grad = Some(TableGrad {
-            rows: IndexLoc { buf: 1, offset: 0 },
-            values: Loc { buf: TABLE_GRAD, offset: 0 },
-            n: g.rows.len(),
-        });
-        self.table_grad_rows = g.rows.clone();
+        self.backend.write_index(&mut self.index[TABLE_ROWS], 0, &g.rows)?;
+        self.given_table_rows = Some(g.rows.clone());
         Ok(())
     }
 
     /// Where the held table's gradient is, and its length, if there is one.
     pub(super) fn table_grad_region(&self) -> Option<(Loc, usize)> {
-        self.table_grad_loc().map(|g| (g.values, g.n * self.table_width))
+        self.table_grad_loc().map(|g| (g.values, g.rows.len() * self.table_width))
     }
 
     /// Multiplies the held table's gradient by `s` (clipping).
     pub fn scale_table_grad(&mut self, s: f32) -> Result<()> {
-        let Some(g) = self.table_grad_loc() else { return Ok(()) };
+        let Some((at, len)) = self.table_grad_region() else { return Ok(()) };
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };
         self.calls += 1;
-        self.backend.scale(&mut mem, g.values, g.n * self.table_width, s)
+        self.backend.scale(&mut mem, at, len, s)
     }
 
     /// Applies `update` to the rows of the held table its gradient covers, with the state kept
     /// for every row (zeros at first; [`Engine::table_state`]); nothing for `None`.
     pub fn optimize_table(&mut self, update: Option<Update>) -> Result<()> {
-        let (Some(u), Some(g)) = (update, self.table_grad_loc()) else { return Ok(()) };
+        let Some(u) = update else { return Ok(()) };
+        let Some((index, n, values)) = self.table_grad_loc().map(|g| (g.index, g.rows.len(), g.values)) else {
+            return Ok(());
+        };
         let len = self.backend.len(&self.bufs[TABLE]);
         if self.backend.len(&self.bufs[TABLE_M]) != len {
             self.bufs[TABLE_M] = self.backend.alloc(len)?;
@@ -273,18 +270,18 @@ impl<B: Backend> Engine<B> {
         }
         let at = OptimAt {
             p: Loc { buf: TABLE, offset: 0 },
-            g: g.values,
+            g: values,
             m: Loc { buf: TABLE_M, offset: 0 },
             v: Loc { buf: TABLE_V, offset: 0 },
         };
-        let (w, n) = (self.table_width, g.n);
+        let w = self.table_width;
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };
         self.calls += 1;
-        self.backend.update_rows(&mut mem, &u, &at, (w, len / w), g.rows, n)
+        self.backend.update_rows(&mut mem, &u, &at, (w, len / w), index, n)
     }
 
     /// The held table's optimizer state (`None` before its first update), read back.
-    pub fn table_state(&self) -> Result<Option<[Vec<f32>; 2]>> {
+    pub fn table_state(&self) -> Result<Option<ParamState>> {
         let len = self.backend.len(&self.bufs[TABLE_M]);
         if len == 0 {
             return Ok(None);
@@ -296,7 +293,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Replaces the held table's optimizer state (as [`Engine::table_state`] gives it).
-    pub fn set_table_state(&mut self, state: Option<&[Vec<f32>; 2]>) -> Result<()> {
+    pub fn set_table_state(&mut self, state: Option<&ParamState>) -> Result<()> {
         let len = self.backend.len(&self.bufs[TABLE]);
         let Some([m, v]) = state else {
             self.bufs[TABLE_M] = self.backend.alloc(0)?;

@@ -25,7 +25,7 @@ mod products;
 mod sums;
 
 pub use analysis::{PlanKind, StepRef};
-pub use held::{TABLE, TABLE_GRAD, TABLE_M, TABLE_V};
+pub use held::{TABLE, TABLE_GRAD, TABLE_M, TABLE_ROWS, TABLE_V};
 pub use launch::{Counts, Launch, Uploads, ARENA, GRADS, PARAMS, STAGED, STAGED_ROWS};
 pub use lower::Lowering;
 pub use optimize::{ParamState, STATE_M, STATE_V};
@@ -289,10 +289,9 @@ pub struct Engine<B: Backend> {
     updated: Vec<bool>,
     /// The width of the held table's rows (0: none; [`Engine::set_table`]).
     table_width: usize,
-    /// A gradient of the held table given from the host, until the next backward pass.
-    table_grad: Option<held::TableGrad>,
-    /// Its rows.
-    table_grad_rows: Vec<u32>,
+    /// The rows of a gradient of the held table given from the host, until the next backward
+    /// pass (see [`Engine::set_table_grad`]).
+    given_table_rows: Option<Vec<u32>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -305,7 +304,7 @@ impl<B: Backend> Engine<B> {
         while bufs.len() < held::BUFFERS {
             bufs.push(backend.alloc(0)?);
         }
-        // The minibatch's, a table gradient's rows, the staged rows.
+        // The minibatch's, a given table gradient's rows (`TABLE_ROWS`), the staged rows.
         let index = vec![backend.alloc_index(0)?, backend.alloc_index(0)?, backend.alloc_index(0)?];
         let mut e = Engine {
             backend,
@@ -320,8 +319,7 @@ impl<B: Backend> Engine<B> {
             rows: None,
             updated: Vec::new(),
             table_width: 0,
-            table_grad: None,
-            table_grad_rows: Vec::new(),
+            given_table_rows: None,
         };
         e.set_params(params)?;
         Ok(e)
@@ -564,7 +562,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn run_backward(&mut self, rows: Option<&[usize]>, push_grads: &[&[f32]]) -> Result<Gradients> {
-        self.table_grad = None;
+        self.given_table_rows = None;
         self.lowering.backward(rows, push_grads)?;
         self.execute()?;
         let f = Arc::clone(self.lowering.function_arc());

@@ -5,7 +5,7 @@
 use super::{layer_prefix, Model, ModelGrads};
 use crate::checkpoint::Named;
 use crate::engine::Engine;
-use crate::optim::{check_finite, clip_factor, Optimizer};
+use crate::optim::{check_finite, clip_factor, state_tensors, Optimizer};
 use crate::trainer::step::names;
 use crate::Backend;
 use crate::DropoutKey;
@@ -81,17 +81,12 @@ impl<B: Backend> Model<B> {
     /// word vectors, named as [`Optimizer::tensors`] names it (`opt.cell.W.m`, `opt.cell.W.v`,
     /// …, `opt.embedding.m`), for a checkpoint.
     pub fn optimizer_tensors(&self) -> Result<Vec<Named>> {
-        let mut out = Vec::new();
-        if let Some([m, v]) = self.cells[0].table_state()? {
-            out.push(("opt.embedding.m".to_string(), vec![m.len()], m));
-            out.push(("opt.embedding.v".to_string(), vec![v.len()], v));
-        }
+        let mut out: Vec<Named> =
+            self.cells[0].table_state()?.into_iter().flat_map(|s| state_tensors("embedding", s)).collect();
         let engines = self.cells.iter().chain([self.head.engine_ref()]);
         for (engine, names) in engines.zip(self.part_names()) {
             for (state, name) in engine.optimizer_state()?.into_iter().zip(names) {
-                let Some([m, v]) = state else { continue };
-                out.push((format!("opt.{name}.m"), vec![m.len()], m));
-                out.push((format!("opt.{name}.v"), vec![v.len()], v));
+                out.extend(state.into_iter().flat_map(|s| state_tensors(&name, s)));
             }
         }
         Ok(out)

@@ -93,3 +93,24 @@ pub fn run<B: Backend>(backend: &B, config: Config, seed: u64) -> (Vec<Vec<f32>>
         .collect();
     (out, sum)
 }
+
+/// What the host optimizer makes of [`data`]`(seed)` under `config`, as [`run`] returns it: three
+/// steps of the dense tensor and of the table's rows, then the values clipped from norm 2.5 to
+/// 1 (scaled by 0.4); and the sum of squares of the values.
+pub fn host_reference(config: Config, seed: u64) -> (Vec<Vec<f32>>, f64) {
+    use arbor::layers::SparseGrad;
+    use arbor::optim::{clip_to, sum_squares, Optimizer};
+    let Data { mut p, mut table, dense, rows } = data(seed);
+    let mut opt = Optimizer::new(config);
+    for t in 0..3 {
+        opt.begin_step();
+        opt.dense("w", &mut p, &dense[t]);
+        opt.sparse("embedding", &mut table, DIM, &SparseGrad { rows: ROWS[t].to_vec(), values: rows[t].clone() });
+    }
+    let mut scaled = p.clone();
+    clip_to(&mut [scaled.as_mut_slice()], 2.5, 1.0);
+    let sum = sum_squares(&[p.clone().as_mut_slice()]);
+    let (w, e) = (&opt.slots["w"], &opt.slots["embedding"]);
+    let out = [&p, &w.m, &w.v, &table, &e.m, &e.v, &scaled].map(|v| v.to_vec()).to_vec();
+    (out, sum)
+}
