@@ -81,6 +81,7 @@ for i in range(a.pairs):
         line["before"] = before[-1]
     arbor.append(x["sent_per_s"])
     line["arbor"] = x["sent_per_s"]
+    line["arbor_gflops"], line["arbor_launches_per_step"] = x.get("gflops"), x.get("launches_per_step")
     for p in chosen:
         peer_rates[p].append(run(peers[p])["sent_per_s"])
         line[p] = peer_rates[p][-1]
@@ -94,6 +95,7 @@ def median_ratio(xs, ys):
 summary = {
     "device": a.device, "model": a.model, "mode": a.mode, "workers": a.workers, "batch": a.batch, "hidden": a.hidden, "embed": a.embed, "loss": a.loss,
     "sentences": a.sentences, "pairs": a.pairs, "arbor_sent_per_s": statistics.median(arbor),
+    "arbor_launches_per_step": x.get("launches_per_step"),
 }
 for p, rates in peer_rates.items():
     summary[f"{p}_sent_per_s"] = statistics.median(rates)
