@@ -35,7 +35,7 @@
 //! # Ok::<(), arbor::Error>(())
 //! ```
 
-use crate::engine::{Engine, Gradients, Pass, Pull};
+use crate::engine::{Engine, Gradients, LinkedRows, Pass, Pull};
 use crate::{Backend, Builder, Init, InputGraph, Var, VertexFn};
 use arbor_core::error::{Error, Result};
 
@@ -77,16 +77,53 @@ impl<B: Backend> Head<B> {
     /// function gets `inputs[i]`, one block per example. Returns every pushed output (the loss
     /// among them), one block per example.
     pub fn forward(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
-        self.examples = self.count(inputs)?;
+        self.examples = self.count(&inputs.iter().map(|i| i.len()).collect::<Vec<_>>())?;
         let pulls: Vec<Pull<'_>> = inputs.iter().map(|&rows| Pull::Rows(rows)).collect();
         self.engine.run(Pass::train(&vec![&self.one; self.examples], &pulls))
     }
 
     /// [`Head::forward`] for inference: keeps nothing for a backward pass.
     pub fn infer(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
-        let examples = self.count(inputs)?;
+        let examples = self.count(&inputs.iter().map(|i| i.len()).collect::<Vec<_>>())?;
         let pulls: Vec<Pull<'_>> = inputs.iter().map(|&rows| Pull::Rows(rows)).collect();
         self.engine.run(Pass::infer(&vec![&self.one; examples], &pulls))
+    }
+
+    /// [`Head::forward`] (or, without `train`, [`Head::infer`]) whose first inputs are the rows
+    /// `linked` of `from`'s arena, one block per example (another engine on the same backend:
+    /// [`Engine::output_rows`]), and the others `rest` from the host: what it reads never
+    /// crosses to the host. Its outputs stay on the backend until [`Head::kept_outputs`] reads
+    /// them (after the backward passes are launched, say); after a [`Head::backward`],
+    /// [`Engine::input_grad_rows`] of [`Head::engine_ref`] gives the linked inputs' gradients
+    /// back the same way.
+    pub fn forward_linked(
+        &mut self,
+        from: &mut Engine<B>,
+        linked: &[LinkedRows],
+        rest: &[&[f32]],
+        train: bool,
+    ) -> Result<()> {
+        let ports = self.engine.function().inputs();
+        let sizes: Vec<usize> = linked
+            .iter()
+            .zip(ports)
+            .map(|(l, p)| l.rows.len() * p.shape.numel())
+            .chain(rest.iter().map(|r| r.len()))
+            .collect();
+        let examples = self.count(&sizes)?;
+        let pulls: Vec<Pull<'_>> = linked.iter().map(Pull::Linked).chain(rest.iter().map(|&r| Pull::Rows(r))).collect();
+        let graphs = vec![&self.one; examples];
+        let pass = if train { Pass::train(&graphs, &pulls) } else { Pass::infer(&graphs, &pulls) };
+        self.engine.run_linked(pass.kept(), from)?;
+        if train {
+            self.examples = examples;
+        }
+        self.engine.keep_outputs()
+    }
+
+    /// The outputs of the last [`Head::forward_linked`], one block per example, in one read.
+    pub fn kept_outputs(&mut self) -> Result<Vec<Vec<f32>>> {
+        self.engine.read_kept_outputs()
     }
 
     /// The gradients of `scale · Σ loss` over the examples of the last [`Head::forward`]
@@ -153,26 +190,26 @@ impl<B: Backend> Head<B> {
         Ok(head)
     }
 
-    /// The number of examples `inputs` hold: the same for every input, else an error.
-    fn count(&self, inputs: &[&[f32]]) -> Result<usize> {
+    /// The number of examples inputs of `sizes` values each hold: the same for every input,
+    /// else an error.
+    fn count(&self, sizes: &[usize]) -> Result<usize> {
         let f = self.engine.function();
         let ports = f.inputs();
-        if inputs.len() != ports.len() {
+        if sizes.len() != ports.len() {
             return Err(Error::input(
                 format!("inputs of head `{}`", f.name()),
                 ports.len().to_string(),
-                inputs.len().to_string(),
+                sizes.len().to_string(),
             ));
         }
-        let per_input: Vec<usize> =
-            inputs.iter().zip(ports).map(|(rows, p)| rows.len() / p.shape.numel().max(1)).collect();
+        let per_input: Vec<usize> = sizes.iter().zip(ports).map(|(len, p)| len / p.shape.numel().max(1)).collect();
         let n = per_input.first().copied().unwrap_or(0);
-        for ((rows, p), &count) in inputs.iter().zip(ports).zip(&per_input) {
-            if count != n || rows.len() != n * p.shape.numel() {
+        for ((&len, p), &count) in sizes.iter().zip(ports).zip(&per_input) {
+            if count != n || len != n * p.shape.numel() {
                 return Err(Error::input(
                     format!("input `{}` of head `{}`", p.name, f.name()),
                     format!("{n} blocks of {} values (one per example)", p.shape.numel()),
-                    format!("{} values", rows.len()),
+                    format!("{len} values"),
                 ));
             }
         }

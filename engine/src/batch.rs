@@ -7,6 +7,7 @@ use super::dedup::{self, Shared};
 use super::facts::{FactCache, Facts, Loads};
 use super::held::HeldRows;
 use super::launch::Uploads;
+use super::link::LinkedInput;
 use super::Pull;
 use arbor_batching::{MemoryPlan, Schedule};
 use arbor_core::backend::{IndexLoc, Loc, Rows, NO_ROW};
@@ -91,6 +92,8 @@ pub(super) struct Batch {
     pub in_scratch: Vec<SharedCopy>,
     /// The rows of the engine's table the inputs given as [`Pull::Held`] pull, if any.
     pub held: Option<HeldRows>,
+    /// The inputs given as [`Pull::Linked`].
+    pub linked: Vec<LinkedInput>,
 }
 
 /// An error unless `got` ports' worth of data came for `want` ports of `f`.
@@ -186,6 +189,7 @@ impl Batch {
         b.pull_zero_rows = b.place_pulls(f, pulls, held_rows, up)?;
         b.share_pulls(a, pulls, up);
         b.held = HeldRows::of(&mut b, a, pulls);
+        b.linked = b.link_pulls(pulls);
         b.index_contents(f, &mut up.index);
         b.loads = (0..b.schedule.tasks.len()).map(|t| b.zero_loads(f, t)).collect();
         b.fwd_facts = b.loads.iter().map(|l| facts.forward(f, l, train, skip_padding_grads)).collect();
@@ -248,6 +252,17 @@ impl Batch {
                     check_ids(port, rows, ids, padding, n)?;
                     self.schedule.vertex_of_row.iter().map(|&v| Some(ids[v as usize]) == padding).collect()
                 }
+                Pull::Linked(from) => {
+                    if from.rows.len() != n {
+                        return Err(Error::input(
+                            format!("linked rows of input `{}`", port.name),
+                            format!("{n} (one per vertex)"),
+                            from.rows.len().to_string(),
+                        ));
+                    }
+                    // Unknown on the host; zeros only where the region is.
+                    vec![from.at.is_none(); n]
+                }
             });
         }
         Ok(zero)
@@ -273,7 +288,7 @@ impl Batch {
                         let row = |r: usize| &rows[order[r] as usize * block..(order[r] as usize + 1) * block];
                         dedup::find(n, block, &self.pull_zero_rows[i], row)
                     }
-                    Pull::Rows(_) => None,
+                    Pull::Rows(_) | Pull::Linked(_) => None,
                 }
             })
             .collect();
@@ -324,6 +339,9 @@ impl Batch {
         }
         if let Some(h) = &self.held {
             h.index_contents(out);
+        }
+        for l in &self.linked {
+            out.extend_from_slice(&l.rows);
         }
     }
 }

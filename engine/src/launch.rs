@@ -166,8 +166,10 @@ pub struct Uploads {
     pub index: Vec<u32>,
     /// Values for the [`STAGED`] buffer, and the rows they go to ([`STAGED_ROWS`]).
     pub staged: Vec<f32>,
-    /// See [`Uploads::staged`].
+    /// See [`Uploads::staged`]; the rows linked gradients are copied from follow.
     pub staged_rows: Vec<u32>,
+    /// Values of [`STAGED`] in use, the host's and the linked rows copied there after them.
+    pub staged_len: usize,
 }
 
 impl Uploads {
@@ -178,6 +180,7 @@ impl Uploads {
         self.index.clear();
         self.staged.clear();
         self.staged_rows.clear();
+        self.staged_len = 0;
     }
 
     /// Adds a write to the arena at `at` whose values `fill` appends to the vector it is given.

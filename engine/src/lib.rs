@@ -19,6 +19,7 @@ mod facts;
 mod fnv;
 mod held;
 mod launch;
+mod link;
 mod lower;
 mod optimize;
 mod products;
@@ -27,6 +28,7 @@ mod sums;
 pub use analysis::{PlanKind, StepRef};
 pub use held::{TABLE, TABLE_GRAD, TABLE_M, TABLE_ROWS, TABLE_V};
 pub use launch::{Counts, Launch, Uploads, ARENA, GRADS, PARAMS, STAGED, STAGED_ROWS};
+pub use link::{Given, LinkedRows, LINKED, OUTPUTS};
 pub use lower::Lowering;
 pub use optimize::{ParamState, STATE_M, STATE_V};
 
@@ -67,6 +69,11 @@ pub enum Pull<'a> {
         /// The id that stands for no row.
         padding: Option<u32>,
     },
+    /// Vertex `i` pulls row `rows[i]` of a region of another engine's arena on the same
+    /// backend ([`Engine::output_rows`]), copied there when [`Engine::run_linked`] runs the pass:
+    /// nothing crosses to the host. The backward pass leaves the input's gradient in the engine
+    /// ([`Engine::input_grad_rows`]; its entry of [`Gradients::pulls`] is empty).
+    Linked(&'a LinkedRows),
 }
 
 /// A gradient that touches only some rows of a table.
@@ -178,24 +185,26 @@ pub struct Pass<'a> {
     pulls: &'a [Pull<'a>],
     train: bool,
     rows: Option<&'a [usize]>,
+    /// Whether [`Engine::run`] reads the outputs back ([`Pass::kept`]: no).
+    read: bool,
 }
 
 impl<'a> Pass<'a> {
     /// A training pass over `graphs`: it keeps what [`Engine::backward`] needs.
     pub fn train(graphs: &'a [&'a InputGraph], pulls: &'a [Pull<'a>]) -> Pass<'a> {
-        Pass { graphs: Graphs::Now(graphs), pulls, train: true, rows: None }
+        Pass { graphs: Graphs::Now(graphs), pulls, train: true, rows: None, read: true }
     }
 
     /// An inference pass over `graphs`: it keeps nothing for a backward pass, so it needs less
     /// memory.
     pub fn infer(graphs: &'a [&'a InputGraph], pulls: &'a [Pull<'a>]) -> Pass<'a> {
-        Pass { graphs: Graphs::Now(graphs), pulls, train: false, rows: None }
+        Pass { graphs: Graphs::Now(graphs), pulls, train: false, rows: None, read: true }
     }
 
     /// A training pass over a minibatch the engine's [`Planner`] has already checked and
     /// scheduled (on another thread, while the pass before ran).
     pub fn planned(planned: Planned<'a>, pulls: &'a [Pull<'a>]) -> Pass<'a> {
-        Pass { graphs: Graphs::Planned(planned), pulls, train: true, rows: None }
+        Pass { graphs: Graphs::Planned(planned), pulls, train: true, rows: None, read: true }
     }
 
     /// Returns only the vertices `rows` (merged-vertex indices, e.g. the roots a loss reads) of
@@ -203,6 +212,12 @@ impl<'a> Pass<'a> {
     /// device; after a training pass, [`Engine::backward`] takes gradients at those rows only.
     pub fn rows(self, rows: &'a [usize]) -> Pass<'a> {
         Pass { rows: Some(rows), ..self }
+    }
+
+    /// Leaves the pushed outputs on the backend ([`Engine::run`] returns no rows), for another
+    /// engine to pull ([`Engine::output_rows`], [`Pull::Linked`]).
+    pub fn kept(self) -> Pass<'a> {
+        Pass { read: false, ..self }
     }
 }
 
@@ -292,6 +307,11 @@ pub struct Engine<B: Backend> {
     /// The rows of a gradient of the held table given from the host, until the next backward
     /// pass (see [`Engine::set_table_grad`]).
     given_table_rows: Option<Vec<u32>>,
+    /// Per pulled input, whether backward passes leave its gradient unread
+    /// ([`Engine::skip_input_grads`]).
+    unread_inputs: Vec<bool>,
+    /// The row of each vertex of the outputs [`Engine::keep_outputs`] set aside.
+    kept_order: Vec<u32>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -320,6 +340,8 @@ impl<B: Backend> Engine<B> {
             updated: Vec::new(),
             table_width: 0,
             given_table_rows: None,
+            unread_inputs: Vec::new(),
+            kept_order: Vec::new(),
         };
         e.set_params(params)?;
         Ok(e)
@@ -466,9 +488,10 @@ impl<B: Backend> Engine<B> {
     /// Runs F over every vertex of a minibatch as `pass` says (see [`Pass`]): in training,
     /// keeping what [`Engine::backward`] needs. `pulls[i]` gives input `i` for every vertex,
     /// graph by graph, vertex by vertex. Returns each pushed output the same way (or only the
-    /// vertices [`Pass::rows`] names).
+    /// vertices [`Pass::rows`] names; empty after [`Pass::kept`]).
     pub fn run(&mut self, pass: Pass<'_>) -> Result<Vec<Vec<f32>>> {
-        let Pass { graphs, pulls, train, rows } = pass;
+        let Pass { graphs, pulls, train, rows, read } = pass;
+        self.check_linked(pulls)?;
         let (schedule, sizes) = match graphs {
             Graphs::Now(graphs) => {
                 check_graphs(self.function(), graphs)?;
@@ -486,6 +509,9 @@ impl<B: Backend> Engine<B> {
         }
         self.rows = rows.map(<[usize]>::to_vec);
         self.execute()?;
+        if !read {
+            return Ok(vec![Vec::new(); self.function().outputs().len()]);
+        }
         self.download_outputs(rows)
     }
 
@@ -506,11 +532,13 @@ impl<B: Backend> Engine<B> {
             }
             backend.write_index(&mut self.index[0], 0, &up.index)?;
         }
-        if !up.staged.is_empty() {
-            if backend.len(&self.bufs[STAGED]) < up.staged.len() {
-                self.bufs[STAGED] = backend.alloc(up.staged.len().next_power_of_two())?;
+        if up.staged_room() > 0 {
+            if backend.len(&self.bufs[STAGED]) < up.staged_room() {
+                self.bufs[STAGED] = backend.alloc(up.staged_room().next_power_of_two())?;
             }
-            backend.write(&mut self.bufs[STAGED], 0, &up.staged)?;
+            if !up.staged.is_empty() {
+                backend.write(&mut self.bufs[STAGED], 0, &up.staged)?;
+            }
             if backend.index_len(&self.index[STAGED_ROWS]) < up.staged_rows.len() {
                 self.index[STAGED_ROWS] = backend.alloc_index(up.staged_rows.len().next_power_of_two())?;
             }
@@ -555,15 +583,23 @@ impl<B: Backend> Engine<B> {
     /// [`Engine::backward`], leaving the parameters' gradients in the engine (`params` comes
     /// back empty) for [`Engine::optimize`]; [`Engine::param_grads`] reads them.
     pub fn backward_kept(&mut self, push_grads: &[&[f32]]) -> Result<Gradients> {
+        let given: Vec<Given<'_>> = push_grads.iter().map(|g| Given::Rows(g)).collect();
         let rows = self.rows.take();
-        let grads = self.run_backward(rows.as_deref(), push_grads);
+        let grads = self.run_backward(rows.as_deref(), &given);
         self.rows = rows;
         grads
     }
 
-    fn run_backward(&mut self, rows: Option<&[usize]>, push_grads: &[&[f32]]) -> Result<Gradients> {
+    /// Which pulled inputs' gradients backward passes leave unread (their entries of
+    /// [`Gradients::pulls`] empty): a head's targets, say, whose gradient nobody uses.
+    pub fn skip_input_grads(&mut self, inputs: &[usize]) {
+        let n = self.function().all_inputs().len();
+        self.unread_inputs = (0..n).map(|i| inputs.contains(&i)).collect();
+    }
+
+    fn run_backward(&mut self, rows: Option<&[usize]>, push_grads: &[Given<'_>]) -> Result<Gradients> {
         self.given_table_rows = None;
-        self.lowering.backward(rows, push_grads)?;
+        self.lowering.backward_given(rows, push_grads)?;
         self.execute()?;
         let f = Arc::clone(self.lowering.function_arc());
         let n = self.schedule().len();
@@ -572,8 +608,12 @@ impl<B: Backend> Engine<B> {
         let mut tables = Vec::with_capacity(f.inputs().len());
         for (i, port) in f.inputs().iter().enumerate() {
             let block = port.shape.numel();
-            if self.lowering.b.held.as_ref().is_some_and(|h| h.holds(i)) {
-                // The held table's gradient stays in the engine.
+            let linked = self.lowering.b.linked.iter().any(|l| l.input == i);
+            if linked
+                || self.unread_inputs.get(i) == Some(&true)
+                || self.lowering.b.held.as_ref().is_some_and(|h| h.holds(i))
+            {
+                // The held table's and a linked input's gradients stay in the engine.
                 tables.push(None);
                 pulls.push(Vec::new());
                 continue;

@@ -7,6 +7,7 @@ use super::batch::{self, Batch, SharedCopy};
 use super::facts::{self, Cut, FactCache, Facts, Loads};
 use super::fnv::FnvMap;
 use super::launch::{Launch, Uploads, ARENA, PARAMS, STAGED, STAGED_ROWS};
+use super::link::Given;
 use super::products::Waves;
 use super::{check_graphs, check_vertices, internal, lock, Planned, Planner, Pull};
 use arbor_batching::{Policy, Region, Schedule, Scheduler};
@@ -163,6 +164,7 @@ impl Lowering {
         let setup = (skip, self.held_rows);
         self.b = Batch::new(&self.a, &mut self.facts, setup, schedule, pulls, train, &mut self.uploads)?;
         self.copy_held_rows();
+        self.copy_linked_rows();
         for i in 0..self.b.shared.len() {
             if self.a.rows_read[i] {
                 self.gather_lookup(i);
@@ -183,6 +185,13 @@ impl Lowering {
     /// each pushed output's gradient (all vertices, or only `rows`, as
     /// [`Engine::backward`](super::Engine::backward) takes them after a pass of [`Pass::rows`](super::Pass::rows)).
     pub fn backward(&mut self, rows: Option<&[usize]>, push_grads: &[&[f32]]) -> Result<&[Launch]> {
+        let given: Vec<Given<'_>> = push_grads.iter().map(|g| Given::Rows(g)).collect();
+        self.backward_given(rows, &given)
+    }
+
+    /// [`Lowering::backward`], each pushed output's gradient given from the host or as rows of
+    /// a linked engine's arena (only with `rows`).
+    pub fn backward_given(&mut self, rows: Option<&[usize]>, push_grads: &[Given<'_>]) -> Result<&[Launch]> {
         if !self.b.trained {
             return Err(Error::input(
                 "Engine::backward",
@@ -235,16 +244,24 @@ impl Lowering {
 
     /// Checks each pushed output's gradient and adds it to the uploads (the vertices not in
     /// `rows`, when given, zeros). Returns, per output, which rows (in row order) are all zeros.
-    fn upload_push_grads(&mut self, rows: Option<&[usize]>, data: &[&[f32]]) -> Result<Vec<Vec<bool>>> {
+    fn upload_push_grads(&mut self, rows: Option<&[usize]>, data: &[Given<'_>]) -> Result<Vec<Vec<bool>>> {
         let what = "gradient of output";
-        let (f, b, up) = (&*self.a.f, &self.b, &mut self.uploads);
-        batch::check_count(f, what, f.outputs().len(), data.len())?;
-        let n = b.schedule.len();
-        let mut zero = Vec::with_capacity(data.len());
+        let f = Arc::clone(&self.a.f);
+        batch::check_count(&f, what, f.outputs().len(), data.len())?;
+        let n = self.b.schedule.len();
         let Some(rows) = rows else {
-            for ((values, port), region) in data.iter().zip(f.outputs()).zip(&b.memory.push_grads) {
+            let mut zero = Vec::with_capacity(data.len());
+            for ((given, port), region) in data.iter().zip(f.outputs()).zip(&self.b.memory.push_grads) {
+                let Given::Rows(values) = *given else {
+                    return Err(Error::input(
+                        format!("{what} `{}`", port.name),
+                        "rows from the host (linked rows need a pass of Pass::rows)",
+                        "linked rows",
+                    ));
+                };
                 batch::check_rows(what, port, n, values.len())?;
-                zero.push(batch::upload_rows(up, &b.schedule.vertex_of_row, region.offset, values, port.shape.numel()));
+                let order = &self.b.schedule.vertex_of_row;
+                zero.push(batch::upload_rows(&mut self.uploads, order, region.offset, values, port.shape.numel()));
             }
             return Ok(zero);
         };
@@ -257,32 +274,52 @@ impl Lowering {
                 format!("vertex {twice} twice"),
             ));
         }
-        for ((values, port), region) in data.iter().zip(f.outputs()).zip(&b.memory.push_grads) {
+        // Only the given rows are sent (or copied from the linked engine, after the host's); on
+        // the backend the region is zeroed and they are scattered to their vertices' rows.
+        let row_of_vertex = &self.b.schedule.row_of_vertex;
+        self.uploads.staged_rows.extend(rows.iter().map(|&v| row_of_vertex[v]));
+        let mut zero = vec![Vec::new(); data.len()];
+        let host_first = (0..data.len()).filter(|&o| matches!(data[o], Given::Rows(_)));
+        for o in host_first.chain((0..data.len()).filter(|&o| matches!(data[o], Given::Linked(_)))) {
+            let (port, region) = (&f.outputs()[o], self.b.memory.push_grads[o]);
             let block = port.shape.numel();
-            if values.len() != rows.len() * block {
-                return Err(Error::input(
-                    format!("{what} `{}`", port.name),
-                    format!("{} values ({} rows × {block})", rows.len() * block, rows.len()),
-                    format!("{}", values.len()),
-                ));
-            }
-            // Only the given rows are sent; on the backend the region is zeroed and they are
-            // scattered to their vertices' rows.
+            let wrong = |expected: String, got: String| Error::input(format!("{what} `{}`", port.name), expected, got);
             let mut z = vec![true; n];
-            for (&v, row) in rows.iter().zip(values.chunks_exact(block.max(1))) {
-                z[b.schedule.row_of_vertex[v] as usize] = row.iter().all(|&x| x == 0.0);
+            let src = Loc { buf: STAGED, offset: self.uploads.staged_room() };
+            match data[o] {
+                Given::Rows(values) => {
+                    if values.len() != rows.len() * block {
+                        let expected = format!("{} values ({} rows × {block})", rows.len() * block, rows.len());
+                        return Err(wrong(expected, values.len().to_string()));
+                    }
+                    for (&v, row) in rows.iter().zip(values.chunks_exact(block.max(1))) {
+                        z[self.b.schedule.row_of_vertex[v] as usize] = row.iter().all(|&x| x == 0.0);
+                    }
+                    self.uploads.staged.extend_from_slice(values);
+                }
+                Given::Linked(pieces) => {
+                    let count: usize = pieces.iter().map(|p| p.rows.len()).sum();
+                    if count != rows.len() {
+                        return Err(wrong(format!("{} linked rows (one per vertex)", rows.len()), count.to_string()));
+                    }
+                    let mut v = rows.iter();
+                    for p in pieces {
+                        for &v in v.by_ref().take(p.rows.len()) {
+                            z[self.b.schedule.row_of_vertex[v] as usize] = p.at.is_none();
+                        }
+                    }
+                    self.stage_linked(pieces, block, src.offset);
+                    self.uploads.staged_len = src.offset + rows.len() * block;
+                }
             }
-            let src = Loc { buf: STAGED, offset: up.staged.len() };
-            up.staged.extend_from_slice(values);
             let dst = Rows::Indexed {
                 data: Loc { buf: ARENA, offset: region.offset },
                 index: IndexLoc { buf: STAGED_ROWS, offset: 0 },
             };
             self.launches.push(Launch::Fill { dst: Loc { buf: ARENA, offset: region.offset }, len: n * block });
             self.launches.push(Launch::ScatterAdd { src, block, n: rows.len(), dst });
-            zero.push(z);
+            zero[o] = z;
         }
-        up.staged_rows.extend(rows.iter().map(|&v| b.schedule.row_of_vertex[v]));
         Ok(zero)
     }
 

@@ -12,12 +12,12 @@
 
 use crate::dist::data_parallel::{shard, Pending};
 use crate::dist::Collective;
-use crate::engine::{Engine, Pass, Planned, Planner, Pull, SparseGrad};
+use crate::engine::{Engine, Planned, Planner, SparseGrad};
 use crate::head::Head;
 use crate::layers::Embedding;
 use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::Optimizer;
-use crate::readout::{Pooled, Readout};
+use crate::readout::Readout;
 use crate::trainer::{Scores, StepStats};
 use crate::DropoutKey;
 use crate::{Backend, InputGraph, VertexFn};
@@ -27,6 +27,7 @@ use std::ops::Range;
 
 mod layout;
 mod learner;
+mod passes;
 mod spec;
 mod tensors;
 mod update;
@@ -266,27 +267,6 @@ fn check_above(below: &VertexFn, above: &VertexFn) -> Result<()> {
     Ok(())
 }
 
-/// One engine's pass: training (scheduled ahead if `planned` is given) or inference, returning
-/// only `rows`' outputs if given.
-fn run_pass<B: Backend>(
-    engine: &mut Engine<B>,
-    graphs: &[&InputGraph],
-    pulls: &[Pull<'_>],
-    rows: Option<&[usize]>,
-    train: bool,
-    planned: Option<Planned<'_>>,
-) -> Result<Vec<Vec<f32>>> {
-    let pass = match (train, planned) {
-        (true, Some(p)) => Pass::planned(p, pulls),
-        (true, None) => Pass::train(graphs, pulls),
-        (false, _) => Pass::infer(graphs, pulls),
-    };
-    engine.run(match rows {
-        Some(rows) => pass.rows(rows),
-        None => pass,
-    })
-}
-
 impl<B: Backend> Model<B> {
     /// The word vectors' settings (vocabulary, width, padding, word dropout); their values live
     /// in the bottom engine, on its device ([`Model::word_vectors`]), and the table here is empty.
@@ -449,6 +429,10 @@ impl<B: Backend> Model<B> {
 
     /// The head's pushed outputs over `batch`, one block per example (inference).
     pub fn infer(&mut self, batch: &[Example<'_>]) -> Result<Vec<Vec<f32>>> {
+        if self.readout == Readout::Root {
+            self.forward_linked(batch, Purpose::Infer)?;
+            return self.head.kept_outputs();
+        }
         let (_, inputs, _) = self.read_out(batch, Purpose::Infer)?;
         self.head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())
     }
@@ -488,37 +472,6 @@ impl<B: Backend> Model<B> {
     pub fn score<E: AsExample>(&mut self, data: &[E]) -> Result<Scores> {
         let outputs = self.infer_all(data)?;
         E::score(&outputs, data)
-    }
-
-    /// Runs the cells over `batch` (keeping what a backward pass needs unless `pass` is
-    /// inference); returns the layout, the head's inputs (per graph slot, the read-out rows of
-    /// every example, then the targets) and, for a pooling readout, the pooling.
-    fn read_out<'a>(
-        &mut self,
-        batch: &[Example<'a>],
-        pass: Purpose<'_>,
-    ) -> Result<(Layout<'a>, Vec<Vec<f32>>, Option<Pooled>)> {
-        let layout = self.layout(batch)?;
-        let rows = (self.readout == Readout::Root).then_some(layout.roots.as_slice());
-        let (train, mut planned) = match pass {
-            Purpose::Train(planned) => (true, planned),
-            Purpose::Infer => (false, None),
-        };
-        let dropped =
-            train.then(|| with_words_dropped(&self.embedding, self.cells[0].dropout_key(), &layout)).flatten();
-        let pulls = pulls(&self.embedding, &self.feeds, dropped.as_ref().unwrap_or(&layout), true);
-        let top = self.cells.len() - 1;
-        let mut below = Vec::new();
-        for (k, engine) in self.cells.iter_mut().enumerate() {
-            let input = [Pull::Rows(&below)];
-            let pulls = if k == 0 { pulls.as_slice() } else { &input };
-            let mut out = run_pass(engine, &layout.graphs, pulls, rows.filter(|_| k == top), train, planned.take())?;
-            below = if out.is_empty() { Vec::new() } else { out.swap_remove(0) };
-        }
-        let width = width_out(self.top().function());
-        let (read, pooled) = read_rows(below, &layout, self.readout, width, rows.is_some());
-        let targets = batch.iter().flat_map(|e| e.target.iter().copied()).collect();
-        Ok((layout, head_inputs(read, self.graphs_per_example(), width, targets), pooled))
     }
 
     /// One training step on `batch`: the gradients of the mean loss over its examples, of every
@@ -564,8 +517,18 @@ impl<B: Backend> Model<B> {
         head_done: &mut HeadDone<'_>,
         keep: bool,
     ) -> Result<ModelGrads> {
-        let (layout, inputs, pooled) = self.read_out(batch, Purpose::Train(planned))?;
-        let outputs = self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        let (k, width) = (self.graphs_per_example(), width_out(self.top().function()));
+        // Nothing reads the targets' gradient.
+        self.head.engine().skip_input_grads(&[k]);
+        // With a root readout, the head's outputs are read once the backward passes are
+        // launched (kept, alone) or before the cells' (to send them meanwhile).
+        let linked = self.readout == Readout::Root;
+        let (layout, mut outputs, pooled) = if linked {
+            (self.forward_linked(batch, Purpose::Train(planned))?, Vec::new(), None)
+        } else {
+            let (layout, inputs, pooled) = self.read_out(batch, Purpose::Train(planned))?;
+            (layout, self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?, pooled)
+        };
         // Under a loss scale every gradient is formed scaled and divided by the scale once final.
         let scale = self.loss_scale.map_or(1.0, |s| s.scale());
         let head_scale = scale / denom.max(1) as f32;
@@ -576,23 +539,29 @@ impl<B: Backend> Model<B> {
                 self.head.engine().scale_grads(1.0 / scale)?;
             }
         }
-        head_done(&outputs, &hg.params)?;
+        if linked && !keep {
+            outputs = self.head.kept_outputs()?;
+        }
+        if !(linked && keep) {
+            head_done(&outputs, &hg.params)?;
+        }
         let backward = |e: &mut Engine<B>, g: &[&[f32]]| if keep { e.backward_kept(g) } else { e.backward(g) };
-        let (k, width) = (self.graphs_per_example(), width_out(self.top().function()));
         let top = self.cells.len() - 1;
         let mut g = match self.readout {
+            Readout::Root => {
+                let mut g = self.backward_linked(batch.len())?;
+                if !keep {
+                    g.params = self.cells[top].param_grads()?;
+                }
+                g
+            }
             // One graph per example, every vertex's row read in order: the head's input
             // gradient is the cells' output gradient as it is.
             Readout::Vertices => backward(&mut self.cells[top], &[&hg.pulls[0]])?,
             readout => {
                 let dh = read_grad(&hg.pulls, k, width, layout.roots.len());
-                match readout {
-                    Readout::Root => backward(&mut self.cells[top], &[&dh])?,
-                    _ => {
-                        let all = unread(dh, &layout, readout, width, pooled.as_ref());
-                        backward(&mut self.cells[top], &[&all])?
-                    }
-                }
+                let all = unread(dh, &layout, readout, width, pooled.as_ref());
+                backward(&mut self.cells[top], &[&all])?
             }
         };
         let mut cells = vec![Vec::new(); self.cells.len()];
@@ -602,6 +571,10 @@ impl<B: Backend> Model<B> {
             g = backward(&mut self.cells[k], &[&below])?;
         }
         cells[0] = g.params;
+        if linked && keep {
+            outputs = self.head.kept_outputs()?;
+            head_done(&outputs, &hg.params)?;
+        }
         // The word vectors' gradient (every feed's, summed) stays in the bottom engine if kept.
         let words = if keep { SparseGrad::default() } else { self.cells[0].held_table_grad()? };
         let mut grads = ModelGrads { outputs, cells, head: hg.params, words, kept: keep };

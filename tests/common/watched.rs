@@ -14,6 +14,10 @@ pub trait Watch: Sized {
     fn replica(&self) -> Self;
     /// A copy to the device (`up`) or back, of `bytes`.
     fn copy(&self, _up: bool, _bytes: usize) {}
+    /// A copy of indices (u32) to the device, of `bytes`.
+    fn index(&self, bytes: usize) {
+        self.copy(true, bytes);
+    }
     /// A compute call (a launch on a GPU).
     fn call(&self) {}
     /// A fused kernel and its loads, before it runs.
@@ -69,7 +73,7 @@ impl<W: Watch> Backend for Watched<W> {
         self.cpu.write(buf, offset, src)
     }
     fn write_index(&self, buf: &mut Vec<u32>, offset: usize, src: &[u32]) -> arbor::Result<()> {
-        self.watch.copy(true, 4 * src.len());
+        self.watch.index(4 * src.len());
         self.cpu.write_index(buf, offset, src)
     }
     fn read(&self, buf: &HostBuffer, offset: usize, dst: &mut [f32]) -> arbor::Result<()> {
@@ -90,7 +94,7 @@ impl<W: Watch> Backend for Watched<W> {
         if (hi - lo) as usize <= 2 * rows.len() {
             self.watch.copy(false, 4 * block * (hi - lo) as usize);
         } else {
-            self.watch.copy(true, 4 * rows.len());
+            self.watch.index(4 * rows.len());
             self.watch.copy(false, 4 * block * rows.len());
         }
         self.cpu.read_rows(buf, offset, block, rows, dst)
