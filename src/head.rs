@@ -92,17 +92,17 @@ impl<B: Backend> Head<B> {
     /// [`Head::forward`] (or, without `train`, [`Head::infer`]) whose first inputs are the rows
     /// `linked` of `from`'s arena, one block per example (another engine on the same backend:
     /// [`Engine::output_rows`]), and the others `rest` from the host: what it reads never
-    /// crosses to the host. Its outputs stay on the backend until [`Head::kept_outputs`] reads
-    /// them (after the backward passes are launched, say); after a [`Head::backward`],
-    /// [`Engine::input_grad_rows`] of [`Head::engine_ref`] gives the linked inputs' gradients
-    /// back the same way.
+    /// crosses to the host. Returns the outputs of inference; a training pass's stay on the
+    /// backend until [`Head::kept_outputs`] reads them (after the backward passes are launched,
+    /// say), and after a [`Head::backward`], [`Engine::input_grad_rows`] of [`Head::engine_ref`]
+    /// gives the linked inputs' gradients back the same way.
     pub fn forward_linked(
         &mut self,
         from: &mut Engine<B>,
         linked: &[LinkedRows],
         rest: &[&[f32]],
         train: bool,
-    ) -> Result<()> {
+    ) -> Result<Vec<Vec<f32>>> {
         let ports = self.engine.function().inputs();
         let sizes: Vec<usize> = linked
             .iter()
@@ -113,15 +113,17 @@ impl<B: Backend> Head<B> {
         let examples = self.count(&sizes)?;
         let pulls: Vec<Pull<'_>> = linked.iter().map(Pull::Linked).chain(rest.iter().map(|&r| Pull::Rows(r))).collect();
         let graphs = vec![&self.one; examples];
-        let pass = if train { Pass::train(&graphs, &pulls) } else { Pass::infer(&graphs, &pulls) };
-        self.engine.run_linked(pass.kept(), from)?;
-        if train {
-            self.examples = examples;
+        if !train {
+            return self.engine.run_linked(Pass::infer(&graphs, &pulls), from);
         }
-        self.engine.keep_outputs()
+        self.engine.run_linked(Pass::train(&graphs, &pulls).kept(), from)?;
+        self.examples = examples;
+        self.engine.keep_outputs()?;
+        Ok(Vec::new())
     }
 
-    /// The outputs of the last [`Head::forward_linked`], one block per example, in one read.
+    /// The outputs of the last training [`Head::forward_linked`], one block per example, in one
+    /// read.
     pub fn kept_outputs(&mut self) -> Result<Vec<Vec<f32>>> {
         self.engine.read_kept_outputs()
     }

@@ -430,8 +430,7 @@ impl<B: Backend> Model<B> {
     /// The head's pushed outputs over `batch`, one block per example (inference).
     pub fn infer(&mut self, batch: &[Example<'_>]) -> Result<Vec<Vec<f32>>> {
         if self.readout == Readout::Root {
-            self.forward_linked(batch, Purpose::Infer)?;
-            return self.head.kept_outputs();
+            return Ok(self.forward_linked(batch, Purpose::Infer)?.1);
         }
         let (_, inputs, _) = self.read_out(batch, Purpose::Infer)?;
         self.head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())
@@ -524,7 +523,7 @@ impl<B: Backend> Model<B> {
         // launched (kept, alone) or before the cells' (to send them meanwhile).
         let linked = self.readout == Readout::Root;
         let (layout, mut outputs, pooled) = if linked {
-            (self.forward_linked(batch, Purpose::Train(planned))?, Vec::new(), None)
+            (self.forward_linked(batch, Purpose::Train(planned))?.0, Vec::new(), None)
         } else {
             let (layout, inputs, pooled) = self.read_out(batch, Purpose::Train(planned))?;
             (layout, self.head.forward(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?, pooled)

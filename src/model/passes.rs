@@ -87,8 +87,13 @@ impl<B: Backend> Model<B> {
 
     /// With a root readout: runs the cells and the head over `batch`, the roots' rows passed
     /// from the top layer to the head on the backend (and, after [`Model::backward_linked`],
-    /// their gradients back); the head's outputs wait on the backend ([`Head::kept_outputs`]).
-    pub(super) fn forward_linked<'a>(&mut self, batch: &[Example<'a>], pass: Purpose<'_>) -> Result<Layout<'a>> {
+    /// their gradients back); returns the layout and the head's outputs in inference (in
+    /// training they wait on the backend: [`Head::kept_outputs`]).
+    pub(super) fn forward_linked<'a>(
+        &mut self,
+        batch: &[Example<'a>],
+        pass: Purpose<'_>,
+    ) -> Result<(Layout<'a>, Vec<Vec<f32>>)> {
         let layout = self.layout(batch)?;
         let train = matches!(pass, Purpose::Train(_));
         let order = slot_order(&layout.roots, self.graphs_per_example(), batch.len());
@@ -99,8 +104,8 @@ impl<B: Backend> Model<B> {
             .map(|s| self.cells[top].output_rows(0, &order[s * n..(s + 1) * n]))
             .collect::<Result<Vec<_>>>()?;
         let targets: Vec<f32> = batch.iter().flat_map(|e| e.target.iter().copied()).collect();
-        self.head.forward_linked(&mut self.cells[top], &linked, &[&targets], train)?;
-        Ok(layout)
+        let outputs = self.head.forward_linked(&mut self.cells[top], &linked, &[&targets], train)?;
+        Ok((layout, outputs))
     }
 
     /// The top layer's backward pass after [`Model::forward_linked`] and the head's backward
