@@ -64,6 +64,9 @@ struct Compiled {
 /// A fused kernel as compiled: its signature and its loads' bindings.
 type KernelId = (String, Vec<Binding>);
 
+/// A fused kernel's address and its loads' bindings, with the kernel as it was then.
+type NearKernels = HashMap<(usize, Vec<Binding>), (Kernel, Arc<Compiled>)>;
+
 /// One CUDA device.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -77,7 +80,7 @@ pub struct CudaBackend {
     fused: RefCell<HashMap<KernelId, Arc<Compiled>>>,
     /// The same kernels by the kernel's address and bindings, with the kernel as it was (a hit
     /// needs it unchanged): a launch finds its kernel without forming the signature.
-    by_address: RefCell<HashMap<(usize, Vec<Binding>), (Kernel, Arc<Compiled>)>>,
+    by_address: RefCell<NearKernels>,
     helpers: HashMap<&'static str, CudaFunction>,
     allocations: Cell<usize>,
     precision: Cell<Precision>,
