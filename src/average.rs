@@ -16,8 +16,7 @@
 
 use crate::checkpoint::{Checkpoint, Named};
 use arbor_core::error::{Error, Result};
-use arbor_ops::cpu::host::{for_each_on_team, vectorised};
-use arbor_ops::cpu::optim::PIECE;
+use arbor_ops::cpu::optim::average_on_team;
 
 /// The name prefix of the averaged tensors in a checkpoint (`avg.embedding`, `avg.cell.W`, …).
 const PREFIX: &str = "avg.";
@@ -28,8 +27,10 @@ pub struct Average {
     /// How much of the average a step keeps (0.999: about the last thousand steps).
     decay: f32,
     /// The averages as a checkpoint of the model's own tensors (to restore a model from); no
-    /// tensors before the first update.
+    /// tensors before the first update, nor while the model keeps them.
     model: Checkpoint,
+    /// Whether the model keeps the averages beside its tensors (`Learned::average_in_place`).
+    kept: bool,
 }
 
 impl Average {
@@ -38,7 +39,7 @@ impl Average {
         if !(0.0..1.0).contains(&decay) {
             return Err(Error::input("a weight average's decay", "a value in [0, 1)", decay.to_string()));
         }
-        Ok(Average { decay, model: Checkpoint { tensors: Vec::new(), meta: serde_json::Value::Null } })
+        Ok(Average { decay, model: Checkpoint { tensors: Vec::new(), meta: serde_json::Value::Null }, kept: false })
     }
 
     /// The decay it was made with.
@@ -46,7 +47,8 @@ impl Average {
         self.decay
     }
 
-    /// The averaged tensors (empty before the first update).
+    /// The averaged tensors kept here (empty before the first update, and while the model keeps
+    /// them: `Run::average_tensors` reads them wherever they are).
     pub fn tensors(&self) -> &[Named] {
         &self.model.tensors
     }
@@ -56,6 +58,7 @@ impl Average {
     /// (and their random start) do not linger in the average. An error names a tensor whose size
     /// changed, and changes nothing.
     pub fn update<T: AsRef<[f32]>>(&mut self, step: u64, current: &[(String, Vec<usize>, T)]) -> Result<()> {
+        let keep = self.keep_at(step);
         let averages = &mut self.model.tensors;
         if averages.is_empty() {
             *averages = current.iter().map(|(n, s, v)| (n.clone(), s.clone(), v.as_ref().to_vec())).collect();
@@ -68,24 +71,35 @@ impl Average {
             let now = current.iter().map(|(n, s, _)| format!("{n} {s:?}")).collect::<Vec<_>>().join(", ");
             return Err(Error::input("a weight average's tensors", was, now));
         }
-        let t = step as f32;
-        let keep = self.decay.min((1.0 + t) / (10.0 + t));
         // In pieces shared out between the CPU team's threads, as the optimizer's updates are.
-        let pieces = averages
-            .iter_mut()
-            .zip(current)
-            .flat_map(|((_, _, avg), (_, _, now))| avg.chunks_mut(PIECE).zip(now.as_ref().chunks(PIECE)));
-        for_each_on_team(pieces.collect(), |(avg, now)| {
-            vectorised(
-                #[inline(always)]
-                || {
-                    for (a, &x) in avg.iter_mut().zip(now) {
-                        *a += (1.0 - keep) * (x - *a);
-                    }
-                },
-            )
-        });
+        for ((_, _, avg), (_, _, now)) in averages.iter_mut().zip(current) {
+            average_on_team(avg, now.as_ref(), keep);
+        }
         Ok(())
+    }
+
+    /// How much of the average the update after step `step` keeps: `min(decay, (1 + t) / (10 +
+    /// t))`.
+    pub fn keep_at(&self, step: u64) -> f32 {
+        let t = step as f32;
+        self.decay.min((1.0 + t) / (10.0 + t))
+    }
+
+    /// Notes that the model keeps the averages beside its tensors from now on (it updated them
+    /// in place): the ones here are dropped.
+    pub fn kept_by_model(&mut self) {
+        self.kept = true;
+        self.model.tensors.clear();
+    }
+
+    /// Whether the model keeps the averages ([`Average::kept_by_model`]).
+    pub fn is_kept_by_model(&self) -> bool {
+        self.kept
+    }
+
+    /// Whether the average has begun (here or in the model).
+    pub fn begun(&self) -> bool {
+        self.kept || !self.model.tensors.is_empty()
     }
 
     /// The averages as a checkpoint of the model's own tensors (to restore a model from).
@@ -93,9 +107,9 @@ impl Average {
         &self.model
     }
 
-    /// The averages under `avg.`-prefixed names, for a checkpoint beside the model's tensors.
-    pub fn named(&self) -> Vec<Named> {
-        self.tensors().iter().map(|(n, s, v)| (format!("{PREFIX}{n}"), s.clone(), v.clone())).collect()
+    /// `averages` under `avg.`-prefixed names, for a checkpoint beside the model's tensors.
+    pub fn named(averages: &[Named]) -> Vec<Named> {
+        averages.iter().map(|(n, s, v)| (format!("{PREFIX}{n}"), s.clone(), v.clone())).collect()
     }
 
     /// The weights a run with an average scores, from a checkpoint of it: each of the model's
@@ -115,6 +129,7 @@ impl Average {
     /// Takes the averages saved by [`Average::named`] from `ck`, one for each of the model's
     /// tensors `like` (an error names a missing one); with none saved, the average is empty.
     pub fn restore(&mut self, ck: &Checkpoint, like: &[Named]) -> Result<()> {
+        self.kept = false;
         if !ck.tensors.iter().any(|(n, _, _)| n.starts_with(PREFIX)) {
             self.model.tensors.clear();
             return Ok(());
@@ -169,7 +184,7 @@ mod tests {
         avg.update(0, &one(&[1.0, 2.0])).unwrap();
         avg.update(1, &one(&[3.0, 5.0])).unwrap();
         let mut tensors = one(&[7.0, 7.0]);
-        tensors.extend(avg.named());
+        tensors.extend(Average::named(avg.tensors()));
         let ck = Checkpoint { tensors, meta: serde_json::Value::Null };
         let mut back = Average::new(0.9).unwrap();
         back.restore(&ck, &one(&[0.0, 0.0])).unwrap();

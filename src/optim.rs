@@ -6,7 +6,7 @@ use crate::layers::SparseGrad;
 use arbor_core::error::{Error, Result};
 pub use arbor_core::finite::all_finite;
 use arbor_core::optim::apply;
-pub use arbor_core::optim::{Config, Rule, Update};
+pub use arbor_core::optim::{average, Config, Rule, Update};
 use arbor_ops::cpu::optim;
 use std::collections::{BTreeMap, BTreeSet};
 

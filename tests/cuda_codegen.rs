@@ -534,8 +534,10 @@ fn optimizer_kernels_give_the_cpu_optimizers_bits() {
             "int main(void) {{\n{body}\
              float clipped[{n}]; memcpy(clipped, p, sizeof p);\n\
              for (long long t = 0; t < {n}; ++t) arbor_scale_body(t, clipped, {n}, {s:e}f);\n\
-             float* out[] = {{p, m, v, e, em, ev, clipped}}; int len[] = {{{n}, {n}, {n}, {w}, {w}, {w}, {n}}};\n\
-             for (int k = 0; k < 7; ++k) for (int i = 0; i < len[k]; ++i) {{ unsigned u; memcpy(&u, &out[k][i], 4); printf(\"%u\\n\", u); }}\n\
+             float avg[{n}]; memcpy(avg, m, sizeof m);\n\
+             for (long long t = 0; t < {n}; ++t) arbor_average_body(t, avg, clipped, {n}, 0.9f);\n\
+             float* out[] = {{p, m, v, e, em, ev, clipped, avg}}; int len[] = {{{n}, {n}, {n}, {w}, {w}, {w}, {n}, {n}}};\n\
+             for (int k = 0; k < 8; ++k) for (int i = 0; i < len[k]; ++i) {{ unsigned u; memcpy(&u, &out[k][i], 4); printf(\"%u\\n\", u); }}\n\
              double sum = 0.0; for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, &sum);\n\
              printf(\"%.17g\\n\", sum);\n\
              p[3] = 1.0f / 0.0f; sum = 0.0; for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, &sum);\n\

@@ -154,12 +154,13 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     let (plain, plain_summary) = fit(None, 1);
     let (averaged, summary) = fit(Some(0.9), 1);
     assert_eq!(params(averaged.model()), params(plain.model()), "averaging changed training");
-    let avg = averaged.average().expect("the run averages");
+    assert!(averaged.average().is_some_and(|a| a.begun()), "the run averages");
+    let avg = averaged.average_tensors().unwrap();
     let trained = params(averaged.model());
-    assert!(avg.tensors().iter().zip(&trained).any(|(a, t)| a.2 != *t), "the average is the last step");
+    assert!(avg.iter().zip(&trained).any(|(a, t)| a.2 != *t), "the average is the last step");
     // Scored: the model restored from the average gives the last epoch's dev accuracy.
     let mut scored = model(5);
-    scored.restore(avg.as_model()).unwrap();
+    scored.restore(&arbor::checkpoint::Checkpoint { tensors: avg.clone(), meta: serde_json::Value::Null }).unwrap();
     assert_eq!(Some(accuracy(&mut scored, splits.dev)), summary.dev_curve.last().copied());
     assert_ne!(summary.dev_curve, plain_summary.dev_curve, "the dev scores are the trained values'");
     // Kept: `best/` holds the average of the best epoch, whose dev accuracy is the best.
@@ -170,13 +171,10 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     assert_eq!(accuracy(&mut kept, splits.test), averaged.test_acc());
     // Two workers keep the same average.
     let (two, _) = fit(Some(0.9), 2);
-    let close = two
-        .average()
-        .unwrap()
-        .tensors()
-        .iter()
-        .zip(avg.tensors())
-        .all(|(a, b)| a.2.iter().zip(&b.2).all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs())));
+    let two = two.average_tensors().unwrap();
+    assert_eq!(two.len(), avg.len());
+    let close =
+        two.iter().zip(&avg).all(|(a, b)| a.2.iter().zip(&b.2).all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs())));
     assert!(close, "two workers' average differs from one's");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -295,4 +293,42 @@ fn checkpoints_of_default_settings_resume() {
     resumed.resume(&arbor::checkpoint::Checkpoint::load(&dir.join("last")).unwrap(), &plan.meta).unwrap();
     assert_eq!((resumed.position(), resumed.best_epoch()), (run.position(), run.best_epoch()));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The weight average the engines keep beside the tensors (`Model::average_in_place`, what a
+/// run uses) is, bit for bit, the host's `Average` of the same steps' tensors; set from those
+/// averages, another model keeps averaging alike.
+#[test]
+fn the_average_kept_in_the_engines_is_the_hosts() {
+    use arbor::average::Average;
+    let data = synthetic::generate(40, 8, 17);
+    let data = labelled(&data);
+    let mut m = model(3);
+    let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.02));
+    let mut host = Average::new(0.9).unwrap();
+    let mut other = model(3);
+    for (t, batch) in data.chunks(8).enumerate() {
+        let examples: Vec<Example<'_>> = batch.iter().map(AsExample::example).collect();
+        m.step(&examples, &mut opt, Some(5.0)).unwrap();
+        let keep = host.keep_at(t as u64);
+        m.average_in_place(keep).unwrap();
+        host.update(t as u64, &m.tensors_lent().unwrap()).unwrap();
+        let kept = m.averaged().unwrap().expect("the average has begun");
+        assert_eq!(kept, host.tensors(), "step {t}");
+        if t == 2 {
+            other.set_averaged(&kept).unwrap();
+        } else if t > 2 {
+            other
+                .restore(&arbor::checkpoint::Checkpoint {
+                    tensors: m.tensors().unwrap(),
+                    meta: serde_json::Value::Null,
+                })
+                .unwrap();
+            other.average_in_place(keep).unwrap();
+            assert_eq!(other.averaged().unwrap().unwrap(), kept, "step {t}, set from step 2's averages");
+        }
+    }
+    assert!(host.tensors().iter().zip(params(&m)).any(|(a, p)| a.2 != p), "the average is the last step");
+    other.set_averaged(&[]).unwrap();
+    assert!(other.averaged().unwrap().is_none(), "forgotten");
 }

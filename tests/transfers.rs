@@ -158,6 +158,13 @@ fn a_training_step_moves_nothing_parameter_sized() {
             step.up, step.index, step.down, step.reads, step.calls, applied.calls, applied.down, applied.reads
         ));
     }
+    // A weight average kept in the engines moves nothing either: a copy to start it, then one
+    // call per buffer (the cells' parameters and word vectors, the head's parameters).
+    model.average_in_place(0.9).unwrap();
+    let before = counter.now();
+    model.average_in_place(0.9).unwrap();
+    let avg = counter.now() - before;
+    assert_eq!((avg.up, avg.down, avg.reads, avg.calls), (0, 0, 0, 3), "a weight average's update: {avg:?}");
     let _ = writeln!(std::io::stderr(), "{}", report.join("\n"));
 }
 

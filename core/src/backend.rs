@@ -270,4 +270,7 @@ pub trait Backend {
     fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>>;
     /// Multiplies `len` values at `dst` by `s` (clipping by a norm).
     fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> Result<()>;
+    /// Moves the weight average of `len` values at `avg` toward the values at `x`
+    /// ([`crate::optim::average`], bit for bit).
+    fn average(&self, mem: &mut Mem<'_, Self>, avg: Loc, x: Loc, len: usize, keep: f32) -> Result<()>;
 }

@@ -116,6 +116,17 @@ pub fn apply(u: &Update, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32])
     }
 }
 
+/// Moves the weight average `avg` `1 − keep` of the way to the values `x`, element by element:
+/// `avg += (1 − keep)·(x − avg)` (a multiply and an add, never fused), the rule of every
+/// backend's [`Backend::average`](crate::backend::Backend::average).
+#[inline(always)]
+pub fn average(avg: &mut [f32], x: &[f32], keep: f32) {
+    let step = 1.0 - keep;
+    for (a, &x) in avg.iter_mut().zip(x) {
+        *a += step * (x - *a);
+    }
+}
+
 /// The sum of the squares of `x` in f64: finite exactly when every value is (a finite f32
 /// squared is below 2²⁵⁶, so no sum of fewer than 2⁷⁶⁸ of them overflows), so one pass gives both
 /// a gradient norm and its finiteness test. Element `i` goes into running sum `i % 16`, and the

@@ -697,6 +697,12 @@ impl Backend for CudaBackend {
         let args = [Arg::Ptr(self.data(mem, "scale", dst, len)?), Arg::I64(len as i64), Arg::F32(s)];
         self.launch("scale", &self.helpers["arbor_scale"], len, &args)
     }
+
+    fn average(&self, mem: &mut Mem<'_, Self>, avg: Loc, x: Loc, len: usize, keep: f32) -> Result<()> {
+        let (a, v) = (self.data(mem, "average", avg, len)?, self.data(mem, "average", x, len)?);
+        let args = [Arg::Ptr(a), Arg::Ptr(v), Arg::I64(len as i64), Arg::F32(keep)];
+        self.launch("average", &self.helpers["arbor_average"], len, &args)
+    }
 }
 
 /// The rule and coefficients of `u`, as the optimizer kernels take them after their pointers.

@@ -66,10 +66,14 @@ ARBOR_DEVICE void arbor_sum_squares_body(long long t, long long threads, const f
 ARBOR_DEVICE void arbor_scale_body(long long t, float* x, long long n, float s) {
     if (t < n) x[t] = __fmul_rn(x[t], s);
 }
+/* The weight average: avg += (1 - keep) * (x - avg), as the CPU computes it. */
+ARBOR_DEVICE void arbor_average_body(long long t, float* avg, const float* x, long long n, float keep) {
+    if (t < n) avg[t] = __fadd_rn(avg[t], __fmul_rn(__fsub_rn(1.0f, keep), __fsub_rn(x[t], avg[t])));
+}
 "#;
 
 /// The optimizer kernels' parameters, as `(name, parameter list, argument list)`.
-pub const OPTIM_KERNELS: [(&str, &str, &str); 4] = [
+pub const OPTIM_KERNELS: [(&str, &str, &str); 5] = [
     (
         "arbor_update",
         "long long n, float* p, const float* g, float* m, float* v, int rule, float lr, float wd, float mom, \
@@ -84,6 +88,7 @@ pub const OPTIM_KERNELS: [(&str, &str, &str); 4] = [
     ),
     ("arbor_sum_squares", "long long threads, const float* x, long long n, double* sum", "threads, x, n, sum"),
     ("arbor_scale", "float* x, long long n, float s", "x, n, s"),
+    ("arbor_average", "float* avg, const float* x, long long n, float keep", "avg, x, n, keep"),
 ];
 
 /// Threads of a sum of squares over `n` values: enough to fill a device, few enough that their

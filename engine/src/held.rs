@@ -23,8 +23,8 @@ pub const TABLE_V: usize = 7;
 pub const TABLE_GRAD: usize = 8;
 /// The engine's index buffer of the rows of a table gradient given from the host.
 pub const TABLE_ROWS: usize = 1;
-/// Every buffer an engine has (some empty until used; the last is [`OUTPUTS`](super::OUTPUTS)).
-pub(super) const BUFFERS: usize = 12;
+/// Every buffer an engine has (some empty until used; the last is [`TABLE_AVG`](super::TABLE_AVG)).
+pub(super) const BUFFERS: usize = 14;
 
 /// What one minibatch pulls from the held table, as the lowering laid it out.
 pub(super) struct HeldRows {

@@ -13,6 +13,7 @@
 //! steady-state step allocates no device memory.
 
 mod analysis;
+mod average;
 mod batch;
 mod dedup;
 mod facts;
@@ -26,6 +27,7 @@ mod products;
 mod sums;
 
 pub use analysis::{PlanKind, StepRef};
+pub use average::{AVG, TABLE_AVG};
 pub use held::{TABLE, TABLE_GRAD, TABLE_M, TABLE_ROWS, TABLE_V};
 pub use launch::{Counts, Launch, Uploads, ARENA, GRADS, PARAMS, STAGED, STAGED_ROWS};
 pub use link::{Given, LinkedRows, LINKED, OUTPUTS};

@@ -58,6 +58,18 @@ impl<B: Backend> Learned for Model<B> {
         Model::restore(self, ck)
     }
 
+    fn average_in_place(&mut self, keep: f32) -> Result<bool> {
+        Model::average_in_place(self, keep).map(|()| true)
+    }
+
+    fn averaged(&self) -> Result<Option<Vec<Named>>> {
+        Model::averaged(self)
+    }
+
+    fn set_averaged(&mut self, averages: &[Named]) -> Result<bool> {
+        Model::set_averaged(self, averages).map(|()| true)
+    }
+
     fn optimizer_tensors(&self) -> Result<Vec<Named>> {
         Model::optimizer_tensors(self)
     }

@@ -622,6 +622,9 @@ impl<B: Backend> Model<B> {
         let (embedding, feeds) = (self.embedding.clone(), self.feeds.clone());
         let mut model = Model { embedding, cells, feeds, head, readout: self.readout, loss_scale: self.loss_scale };
         model.skip_padding_grads();
+        if let Some(averages) = self.averaged()? {
+            model.set_averaged(&averages)?;
+        }
         Ok(model)
     }
 

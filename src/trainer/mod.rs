@@ -20,6 +20,7 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 mod ahead;
+mod averaging;
 mod folds;
 mod gather;
 mod settings;
@@ -146,6 +147,26 @@ pub trait Learned: Sized {
     /// them (the default copies), for a weight average updated every step.
     fn tensors_lent(&self) -> Result<Vec<Lent<'_>>> {
         Ok(self.tensors()?.into_iter().map(|(name, shape, values)| (name, shape, Cow::Owned(values))).collect())
+    }
+
+    /// Moves a weight average of the learned tensors that the model keeps itself, beside them
+    /// (on their device), `1 − keep` of the way to them, the first call starting it at them;
+    /// `false` (the default) where it keeps none, and the run averages
+    /// [`Learned::tensors_lent`] on the host instead.
+    fn average_in_place(&mut self, _keep: f32) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// The weight average [`Learned::average_in_place`] keeps, named as the tensors (`None`
+    /// before it begins, or where the model keeps none).
+    fn averaged(&self) -> Result<Option<Vec<Named>>> {
+        Ok(None)
+    }
+
+    /// Sets that weight average (a resumed run's), or forgets it given none; `false` where the
+    /// model keeps none.
+    fn set_averaged(&mut self, _averages: &[Named]) -> Result<bool> {
+        Ok(false)
     }
 
     /// What builds the model again, stored in every checkpoint as `model_spec` (see
@@ -384,7 +405,9 @@ impl<L> Run<L> {
         if with_optimizer {
             tensors.extend(self.model.optimizer_tensors()?);
             tensors.extend(self.opt.tensors());
-            tensors.extend(self.average.iter().flat_map(Average::named));
+            if let Some(avg) = &self.average {
+                tensors.extend(Average::named(&self.averages(avg)?));
+            }
         }
         // The run's state goes beside what `meta` records (nothing, where it is not an object).
         let mut meta = if meta.is_object() { meta.clone() } else { json!({}) };
@@ -465,9 +488,7 @@ impl<L> Run<L> {
         // A part of a model keeps the optimizer state of its own tensors only.
         let own: std::collections::BTreeSet<String> = self.model.tensors()?.into_iter().map(|t| t.0).collect();
         self.opt.slots.retain(|name, _| own.contains(name));
-        if let Some(avg) = &mut self.average {
-            avg.restore(ck, &self.model.tensors()?)?;
-        }
+        self.restore_average(ck)?;
         self.pos = pos;
         // Written by arbor before the epoch's loss was kept: the epoch's mean from here on.
         self.epoch_loss = p["epoch_loss"].as_f64().unwrap_or(0.0);
@@ -585,9 +606,7 @@ impl<L> Run<L> {
                 each_step(count, &prepare, &mut |k, planned| {
                     let start = Instant::now();
                     let stats = self.model.step(coll, &batches[k], &mut self.opt, plan, self.pos.steps, planned)?;
-                    if let Some(avg) = &mut self.average {
-                        avg.update(self.pos.steps, &self.model.tensors_lent()?)?;
-                    }
+                    self.average_step()?;
                     events(Event::Trees(batches[k].len()));
                     account(self, coll, k, vec![stats], start.elapsed().as_secs_f64())
                 })?;
@@ -697,20 +716,6 @@ impl<L> Run<L> {
                 start = k + 1;
             }
         }
-        out
-    }
-
-    /// Runs `f` on the run with the model's tensors replaced by their [average](Run::average)
-    /// (if it has one and has begun), and puts the trained values back after, whatever `f` returns.
-    fn averaged<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T>
-    where
-        L: Learned,
-    {
-        let Some(avg) = self.average.as_ref().filter(|a| !a.tensors().is_empty()) else { return f(self) };
-        let trained = Checkpoint { tensors: self.model.tensors()?, meta: Value::Null };
-        self.model.restore(avg.as_model())?;
-        let out = f(self);
-        self.model.restore(&trained)?;
         out
     }
 }

@@ -45,8 +45,9 @@ pub fn data(seed: u64) -> Data {
 }
 
 /// Runs three steps of `config` on `backend` over [`data`]`(seed)` — the dense tensor, the table's
-/// rows — then scales the dense values by 0.4; returns the values and state after (`p`, `m`, `v`,
-/// table, its `m`, its `v`, the scaled values) and the sum of squares of `p`.
+/// rows — then scales the dense values by 0.4 and moves a weight average (over `m`) toward them;
+/// returns the values and state after (`p`, `m`, `v`, table, its `m`, its `v`, the scaled
+/// values, the average) and the sum of squares of `p`.
 pub fn run<B: Backend>(backend: &B, config: Config, seed: u64) -> (Vec<Vec<f32>>, f64) {
     let Data { p, table, dense, rows } = data(seed);
     let w = VOCAB * DIM;
@@ -81,7 +82,11 @@ pub fn run<B: Backend>(backend: &B, config: Config, seed: u64) -> (Vec<Vec<f32>>
     let mut mem = Mem { data: &mut bufs, index: &[] };
     backend.scale(&mut mem, loc(0), N, 0.4).unwrap();
     all.extend(backend.read_vec(&bufs[0], 0, N).unwrap());
-    let parts = [N, N, N, w, w, w, N];
+    // A weight average (over the first state tensor) moved toward the scaled values.
+    let mut mem = Mem { data: &mut bufs, index: &[] };
+    backend.average(&mut mem, loc(1), loc(0), N, 0.9).unwrap();
+    all.extend(backend.read_vec(&bufs[0], at[1], N).unwrap());
+    let parts = [N, N, N, w, w, w, N, N];
     let mut rest = all.as_slice();
     let out = parts
         .iter()
@@ -111,6 +116,9 @@ pub fn host_reference(config: Config, seed: u64) -> (Vec<Vec<f32>>, f64) {
     clip_to(&mut [scaled.as_mut_slice()], 2.5, 1.0);
     let sum = sum_squares(&[p.clone().as_mut_slice()]);
     let (w, e) = (&opt.slots["w"], &opt.slots["embedding"]);
-    let out = [&p, &w.m, &w.v, &table, &e.m, &e.v, &scaled].map(|v| v.to_vec()).to_vec();
+    // The weight average over the first state tensor, toward the scaled values.
+    let mut avg = w.m.clone();
+    arbor::optim::average(&mut avg, &scaled, 0.9);
+    let out = [&p, &w.m, &w.v, &table, &e.m, &e.v, &scaled, &avg].map(|v| v.to_vec()).to_vec();
     (out, sum)
 }

@@ -161,4 +161,8 @@ impl<W: Watch> Backend for Watched<W> {
         self.watch.call();
         self.cpu.scale(&mut cpu(mem), dst, len, s)
     }
+    fn average(&self, mem: &mut Mem<'_, Self>, avg: Loc, x: Loc, len: usize, keep: f32) -> arbor::Result<()> {
+        self.watch.call();
+        self.cpu.average(&mut cpu(mem), avg, x, len, keep)
+    }
 }

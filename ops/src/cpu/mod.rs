@@ -274,4 +274,9 @@ impl Backend for CpuBackend {
         x.iter_mut().for_each(|x| *x *= s);
         Ok(())
     }
+
+    fn average(&self, mem: &mut Mem<'_, Self>, avg: Loc, x: Loc, len: usize, keep: f32) -> Result<()> {
+        let raw = Raw::new(mem, [avg.buf])?;
+        self.within(|| optim::average(&raw, avg, x, len, keep))
+    }
 }

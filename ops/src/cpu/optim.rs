@@ -6,7 +6,7 @@
 use super::bad;
 use super::host::{for_each_on_team, vectorised};
 use super::memory::{apart, Raw, Span};
-use arbor_core::backend::{IndexLoc, OptimAt};
+use arbor_core::backend::{IndexLoc, Loc, OptimAt};
 use arbor_core::error::Result;
 use arbor_core::optim::{apply, Update};
 
@@ -82,6 +82,27 @@ pub(crate) fn update(raw: &Raw<'_>, u: &Update, at: &OptimAt, len: usize) -> Res
         )
     };
     dense(u, p, g, m, v);
+    Ok(())
+}
+
+/// Moves the weight average `avg` toward `x` ([`arbor_core::optim::average`]) in pieces shared
+/// out between the team's threads.
+pub fn average_on_team(avg: &mut [f32], x: &[f32], keep: f32) {
+    let pieces = avg.chunks_mut(PIECE).zip(x.chunks(PIECE)).collect();
+    for_each_on_team(pieces, |(avg, x)| {
+        vectorised(
+            #[inline(always)]
+            || arbor_core::optim::average(avg, x, keep),
+        )
+    });
+}
+
+/// The backend's weight average (`Backend::average`).
+pub(crate) fn average(raw: &Raw<'_>, avg: Loc, x: Loc, len: usize, keep: f32) -> Result<()> {
+    apart("average", Span::at(avg, len), Span::at(x, len))?;
+    // SAFETY: both ranges are checked by `Raw`, and apart (above).
+    let (avg, x) = unsafe { (raw.get_mut("average", avg, len)?, raw.get("average", x, len)?) };
+    average_on_team(avg, x, keep);
     Ok(())
 }
 
