@@ -263,8 +263,6 @@ fn c_array(ty: &str, name: &str, v: &[impl std::fmt::Display]) -> String {
     format!("{ty} {name}[] = {{{}}};\n", if items.is_empty() { "0".into() } else { items.join(", ") })
 }
 
-/// The backend's own kernels (scatter-adds by index and by index set, row sums with and without
-/// accumulation, fill), compiled for the host, compute what the CPU backend does.
 /// A gather whose row number lies past the rows its data holds stops the kernel (`abort` in the
 /// host build, `__trap` on the GPU) instead of reading outside the data.
 #[test]
@@ -328,6 +326,9 @@ fn a_scatter_past_its_rows_stops_the_kernel() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The backend's own kernels (scatter-adds by index and by index set, several by index in one
+/// call, row sums with and without accumulation, fill), compiled for the host, compute what the
+/// CPU backend does.
 #[test]
 fn helper_kernels_compute_what_the_cpu_backend_does() {
     use arbor::cuda::codegen::PRELUDE;
@@ -341,7 +342,7 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
     let sums_in = values(rows * block);
     let mut c = format!("#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}#include <stdio.h>\n");
     c += &c_array("const float", "src", &src);
-    for name in ["a", "b"] {
+    for name in ["a", "b", "a2", "a3"] {
         c += &c_array("float", name, &data);
     }
     c += &c_array("const unsigned", "index", &index);
@@ -357,8 +358,10 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
          for (long long t = 0; t < {block}; ++t) arbor_sum_rows_body(t, s, {rows}, {block}, d0, 0);\n\
          for (long long t = 0; t < {block}; ++t) arbor_sum_rows_body(t, s, {rows}, {block}, d1, 1);\n\
          for (long long t = 0; t < {rb}; ++t) arbor_fill_body(t, s, {rb}, 2.5f);\n\
-         float* out[] = {{a, b, d0, d1, s}}; int len[] = {{{rb}, {rb}, {block}, {block}, {rb}}};\n\
-         for (int k = 0; k < 5; ++k) for (int i = 0; i < len[k]; ++i) printf(\"%.9g\\n\", out[k][i]);\n\
+         for (long long t = 0; t < 2 * {nb}; ++t) arbor_scatter_indexed4_body(t, {block}, {n}, 2, src, a2, {rows}, index, \
+             src, a3, {rows}, index, 0, 0, 0, 0, 0, 0, 0, 0);\n\
+         float* out[] = {{a, b, d0, d1, s, a2, a3}}; int len[] = {{{rb}, {rb}, {block}, {block}, {rb}, {rb}, {rb}}};\n\
+         for (int k = 0; k < 7; ++k) for (int i = 0; i < len[k]; ++i) printf(\"%.9g\\n\", out[k][i]);\n\
          return 0;\n}}\n",
         nb = n * block,
         rb = rows * block,
@@ -400,6 +403,9 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
         &all[at[4]..at[4] + block],
         &all[at[5]..at[5] + block],
         &all[at[3]..at[3] + rows * block],
+        // Two scatters in one call of the four-way kernel: each as the scatter by index.
+        &all[at[1]..at[1] + rows * block],
+        &all[at[1]..at[1] + rows * block],
     ]
     .concat();
     assert_eq!(got.len(), want.len());

@@ -77,11 +77,14 @@ fn a_tree_lstm_minibatch_lowers_to_the_expected_launches() {
     let text = print(&launches);
     // Zeroed first: the two state gradients and the parameter gradients, and later the sums of
     // the input's output gradient per distinct word. Per inner task (root first): the cell's
-    // backward, the two child products, four scatters to the children (h and c of two slots);
+    // backward, the two child products, the four scatters to the children (h and c of two
+    // slots) in one call;
     // then the leaves' cell, the input gradient product, the bias's row sum, the two child
     // weights' gradients over all inner vertices, and the input weight's over the one word.
-    let want = Counts { products: 8, fused: 3, fills: 4, scatters: 9, row_sums: 1, copies: 0 };
+    let want = Counts { products: 8, fused: 3, fills: 4, scatters: 3, row_sums: 1, copies: 0 };
     assert_eq!(Counts::of(&launches), want, "{text}");
+    let merged = launches.iter().filter(|k| matches!(k, Launch::ScatterAdds { parts, .. } if parts.len() == 4)).count();
+    assert_eq!(merged, 2, "{text}");
     assert!(launches[..3].iter().all(|k| matches!(k, Launch::Fill { .. })), "{text}");
     let input_grad = products(&launches).last().copied().unwrap();
     assert_eq!((input_grad.m, input_grad.n, input_grad.k), (4, 18, 1), "summed per distinct word: k = 1");

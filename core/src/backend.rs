@@ -163,6 +163,9 @@ pub struct Mem<'a, B: Backend + ?Sized> {
     pub index: &'a [B::Index],
 }
 
+/// The most scatter-adds one [`Backend::scatter_add_many`] call takes.
+pub const SCATTERS: usize = 4;
+
 /// A compute device: memory, matrix products, fused element-wise kernels, gathers and
 /// scatter-adds, reductions.
 pub trait Backend {
@@ -239,6 +242,12 @@ pub trait Backend {
     /// For each of `n` vertices, adds its `block` elements at `src + i·block` into the rows `dst`
     /// names for it (`Indexed` or `IndexedSet`).
     fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()>;
+    /// Several [`Backend::scatter_add`]s of `n` blocks of `block` elements, one per `(src, dst)`
+    /// of `parts` (each `dst` `Indexed`, at most [`SCATTERS`] of them), in one call: a device
+    /// runs them as one kernel. By default, one after another.
+    fn scatter_add_many(&self, mem: &mut Mem<'_, Self>, block: usize, n: usize, parts: &[(Loc, Rows)]) -> Result<()> {
+        parts.iter().try_for_each(|(src, dst)| self.scatter_add(mem, *src, block, n, dst))
+    }
     /// `dst[j] (+)= Σ_i src[i·cols + j]` over `rows` rows.
     fn sum_rows(
         &self,

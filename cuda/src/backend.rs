@@ -14,7 +14,7 @@ use crate::codegen::{generate, Binding, Generated, Param};
 use crate::helpers::{helpers, HELPERS};
 use crate::nvrtc;
 use crate::optim::OPTIM_KERNELS;
-use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
+use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows, SCATTERS};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
 use arbor_core::optim::Update;
@@ -628,6 +628,29 @@ impl Backend for CudaBackend {
         };
         args.splice(0..0, [Arg::Ptr(s), Arg::I64(block as i64), Arg::I64(n as i64)]);
         self.launch("scatter_add", &self.helpers[name], n * block, &args)
+    }
+
+    fn scatter_add_many(&self, mem: &mut Mem<'_, Self>, block: usize, n: usize, parts: &[(Loc, Rows)]) -> Result<()> {
+        if parts.len() > SCATTERS {
+            return Err(fail("scatter_add_many", format!("{} scatters (at most {SCATTERS})", parts.len())));
+        }
+        let mut args = vec![Arg::I64(block as i64), Arg::I64(n as i64), Arg::I32(parts.len() as i32)];
+        for k in 0..SCATTERS {
+            let Some((src, dst)) = parts.get(k) else {
+                args.extend([Arg::Ptr(0), Arg::Ptr(0), Arg::I64(0), Arg::Ptr(0)]);
+                continue;
+            };
+            let Rows::Indexed { data, index } = *dst else {
+                return Err(fail("scatter_add_many", "destinations must be indexed rows"));
+            };
+            args.extend([
+                Arg::Ptr(self.data(mem, "scatter_add_many", *src, n * block)?),
+                Arg::Ptr(self.data(mem, "scatter_add_many", data, block)?),
+                Arg::I64(self.rows_held(mem, data, block)),
+                Arg::Ptr(self.index(mem, "scatter_add_many", index, n)?),
+            ]);
+        }
+        self.launch("scatter_add_many", &self.helpers["arbor_scatter_indexed4"], parts.len() * n * block, &args)
     }
 
     fn sum_rows(

@@ -19,6 +19,21 @@ ARBOR_DEVICE void arbor_scatter_indexed_body(long long t, const float* src, long
     unsigned i = index[t / block];
     if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)arbor_row(i, rows) * block + t % block], src[t]);
 }
+/* Up to four scatter-adds of `n` blocks of `block` into indexed rows, as one kernel: thread `t`
+   does element `t % (n * block)` of scatter `t / (n * block)`, of `count`. */
+ARBOR_DEVICE void arbor_scatter_indexed4_body(long long t, long long block, long long n, int count,
+                                              const float* s0, float* d0, long long r0, const unsigned* i0,
+                                              const float* s1, float* d1, long long r1, const unsigned* i1,
+                                              const float* s2, float* d2, long long r2, const unsigned* i2,
+                                              const float* s3, float* d3, long long r3, const unsigned* i3) {
+    long long per = n * block;
+    if (per == 0 || t >= count * per) return;
+    long long k = t / per, u = t % per;
+    if (k == 0) arbor_scatter_indexed_body(u, s0, block, n, d0, r0, i0);
+    else if (k == 1) arbor_scatter_indexed_body(u, s1, block, n, d1, r1, i1);
+    else if (k == 2) arbor_scatter_indexed_body(u, s2, block, n, d2, r2, i2);
+    else arbor_scatter_indexed_body(u, s3, block, n, d3, r3, i3);
+}
 ARBOR_DEVICE void arbor_scatter_set_body(long long t, const float* src, long long block, long long n, float* data,
                                          long long rows, const unsigned* offsets, const unsigned* index,
                                          long long len) {
@@ -73,7 +88,7 @@ ARBOR_DEVICE void arbor_sum_rows_body(long long j, const float* src, long long r
 "#;
 
 /// The helper kernels' parameters, as `(name, parameter list, argument list)`.
-pub(crate) const HELPERS: [(&str, &str, &str); 7] = [
+pub(crate) const HELPERS: [(&str, &str, &str); 8] = [
     (
         "arbor_gather_rows",
         "const float* src, long long block, long long n, long long rows, const unsigned* index, float* dst",
@@ -84,6 +99,13 @@ pub(crate) const HELPERS: [(&str, &str, &str); 7] = [
         "arbor_scatter_indexed",
         "const float* src, long long block, long long n, float* data, long long rows, const unsigned* index",
         "src, block, n, data, rows, index",
+    ),
+    (
+        "arbor_scatter_indexed4",
+        "long long block, long long n, int count, const float* s0, float* d0, long long r0, const unsigned* i0, \
+         const float* s1, float* d1, long long r1, const unsigned* i1, const float* s2, float* d2, long long r2, \
+         const unsigned* i2, const float* s3, float* d3, long long r3, const unsigned* i3",
+        "block, n, count, s0, d0, r0, i0, s1, d1, r1, i1, s2, d2, r2, i2, s3, d3, r3, i3",
     ),
     (
         "arbor_scatter_set",

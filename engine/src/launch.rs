@@ -72,6 +72,16 @@ pub enum Launch {
         /// Where each is added.
         dst: Rows,
     },
+    /// Several scatter-adds of `n` blocks of `block` values, each from its `src` into the
+    /// `Indexed` rows of its `dst`, in one call (see [`Backend::scatter_add_many`]).
+    ScatterAdds {
+        /// Values per block.
+        block: usize,
+        /// How many blocks each.
+        n: usize,
+        /// Each scatter's blocks and where they are added (at most `SCATTERS`).
+        parts: Vec<(Loc, Rows)>,
+    },
     /// Adds the sum of `rows` rows of `cols` values at `src` to the `cols` values at `dst`.
     SumRows {
         /// The rows.
@@ -113,7 +123,7 @@ impl Counts {
                 Launch::Gemms(gs) => c.products += gs.len(),
                 Launch::Fused { .. } => c.fused += 1,
                 Launch::Copy { .. } => c.copies += 1,
-                Launch::ScatterAdd { .. } => c.scatters += 1,
+                Launch::ScatterAdd { .. } | Launch::ScatterAdds { .. } => c.scatters += 1,
                 Launch::SumRows { .. } => c.row_sums += 1,
             }
         }
@@ -207,6 +217,7 @@ pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &
                 backend.fused(mem, &dedup::copy_kernel(*block), *rows, std::slice::from_ref(from), &[*to])?
             }
             Launch::ScatterAdd { src, block, n, dst } => backend.scatter_add(mem, *src, *block, *n, dst)?,
+            Launch::ScatterAdds { block, n, parts } => backend.scatter_add_many(mem, *block, *n, parts)?,
             Launch::SumRows { src, rows, cols, dst } => backend.sum_rows(mem, *src, *rows, *cols, *dst, true)?,
         }
     }
@@ -284,6 +295,13 @@ impl fmt::Display for Launch {
             }
             Launch::ScatterAdd { src, block, n, dst } => {
                 write!(f, "scatter {} → {} += ({n} rows of {block})", At(*src), RowsAt(dst))
+            }
+            Launch::ScatterAdds { block, n, parts } => {
+                write!(f, "scatters {}:", parts.len())?;
+                for (src, dst) in parts {
+                    write!(f, "\n          {} → {} += ({n} rows of {block})", At(*src), RowsAt(dst))?;
+                }
+                Ok(())
             }
             Launch::SumRows { src, rows, cols, dst } => {
                 write!(f, "sum     {} += Σ rows of {} ({rows} rows of {cols})", At(*dst), At(*src))

@@ -11,7 +11,7 @@ use super::link::Given;
 use super::products::Waves;
 use super::{check_graphs, check_vertices, internal, lock, Planned, Planner, Pull};
 use arbor_batching::{Policy, Region, Schedule, Scheduler};
-use arbor_core::backend::{Gemm, IndexLoc, Loc, Rows};
+use arbor_core::backend::{Gemm, IndexLoc, Loc, Rows, SCATTERS};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::graph::InputGraph;
@@ -583,6 +583,8 @@ impl Lowering {
         let Some(rows) = self.task_rows(&tasks) else { return Ok(()) };
         let (r0, n) = (rows.start, rows.len());
         let f = Arc::clone(&self.a.f);
+        // Scatters into child slots of one width go out together, a few to a call.
+        let mut together: Vec<(usize, Loc, Rows)> = Vec::new();
         for cg in &f.backward().child_grads {
             let b = &self.b;
             if plan.phase[cg.value.index()] != phase
@@ -598,7 +600,24 @@ impl Lowering {
                 None => b.index.set(data, r0),
             };
             let src = self.loc(Pass::Backward, cg.value, r0, r0)?;
-            self.launches.push(Launch::ScatterAdd { src, block, n, dst });
+            match dst {
+                Rows::Indexed { .. } => together.push((block, src, dst)),
+                _ => self.launches.push(Launch::ScatterAdd { src, block, n, dst }),
+            }
+        }
+        together.sort_by_key(|&(block, ..)| block);
+        for same in together.chunk_by(|a, b| a.0 == b.0) {
+            for part in same.chunks(SCATTERS) {
+                let launch = match part {
+                    [(block, src, dst)] => Launch::ScatterAdd { src: *src, block: *block, n, dst: *dst },
+                    _ => Launch::ScatterAdds {
+                        block: part[0].0,
+                        n,
+                        parts: part.iter().map(|&(_, s, d)| (s, d)).collect(),
+                    },
+                };
+                self.launches.push(launch);
+            }
         }
         Ok(())
     }

@@ -123,6 +123,16 @@ impl<W: Watch> Backend for Watched<W> {
         self.watch.call();
         self.cpu.scatter_add(&mut cpu(mem), src, block, n, dst)
     }
+    fn scatter_add_many(
+        &self,
+        mem: &mut Mem<'_, Self>,
+        block: usize,
+        n: usize,
+        parts: &[(Loc, Rows)],
+    ) -> arbor::Result<()> {
+        self.watch.call();
+        self.cpu.scatter_add_many(&mut cpu(mem), block, n, parts)
+    }
     fn sum_rows(
         &self,
         mem: &mut Mem<'_, Self>,
