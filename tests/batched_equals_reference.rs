@@ -151,6 +151,29 @@ fn var_lstm_on_chains_and_tree_fc_on_a_forest() {
 
 /// A GELU cell (the op added by following CONTRIBUTING.md): batched, fused and vectorised
 /// equals the reference, with zeros from missing children kept through it.
+/// A cell that stops some gradients: its gate reads the children through `detach`, its
+/// update through a detached product.
+fn detach_cell() -> VertexFn {
+    let f = Builder::new("detach-cell", 2);
+    let x = f.pull("x", 4);
+    let (h0, h1) = (f.gather(0, "h", 5), f.gather(1, "h", 5));
+    let w = f.param("W", [4, 5], Init::Xavier);
+    let u = f.param("U", [5, 5], Init::Xavier);
+    let gate = (h0.detach() - h1).sigmoid();
+    let h = (x.matmul(w).detach() + gate * h0.matmul(u)).tanh();
+    f.scatter("h", h);
+    f.push("y", h.detach() * h1);
+    f.build().unwrap()
+}
+
+/// Stop-gradients batched and fused equal the reference, forward and backward.
+#[test]
+fn a_cell_with_stop_gradients_on_a_forest_and_a_dag() {
+    for (seed, dag) in [(31, false), (32, true)] {
+        check(detach_cell(), seed, 10, 30, dag);
+    }
+}
+
 #[test]
 fn gelu_cell_on_a_forest_and_a_dag() {
     for (seed, dag) in [(11, false), (12, true)] {

@@ -369,6 +369,45 @@ fn abs() {
     check(&f, &[true]);
 }
 
+/// A stop-gradient passes its value and no gradient: in `y = x ⊙ detach(h) + detach(x·W) ⊙ h`
+/// (scattering `x`), `x` gets `dy ⊙ h` (and the scattered state's weight), the child's `h` gets
+/// `dy ⊙ (x·W)`, and `W` nothing; a function whose every path is detached gets no gradient.
+#[test]
+fn detach() {
+    let f = Builder::new("detach", 1);
+    let x = f.pull("x", [1, 4]);
+    let h = f.gather(0, "h", [1, 4]);
+    let w = f.param("W", [4, 4], Init::Xavier);
+    f.push("y", x * h.detach() + x.matmul(w).detach() * h);
+    f.scatter("h", x);
+    let f = f.build().unwrap();
+    let case = VertexCase::random(&f, 21, &[true]);
+    let (x, h, w, dy, dh) = (
+        &case.pulls[0],
+        &case.children[0].as_ref().unwrap()[0],
+        &case.params[0],
+        &case.push_grads[0],
+        &case.state_grads[0],
+    );
+    let xw = matmul(x, w, 1, 4, 4);
+    let vals = case.forward(&f);
+    let want: Vec<f32> = (0..4).map(|i| x[i] * h[i] + xw[i] * h[i]).collect();
+    assert_close(output(&f, &vals, "y"), &want);
+    let (grads, params) = case.gradients(&f);
+    assert_close(&grads.pulls[0], &(0..4).map(|i| dy[i] * h[i] + dh[i]).collect::<Vec<_>>());
+    assert_close(&grads.children[0].as_ref().unwrap()[0], &(0..4).map(|i| dy[i] * xw[i]).collect::<Vec<_>>());
+    assert!(params[0].iter().all(|&g| g == 0.0), "W is reached through detached values only");
+    if let Err(e) = check_plans(&f) {
+        panic!("{e}")
+    }
+    let g = Builder::new("all-detached", 0);
+    let x = g.pull("x", [1, 3]);
+    g.push("y", x.detach().tanh());
+    let g = g.build().unwrap();
+    let (grads, _) = VertexCase::random(&g, 22, &[]).gradients(&g);
+    assert!(grads.pulls[0].iter().all(|&v| v == 0.0), "no gradient through a detached input");
+}
+
 /// Dropout on a pull, a gathered state and a parameter: each is its value times its mask (`0` or
 /// `1 / (1 − p)`), and gradients flow through the kept elements only.
 #[test]

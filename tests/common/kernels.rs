@@ -56,7 +56,10 @@ fn every_op() -> VertexFn {
     let a = x.matmul(w) + h0;
     let positive = a.sigmoid() + h1.exp();
     let gate = (1.0 - a.abs().sum_cols().sigmoid()).broadcast_cols(4);
-    let y = a.gelu() * a.tanh() - a.relu().scale(0.5) + positive.log() / positive + gate * a.log_softmax();
+    let y = a.gelu() * a.tanh() - a.relu().scale(0.5)
+        + positive.log() / positive
+        + gate * a.log_softmax()
+        + a.detach() * h1;
     f.scatter("h", -y);
     f.push("y", y);
     f.build().unwrap()

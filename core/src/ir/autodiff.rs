@@ -233,6 +233,8 @@ pub(crate) fn derive(f: &Declaration) -> Result<Backward> {
                     }
                 }
             }
+            // A stop-gradient: nothing flows back through it.
+            Op::Unary { op: UnaryOp::Detach, .. } => {}
             Op::Unary { op, x } => {
                 let dx = op.derivative(&mut d, x, v, g)?;
                 contribs[x.index()].push(Contrib::Full(dx));

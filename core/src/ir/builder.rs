@@ -484,6 +484,14 @@ impl<'b> Var<'b> {
         self.unary(UnaryOp::Abs)
     }
 
+    /// The value as it is, **without a gradient**: autodiff treats it as a constant, so nothing
+    /// flows back through it to what it was computed from (a stop-gradient, PyTorch's
+    /// `detach`). `x * x.detach()` has the gradient `x`, not `2x`.
+    #[track_caller]
+    pub fn detach(self) -> Var<'b> {
+        self.unary(UnaryOp::Detach)
+    }
+
     /// `x + c` for a constant `c` (not trained); also written `self + c`, and `c - self` for
     /// `1 − z` and the like.
     #[track_caller]

@@ -197,6 +197,7 @@ mod tests {
             UnaryOp::Gelu,
             UnaryOp::Abs,
             UnaryOp::Offset(-1.5),
+            UnaryOp::Detach,
         ];
         let binaries = [
             BinaryOp::Add,

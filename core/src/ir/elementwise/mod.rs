@@ -13,6 +13,7 @@
 
 mod abs;
 mod arith;
+mod detach;
 mod exp;
 mod gelu;
 mod log;
@@ -419,6 +420,8 @@ unary_ops! {
     Abs => abs::Abs;
     /// `x + c` (a constant offset)
     Offset(c: f32) => arith::Offset(c);
+    /// `x`, with no gradient (a stop-gradient)
+    Detach => detach::Detach;
 }
 
 binary_ops! {
