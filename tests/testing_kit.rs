@@ -65,6 +65,25 @@ fn a_wrong_gradient_fails_and_names_its_parameter() {
     check_gradients(&nn::tree_fc(3, 4).unwrap(), &graphs, &GradCheck::default()).unwrap();
 }
 
+/// When the check over whole graphs fails, it re-checks one vertex of each kind at a time and
+/// names the first whose own derivative is wrong, down to the child state: here the first child's
+/// `h`, read through a stop-gradient (leaves, which have no first child, check alone).
+#[test]
+fn a_failing_gradient_check_names_the_vertex_and_the_child_state() {
+    let f = Builder::new("stops-h0", 2);
+    let x = f.pull("x", 3);
+    let (h0, h1) = (f.gather(0, "h", 4), f.gather(1, "h", 4));
+    let w = f.param("W", [3, 4], Init::Xavier);
+    let h = (x.matmul(w) + h0.detach() + h1).tanh();
+    f.scatter("h", h);
+    f.push("h", h);
+    let f = f.build().unwrap();
+    let graphs = draw(strategy::trees(2, 3..=9), 3, 8);
+    let text = check_gradients(&f, &graphs, &GradCheck::default()).expect_err("h0 stops its gradient").to_string();
+    assert!(text.contains("localized: vertex") && text.contains("(children [true, "), "{text}");
+    assert!(text.contains("child 0 state `h`[") && !text.contains("child 1 state"), "{text}");
+}
+
 #[test]
 fn the_batched_check_reports_what_the_engine_refuses() {
     // A binary cell handed a vertex with three children: the engine's error, as a `Mismatch`.

@@ -3,11 +3,11 @@
 use super::{random_params, uniform_rows, EntryKind, GradComparisons, GradReport, Mismatch, Tolerance};
 use crate::dropout::DropoutKey;
 use crate::engine::Pass;
-use crate::graph::InputGraph;
+use crate::graph::{InputGraph, NO_CHILD};
 use crate::ir::VertexFn;
 use crate::rng::Rng;
 use crate::{CpuBackend, Engine, Pull};
-use arbor_core::testing::signed;
+use arbor_core::testing::{check_vertex, signed, VertexCase};
 
 /// What [`check_gradients`] draws and how it compares.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -48,8 +48,55 @@ enum Target {
 /// vertex through the reference interpreter. A [`Mismatch`] names each wrong entry, the worst
 /// first: ``param `U`[1, 3]`` (row, column), ``pull `x`[vertex 4, 2]``.
 ///
+/// When values differ, the check localizes: it re-checks one vertex at a time with
+/// [`check_vertex`] (through the reference interpreter), one of each kind of vertex in `graphs`
+/// (which child slots hold a child, or how many children), and its detail names the first
+/// vertex whose own derivative is wrong and its wrong entries (``child 0 state `h`[1]``) — or
+/// says that every kind of vertex checks alone, so the batching, a fused kernel or a sum over
+/// vertices is what differs.
+///
 /// [`check_vertex`]: super::check_vertex
 pub fn check_gradients(f: &VertexFn, graphs: &[InputGraph], opts: &GradCheck) -> Result<GradReport, Mismatch> {
+    check_whole(f, graphs, opts).map_err(|m| if m.wrong.is_empty() { m } else { localize(f, graphs, opts, m) })
+}
+
+/// Adds to `m` (a failed [`check_gradients`]) the first kind of vertex of `graphs` whose own
+/// derivative fails [`check_vertex`](super::check_vertex), in minibatch order, or that none does.
+fn localize(f: &VertexFn, graphs: &[InputGraph], opts: &GradCheck, mut m: Mismatch) -> Mismatch {
+    let mut seen: Vec<Vec<bool>> = Vec::new();
+    let mut vertex = 0;
+    for g in graphs {
+        for v in 0..g.len() {
+            let children = g.children(v);
+            let present: Vec<bool> = match f.max_children() {
+                None => vec![true; children.iter().filter(|&&c| c != NO_CHILD).count()],
+                Some(arity) => (0..arity).map(|s| children.get(s).is_some_and(|&c| c != NO_CHILD)).collect(),
+            };
+            if !seen.contains(&present) {
+                let case = VertexCase::random(f, opts.seed.wrapping_add(vertex as u64), &present);
+                if let Err(alone) = check_vertex(f, &case) {
+                    let first: Vec<String> = alone.wrong.iter().take(3).map(|d| d.place.clone()).collect();
+                    m.detail += &format!(
+                        "; localized: vertex {vertex} of the minibatch (children {present:?}) fails alone \
+                         (check_vertex): {} of {} values, first {}",
+                        alone.wrong.len(),
+                        alone.checked,
+                        if first.is_empty() { alone.detail } else { first.join(", ") }
+                    );
+                    return m;
+                }
+                seen.push(present);
+            }
+            vertex += 1;
+        }
+    }
+    m.detail += "; every kind of vertex checks alone (check_vertex): the batching, a fused kernel or a sum over \
+                 vertices differs";
+    m
+}
+
+/// [`check_gradients`] before it localizes.
+fn check_whole(f: &VertexFn, graphs: &[InputGraph], opts: &GradCheck) -> Result<GradReport, Mismatch> {
     let what = format!("gradients of `{}` over {} graphs", f.name(), graphs.len());
     let fail = |e: crate::Error| Mismatch::other(what.clone(), e.to_string());
     let mut rng = Rng::new(opts.seed);
