@@ -193,6 +193,11 @@ impl Uploads {
         self.staged_len = 0;
     }
 
+    /// Values the [`STAGED`] buffer must hold: the host's, then room for linked rows.
+    pub fn staged_room(&self) -> usize {
+        self.staged.len().max(self.staged_len)
+    }
+
     /// Adds a write to the arena at `at` whose values `fill` appends to the vector it is given.
     pub(super) fn write_with(&mut self, at: usize, fill: impl FnOnce(&mut Vec<f32>)) {
         let start = self.data.len();

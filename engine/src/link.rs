@@ -10,7 +10,7 @@
 //! read them at the end of a step, in one read.
 
 use super::batch::Batch;
-use super::launch::{Launch, Uploads, ARENA, STAGED, STAGED_ROWS};
+use super::launch::{Launch, ARENA, STAGED, STAGED_ROWS};
 use super::lower::{self, Lowering};
 use super::{Engine, Gradients, Pass, Pull};
 use arbor_core::backend::{Backend, IndexLoc, Loc, Mem, Rows};
@@ -221,13 +221,6 @@ impl<B: Backend> Engine<B> {
             }
         }
         Ok(())
-    }
-}
-
-impl Uploads {
-    /// Values the [`STAGED`] buffer must hold: the host's, then room for linked rows.
-    pub fn staged_room(&self) -> usize {
-        self.staged.len().max(self.staged_len)
     }
 }
 

@@ -58,6 +58,9 @@ struct Spare {
     loads: Vec<Vec<Rows>>,
     stores: Vec<Vec<Loc>>,
     gemms: Vec<Vec<Gemm>>,
+    /// The parts of scatter-adds sent together, and the scatters a task groups.
+    scatters: Vec<Vec<(Loc, Rows)>>,
+    together: Vec<(usize, Loc, Rows)>,
     /// The waves of products of a step (see [`Lowering::phase`]), emptied.
     waves: Waves,
 }
@@ -401,6 +404,10 @@ impl Lowering {
                     gemms.clear();
                     spare.gemms.push(gemms);
                 }
+                Launch::ScatterAdds { mut parts, .. } => {
+                    parts.clear();
+                    spare.scatters.push(parts);
+                }
                 _ => {}
             }
         }
@@ -584,7 +591,8 @@ impl Lowering {
         let (r0, n) = (rows.start, rows.len());
         let f = Arc::clone(&self.a.f);
         // Scatters into child slots of one width go out together, a few to a call.
-        let mut together: Vec<(usize, Loc, Rows)> = Vec::new();
+        let mut together = std::mem::take(&mut self.spare.together);
+        together.clear();
         for cg in &f.backward().child_grads {
             let b = &self.b;
             if plan.phase[cg.value.index()] != phase
@@ -610,15 +618,16 @@ impl Lowering {
             for part in same.chunks(SCATTERS) {
                 let launch = match part {
                     [(block, src, dst)] => Launch::ScatterAdd { src: *src, block: *block, n, dst: *dst },
-                    _ => Launch::ScatterAdds {
-                        block: part[0].0,
-                        n,
-                        parts: part.iter().map(|&(_, s, d)| (s, d)).collect(),
-                    },
+                    _ => {
+                        let mut parts = self.spare.scatters.pop().unwrap_or_default();
+                        parts.extend(part.iter().map(|&(_, s, d)| (s, d)));
+                        Launch::ScatterAdds { block: part[0].0, n, parts }
+                    }
                 };
                 self.launches.push(launch);
             }
         }
+        self.spare.together = together;
         Ok(())
     }
 }

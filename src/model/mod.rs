@@ -353,7 +353,7 @@ impl<B: Backend> Model<B> {
         let dim = embedding.dim();
         cells[0].set_table(&embedding.take_table(), dim)?;
         let mut model = Model { embedding, cells, feeds, head, readout, loss_scale: None };
-        model.skip_padding_grads();
+        model.skip_unused_grads();
         Ok(model)
     }
 
@@ -390,11 +390,13 @@ impl<B: Backend> Model<B> {
         Ok(self)
     }
 
-    /// The bottom engine does not form the gradients of padding rows, which the word vectors
-    /// drop anyway.
-    fn skip_padding_grads(&mut self) {
+    /// Gradients nobody reads are not formed or read: the bottom engine's of padding rows, which
+    /// the word vectors drop anyway, and the head's of its targets.
+    fn skip_unused_grads(&mut self) {
         let padded = self.embedding.padding().is_some();
         self.cells[0].set_skip_padding_grads(padded);
+        let targets = self.graphs_per_example();
+        self.head.engine().skip_input_grads(&[targets]);
     }
 
     /// The model with products in half precision guarded by `scaler`: the gradient entering the
@@ -517,8 +519,6 @@ impl<B: Backend> Model<B> {
         keep: bool,
     ) -> Result<ModelGrads> {
         let (k, width) = (self.graphs_per_example(), width_out(self.top().function()));
-        // Nothing reads the targets' gradient.
-        self.head.engine().skip_input_grads(&[k]);
         // With a root readout, the head's outputs are read once the backward passes are
         // launched (kept, alone) or before the cells' (to send them meanwhile).
         let linked = self.readout == Readout::Root;
@@ -621,7 +621,7 @@ impl<B: Backend> Model<B> {
         let head = self.head.replica_on(self.cells[0].backend().replica()?)?;
         let (embedding, feeds) = (self.embedding.clone(), self.feeds.clone());
         let mut model = Model { embedding, cells, feeds, head, readout: self.readout, loss_scale: self.loss_scale };
-        model.skip_padding_grads();
+        model.skip_unused_grads();
         if let Some(averages) = self.averaged()? {
             model.set_averaged(&averages)?;
         }

@@ -70,7 +70,6 @@ impl<B: Backend> Model<B> {
         for (k, engine) in self.cells.iter_mut().enumerate() {
             let input = [Pull::Rows(&below)];
             let pulls = if k == 0 { pulls.as_slice() } else { &input };
-            let at_top = |x| x && k == top;
             let mut out = run_pass(
                 engine,
                 &layout.graphs,
@@ -78,7 +77,7 @@ impl<B: Backend> Model<B> {
                 rows.filter(|_| k == top),
                 train,
                 planned.take(),
-                at_top(kept),
+                kept && k == top,
             )?;
             below = if out.is_empty() { Vec::new() } else { out.swap_remove(0) };
         }
