@@ -118,7 +118,7 @@ fn schedule_and_plan(b: Bencher<'_, '_>, trees: usize) {
     let mut scheduler = Scheduler::default();
     let mut schedule = Schedule::default();
     b.counter(divan::counter::ItemsCount::new(vertices)).bench_local(|| {
-        scheduler.schedule(black_box(&refs), &mut schedule);
+        scheduler.schedule(black_box(&refs), cell.arity(), &mut schedule);
         black_box(MemoryPlan::new(&cell, schedule.len(), schedule.max_task(), true));
     });
 }

@@ -198,14 +198,15 @@ fn one_writer_at_a_time_and_readers_see_whole_checkpoints() {
 fn memory_is_checked_before_it_is_allocated() {
     let need = ["GiB", "available"];
     let tmp = Temp::new("memory");
-    // One word heading 199,999 dependents: refused while reading, naming file, line and token.
+    // One word heading 199,999 dependents: memory grows with the edges, so it trains.
     sick_folder(&tmp, "sick", 3);
     let n = 200_000;
     tmp.write("sick/train/a.toks", format!("{}\nthe cat sleeps\na man plays\n", vec!["w"; n].join(" ")));
     let heads: Vec<String> = (0..n).map(|t| if t == 0 { "0".into() } else { "1".into() }).collect();
     tmp.write("sick/train/a.parents", format!("{}\n2 3 0\n2 3 0\n", heads.join(" ")));
     let sick = tmp.at("sick");
-    refused(&["train", "--model", "sick", "--data", &sick], &["a.parents:1:", "token 1 (199999 children)", "GiB"]);
+    let (v, _) = run(&["train", "--model", "sick", "--data", &sick, "--epochs", "1", "--hidden", "4", "--embed", "4"]);
+    assert!(v["steps"].as_u64() > Some(0), "{v}");
     sick_folder(&tmp, "sick", 3);
     refused(&["train", "--model", "sick", "--data", &sick, "--embed", "1000000000"], &["--embed", "GiB"]);
     tu_folder(&tmp, "tu", [0, 1, 0, 1, 0, 1, 0, 1], false);

@@ -23,7 +23,9 @@ pub struct Schedule {
     pub row_of_vertex: Vec<u32>,
     /// First merged vertex of each graph, and the total at the end.
     pub graph_starts: Vec<usize>,
-    /// `child_rows[k][row]`: the row of that vertex's child in slot `k`, or `NO_ROW`.
+    /// `child_rows[k][row]`: the row of that vertex's child in slot `k`, or `NO_ROW`, for the
+    /// slots the scheduler was asked to lay out (a vertex function's arity); every child of every
+    /// slot is in `child_list`, so memory grows with the edges, not with the widest vertex.
     pub child_rows: Vec<Vec<u32>>,
     /// Children's rows of each row (all slots): `child_list[child_offsets[r]..child_offsets[r + 1]]`.
     pub child_offsets: Vec<u32>,
@@ -105,8 +107,9 @@ impl Scheduler {
         self.policy.name()
     }
 
-    /// Schedules `graphs` into `out`, reusing its memory.
-    pub fn schedule(&mut self, graphs: &[&InputGraph], out: &mut Schedule) {
+    /// Schedules `graphs` into `out`, reusing its memory, with `child_rows` for the first `slots`
+    /// child slots (the fixed slots a vertex function reads with `gather(k, …)`).
+    pub fn schedule(&mut self, graphs: &[&InputGraph], slots: usize, out: &mut Schedule) {
         self.bump.reset();
         let bump = &self.bump;
         out.graph_starts.clear();
@@ -141,7 +144,7 @@ impl Scheduler {
             out.vertex_of_row[r] = v as u32;
         }
 
-        let arity = (0..n).map(|v| merged.slots(v).count()).max().unwrap_or(0);
+        let arity = (0..n).map(|v| merged.slots(v).count()).max().unwrap_or(0).min(slots);
         out.child_rows.truncate(arity);
         out.child_rows.resize_with(arity, Vec::new);
         for rows in &mut out.child_rows {
@@ -156,7 +159,9 @@ impl Scheduler {
             for (k, c) in merged.slots(v).enumerate() {
                 if c != NO_CHILD {
                     let cr = out.row_of_vertex[c as usize];
-                    out.child_rows[k][r] = cr;
+                    if k < arity {
+                        out.child_rows[k][r] = cr;
+                    }
                     out.child_list.push(cr);
                 }
             }

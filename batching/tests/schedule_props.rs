@@ -44,7 +44,7 @@ fn check_schedule(graphs: &[&InputGraph], s: &Schedule) {
     for (gi, g) in graphs.iter().enumerate() {
         for v in 0..g.len() {
             let r = s.row_of_vertex[s.graph_starts[gi] + v] as usize;
-            for (k, &c) in g.children(v).iter().enumerate() {
+            for (k, &c) in g.children(v).iter().enumerate().take(s.child_rows.len()) {
                 let want = if c == u32::MAX { NO_ROW } else { s.row_of_vertex[s.graph_starts[gi] + c as usize] };
                 assert_eq!(s.child_rows[k][r], want);
             }
@@ -65,12 +65,19 @@ proptest! {
         for p in policies() {
             let name = p.name();
             let mut s = Scheduler::new(p);
-            s.schedule(&refs, &mut schedule);
+            s.schedule(&refs, arity, &mut schedule);
             check_schedule(&refs, &schedule);
             // Scheduling twice into the same schedule gives the same result.
             let first = schedule.clone();
-            s.schedule(&refs, &mut schedule);
+            s.schedule(&refs, arity, &mut schedule);
             prop_assert_eq!(&first, &schedule);
+            // Fewer fixed slots lay out fewer child rows, and the same child sets.
+            s.schedule(&refs, 1, &mut schedule);
+            check_schedule(&refs, &schedule);
+            prop_assert!(schedule.child_rows.len() <= 1);
+            prop_assert_eq!((&first.child_offsets, &first.child_list), (&schedule.child_offsets, &schedule.child_list));
+            prop_assert_eq!(&first.child_rows[..schedule.child_rows.len()], &schedule.child_rows[..]);
+            s.schedule(&refs, arity, &mut schedule);
             if name == "height" {
                 heights = schedule.tasks.len();
             } else {
@@ -104,15 +111,15 @@ fn stats_describe_the_schedule() {
     let g = InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)], vec![], vec![Some(2), Some(3)]])
         .unwrap();
     let mut s = Schedule::default();
-    Scheduler::default().schedule(&[&g, &InputGraph::chain(2)], &mut s);
+    Scheduler::default().schedule(&[&g, &InputGraph::chain(2)], 2, &mut s);
     let st = s.stats();
     assert_eq!((st.tasks, st.vertices, st.max_task), (3, 7, 4));
     assert!((st.mean_task - 7.0 / 3.0).abs() < 1e-9);
     assert_eq!(st.to_string(), "7 vertices in 3 tasks (mean 2.3, max 4)");
     let mut agenda = Scheduler::new(Box::new(Agenda { max_batch: 2 }));
-    agenda.schedule(&[&g], &mut s);
+    agenda.schedule(&[&g], 2, &mut s);
     assert_eq!(s.tasks.iter().map(|t| t.len()).collect::<Vec<_>>(), vec![2, 2, 1]);
-    Scheduler::new(Box::new(ByDepth)).schedule(&[&g], &mut s);
+    Scheduler::new(Box::new(ByDepth)).schedule(&[&g], 2, &mut s);
     // By depth, leaf 3 (depth 1) runs with vertex 2, not with the deeper leaves 0 and 1.
     assert_eq!(s.tasks.len(), 3);
     assert_eq!(s.tasks[1].len(), 2);

@@ -3,7 +3,6 @@
 //! instead of being killed by the system.
 
 use crate::error::{Error, Result};
-use crate::graph::InputGraph;
 use crate::ir::VertexFn;
 
 /// Bytes of memory the system says are available (Linux's `MemAvailable`); `None` where it is
@@ -48,39 +47,6 @@ pub fn check_model(what: &str, floats: u128, engines: u128) -> Result<()> {
         what,
         floats.saturating_mul(4 * 4).saturating_add(engines.saturating_mul(ENGINE_BYTES)),
         "parameters, gradients, optimizer state and engines",
-    )
-}
-
-/// Below this many bytes of child-slot table, a minibatch is not checked (reading the system's
-/// figures would cost more than a small step).
-const SLOTS_CHECKED_FROM: u128 = 64 << 20;
-
-/// Refuses a minibatch of `graphs` whose batching would not fit: its schedule keeps a row
-/// number for every child slot of every vertex, as many slots as the widest vertex of the
-/// minibatch has children (so a vertex with very many children costs memory in proportion to
-/// its count times the minibatch's vertices). The error names the widest vertex, its graph (its
-/// place in `graphs`) and the memory needed.
-pub fn check_batch(graphs: &[&InputGraph]) -> Result<()> {
-    check_batch_named(graphs, |graph, vertex| format!("input graph {graph} of the minibatch, vertex {vertex}"))
-}
-
-/// [`check_batch`], naming the widest vertex by `name(graph, vertex)` (a file's position).
-pub fn check_batch_named(graphs: &[&InputGraph], name: impl Fn(usize, usize) -> String) -> Result<()> {
-    let vertices: usize = graphs.iter().map(|g| g.len()).sum();
-    let widest = graphs
-        .iter()
-        .enumerate()
-        .flat_map(|(k, g)| (0..g.len()).map(move |v| (g.children(v).len(), k, v)))
-        .max_by_key(|&(slots, _, _)| slots);
-    let Some((slots, graph, vertex)) = widest else { return Ok(()) };
-    let bytes = 4 * slots as u128 * vertices as u128;
-    if bytes < SLOTS_CHECKED_FROM {
-        return Ok(());
-    }
-    check(
-        &format!("{} ({slots} children)", name(graph, vertex)),
-        bytes,
-        &format!("child slots for {vertices} vertices (4 bytes × {slots} slots each)"),
     )
 }
 

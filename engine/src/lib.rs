@@ -125,7 +125,7 @@ fn check_graphs(f: &VertexFn, graphs: &[&InputGraph]) -> Result<()> {
             e => e,
         })?;
     }
-    arbor_core::memory::check_batch(graphs)
+    Ok(())
 }
 
 /// The scheduler, also after a panic on another thread while it was held: it keeps no state
@@ -158,7 +158,7 @@ impl Planner {
     pub fn plan<'g>(&self, graphs: &[&'g InputGraph]) -> Result<Planned<'g>> {
         check_graphs(&self.f, graphs)?;
         let mut schedule = Schedule::default();
-        lock(&self.scheduler).schedule(graphs, &mut schedule);
+        lock(&self.scheduler).schedule(graphs, self.f.arity(), &mut schedule);
         let sizes = graphs.iter().map(|g| g.len()).collect();
         Ok(Planned { graphs: PhantomData, sizes, schedule, scheduler: Arc::clone(&self.scheduler) })
     }

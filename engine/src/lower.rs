@@ -148,7 +148,7 @@ impl Lowering {
     /// Schedules checked `graphs`, reusing the last minibatch's schedule's memory.
     pub(super) fn schedule_graphs(&mut self, graphs: &[&InputGraph]) -> Schedule {
         let mut schedule = std::mem::take(&mut self.b.schedule);
-        lock(&self.scheduler).schedule(graphs, &mut schedule);
+        lock(&self.scheduler).schedule(graphs, self.a.f.arity(), &mut schedule);
         schedule
     }
 

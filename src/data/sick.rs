@@ -194,10 +194,6 @@ fn sentence(
     }
     let parents: Vec<Option<usize>> = heads.iter().map(|&h| h.checked_sub(1)).collect();
     let graph = InputGraph::from_parents(&parents).map_err(|e| parse_error(parents_at, format!("not a tree: {e}")))?;
-    // A word heading very many dependents makes batching costly (memory grows with the count
-    // times a minibatch's words): refused here, naming it, when even its own sentence would not fit.
-    crate::memory::check_batch_named(&[&graph], |_, v| format!("token {}", v + 1))
-        .map_err(|e| parse_error(parents_at, e.to_string()))?;
     let words = tokens.iter().map(|w| id(w)).collect();
     Ok(Sentence { graph, words, root })
 }
