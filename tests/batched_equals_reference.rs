@@ -389,6 +389,60 @@ fn empty_slots_and_single_vertices() {
     assert_close("right-only child", &out[0][2..], &run.outputs[0]);
 }
 
+/// A cell reading its children by every reduction over all of them: `h = tanh(x·W + mean·U +
+/// max − sum/10)`, pushing `[max, mean]`.
+fn reductions_cell() -> VertexFn {
+    let f = Builder::new("reductions", 0);
+    let x = f.pull("x", 4);
+    let (sum, mean, max) = (f.gather_sum("h", 5), f.gather_mean("h", 5), f.gather_max("h", 5));
+    let w = f.param("W", [4, 5], Init::Xavier);
+    let u = f.param("U", [5, 5], Init::Xavier);
+    let h = (x.matmul(w) + mean.matmul(u) + max - sum.scale(0.1)).tanh();
+    f.scatter("h", h);
+    f.push("y", max.concat(mean));
+    f.build().unwrap()
+}
+
+/// A forest (a DAG when `dag`) of `n` vertices of mixed degree, up to about 50 children: half the
+/// vertices hang under the next hub (every 50th vertex), most others under a random later vertex,
+/// some under none (a root); in a DAG a third also under a second later vertex.
+fn mixed_degree(rng: &mut Rng, n: usize, dag: bool) -> InputGraph {
+    let mut children: Vec<Vec<Option<usize>>> = vec![Vec::new(); n];
+    for v in 0..n.saturating_sub(1) {
+        let hub = (v / 50 + 1) * 50;
+        let later = |rng: &mut Rng| v + 1 + rng.below(n - v - 1);
+        let parent = match (rng.below(2), rng.below(6)) {
+            (0, _) if hub < n => Some(hub),
+            (_, 0) => None,
+            _ => Some(later(rng)),
+        };
+        if let Some(p) = parent {
+            children[p].push(Some(v));
+        }
+        if dag && rng.below(3) == 0 {
+            children[later(rng)].push(Some(v));
+        }
+    }
+    InputGraph::from_children(children).unwrap()
+}
+
+/// Sum, mean and max over 0 to 50 children, batched across vertices of different degrees.
+#[test]
+fn reductions_over_children_on_a_fixed_forest_and_dag() {
+    for (seed, dag) in [(41, false), (42, true)] {
+        let mut rng = Rng::new(seed);
+        let gs: Vec<InputGraph> = (0..6)
+            .map(|_| {
+                let n = 1 + rng.below(120);
+                mixed_degree(&mut rng, n, dag)
+            })
+            .collect();
+        let widest = gs.iter().flat_map(|g| (0..g.len()).map(|v| g.children(v).len())).max();
+        assert!(widest > Some(20), "the widest vertex has {widest:?} children");
+        check_batched_with(&reductions_cell(), &gs, &Batched::new(seed)).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
@@ -410,6 +464,13 @@ proptest! {
     #[test]
     fn odd_ops_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=8, max_v in 1usize..=30) {
         check(odd_cell(), seed, graphs, max_v, true);
+    }
+
+    #[test]
+    fn reductions_batched_equal_reference(seed in any::<u64>(), graphs in 1usize..=12, max_v in 1usize..=150, dag in any::<bool>()) {
+        let mut rng = Rng::new(seed);
+        let gs: Vec<InputGraph> = (0..graphs).map(|_| { let n = 1 + rng.below(max_v); mixed_degree(&mut rng, n, dag) }).collect();
+        check_batched_with(&reductions_cell(), &gs, &Batched::new(seed)).map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
 }
 

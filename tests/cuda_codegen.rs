@@ -6,7 +6,7 @@
 
 mod common;
 
-use arbor::backend::{IndexLoc, Loc, Mem, Rows, NO_ROW};
+use arbor::backend::{Combine, IndexLoc, Loc, Mem, Rows, NO_ROW};
 use arbor::cuda::codegen::{cache_key, generate, Binding, Generated, Param};
 use arbor::fusion::Kernel;
 use arbor::rng::Rng;
@@ -29,9 +29,12 @@ fn one_kernel_per_fused_step_with_its_parameters() {
         assert_eq!(count(|p| matches!(p, Param::Data(_))), b.iter().filter(|b| **b != Binding::Zeros).count());
         assert_eq!(
             count(|p| matches!(p, Param::Index(_))),
-            b.iter().filter(|b| matches!(b, Binding::Indexed | Binding::IndexedSet)).count()
+            b.iter().filter(|b| matches!(b, Binding::Indexed | Binding::IndexedSet(_))).count()
         );
-        assert_eq!(count(|p| matches!(p, Param::Offsets(_))), b.iter().filter(|b| **b == Binding::IndexedSet).count());
+        assert_eq!(
+            count(|p| matches!(p, Param::Offsets(_))),
+            b.iter().filter(|b| matches!(b, Binding::IndexedSet(_))).count()
+        );
         assert_eq!(count(|p| matches!(p, Param::Store(_))), k.stores.len());
         assert_eq!(g.width, k.stores.iter().map(|&s| k.nodes[s].shape.cols()).max().unwrap());
         assert!(g.source.contains(&format!("extern \"C\" __global__ void {}(", g.name)));
@@ -67,7 +70,7 @@ fn bind(b: Binding, n: usize, block: usize, rng: &mut Rng) -> Bound {
             offsets: vec![],
             index: (0..n).map(|v| if v % 3 == 1 { NO_ROW } else { ((v * 5) % source_rows) as u32 }).collect(),
         },
-        Binding::IndexedSet => {
+        Binding::IndexedSet(_) => {
             let mut offsets = vec![0u32];
             let mut index = Vec::new();
             for v in 0..n {
@@ -98,9 +101,9 @@ fn on_cpu(k: &Kernel, bindings: &[Binding], bound: &[Bound], n: usize) -> Vec<Ve
             Binding::Broadcast => Rows::Broadcast(at),
             Binding::Zeros => Rows::Zeros,
             Binding::Indexed => Rows::Indexed { data: at, index: idx(&x.index) },
-            Binding::IndexedSet => {
+            Binding::IndexedSet(reduce) => {
                 let offsets = idx(&x.offsets);
-                Rows::IndexedSet { data: at, offsets, index: idx(&x.index) }
+                Rows::IndexedSet { data: at, offsets, index: idx(&x.index), combine: Combine::of(*reduce, at) }
             }
         });
     }
@@ -310,7 +313,8 @@ fn a_scatter_past_its_rows_stops_the_kernel() {
              const float src[4] = {{1, 2, 3, 4}}; float data[6] = {{0}};\n\
              const unsigned index[2] = {{{}, {}}}; const unsigned offsets[3] = {{0, 2, {last_offset}}};\n\
              for (long long t = 0; t < 4; ++t) arbor_scatter_indexed_body(t, src, 2, 2, data, 3, index);\n\
-             for (long long t = 0; t < 4; ++t) arbor_scatter_set_body(t, src, 2, 2, data, 3, offsets, index, 2);\n\
+             for (long long t = 0; t < 4; ++t) arbor_scatter_set_body(t, src, 2, 2, data, 3, offsets, index, 2, 0, data);\n\
+             for (long long t = 0; t < 4; ++t) arbor_scatter_set_body(t, src, 2, 2, data, 3, offsets, index, 2, 2, data);\n\
              return 0;\n}}\n",
             index[0], index[1]
         )
@@ -340,9 +344,12 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
     let index: Vec<u32> = vec![2, NO_ROW, 0, 2, 3];
     let (offsets, set): (Vec<u32>, Vec<u32>) = (vec![0, 2, 2, 3, 5, 6], vec![1, 3, 0, 2, 1, 3]);
     let sums_in = values(rows * block);
+    // The rows a max's gradient is routed by.
+    let compared = values(rows * block);
     let mut c = format!("#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}#include <stdio.h>\n");
     c += &c_array("const float", "src", &src);
-    for name in ["a", "b", "a2", "a3"] {
+    c += &c_array("const float", "by", &compared);
+    for name in ["a", "b", "a2", "a3", "bm", "bx"] {
         c += &c_array("float", name, &data);
     }
     c += &c_array("const unsigned", "index", &index);
@@ -354,14 +361,17 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
     c += &format!(
         "int main(void) {{\n\
          for (long long t = 0; t < {nb}; ++t) arbor_scatter_indexed_body(t, src, {block}, {n}, a, {rows}, index);\n\
-         for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, b, {rows}, offsets, set, {sets});\n\
+         for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, b, {rows}, offsets, set, {sets}, 0, b);\n\
+         for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, bm, {rows}, offsets, set, {sets}, 1, bm);\n\
+         for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, bx, {rows}, offsets, set, {sets}, 2, by);\n\
          for (long long t = 0; t < {block}; ++t) arbor_sum_rows_body(t, s, {rows}, {block}, d0, 0);\n\
          for (long long t = 0; t < {block}; ++t) arbor_sum_rows_body(t, s, {rows}, {block}, d1, 1);\n\
          for (long long t = 0; t < {rb}; ++t) arbor_fill_body(t, s, {rb}, 2.5f);\n\
          for (long long t = 0; t < 2 * {nb}; ++t) arbor_scatter_indexed4_body(t, {block}, {n}, 2, src, a2, {rows}, index, \
              src, a3, {rows}, index, 0, 0, 0, 0, 0, 0, 0, 0);\n\
-         float* out[] = {{a, b, d0, d1, s, a2, a3}}; int len[] = {{{rb}, {rb}, {block}, {block}, {rb}, {rb}, {rb}}};\n\
-         for (int k = 0; k < 7; ++k) for (int i = 0; i < len[k]; ++i) printf(\"%.9g\\n\", out[k][i]);\n\
+         float* out[] = {{a, b, d0, d1, s, a2, a3, bm, bx}};\n\
+         int len[] = {{{rb}, {rb}, {block}, {block}, {rb}, {rb}, {rb}, {rb}, {rb}}};\n\
+         for (int k = 0; k < 9; ++k) for (int i = 0; i < len[k]; ++i) printf(\"%.9g\\n\", out[k][i]);\n\
          return 0;\n}}\n",
         nb = n * block,
         rb = rows * block,
@@ -373,13 +383,12 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
     std::fs::remove_dir_all(&dir).ok();
     let got: Vec<f32> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
 
-    // The same on the CPU backend: one data buffer [src | a | b | s | d0 | d1], one index buffer.
+    // The same on the CPU backend: one data buffer [src | a | b | s | d0 | d1 | bm | bx | by], one
+    // index buffer.
     let cpu = CpuBackend::new();
-    let mut all = [src.clone(), data.clone(), data.clone(), sums_in, vec![0.5; 3], vec![0.5; 3]].concat();
-    let at: Vec<usize> = [0, n * block, n * block + rows * block, n * block + 2 * rows * block]
-        .into_iter()
-        .chain([n * block + 3 * rows * block, n * block + 3 * rows * block + block])
-        .collect();
+    let parts = [&src, &data, &data, &sums_in, &vec![0.5; 3], &vec![0.5; 3], &data, &data, &compared];
+    let at: Vec<usize> = parts.iter().scan(0, |end, p| Some(std::mem::replace(end, *end + p.len()))).collect();
+    let mut all: Vec<f32> = parts.iter().flat_map(|p| p.iter().copied()).collect();
     let mut buf = cpu.alloc(all.len()).unwrap();
     cpu.write(&mut buf, 0, &all).unwrap();
     let idx = [index.clone(), offsets.clone(), set.clone()].concat();
@@ -391,8 +400,15 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
     let loc = |k: usize| Loc { buf: 0, offset: at[k] };
     let il = |offset: usize| IndexLoc { buf: 0, offset };
     cpu.scatter_add(&mut mem, loc(0), block, n, &Rows::Indexed { data: loc(1), index: il(0) }).unwrap();
-    let set_rows = Rows::IndexedSet { data: loc(2), offsets: il(n), index: il(2 * n + 1) };
-    cpu.scatter_add(&mut mem, loc(0), block, n, &set_rows).unwrap();
+    let set_rows = |data: usize, combine: Combine| Rows::IndexedSet {
+        data: loc(data),
+        offsets: il(n),
+        index: il(2 * n + 1),
+        combine,
+    };
+    cpu.scatter_add(&mut mem, loc(0), block, n, &set_rows(2, Combine::Sum)).unwrap();
+    cpu.scatter_add(&mut mem, loc(0), block, n, &set_rows(6, Combine::Mean)).unwrap();
+    cpu.scatter_add(&mut mem, loc(0), block, n, &set_rows(7, Combine::Max { by: loc(8) })).unwrap();
     cpu.sum_rows(&mut mem, loc(3), rows, block, loc(4), false).unwrap();
     cpu.sum_rows(&mut mem, loc(3), rows, block, loc(5), true).unwrap();
     cpu.fill(&mut mem, loc(3), rows * block, 2.5).unwrap();
@@ -406,6 +422,9 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
         // Two scatters in one call of the four-way kernel: each as the scatter by index.
         &all[at[1]..at[1] + rows * block],
         &all[at[1]..at[1] + rows * block],
+        // A mean's and a max's gradient sent to the sets.
+        &all[at[6]..at[6] + rows * block],
+        &all[at[7]..at[7] + rows * block],
     ]
     .concat();
     assert_eq!(got.len(), want.len());

@@ -8,7 +8,7 @@
 //! for one task only, not for the whole minibatch.
 
 use arbor_core::fusion::{Phase, Plan, Step};
-use arbor_core::ir::{Func, Op, ParamGrad, ValueId, VertexFn};
+use arbor_core::ir::{Func, Op, ParamGrad, Reduce, ValueId, VertexFn};
 use std::ops::Range;
 
 /// Offsets are rounded up to this many elements (64 bytes of f32).
@@ -161,7 +161,7 @@ impl Timeline<'_> {
                 Step::Fused(k) => {
                     for (node, &v) in k.nodes.iter().zip(&k.values) {
                         let (buf, gathered) = match node.op {
-                            Op::Gather { state, .. } | Op::GatherSum { state } => {
+                            Op::Gather { state, .. } | Op::GatherAll { state, .. } => {
                                 (self.resolve(Pass::Forward, self.f.states()[state].value), true)
                             }
                             _ if node.op.is_load() => (self.resolve(pass, v), false),
@@ -235,11 +235,18 @@ impl MemoryPlan {
             tl.time += 1;
             tl.touch_all((0..f.outputs().len()).map(|o| Some(Buf::PushGrad(o))), false);
             tl.touch_all((0..f.states().len()).map(|s| Some(Buf::StateGrad(s))), false);
+            // A gradient sent to every child reads the children's states where it goes to the
+            // largest (`gather_max`).
             let sends = |tl: &Timeline<'_>, phase: Phase| -> Vec<Option<Buf>> {
                 b.child_grads
                     .iter()
                     .filter(|c| bwd_plan.phase[c.value.index()] == phase)
-                    .flat_map(|c| [tl.resolve(Pass::Backward, c.value), Some(Buf::StateGrad(c.state))])
+                    .flat_map(|c| {
+                        let by = (c.slot.is_none() && c.reduce == Reduce::Max)
+                            .then(|| tl.resolve(Pass::Forward, f.states()[c.state].value))
+                            .flatten();
+                        [tl.resolve(Pass::Backward, c.value), Some(Buf::StateGrad(c.state)), by]
+                    })
                     .collect()
             };
             tl.steps(Pass::Backward, bwd_plan, Phase::Prologue);

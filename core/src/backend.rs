@@ -7,6 +7,7 @@
 
 use crate::error::Result;
 use crate::fusion::Kernel;
+use crate::ir::Reduce;
 use crate::optim::Update;
 
 /// An element offset into one of the data buffers of a [`Mem`].
@@ -52,8 +53,8 @@ pub enum Rows {
         /// One row number per vertex.
         index: IndexLoc,
     },
-    /// For vertex `i`, the blocks at `data + index[j]·block` for `j` in `offsets[i]..offsets[i+1]`
-    /// (summed when read, each added to when written).
+    /// For vertex `i`, the blocks at `data + index[j]·block` for `j` in `offsets[i]..offsets[i+1]`,
+    /// combined as `combine` says when read and when added to.
     IndexedSet {
         /// Start of the rows.
         data: Loc,
@@ -61,9 +62,48 @@ pub enum Rows {
         offsets: IndexLoc,
         /// Row numbers.
         index: IndexLoc,
+        /// How the set's blocks combine.
+        combine: Combine,
     },
     /// Zeros (reads only).
     Zeros,
+}
+
+/// How the blocks of a vertex's [`Rows::IndexedSet`] combine, element by element; an empty set
+/// reads as zeros and takes nothing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Combine {
+    /// Read: their sum. Added to: each gets the whole block.
+    Sum,
+    /// Read: their sum divided by their number. Added to: each gets the block divided by it.
+    Mean,
+    /// Read: the largest (`by` is then `data`). Added to: in each column, only the first member
+    /// whose block at `by + index[j]·block` is largest there (the forward rows `gather_max`
+    /// read) gets the value. A later member must be larger to replace an earlier one.
+    Max {
+        /// The rows compared.
+        by: Loc,
+    },
+}
+
+impl Combine {
+    /// The IR's reduction this combines by.
+    pub fn reduce(self) -> Reduce {
+        match self {
+            Combine::Sum => Reduce::Sum,
+            Combine::Mean => Reduce::Mean,
+            Combine::Max { .. } => Reduce::Max,
+        }
+    }
+
+    /// Combining by `reduce`, a max comparing the rows at `by`.
+    pub fn of(reduce: Reduce, by: Loc) -> Combine {
+        match reduce {
+            Reduce::Sum => Combine::Sum,
+            Reduce::Mean => Combine::Mean,
+            Reduce::Max => Combine::Max { by },
+        }
+    }
 }
 
 /// `C_b (+)= op(A_b) · op(B_b)` for `b` in `0..batch`, all row-major; `op` transposes when the

@@ -130,7 +130,7 @@ impl Plan {
         let mut roots: Vec<ValueId> = f.states.iter().map(|s| s.value).collect();
         roots.extend(f.outputs.iter().map(|o| o.value));
         roots.extend(keep);
-        Plan::new(&f.forward, |op| matches!(op, Op::Gather { .. } | Op::GatherSum { .. }), &rec_out, &roots)
+        Plan::new(&f.forward, |op| matches!(op, Op::Gather { .. } | Op::GatherAll { .. }), &rec_out, &roots)
     }
 
     /// The plan of a function's backward pass (its derived F').

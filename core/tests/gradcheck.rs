@@ -574,6 +574,72 @@ fn gather_sum() {
     }
 }
 
+/// A cell reading its children's `h` by mean and by max, and scattering `h` from them.
+fn mean_max_fn() -> VertexFn {
+    let f = Builder::new("gather-mean-max", 0);
+    let x = f.pull("x", 3);
+    let (mean, max) = (f.gather_mean("h", 3), f.gather_max("h", 3));
+    let u = f.param("U", [3, 3], Init::Xavier);
+    let h = (x + mean.matmul(u) + max * mean).tanh();
+    f.scatter("h", h);
+    f.push("y", f.concat(&[mean, max]));
+    f.build().unwrap()
+}
+
+#[test]
+fn gather_mean_and_gather_max() {
+    let f = mean_max_fn();
+    assert_eq!(f.max_children(), None);
+    let case = VertexCase::random(&f, 21, &[true, false, true, true]);
+    let vals = case.forward(&f);
+    let kids: Vec<&[f32]> = case.children.iter().flatten().map(|c| c[0].as_slice()).collect();
+    let mean: Vec<f32> = (0..3).map(|e| kids.iter().map(|k| k[e]).sum::<f32>() / 3.0).collect();
+    let max: Vec<f32> = (0..3).map(|e| kids.iter().map(|k| k[e]).fold(f32::MIN, f32::max)).collect();
+    assert_close(&output(&f, &vals, "y")[..3], &mean);
+    assert_close(&output(&f, &vals, "y")[3..], &max);
+    // The max's gradient reaches, in each column, only the child holding the largest value; the
+    // mean's reaches every child, divided by their number.
+    let only_y = VertexCase {
+        state_grads: vec![vec![0.0; 3]],
+        push_grads: vec![vec![0.0, 0.0, 0.0, 1.0, 2.0, 3.0]],
+        ..case.clone()
+    };
+    let (grads, _) = only_y.gradients(&f);
+    for (k, kid) in case.children.iter().enumerate() {
+        let Some(kid) = kid else { continue };
+        let g = &grads.children[k].as_ref().unwrap()[0];
+        for e in 0..3 {
+            assert_eq!(g[e], if kid[0][e] == max[e] { (e + 1) as f32 } else { 0.0 }, "child {k} column {e}");
+        }
+    }
+    let only_mean = VertexCase { push_grads: vec![vec![3.0, 6.0, 9.0, 0.0, 0.0, 0.0]], ..only_y };
+    let (grads, _) = only_mean.gradients(&f);
+    for g in grads.children.iter().flatten() {
+        assert_close(&g[0], &[1.0, 2.0, 3.0]);
+    }
+    // A leaf: zeros.
+    let leaf = VertexCase::random(&f, 22, &[]);
+    assert!(output(&f, &leaf.forward(&f), "y").iter().all(|&v| v == 0.0));
+    for present in [&[][..], &[true], &[true, true, true], &[true, false, true, true]] {
+        check(&f, present);
+    }
+}
+
+/// Ties in a max: the first child (in slot order) holding the largest value gets the gradient.
+#[test]
+fn gather_max_ties_go_to_the_first_child() {
+    let f = mean_max_fn();
+    let mut case = VertexCase::random(&f, 23, &[true, true, true]);
+    for k in 0..3 {
+        case.children[k].as_mut().unwrap()[0] = vec![1.0, if k == 2 { 5.0 } else { 2.0 }, -1.0];
+    }
+    case.push_grads = vec![vec![0.0, 0.0, 0.0, 1.0, 1.0, 1.0]];
+    case.state_grads = vec![vec![0.0; 3]];
+    let (grads, _) = case.gradients(&f);
+    let g: Vec<&Vec<f32>> = grads.children.iter().map(|c| &c.as_ref().unwrap()[0]).collect();
+    assert_eq!((g[0].clone(), g[1].clone(), g[2].clone()), (vec![1.0, 0.0, 1.0], vec![0.0; 3], vec![0.0, 1.0, 0.0]));
+}
+
 #[test]
 fn binary_tree_lstm_gradients() {
     let f = binary_tree_lstm(3, 2);

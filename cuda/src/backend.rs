@@ -14,7 +14,7 @@ use crate::codegen::{generate, Binding, Generated, Param};
 use crate::helpers::{helpers, HELPERS};
 use crate::nvrtc;
 use crate::optim::OPTIM_KERNELS;
-use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows, SCATTERS};
+use arbor_core::backend::{Backend, Combine, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows, SCATTERS};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
 use arbor_core::optim::Update;
@@ -558,6 +558,10 @@ impl Backend for CudaBackend {
         if let Some(msg) = kernel.binding_mismatch(loads.len(), stores.len()) {
             return Err(fail("fused", msg));
         }
+        if loads.iter().any(|l| matches!(*l, Rows::IndexedSet { data, combine: Combine::Max { by }, .. } if by != data))
+        {
+            return Err(fail("fused", "a read takes the largest of its own rows (`by` must be `data`)"));
+        }
         let load_ops: Vec<usize> = kernel.loads().collect();
         let c = self.compiled(kernel, loads.iter().map(Binding::of).collect())?;
         let mut args = vec![Arg::I64(n as i64)];
@@ -612,18 +616,31 @@ impl Backend for CudaBackend {
                     Arg::Ptr(self.index(mem, "scatter_add", index, n)?),
                 ],
             ),
-            Rows::IndexedSet { data, offsets, index } => (
-                "arbor_scatter_set",
-                vec![
-                    Arg::Ptr(self.data(mem, "scatter_add", data, block)?),
-                    Arg::I64(self.rows_held(mem, data, block)),
-                    Arg::Ptr(self.index(mem, "scatter_add", offsets, n + 1)?),
-                    Arg::Ptr(self.index(mem, "scatter_add", index, 0)?),
-                    Arg::I64(
-                        mem.index.get(index.buf).map_or(0, |b| self.index_len(b).saturating_sub(index.offset)) as i64
-                    ),
-                ],
-            ),
+            Rows::IndexedSet { data, offsets, index, combine } => {
+                let (mode, by) = match combine {
+                    Combine::Sum => (0, data),
+                    Combine::Mean => (1, data),
+                    Combine::Max { by } => (2, by),
+                };
+                if self.rows_held(mem, by, block) < self.rows_held(mem, data, block) {
+                    return Err(fail("scatter_add", "the compared rows (`by`) hold fewer rows than the destination"));
+                }
+                (
+                    "arbor_scatter_set",
+                    vec![
+                        Arg::Ptr(self.data(mem, "scatter_add", data, block)?),
+                        Arg::I64(self.rows_held(mem, data, block)),
+                        Arg::Ptr(self.index(mem, "scatter_add", offsets, n + 1)?),
+                        Arg::Ptr(self.index(mem, "scatter_add", index, 0)?),
+                        Arg::I64(
+                            mem.index.get(index.buf).map_or(0, |b| self.index_len(b).saturating_sub(index.offset))
+                                as i64,
+                        ),
+                        Arg::I32(mode),
+                        Arg::Ptr(self.data(mem, "scatter_add", by, block)?),
+                    ],
+                )
+            }
             _ => return Err(fail("scatter_add", "destination must be indexed rows")),
         };
         args.splice(0..0, [Arg::Ptr(s), Arg::I64(block as i64), Arg::I64(n as i64)]);

@@ -13,7 +13,7 @@
 use arbor_core::backend::Rows;
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
-use arbor_core::ir::Op;
+use arbor_core::ir::{Op, Reduce};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -26,8 +26,8 @@ pub enum Binding {
     Broadcast,
     /// A row number per vertex (or none: zeros).
     Indexed,
-    /// A set of rows per vertex, summed.
-    IndexedSet,
+    /// A set of rows per vertex, combined by the reduction (sum, mean or max).
+    IndexedSet(Reduce),
     /// Zeros.
     Zeros,
 }
@@ -39,7 +39,7 @@ impl Binding {
             Rows::Contiguous(_) => Binding::Contiguous,
             Rows::Broadcast(_) => Binding::Broadcast,
             Rows::Indexed { .. } => Binding::Indexed,
-            Rows::IndexedSet { .. } => Binding::IndexedSet,
+            Rows::IndexedSet { combine, .. } => Binding::IndexedSet(combine.reduce()),
             Rows::Zeros => Binding::Zeros,
         }
     }
@@ -206,11 +206,19 @@ impl Emitter<'_> {
                     Binding::Indexed => self.line(&format!(
                         "const float {t} = I{n}[v] == ARBOR_NO_ROW ? 0.0f : L{n}[(long long)arbor_row(I{n}[v], R{n}) * {block} + {at}];"
                     )),
-                    Binding::IndexedSet => {
+                    Binding::IndexedSet(reduce) => {
+                        let x = format!("L{n}[(long long)arbor_row(I{n}[q], R{n}) * {block} + {at}]");
                         self.line(&format!("float {t} = 0.0f;"));
-                        self.line(&format!(
-                            "for (unsigned q = O{n}[v]; q < O{n}[v + 1]; ++q) {t} += L{n}[(long long)arbor_row(I{n}[q], R{n}) * {block} + {at}];"
-                        ));
+                        self.line(&format!("for (unsigned q = O{n}[v]; q < O{n}[v + 1]; ++q) {{"));
+                        // A later row must be larger to replace an earlier one (as on the CPU).
+                        self.line(&match reduce {
+                            Reduce::Sum | Reduce::Mean => format!("    {t} += {x};"),
+                            Reduce::Max => format!("    const float xq = {x}; if (q == O{n}[v] || xq > {t}) {t} = xq;"),
+                        });
+                        self.line("}");
+                        if reduce == Reduce::Mean {
+                            self.line(&format!("if (O{n}[v + 1] > O{n}[v]) {t} /= (float)(O{n}[v + 1] - O{n}[v]);"));
+                        }
                     }
                 }
                 t
@@ -310,11 +318,11 @@ pub fn generate(kernel: &Kernel, bindings: &[Binding]) -> Result<Generated> {
             params.push(Param::Data(n));
             decl.push(format!("const float* ARBOR_RESTRICT L{n}"));
         }
-        if b == Binding::IndexedSet {
+        if matches!(b, Binding::IndexedSet(_)) {
             params.push(Param::Offsets(n));
             decl.push(format!("const unsigned* ARBOR_RESTRICT O{n}"));
         }
-        if matches!(b, Binding::Indexed | Binding::IndexedSet) {
+        if matches!(b, Binding::Indexed | Binding::IndexedSet(_)) {
             params.push(Param::Index(n));
             decl.push(format!("const unsigned* ARBOR_RESTRICT I{n}"));
             params.push(Param::Rows(n));

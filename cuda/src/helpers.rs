@@ -34,14 +34,32 @@ ARBOR_DEVICE void arbor_scatter_indexed4_body(long long t, long long block, long
     else if (k == 2) arbor_scatter_indexed_body(u, s2, block, n, d2, r2, i2);
     else arbor_scatter_indexed_body(u, s3, block, n, d3, r3, i3);
 }
+/* Into every row of vertex `t / block`'s set: `mode` 0 adds the value to each (a sum's
+   gradient), 1 the value divided by their number (a mean's), 2 only to the first row whose
+   element in `by` is largest (a max's; a later row must be larger to replace an earlier one). */
 ARBOR_DEVICE void arbor_scatter_set_body(long long t, const float* src, long long block, long long n, float* data,
                                          long long rows, const unsigned* offsets, const unsigned* index,
-                                         long long len) {
+                                         long long len, int mode, const float* by) {
     if (t >= n * block) return;
-    long long v = t / block;
-    for (unsigned q = offsets[v]; q < offsets[v + 1]; ++q) {
+    long long v = t / block, j = t % block;
+    unsigned first = offsets[v], end = offsets[v + 1];
+    if (mode == 2) {
+        long long best = -1;
+        float most = 0.0f;
+        for (unsigned q = first; q < end; ++q) {
+            unsigned i = index[arbor_row(q, len)];
+            if (i == ARBOR_NO_ROW) continue;
+            long long r = arbor_row(i, rows);
+            float y = by[r * block + j];
+            if (best < 0 || y > most) { best = r; most = y; }
+        }
+        if (best >= 0) atomicAdd(&data[best * block + j], src[t]);
+        return;
+    }
+    float x = mode == 1 && end > first ? src[t] / (float)(end - first) : src[t];
+    for (unsigned q = first; q < end; ++q) {
         unsigned i = index[arbor_row(q, len)];
-        if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)arbor_row(i, rows) * block + t % block], src[t]);
+        if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)arbor_row(i, rows) * block + j], x);
     }
 }
 /* f32 to bfloat16 bits, rounded to nearest even (NaN stays NaN). */
@@ -110,8 +128,8 @@ pub(crate) const HELPERS: [(&str, &str, &str); 8] = [
     (
         "arbor_scatter_set",
         "const float* src, long long block, long long n, float* data, long long rows, const unsigned* offsets, \
-         const unsigned* index, long long len",
-        "src, block, n, data, rows, offsets, index, len",
+         const unsigned* index, long long len, int mode, const float* by",
+        "src, block, n, data, rows, offsets, index, len, mode, by",
     ),
     ("arbor_to_bf16", "const float* src, long long n, unsigned short* dst", "src, n, dst"),
     ("arbor_to_f16", "const float* src, long long n, unsigned short* dst", "src, n, dst"),

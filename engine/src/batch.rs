@@ -10,7 +10,7 @@ use super::launch::Uploads;
 use super::link::LinkedInput;
 use super::Pull;
 use arbor_batching::{MemoryPlan, Schedule};
-use arbor_core::backend::{IndexLoc, Loc, Rows, NO_ROW};
+use arbor_core::backend::{Combine, IndexLoc, Loc, Rows, NO_ROW};
 use arbor_core::error::{Error, Result};
 use arbor_core::ir::{Op, Port, ValueId, VertexFn};
 use std::ops::Range;
@@ -40,12 +40,13 @@ impl IndexLayout {
         IndexLoc { buf: 0, offset: slot * self.vertices + row }
     }
 
-    /// Rows `row..` of a vertex's children, all slots.
-    pub fn set(&self, data: Loc, row: usize) -> Rows {
+    /// Rows `row..` of a vertex's children, all slots, combined by `combine`.
+    pub fn set(&self, data: Loc, row: usize, combine: Combine) -> Rows {
         Rows::IndexedSet {
             data,
             offsets: IndexLoc { buf: 0, offset: self.child_offsets + row },
             index: IndexLoc { buf: 0, offset: self.child_list },
+            combine,
         }
     }
 }
@@ -206,7 +207,7 @@ impl Batch {
                 Op::Gather { slot, .. } => {
                     s.child_rows.get(slot).is_none_or(|c| c[rows.clone()].iter().all(|&r| r == NO_ROW))
                 }
-                Op::GatherSum { .. } => s.child_offsets[rows.start] == s.child_offsets[rows.end],
+                Op::GatherAll { .. } => s.child_offsets[rows.start] == s.child_offsets[rows.end],
                 Op::Pull { input } => self.task_all(t, &self.pull_zero_rows[input]),
                 _ => false,
             })

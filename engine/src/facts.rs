@@ -246,7 +246,7 @@ fn backward_facts(f: &VertexFn, fwd_zero: &[Cols], loads: &Loads, grad_loads: &L
     let has_children = |slot: Option<usize>| {
         !fwd.nodes.iter().enumerate().any(|(i, n)| match n.op {
             Op::Gather { slot: s, .. } => Some(s) == slot && loads[i],
-            Op::GatherSum { .. } => slot.is_none() && loads[i],
+            Op::GatherAll { .. } => slot.is_none() && loads[i],
             _ => false,
         })
     };

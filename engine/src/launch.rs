@@ -4,7 +4,7 @@
 
 use super::analysis::StepRef;
 use super::dedup;
-use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, Rows};
+use arbor_core::backend::{Backend, Combine, Gemm, IndexLoc, Loc, Mem, Rows};
 use arbor_core::error::Result;
 use arbor_core::fusion::Kernel;
 use std::fmt;
@@ -253,7 +253,11 @@ impl fmt::Display for RowsAt<'_> {
             Rows::Contiguous(l) => write!(f, "{}", At(*l)),
             Rows::Broadcast(l) => write!(f, "{} (each)", At(*l)),
             Rows::Indexed { data, index } => write!(f, "{}[{}]", At(*data), ix(index)),
-            Rows::IndexedSet { data, offsets, .. } => write!(f, "{}[set {}]", At(*data), ix(offsets)),
+            Rows::IndexedSet { data, offsets, combine, .. } => match combine {
+                Combine::Sum => write!(f, "{}[set {}]", At(*data), ix(offsets)),
+                Combine::Mean => write!(f, "{}[mean of set {}]", At(*data), ix(offsets)),
+                Combine::Max { by } => write!(f, "{}[max by {} of set {}]", At(*data), At(*by), ix(offsets)),
+            },
             Rows::Zeros => write!(f, "zeros"),
         }
     }

@@ -11,7 +11,7 @@ use super::link::Given;
 use super::products::Waves;
 use super::{check_graphs, check_vertices, internal, lock, Planned, Planner, Pull};
 use arbor_batching::{Policy, Region, Schedule, Scheduler};
-use arbor_core::backend::{Gemm, IndexLoc, Loc, Rows, SCATTERS};
+use arbor_core::backend::{Combine, Gemm, IndexLoc, Loc, Rows, SCATTERS};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::graph::InputGraph;
@@ -566,7 +566,10 @@ impl Lowering {
                     data: self.loc(Pass::Forward, f.states()[state].value, 0, 0)?,
                     index: ix.slot(slot, r0),
                 },
-                Op::GatherSum { state } => ix.set(self.loc(Pass::Forward, f.states()[state].value, 0, 0)?, r0),
+                Op::GatherAll { state, reduce } => {
+                    let data = self.loc(Pass::Forward, f.states()[state].value, 0, 0)?;
+                    ix.set(data, r0, Combine::of(reduce, data))
+                }
                 Op::Param { .. } => Rows::Broadcast(self.loc(pass, v, 0, 0)?),
                 Op::Zeros => Rows::Zeros,
                 _ if pass == Pass::Forward && self.a.by_index[v.index()] => match self.scratch_rows(v, &rows) {
@@ -605,7 +608,10 @@ impl Lowering {
             let data = Loc { buf: ARENA, offset: b.memory.state_grads[cg.state].offset };
             let dst = match cg.slot {
                 Some(k) => Rows::Indexed { data, index: b.index.slot(k, r0) },
-                None => b.index.set(data, r0),
+                None => {
+                    let by = self.loc(Pass::Forward, f.states()[cg.state].value, 0, 0)?;
+                    self.b.index.set(data, r0, Combine::of(cg.reduce, by))
+                }
             };
             let src = self.loc(Pass::Backward, cg.value, r0, r0)?;
             match dst {

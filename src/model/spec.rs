@@ -7,7 +7,7 @@
 use super::{Feed, Model};
 use crate::checkpoint::Checkpoint;
 use crate::head::Head;
-use crate::ir::{BinaryOp, Declared, Func, Init, Node, Op, ParamDecl, Port, StateDecl, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, Declared, Func, Init, Node, Op, ParamDecl, Port, Reduce, StateDecl, UnaryOp, ValueId};
 use crate::layers::Embedding;
 use crate::readout::Readout;
 use crate::{Backend, Engine, Shape, VertexFn};
@@ -190,7 +190,7 @@ pub fn function_to_json(f: &VertexFn) -> Value {
     let op = |op: &Op| -> Value {
         match op {
             Op::Gather { slot, state } => json!(["gather", slot, state]),
-            Op::GatherSum { state } => json!(["gather_sum", state]),
+            Op::GatherAll { state, reduce } => json!([reduce.name(), state]),
             Op::Pull { input } => json!(["pull", input]),
             Op::Param { param } => json!(["param", param]),
             Op::MatMul { a, b, ta, tb } => json!(["matmul", a.0, b.0, ta, tb]),
@@ -255,9 +255,11 @@ pub fn function_from_json(v: &Value) -> Result<VertexFn> {
     let op = |x: &Value| -> Result<Op> {
         let e = entry(x, 1, "values")?;
         let arg = |k: usize| e.get(k).cloned().unwrap_or(Value::Null);
+        if let Some(reduce) = Reduce::ALL.into_iter().find(|r| e[0].as_str() == Some(r.name())) {
+            return Ok(Op::GatherAll { state: num(&arg(1), "values")?, reduce });
+        }
         Ok(match e[0].as_str().unwrap_or_default() {
             "gather" => Op::Gather { slot: num(&arg(1), "values")?, state: num(&arg(2), "values")? },
-            "gather_sum" => Op::GatherSum { state: num(&arg(1), "values")? },
             "pull" => Op::Pull { input: num(&arg(1), "values")? },
             "param" => Op::Param { param: num(&arg(1), "values")? },
             "matmul" => Op::MatMul {

@@ -46,8 +46,8 @@ pub fn cells() -> Vec<VertexFn> {
 }
 
 /// A cell that uses every element-wise op of one input (and, in its backward function, every
-/// backward-only op) and every row reduction and broadcast, so each op's CUDA code is generated,
-/// compiled and run.
+/// backward-only op), every row reduction and broadcast and every reduction over children, so
+/// each op's CUDA code is generated, compiled and run.
 fn every_op() -> VertexFn {
     let f = Builder::new("every-op", 2);
     let x = f.pull("x", 4);
@@ -59,7 +59,8 @@ fn every_op() -> VertexFn {
     let y = a.gelu() * a.tanh() - a.relu().scale(0.5)
         + positive.log() / positive
         + gate * a.log_softmax()
-        + a.detach() * h1;
+        + a.detach() * h1
+        + f.gather_sum("h", 4) * f.gather_mean("h", 4) * f.gather_max("h", 4).tanh();
     f.scatter("h", -y);
     f.push("y", y);
     f.build().unwrap()
@@ -72,7 +73,7 @@ pub fn bindings(k: &Kernel, plain: bool) -> Vec<Binding> {
         .map(|i| match (&k.nodes[i].op, k.nodes[i].is_param, plain) {
             (_, true, _) => Binding::Broadcast,
             (Op::Gather { .. }, _, false) => Binding::Indexed,
-            (Op::GatherSum { .. }, _, false) => Binding::IndexedSet,
+            (Op::GatherAll { reduce, .. }, _, false) => Binding::IndexedSet(*reduce),
             (Op::Zeros, _, _) => Binding::Zeros,
             _ => Binding::Contiguous,
         })

@@ -9,15 +9,17 @@
 use super::declaration::Declaration;
 use super::elementwise::Derive;
 use super::func::Func;
-use super::op::{BinaryOp, Op, UnaryOp, ValueId};
+use super::op::{BinaryOp, Op, Reduce, UnaryOp, ValueId};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 
 /// A gradient that leaves the vertex for a child.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChildGrad {
-    /// The child slot (`None`: every child, from `gather_sum`).
+    /// The child slot (`None`: every child, from `gather_sum`, `gather_mean` or `gather_max`).
     pub slot: Option<usize>,
+    /// For every child: how the gradient is shared among them (the forward reduction).
+    pub reduce: Reduce,
     /// The state whose gradient this is.
     pub state: usize,
     /// The gradient value in F'.
@@ -215,8 +217,10 @@ pub(crate) fn derive(f: &Declaration) -> Result<Backward> {
         }
         let g = d.total(cs, node.shape.rows(), node.shape.cols())?;
         match node.op {
-            Op::Gather { slot, state } => back.child_grads.push(ChildGrad { slot: Some(slot), state, value: g }),
-            Op::GatherSum { state } => back.child_grads.push(ChildGrad { slot: None, state, value: g }),
+            Op::Gather { slot, state } => {
+                back.child_grads.push(ChildGrad { slot: Some(slot), reduce: Reduce::Sum, state, value: g })
+            }
+            Op::GatherAll { state, reduce } => back.child_grads.push(ChildGrad { slot: None, reduce, state, value: g }),
             // A dropout mask is a constant: no gradient.
             Op::Pull { input } if input < f.inputs.len() - f.dropout.len() => back.pull_grads[input] = Some(g),
             Op::Pull { .. } => {}

@@ -17,7 +17,7 @@
 
 use super::declaration::Declaration;
 use super::func::{Func, Init, Names, Node, ParamDecl, Port, StateDecl};
-use super::op::{BinaryOp, Op, UnaryOp, ValueId};
+use super::op::{BinaryOp, Op, Reduce, UnaryOp, ValueId};
 use super::vertex_fn::VertexFn;
 use crate::error::{Error, Result, ValueDesc};
 use crate::tensor::Shape;
@@ -43,7 +43,8 @@ struct Inner {
     /// numbers it after the user's inputs) and its rate.
     masks: Vec<(Port, f32)>,
     outputs: Vec<Port>,
-    gathers: HashMap<(Option<usize>, usize), ValueId>,
+    /// Gathers made so far, by slot (`None`: all children, combined by the reduction) and state.
+    gathers: HashMap<(Option<usize>, Reduce, usize), ValueId>,
     variadic: bool,
     error: Option<Error>,
 }
@@ -201,7 +202,7 @@ impl Builder {
     }
 
     #[track_caller]
-    fn gather_op(&self, slot: Option<usize>, state: &str, shape: Shape) -> Var<'_> {
+    fn gather_op(&self, slot: Option<usize>, reduce: Reduce, state: &str, shape: Shape) -> Var<'_> {
         let s = self.state_index(state, &shape);
         let (known, scattered) = {
             let mut inner = self.inner.borrow_mut();
@@ -225,15 +226,15 @@ impl Builder {
                 reason: format!("it is gathered as {shape} here but as {known} elsewhere"),
             });
         }
-        if let Some(&id) = self.inner.borrow().gathers.get(&(slot, s)) {
+        if let Some(&id) = self.inner.borrow().gathers.get(&(slot, reduce, s)) {
             return Var { b: self, id };
         }
         let op = match slot {
             Some(slot) => Op::Gather { slot, state: s },
-            None => Op::GatherSum { state: s },
+            None => Op::GatherAll { state: s, reduce },
         };
         let id = self.load(op, shape, false);
-        self.inner.borrow_mut().gathers.insert((slot, s), id);
+        self.inner.borrow_mut().gathers.insert((slot, reduce, s), id);
         Var { b: self, id }
     }
 
@@ -244,14 +245,36 @@ impl Builder {
         if slot >= self.arity {
             self.fail(Error::GatherSlot { function: self.name.clone(), slot, state: state.into(), arity: self.arity });
         }
-        self.gather_op(Some(slot), state, shape.into())
+        self.gather_op(Some(slot), Reduce::Sum, state, shape.into())
     }
 
     /// The sum over all children of the state `state` they scattered; zeros for a leaf.
     #[track_caller]
     pub fn gather_sum(&self, state: &str, shape: impl Into<Shape>) -> Var<'_> {
+        self.gather_all(Reduce::Sum, state, shape)
+    }
+
+    /// The mean over all children of the state `state` they scattered (the sum divided by
+    /// their number, as GraphSAGE's mean aggregator); zeros for a leaf.
+    #[track_caller]
+    pub fn gather_mean(&self, state: &str, shape: impl Into<Shape>) -> Var<'_> {
+        self.gather_all(Reduce::Mean, state, shape)
+    }
+
+    /// The largest, element by element, of the state `state` over all children (max pooling
+    /// over neighbours); zeros for a leaf. In each column the gradient goes to the first child
+    /// (in slot order) holding the largest value.
+    #[track_caller]
+    pub fn gather_max(&self, state: &str, shape: impl Into<Shape>) -> Var<'_> {
+        self.gather_all(Reduce::Max, state, shape)
+    }
+
+    /// The state `state` of every child combined by `reduce` ([`gather_sum`](Builder::gather_sum),
+    /// [`gather_mean`](Builder::gather_mean), [`gather_max`](Builder::gather_max)).
+    #[track_caller]
+    pub fn gather_all(&self, reduce: Reduce, state: &str, shape: impl Into<Shape>) -> Var<'_> {
         self.inner.borrow_mut().variadic = true;
-        self.gather_op(None, state, shape.into())
+        self.gather_op(None, reduce, state, shape.into())
     }
 
     /// This vertex's row of the external input `name`, computed by the input layer.

@@ -144,7 +144,7 @@ impl Func {
                 }
                 Op::SumCols { x } | Op::MaxCols { x } | Op::BroadcastCols { x, .. } => Cols::all_if(at(x).is_full(), w),
                 Op::Gather { .. }
-                | Op::GatherSum { .. }
+                | Op::GatherAll { .. }
                 | Op::Pull { .. }
                 | Op::Primal { .. }
                 | Op::StateGrad { .. }

@@ -53,7 +53,7 @@ impl Func {
         let op = match n.op {
             Op::Param { param } => names.params.get(param).map(|p| format!("param {}", p.name)),
             Op::Gather { slot, state } => named(&names.states, state, &|s| format!("gather(slot {slot}) of `{s}`")),
-            Op::GatherSum { state } => named(&names.states, state, &|s| format!("gather_sum of `{s}`")),
+            Op::GatherAll { state, reduce } => named(&names.states, state, &|s| format!("{} of `{s}`", reduce.name())),
             Op::Pull { input } => named(&names.inputs, input, &|s| format!("pull `{s}`")),
             _ => None,
         };

@@ -3,14 +3,16 @@
 
 use super::autodiff::ParamGrad;
 use super::func::{Func, Node};
-use super::op::{Op, ValueId};
+use super::op::{Op, Reduce, ValueId};
 use super::vertex_fn::VertexFn;
 use crate::tensor::Shape;
 
 /// What a vertex receives in the backward pass, and where its gradients go.
 pub struct BackwardIo<'a> {
-    /// Which child slots hold a child (for `gather(k)`, slot `k`; for `gather_sum`, all of them).
-    pub children: &'a [bool],
+    /// Per child slot, the states the child there scattered (`None` for an empty slot): for
+    /// `gather(k)`, slot `k`; for `gather_sum` and its kin, all of them (`gather_max` routes its
+    /// gradient by them).
+    pub children: &'a [Option<&'a [Vec<f32>]>],
     /// Gradient of each scattered state, summed over the vertex's parents.
     pub state_grads: &'a [Vec<f32>],
     /// Gradient of each pushed output.
@@ -90,6 +92,36 @@ fn eval(node: &Node, func: &Func, vals: &[Vec<f32>]) -> Vec<f32> {
     }
 }
 
+/// The children's `rows` combined by `reduce`, element by element (`len` zeros for none).
+fn combine(reduce: Reduce, rows: &[&[f32]], len: usize) -> Vec<f32> {
+    let mut out = zeros(&Shape::from(len));
+    if let Reduce::Max = reduce {
+        for e in 0..len {
+            out[e] = first_largest(rows, e).map_or(0.0, |k| rows[k][e]);
+        }
+        return out;
+    }
+    for row in rows {
+        out.iter_mut().zip(*row).for_each(|(s, x)| *s += x);
+    }
+    if let (Reduce::Mean, count @ 1..) = (reduce, rows.len()) {
+        out.iter_mut().for_each(|s| *s /= count as f32);
+    }
+    out
+}
+
+/// The first of `rows` holding the largest value in column `e` (a later row must be larger to
+/// replace an earlier one, so a NaN never wins over the first row), if there is a row.
+fn first_largest(rows: &[&[f32]], e: usize) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (k, row) in rows.iter().enumerate() {
+        if best.is_none_or(|b| row[e] > rows[b][e]) {
+            best = Some(k);
+        }
+    }
+    best
+}
+
 fn zeros(shape: &Shape) -> Vec<f32> {
     vec![0.0; shape.numel()]
 }
@@ -106,14 +138,9 @@ pub fn forward(f: &VertexFn, params: &[Vec<f32>], children: &[Option<&[Vec<f32>]
                 Some(states) => states[*state].clone(),
                 None => zeros(&node.shape),
             },
-            Op::GatherSum { state } => {
-                let mut sum = zeros(&node.shape);
-                for states in children.iter().flatten() {
-                    for (s, x) in sum.iter_mut().zip(&states[*state]) {
-                        *s += x;
-                    }
-                }
-                sum
+            Op::GatherAll { state, reduce } => {
+                let rows: Vec<&[f32]> = children.iter().flatten().map(|s| s[*state].as_slice()).collect();
+                combine(*reduce, &rows, node.shape.numel())
             }
             Op::Pull { input } => pulls[*input].to_vec(),
             Op::Param { param } => params[*param].clone(),
@@ -148,14 +175,28 @@ pub fn backward(
         vals.push(v);
     }
     let state_zeros = || f.states().iter().map(|s| zeros(&s.shape)).collect::<Vec<_>>();
-    let mut children: Vec<Option<Vec<Vec<f32>>>> =
-        io.children.iter().map(|&present| present.then(state_zeros)).collect();
+    let mut children: Vec<Option<Vec<Vec<f32>>>> = io.children.iter().map(|c| c.map(|_| state_zeros())).collect();
+    let present: Vec<usize> = (0..children.len()).filter(|&k| io.children[k].is_some()).collect();
     for cg in &b.child_grads {
         let g = &vals[cg.value.index()];
-        for (k, child) in children.iter_mut().enumerate() {
-            if let Some(states) = child.as_mut().filter(|_| cg.slot.is_none_or(|s| s == k)) {
-                for (d, x) in states[cg.state].iter_mut().zip(g) {
-                    *d += x;
+        let mut add = |k: usize, e: usize, x: f32| {
+            if let Some(Some(states)) = children.get_mut(k) {
+                states[cg.state][e] += x;
+            }
+        };
+        match (cg.slot, cg.reduce) {
+            (Some(k), _) => g.iter().enumerate().for_each(|(e, &x)| add(k, e, x)),
+            (None, Reduce::Sum) => present.iter().for_each(|&k| g.iter().enumerate().for_each(|(e, &x)| add(k, e, x))),
+            (None, Reduce::Mean) => {
+                let count = present.len() as f32;
+                present.iter().for_each(|&k| g.iter().enumerate().for_each(|(e, &x)| add(k, e, x / count)))
+            }
+            (None, Reduce::Max) => {
+                let rows: Vec<&[f32]> = io.children.iter().flatten().map(|s| s[cg.state].as_slice()).collect();
+                for (e, &x) in g.iter().enumerate() {
+                    if let Some(k) = first_largest(&rows, e) {
+                        add(present[k], e, x);
+                    }
                 }
             }
         }
@@ -235,14 +276,18 @@ pub fn run_graph(
     let mut param_grads: Vec<Vec<f32>> = f.params().iter().map(|p| zeros(&p.shape)).collect();
     let mut pull_grads: Vec<Vec<f32>> = f.all_inputs().iter().map(|p| vec![0.0; n * block(&p.shape)]).collect();
     for &v in order.iter().rev() {
-        let present: Vec<bool> = g.children(v).iter().map(|&c| c != crate::graph::NO_CHILD).collect();
+        let kids: Vec<Option<&[Vec<f32>]>> = g
+            .children(v)
+            .iter()
+            .map(|&c| (c != crate::graph::NO_CHILD).then(|| states[c as usize].as_slice()))
+            .collect();
         let pg: Vec<Vec<f32>> = f
             .outputs()
             .iter()
             .zip(push_grads)
             .map(|(o, x)| x[v * block(&o.shape)..(v + 1) * block(&o.shape)].to_vec())
             .collect();
-        let io = BackwardIo { children: &present, state_grads: &state_grads[v], push_grads: &pg };
+        let io = BackwardIo { children: &kids, state_grads: &state_grads[v], push_grads: &pg };
         let grads = backward(f, params, &values[v], &io, &mut param_grads);
         for (k, child) in grads.children.into_iter().enumerate() {
             if let Some(child) = child {

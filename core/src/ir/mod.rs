@@ -16,5 +16,5 @@ pub use columns::Cols;
 pub(crate) use declaration::Declaration;
 pub use declaration::Declared;
 pub use func::{Func, Init, Names, Node, ParamDecl, Port, StateDecl};
-pub use op::{BinaryOp, Op, UnaryOp, ValueId};
+pub use op::{BinaryOp, Op, Reduce, UnaryOp, ValueId};
 pub use vertex_fn::VertexFn;

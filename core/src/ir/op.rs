@@ -5,6 +5,35 @@ pub use super::elementwise::{BinaryOp, UnaryOp};
 use smallvec::{smallvec, SmallVec};
 use std::fmt;
 
+/// How a vertex combines the rows its children scattered when it reads all of them, whatever
+/// their number: element by element, each column on its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Reduce {
+    /// The sum (`gather_sum`); its gradient reaches every child.
+    #[default]
+    Sum,
+    /// The sum divided by the number of children (`gather_mean`); its gradient reaches every
+    /// child, divided likewise.
+    Mean,
+    /// The largest (`gather_max`); its gradient reaches, in each column, the first child holding
+    /// the largest value there.
+    Max,
+}
+
+impl Reduce {
+    /// Every reduction.
+    pub const ALL: [Reduce; 3] = [Reduce::Sum, Reduce::Mean, Reduce::Max];
+
+    /// The builder method's name: `gather_sum`, `gather_mean` or `gather_max`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reduce::Sum => "gather_sum",
+            Reduce::Mean => "gather_mean",
+            Reduce::Max => "gather_max",
+        }
+    }
+}
+
 /// Index of a value in a function's value list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ValueId(pub u32);
@@ -35,10 +64,12 @@ pub enum Op {
         /// State index.
         state: usize,
     },
-    /// The sum over all children of the state `state` they scattered (zeros for a leaf).
-    GatherSum {
+    /// The state `state` of every child, combined by `reduce` (zeros for a leaf).
+    GatherAll {
         /// State index.
         state: usize,
+        /// How the children's rows combine.
+        reduce: Reduce,
     },
     /// This vertex's row of external input `input`.
     Pull {
@@ -138,7 +169,7 @@ pub enum Op {
 macro_rules! load_ops {
     () => {
         $crate::ir::Op::Gather { .. }
-            | $crate::ir::Op::GatherSum { .. }
+            | $crate::ir::Op::GatherAll { .. }
             | $crate::ir::Op::Pull { .. }
             | $crate::ir::Op::Param { .. }
             | $crate::ir::Op::Primal { .. }
@@ -180,7 +211,7 @@ impl Op {
     pub fn name(&self) -> String {
         match self {
             Op::Gather { slot, state } => format!("gather(slot {slot}, state {state})"),
-            Op::GatherSum { state } => format!("gather_sum(state {state})"),
+            Op::GatherAll { state, reduce } => format!("{}(state {state})", reduce.name()),
             Op::Pull { input } => format!("pull({input})"),
             Op::Param { param } => format!("param({param})"),
             Op::Primal { value } => format!("primal({value})"),
@@ -217,7 +248,7 @@ mod tests {
         let v = ValueId(0);
         let ops = [
             Op::Gather { slot: 0, state: 0 },
-            Op::GatherSum { state: 0 },
+            Op::GatherAll { state: 0, reduce: Reduce::Max },
             Op::Pull { input: 0 },
             Op::Param { param: 0 },
             Op::Primal { value: v },

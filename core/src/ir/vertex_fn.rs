@@ -92,7 +92,7 @@ impl VertexFn {
                 Op::Pull { input } => d.inputs.get(*input).map(|p| (p.shape.clone(), false)),
                 Op::Param { param } => d.params.get(*param).map(|p| (p.shape.clone(), true)),
                 Op::Gather { slot, state } if *slot < d.arity => d.states.get(*state).map(|s| (s.shape.clone(), false)),
-                Op::GatherSum { state } if d.variadic => d.states.get(*state).map(|s| (s.shape.clone(), false)),
+                Op::GatherAll { state, .. } if d.variadic => d.states.get(*state).map(|s| (s.shape.clone(), false)),
                 op if op.is_load() => None,
                 op => Some(super::func::infer(op, &checked).map_err(|why| bad(i, why))?),
             };

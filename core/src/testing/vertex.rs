@@ -95,8 +95,8 @@ impl VertexCase {
     /// The analytic gradients of `L` (`interp::backward`): the vertex's and the parameters'.
     pub fn gradients(&self, f: &VertexFn) -> (VertexGrads, Vec<Vec<f32>>) {
         let vals = self.forward(f);
-        let present = self.present();
-        let io = BackwardIo { children: &present, state_grads: &self.state_grads, push_grads: &self.push_grads };
+        let children: Vec<Option<&[Vec<f32>]>> = self.children.iter().map(|c| c.as_deref()).collect();
+        let io = BackwardIo { children: &children, state_grads: &self.state_grads, push_grads: &self.push_grads };
         let mut param_grads: Vec<Vec<f32>> = self.params.iter().map(|p| vec![0.0; p.len()]).collect();
         let grads = interp::backward(f, &self.params, &vals, &io, &mut param_grads);
         (grads, param_grads)

@@ -256,7 +256,7 @@ pub fn check_plans(f: &VertexFn) -> Result<(), String> {
     check_plan(
         f.forward(),
         f.forward_plan(),
-        |op| matches!(op, Op::Gather { .. } | Op::GatherSum { .. }),
+        |op| matches!(op, Op::Gather { .. } | Op::GatherAll { .. }),
         &rec_out,
         &roots,
     )

@@ -2,7 +2,7 @@
 //! scatter-adds.
 
 use super::{bad, team, CpuBackend};
-use arbor_core::backend::{IndexLoc, Loc, Mem, Rows, NO_ROW};
+use arbor_core::backend::{Combine, IndexLoc, Loc, Mem, Rows, NO_ROW};
 use arbor_core::error::Result;
 
 const MAX_BUFFERS: usize = 16;
@@ -125,18 +125,29 @@ pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: us
                 }
             }
         }
-        Rows::IndexedSet { data, offsets, index } => {
-            let offs = raw.index("gather_sum", IndexLoc { offset: offsets.offset + start, ..offsets }, m + 1)?;
+        Rows::IndexedSet { data, offsets, index, combine } => {
+            let op = combine.reduce().name();
+            if matches!(combine, Combine::Max { by } if by != data) {
+                return Err(bad(op, "a read takes the largest of its own rows (`by` must be `data`)"));
+            }
+            let offs = raw.index(op, IndexLoc { offset: offsets.offset + start, ..offsets }, m + 1)?;
             out.fill(0.0);
             for (v, o) in out.chunks_exact_mut(block).enumerate() {
                 let (lo, hi) = (offs[v] as usize, offs[v + 1] as usize);
-                let rows =
-                    raw.index("gather_sum", IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?;
-                for &i in rows {
+                let rows = raw.index(op, IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?;
+                for (q, &i) in rows.iter().enumerate() {
                     // SAFETY: as above.
-                    for (d, x) in o.iter_mut().zip(unsafe { raw.row("gather_sum", data, i, block)? }) {
-                        *d += x;
+                    let x = unsafe { raw.row(op, data, i, block)? };
+                    match combine {
+                        Combine::Max { .. } if q == 0 => o.copy_from_slice(x),
+                        // A later row must be larger to replace an earlier one (as the CUDA
+                        // kernels and the interpreter compare).
+                        Combine::Max { .. } => o.iter_mut().zip(x).filter(|(d, x)| *x > *d).for_each(|(d, x)| *d = *x),
+                        Combine::Sum | Combine::Mean => o.iter_mut().zip(x).for_each(|(d, x)| *d += x),
                     }
+                }
+                if let (Combine::Mean, count @ 1..) = (combine, rows.len()) {
+                    o.iter_mut().for_each(|d| *d /= count as f32);
                 }
             }
         }
@@ -185,7 +196,7 @@ pub(crate) fn apart_from_rows(raw: &Raw<'_>, op: &str, write: Span, rows: &Rows,
         Rows::Indexed { data, index } => {
             raw.index(op, index, n)?.iter().filter(|&&i| i != NO_ROW).try_for_each(|&i| apart(op, write, row(data, i)))
         }
-        Rows::IndexedSet { data, offsets, index } => {
+        Rows::IndexedSet { data, offsets, index, .. } => {
             let offs = raw.index(op, offsets, n + 1)?;
             let (lo, hi) = (offs[0] as usize, offs[n] as usize);
             let rows = raw.index(op, IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?;
@@ -226,17 +237,54 @@ pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: 
             Some(o) => &index[(o[v] - o[0]) as usize..(o[v + 1] - o[0]) as usize],
         }
     };
+    let combine = match *dst {
+        Rows::IndexedSet { combine, .. } => combine,
+        _ => Combine::Sum,
+    };
+    if let Combine::Max { by } = combine {
+        // The compared rows are read while the destination rows are written: the spans of the
+        // rows named, in each, apart, and the compared ones in bounds.
+        let (lo, hi) = index.iter().filter(|&&r| r != NO_ROW).fold((u32::MAX, 0), |(l, h), &r| (l.min(r), h.max(r)));
+        if lo <= hi {
+            let (first, len) = (lo as usize * block, (hi - lo + 1) as usize * block);
+            apart("scatter_add", Span::at(data.offset_by(first), len), Span::at(by.offset_by(first), len))?;
+            // SAFETY: only a bounds check; the rows are read below beside writes that do not meet them.
+            unsafe { raw.get("scatter_add", by.offset_by(first), len)? };
+        }
+    }
     let max = if n * block >= PARALLEL_ELEMS { usize::MAX } else { 1 };
     team::split(max, |part, parts| {
         let cols = team::share(block, part, parts);
         for (v, x) in src.chunks_exact(block.max(1)).enumerate() {
-            for &row in rows_of(v).iter().filter(|&&r| r != NO_ROW) {
+            let rows = rows_of(v);
+            if let Combine::Max { by } = combine {
+                for j in cols.clone() {
+                    // SAFETY: the compared rows were bounds-checked and do not meet the written ones.
+                    let at = |r: u32| unsafe { raw.get("scatter_add", by.offset_by(r as usize * block + j), 1) };
+                    let mut best: Option<(u32, f32)> = None;
+                    for &r in rows.iter().filter(|&&r| r != NO_ROW) {
+                        let y = at(r)?[0];
+                        if best.is_none_or(|(_, b)| y > b) {
+                            best = Some((r, y));
+                        }
+                    }
+                    if let Some((r, _)) = best {
+                        // SAFETY: each part writes only its own columns of a destination row.
+                        let d = unsafe { raw.get_mut("scatter_add", data.offset_by(r as usize * block + j), 1)? };
+                        d[0] += x[j];
+                    }
+                }
+                continue;
+            }
+            let count = rows.len() as f32;
+            for &row in rows.iter().filter(|&&r| r != NO_ROW) {
                 let at = data.offset_by(row as usize * block + cols.start);
                 // SAFETY: each part writes only its own columns of a destination row, one row at
                 // a time.
                 let d = unsafe { raw.get_mut("scatter_add", at, cols.len())? };
-                for (d, x) in d.iter_mut().zip(&x[cols.clone()]) {
-                    *d += x;
+                match combine {
+                    Combine::Mean => d.iter_mut().zip(&x[cols.clone()]).for_each(|(d, x)| *d += x / count),
+                    _ => d.iter_mut().zip(&x[cols.clone()]).for_each(|(d, x)| *d += x),
                 }
             }
         }
