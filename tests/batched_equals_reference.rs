@@ -426,6 +426,36 @@ fn mixed_degree(rng: &mut Rng, n: usize, dag: bool) -> InputGraph {
     InputGraph::from_children(children).unwrap()
 }
 
+/// An attentive cell of two heads: each vertex's query comes from its input, the children's
+/// keys and values from their states; scores through a leaky ReLU of `slope`.
+fn attention_cell(slope: f32) -> VertexFn {
+    let f = Builder::new("attention", 0);
+    let x = f.pull("x", [2, 4]);
+    let q = x.matmul(f.param("Wq", [4, 3], Init::Xavier)).tanh();
+    let att = f.gather_softmax_leaky(q, "k", "v", [2, 4], slope);
+    let h = (att + x).tanh();
+    f.scatter("k", h.matmul(f.param("Wk", [4, 3], Init::Xavier)));
+    f.scatter("v", h);
+    f.push("y", att.concat(h));
+    f.build().unwrap()
+}
+
+/// Attention over 0 to 50 children, batched across vertices of different degrees, on a forest
+/// and a DAG, with and without the leaky ReLU.
+#[test]
+fn attention_over_children_on_a_fixed_forest_and_dag() {
+    for (seed, dag, slope) in [(51, false, 1.0), (52, true, 0.2)] {
+        let mut rng = Rng::new(seed);
+        let gs: Vec<InputGraph> = (0..5)
+            .map(|_| {
+                let n = 1 + rng.below(120);
+                mixed_degree(&mut rng, n, dag)
+            })
+            .collect();
+        check_batched_with(&attention_cell(slope), &gs, &Batched::new(seed)).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 /// Sum, mean and max over 0 to 50 children, batched across vertices of different degrees.
 #[test]
 fn reductions_over_children_on_a_fixed_forest_and_dag() {
@@ -464,6 +494,14 @@ proptest! {
     #[test]
     fn odd_ops_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=8, max_v in 1usize..=30) {
         check(odd_cell(), seed, graphs, max_v, true);
+    }
+
+    #[test]
+    fn attention_batched_equals_reference(seed in any::<u64>(), graphs in 1usize..=10, max_v in 1usize..=120, dag in any::<bool>()) {
+        let mut rng = Rng::new(seed);
+        let gs: Vec<InputGraph> = (0..graphs).map(|_| { let n = 1 + rng.below(max_v); mixed_degree(&mut rng, n, dag) }).collect();
+        let slope = if seed % 2 == 0 { 1.0 } else { 0.2 };
+        check_batched_with(&attention_cell(slope), &gs, &Batched::new(seed)).map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
 
     #[test]

@@ -632,3 +632,95 @@ fn rows_gathered_for_a_read_are_the_rows_read() {
     assert_eq!(got, want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
     assert!(!past.status.success(), "row 9 of 9 stopped the kernel");
 }
+
+/// The attention kernels, compiled for the host, compute what the CPU backend does: outputs,
+/// queries' gradients and the children's key and value gradients (added to what is there), for
+/// vertices of 0 to 3 children, one child shared by two vertices, both score slopes.
+#[test]
+fn attention_kernels_compute_what_the_cpu_backend_does() {
+    use arbor::attention::Widths;
+    use arbor::backend::{Attention, AttentionGrads};
+    use arbor::cuda::codegen::PRELUDE;
+    use arbor::cuda::helpers::HELPER_BODIES;
+    let (n, heads, kw, vw, rows) = (4usize, 2usize, 3usize, 2usize, 5usize);
+    let (qb, vb) = (heads * kw, heads * vw);
+    let (offsets, set): (Vec<u32>, Vec<u32>) = (vec![0, 2, 2, 5, 6], vec![1, 3, 0, 2, 4, 3]);
+    for slope in [1.0f32, 0.2] {
+        let mut rng = Rng::new(31);
+        let mut values = |len: usize| (0..len).map(|_| rng.range(-2.0, 2.0)).collect::<Vec<f32>>();
+        let parts = [
+            values(n * qb),
+            values(rows * qb),
+            values(rows * vb),
+            values(n * vb),
+            values(rows * qb),
+            values(rows * vb),
+        ];
+        let [q, k, v, g, dk, dv] = &parts;
+        let mut c = format!("#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}#include <stdio.h>\n");
+        for (name, x) in [("q", q), ("k", k), ("v", v), ("g", g)] {
+            c += &c_array("const float", name, x);
+        }
+        c += &c_array("float", "dk", dk);
+        c += &c_array("float", "dv", dv);
+        c += &c_array("float", "out", &vec![0.0f32; n * vb]);
+        c += &c_array("float", "dq", &vec![0.0f32; n * qb]);
+        c += &c_array("const unsigned", "offsets", &offsets);
+        c += &c_array("const unsigned", "set", &set);
+        let args = format!("{n}, {heads}, {kw}, {vw}, {slope:?}f, q, k, v, {rows}, offsets, set, {}", set.len());
+        c += &format!(
+            "int main(void) {{\n\
+             for (long long t = 0; t < {nh}; ++t) arbor_attend_body(t, {args}, out);\n\
+             for (long long t = 0; t < {nh}; ++t) arbor_attend_grad_body(t, {args}, g, dq, dk, dv);\n\
+             float* all[] = {{out, dq, dk, dv}}; int len[] = {{{}, {}, {}, {}}};\n\
+             for (int k = 0; k < 4; ++k) for (int i = 0; i < len[k]; ++i) printf(\"%.9g\\n\", all[k][i]);\n\
+             return 0;\n}}\n",
+            n * vb,
+            n * qb,
+            rows * qb,
+            rows * vb,
+            nh = n * heads,
+        );
+        let dir = std::env::temp_dir().join(format!("arbor-attention-{}-{slope}", std::process::id()));
+        let exe = compile_on_host(&dir, "attention", &c);
+        let out = Command::new(&exe).output().expect("the attention kernels run");
+        std::fs::remove_dir_all(&dir).ok();
+        let got: Vec<f32> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
+
+        // The CPU backend, one data buffer [q | k | v | g | dk | dv | out | dq].
+        let cpu = CpuBackend::new();
+        let mut all: Vec<f32> = parts.iter().flatten().copied().collect();
+        let at: Vec<usize> = parts.iter().scan(0, |end, p| Some(std::mem::replace(end, *end + p.len()))).collect();
+        let (out_at, dq_at) = (all.len(), all.len() + n * vb);
+        all.resize(dq_at + n * qb, 0.0);
+        let mut buf = cpu.alloc(all.len()).unwrap();
+        cpu.write(&mut buf, 0, &all).unwrap();
+        let mut ibuf = cpu.alloc_index(offsets.len() + set.len()).unwrap();
+        cpu.write_index(&mut ibuf, 0, &[offsets.clone(), set.clone()].concat()).unwrap();
+        let (mut bufs, ibufs) = ([buf], [ibuf]);
+        let mut mem = Mem { data: &mut bufs, index: &ibufs };
+        let loc = |offset: usize| Loc { buf: 0, offset };
+        let a = Attention {
+            widths: Widths { heads, key: kw, value: vw, slope },
+            n,
+            query: loc(at[0]),
+            keys: loc(at[1]),
+            values: loc(at[2]),
+            offsets: IndexLoc { buf: 0, offset: 0 },
+            index: IndexLoc { buf: 0, offset: offsets.len() },
+        };
+        cpu.attend(&mut mem, &a, loc(out_at)).unwrap();
+        let grads = AttentionGrads { out: loc(at[3]), query: loc(dq_at), keys: loc(at[4]), values: loc(at[5]) };
+        cpu.attend_grad(&mut mem, &a, &grads).unwrap();
+        cpu.read(&bufs[0], 0, &mut all).unwrap();
+        let want: Vec<f32> = [&all[out_at..dq_at], &all[dq_at..], &all[at[4]..at[5]], &all[at[5]..out_at]].concat();
+        assert_eq!(got.len(), want.len());
+        assert!(
+            want[..vb].iter().any(|&x| x != 0.0) && want[vb..2 * vb].iter().all(|&x| x == 0.0),
+            "a leaf reads zeros"
+        );
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "slope {slope}, element {i}: kernel {g}, CPU {w}");
+        }
+    }
+}

@@ -10,7 +10,7 @@ mod common;
 use arbor::cuda::{CudaBackend, Precision};
 use arbor::rng::Rng;
 use arbor::Pass;
-use arbor::{nn, Backend, CpuBackend, Engine, InputGraph, Pull, VertexFn};
+use arbor::{nn, Backend, Builder, CpuBackend, Engine, Init, InputGraph, Pull, VertexFn};
 
 /// Opening a device on a machine without CUDA is an error, never a panic.
 #[test]
@@ -29,7 +29,22 @@ fn cells() -> Vec<(VertexFn, bool)> {
         (nn::ggnn(6, 5).unwrap(), true),
         // Dropout masks drawn on the host for both backends: the same masks.
         (nn::CellKind::TreeLstm.cell_with_dropout(6, 5, nn::CellDropout::all(0.5)).unwrap(), false),
+        (over_children(), true),
     ]
+}
+
+/// A cell reading its children by sum, mean, max and attention (a leaky one, over `h` as keys
+/// and values both).
+fn over_children() -> VertexFn {
+    let f = Builder::new("over-children", 0);
+    let x = f.pull("x", 6);
+    let q = x.matmul(f.param("Wq", [6, 5], Init::Xavier)).tanh();
+    let att = f.gather_softmax_leaky(q, "h", "h", 5, 0.2);
+    let pooled = f.gather_sum("h", 5).scale(0.1) + f.gather_mean("h", 5) + f.gather_max("h", 5) + att;
+    let h = (pooled + x.matmul(f.param("W", [6, 5], Init::Xavier))).tanh();
+    f.scatter("h", h);
+    f.push("h", h);
+    f.build().unwrap()
 }
 
 fn close(what: &str, gpu: &[f32], cpu: &[f32], tolerance: f32) {

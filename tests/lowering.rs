@@ -81,7 +81,7 @@ fn a_tree_lstm_minibatch_lowers_to_the_expected_launches() {
     // slots) in one call;
     // then the leaves' cell, the input gradient product, the bias's row sum, the two child
     // weights' gradients over all inner vertices, and the input weight's over the one word.
-    let want = Counts { products: 8, fused: 3, fills: 4, scatters: 3, row_sums: 1, copies: 0 };
+    let want = Counts { products: 8, fused: 3, fills: 4, scatters: 3, row_sums: 1, copies: 0, attention: 0 };
     assert_eq!(Counts::of(&launches), want, "{text}");
     let merged = launches.iter().filter(|k| matches!(k, Launch::ScatterAdds { parts, .. } if parts.len() == 4)).count();
     assert_eq!(merged, 2, "{text}");

@@ -72,7 +72,7 @@ enum Buf {
     StateGrad(usize),
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum Pass {
     Forward,
     Backward,
@@ -155,6 +155,25 @@ impl Timeline<'_> {
                                 let buf = self.resolve(pass, x);
                                 self.touch(buf, recurrent, false);
                             }
+                        }
+                    }
+                }
+                // Attention reads its query (and gradient) and every child's key and value rows,
+                // writes its value, and its gradient adds to the children's state gradients.
+                Step::Attend(v) => {
+                    let (key, value) = match self.func(pass).node(*v).op {
+                        Op::GatherSoftmax { key, value, .. } | Op::GatherSoftmaxGrad { key, value, .. } => (key, value),
+                        _ => continue,
+                    };
+                    for x in self.func(pass).node(*v).op.inputs().into_iter().chain([*v]) {
+                        let buf = self.resolve(pass, x);
+                        self.touch(buf, recurrent, false);
+                    }
+                    for s in [key, value] {
+                        let buf = self.resolve(Pass::Forward, self.f.states()[s].value);
+                        self.touch(buf, recurrent, true);
+                        if pass == Pass::Backward {
+                            self.touch(Some(Buf::StateGrad(s)), recurrent, false);
                         }
                     }
                 }

@@ -5,6 +5,7 @@
 //! call ([`Mem`]), so one call may read and write several regions of the same arena. The engine's
 //! memory plan guarantees that what a call writes does not overlap what it reads.
 
+use crate::attention::Widths;
 use crate::error::Result;
 use crate::fusion::Kernel;
 use crate::ir::Reduce;
@@ -104,6 +105,41 @@ impl Combine {
             Reduce::Max => Combine::Max { by },
         }
     }
+}
+
+/// Attention over the children of `n` vertices ([`crate::attention`]): vertex `i`'s query at
+/// `query + i·heads·key`; its children's key and value rows (blocks of `heads·key` and
+/// `heads·value`) at `keys` and `values`, the rows `index[j]` for `j` in
+/// `offsets[i]..offsets[i+1]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attention {
+    /// Heads, widths and the scores' slope.
+    pub widths: Widths,
+    /// Vertices.
+    pub n: usize,
+    /// The queries, one block per vertex.
+    pub query: Loc,
+    /// The rows the children's keys are in.
+    pub keys: Loc,
+    /// The rows the children's values are in.
+    pub values: Loc,
+    /// `n + 1` offsets into `index`.
+    pub offsets: IndexLoc,
+    /// The children's row numbers.
+    pub index: IndexLoc,
+}
+
+/// Where [`Backend::attend_grad`] reads the outputs' gradients and writes the others.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionGrads {
+    /// The outputs' gradients, one block per vertex.
+    pub out: Loc,
+    /// The queries' gradients (written), one block per vertex.
+    pub query: Loc,
+    /// The rows the children's key gradients are added to.
+    pub keys: Loc,
+    /// The rows the children's value gradients are added to (may be `keys`).
+    pub values: Loc,
 }
 
 /// `C_b (+)= op(A_b) · op(B_b)` for `b` in `0..batch`, all row-major; `op` transposes when the
@@ -288,6 +324,12 @@ pub trait Backend {
     fn scatter_add_many(&self, mem: &mut Mem<'_, Self>, block: usize, n: usize, parts: &[(Loc, Rows)]) -> Result<()> {
         parts.iter().try_for_each(|(src, dst)| self.scatter_add(mem, *src, block, n, dst))
     }
+    /// Attention over each vertex's children, its outputs (`heads·value` per vertex) written at
+    /// `out`.
+    fn attend(&self, mem: &mut Mem<'_, Self>, a: &Attention, out: Loc) -> Result<()>;
+    /// The gradients of [`Backend::attend`] given its outputs' gradients: the queries' written,
+    /// the children's keys' and values' added to their rows.
+    fn attend_grad(&self, mem: &mut Mem<'_, Self>, a: &Attention, grads: &AttentionGrads) -> Result<()>;
     /// `dst[j] (+)= Σ_i src[i·cols + j]` over `rows` rows.
     fn sum_rows(
         &self,

@@ -94,6 +94,8 @@ pub enum Step {
     Gemms(Vec<ValueId>),
     /// A fused group of row-local ops.
     Fused(Kernel),
+    /// Attention over the children ([`Op::GatherSoftmax`]) or its gradient, computing this value.
+    Attend(ValueId),
 }
 
 /// The kernel plan of one function (F or F').
@@ -130,12 +132,13 @@ impl Plan {
         let mut roots: Vec<ValueId> = f.states.iter().map(|s| s.value).collect();
         roots.extend(f.outputs.iter().map(|o| o.value));
         roots.extend(keep);
-        Plan::new(&f.forward, |op| matches!(op, Op::Gather { .. } | Op::GatherAll { .. }), &rec_out, &roots)
+        let rec_in = |op: &Op| matches!(op, Op::Gather { .. } | Op::GatherAll { .. } | Op::GatherSoftmax { .. });
+        Plan::new(&f.forward, rec_in, &rec_out, &roots)
     }
 
     /// The plan of a function's backward pass (its derived F').
     pub(crate) fn backward(b: &Backward) -> Plan {
-        let rec_out: Vec<ValueId> = b.child_grads.iter().map(|c| c.value).collect();
+        let rec_out: Vec<ValueId> = b.child_grads.iter().map(|c| c.value).chain(b.edge_grads.iter().copied()).collect();
         let mut roots = rec_out.clone();
         roots.extend(b.pull_grads.iter().flatten().copied());
         for g in &b.param_grads {
@@ -181,7 +184,7 @@ impl Plan {
                 .inputs()
                 .iter()
                 .filter(|x| !func.node(**x).op.is_load() && phase[x.index()] == phase[i])
-                .map(|x| level[x.index()] + usize::from(func.node(*x).op.is_matmul()))
+                .map(|x| level[x.index()] + usize::from(func.node(*x).op.is_standalone()))
                 .max()
                 .unwrap_or(0);
         }
@@ -197,9 +200,10 @@ impl Plan {
                 if addressable(&node.op) {
                     continue;
                 }
-                // A gather or zeros block handed to a GEMM or an output needs a copy in memory.
+                // A gather or zeros block handed to a GEMM, attention or an output needs a copy in
+                // memory.
                 let mut homes: Vec<(Phase, usize)> =
-                    users[i].iter().filter(|u| func.node(**u).op.is_matmul()).map(|u| key(u.index())).collect();
+                    users[i].iter().filter(|u| func.node(**u).op.is_standalone()).map(|u| key(u.index())).collect();
                 if is_root[i] {
                     homes.push((phase[i], 0));
                 }
@@ -209,12 +213,13 @@ impl Plan {
                 }
                 continue;
             }
-            if node.op.is_matmul() {
+            if node.op.is_standalone() {
                 stored[i] = true;
                 continue;
             }
             let k = key(i);
-            let escapes = is_root[i] || users[i].iter().any(|u| func.node(*u).op.is_matmul() || key(u.index()) != k);
+            let escapes =
+                is_root[i] || users[i].iter().any(|u| func.node(*u).op.is_standalone() || key(u.index()) != k);
             stored[i] = escapes;
             let g = groups.entry(k).or_default();
             g.insert(i, if escapes { Member::Stored } else { Member::Local });
@@ -222,7 +227,7 @@ impl Plan {
                 let xn = func.node(x);
                 if xn.op.is_load() {
                     g.entry(x.index()).or_insert(Member::Local);
-                } else if xn.op.is_matmul() || key(x.index()) != k {
+                } else if xn.op.is_standalone() || key(x.index()) != k {
                     g.insert(x.index(), Member::Input);
                 }
             }
@@ -242,6 +247,9 @@ impl Plan {
                 if !gemms.is_empty() {
                     phases[p as usize].push(Step::Gemms(gemms));
                 }
+                // Attention of one level reads neither those products nor another attention.
+                let attention = (0..n).filter(|&i| func.nodes[i].op.is_attention() && key(i) == (p, l));
+                phases[p as usize].extend(attention.map(|i| Step::Attend(ValueId(i as u32))));
             }
         }
         Plan { phases, stored, phase }
@@ -276,7 +284,9 @@ fn kernel(func: &Func, members: &BTreeMap<usize, Member>) -> Kernel {
         let mut node = func.nodes[v].clone();
         node.op = match node.op {
             _ if role == Member::Input => Op::Stored { value: ValueId(v as u32) },
-            Op::MatMul { .. } => unreachable!("matrix products are never fused"),
+            Op::MatMul { .. } | Op::GatherSoftmax { .. } | Op::GatherSoftmaxGrad { .. } => {
+                unreachable!("matrix products and attention are never fused")
+            }
             Op::Unary { op, x } => Op::Unary { op, x: remap(&x) },
             Op::Binary { op, a, b } => Op::Binary { op, a: remap(&a), b: remap(&b) },
             Op::Slice { x, start, len } => Op::Slice { x: remap(&x), start, len },
@@ -323,6 +333,7 @@ impl fmt::Display for Plan {
                         writeln!(f, "    gemm {}", vs.join(" "))?
                     }
                     Step::Fused(k) => writeln!(f, "    {k}")?,
+                    Step::Attend(v) => writeln!(f, "    attend {v}")?,
                 }
             }
         }

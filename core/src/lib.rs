@@ -1,6 +1,7 @@
 //! arbor-core: shapes, the vertex-function IR and its builder, symbolic autodiff, fusion
 //! planning, input graphs, the [`Backend`](backend::Backend) trait and the error type.
 
+pub mod attention;
 pub mod backend;
 pub mod dropout;
 pub mod error;

@@ -640,6 +640,67 @@ fn gather_max_ties_go_to_the_first_child() {
     assert_eq!((g[0].clone(), g[1].clone(), g[2].clone()), (vec![1.0, 0.0, 1.0], vec![0.0; 3], vec![0.0, 1.0, 0.0]));
 }
 
+/// An attentive cell: two heads score the children's `k` against a query made from the
+/// vertex's input, weight their `v`, and scatter both from the result.
+fn attention_fn(slope: f32) -> VertexFn {
+    let f = Builder::new("attention", 0);
+    let x = f.pull("x", 4);
+    let wq = f.param("Wq", [4, 3], Init::Xavier);
+    let q1 = x.matmul(wq);
+    let q2 = (x.slice(1, 3) - q1).tanh();
+    let query = f.concat(&[q1, q2]).matmul(f.param("Sq", [6, 6], Init::Xavier));
+    // Two heads: the query as [2 × 3].
+    let att = f.gather_softmax_leaky(query.slice(0, 6), "k", "v", [1, 4], slope);
+    let h = (att + x).tanh();
+    f.scatter("k", h.concat(x.slice(0, 2)));
+    f.scatter("v", h);
+    f.push("y", att);
+    f.build().unwrap()
+}
+
+#[test]
+fn gather_softmax_gradients_and_a_leaf() {
+    for slope in [1.0, 0.2] {
+        let f = attention_fn(slope);
+        assert_eq!(f.max_children(), None);
+        for present in [&[][..], &[true], &[true, true, true], &[true, false, true, true]] {
+            check(&f, present);
+        }
+        let leaf = VertexCase::random(&f, 24, &[]);
+        assert!(output(&f, &leaf.forward(&f), "y").iter().all(|&v| v == 0.0));
+    }
+}
+
+/// The weights are the softmax of `q·k` over the children, shifted so large scores do not
+/// overflow; one child gets weight 1.
+#[test]
+fn gather_softmax_weights_are_a_softmax_over_the_children() {
+    let f = Builder::new("att", 0);
+    let q = f.pull("q", 2);
+    let att = f.gather_softmax(q, "k", "v", 1);
+    f.scatter("k", q);
+    f.scatter("v", att + 1.0);
+    f.push("y", att);
+    let f = f.build().unwrap();
+    let mut case = VertexCase::random(&f, 25, &[true, true, true]);
+    case.pulls[0] = vec![400.0, -100.0];
+    let keys = [[1.0, 0.0], [0.5, 0.5], [1.0, 1.0]];
+    for (c, k) in keys.iter().enumerate() {
+        let states = case.children[c].as_mut().unwrap();
+        states[0] = k.to_vec();
+        states[1] = vec![c as f32 + 1.0];
+    }
+    let scores: Vec<f64> = keys.iter().map(|k| f64::from(400.0 * k[0] - 100.0 * k[1])).collect();
+    let most = scores.iter().copied().fold(f64::MIN, f64::max);
+    let e: Vec<f64> = scores.iter().map(|s| (s - most).exp()).collect();
+    let want = e.iter().enumerate().map(|(c, e)| e * (c as f64 + 1.0)).sum::<f64>() / e.iter().sum::<f64>();
+    let got = output(&f, &case.forward(&f), "y")[0];
+    assert!(got.is_finite() && (f64::from(got) - want).abs() < 1e-5, "{got} vs {want}");
+    let single = VertexCase::random(&f, 26, &[true]);
+    let v = single.children[0].as_ref().unwrap()[1][0];
+    assert_close(output(&f, &single.forward(&f), "y"), &[v]);
+}
+
 #[test]
 fn binary_tree_lstm_gradients() {
     let f = binary_tree_lstm(3, 2);

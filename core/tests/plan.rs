@@ -25,7 +25,7 @@ fn gemm_operands(f: &arbor_core::ir::Func, plan: &Plan, p: Phase) -> Vec<(String
                     _ => panic!("gemm step {v} is not a matmul"),
                 })
                 .collect(),
-            Step::Fused(_) => vec![],
+            Step::Fused(_) | Step::Attend(_) => vec![],
         })
         .collect()
 }

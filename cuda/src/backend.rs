@@ -14,7 +14,9 @@ use crate::codegen::{generate, Binding, Generated, Param};
 use crate::helpers::{helpers, HELPERS};
 use crate::nvrtc;
 use crate::optim::OPTIM_KERNELS;
-use arbor_core::backend::{Backend, Combine, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows, SCATTERS};
+use arbor_core::backend::{
+    Attention, AttentionGrads, Backend, Combine, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows, SCATTERS,
+};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
 use arbor_core::optim::Update;
@@ -605,6 +607,14 @@ impl Backend for CudaBackend {
         self.launch("fused", &c.function, c.generated.threads(n), &args)
     }
 
+    fn attend(&self, mem: &mut Mem<'_, Self>, a: &Attention, out: Loc) -> Result<()> {
+        self.attend_on_device(mem, a, out)
+    }
+
+    fn attend_grad(&self, mem: &mut Mem<'_, Self>, a: &Attention, grads: &AttentionGrads) -> Result<()> {
+        self.attend_grad_on_device(mem, a, grads)
+    }
+
     fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> Result<()> {
         let s = self.data(mem, "scatter_add", src, n * block)?;
         let (name, mut args) = match *dst {
@@ -761,5 +771,6 @@ fn coefficients(u: &Update) -> [Arg; 9] {
     ]
 }
 
+mod attention;
 #[cfg(test)]
 mod tests;

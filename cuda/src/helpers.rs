@@ -62,6 +62,84 @@ ARBOR_DEVICE void arbor_scatter_set_body(long long t, const float* src, long lon
         if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)arbor_row(i, rows) * block + j], x);
     }
 }
+/* Attention over the children (arbor_core::attention, operation for operation): thread `t` does
+   head `t % heads` of vertex `t / heads`. A child's row is `index[j]` for `j` in
+   `offsets[v]..offsets[v + 1]`; its key block is `heads * kw` wide, its value block `heads * vw`. */
+ARBOR_DEVICE float arbor_attend_score(const float* q, const float* k, long long kw, float slope, float* deriv) {
+    float dot = 0.0f;
+    for (long long j = 0; j < kw; ++j) dot += q[j] * k[j];
+    *deriv = dot >= 0.0f ? 1.0f : slope;
+    return dot >= 0.0f ? dot : slope * dot;
+}
+/* The largest score of head `h` over vertex `v`'s children and the sum of their exponentials. */
+ARBOR_DEVICE void arbor_attend_norm(const float* q, const float* keys, long long h, long long heads, long long kw,
+                                    float slope, long long rows, const unsigned* set, unsigned count,
+                                    float* most, float* total) {
+    float d;
+    *most = 0.0f;
+    for (unsigned c = 0; c < count; ++c) {
+        float s = arbor_attend_score(q, keys + ((long long)arbor_row(set[c], rows) * heads + h) * kw, kw, slope, &d);
+        if (c == 0 || s > *most) *most = s;
+    }
+    *total = 0.0f;
+    for (unsigned c = 0; c < count; ++c)
+        *total += expf(arbor_attend_score(q, keys + ((long long)arbor_row(set[c], rows) * heads + h) * kw, kw, slope, &d) - *most);
+}
+ARBOR_DEVICE void arbor_attend_body(long long t, long long n, long long heads, long long kw, long long vw, float slope,
+                                    const float* query, const float* keys, const float* values, long long rows,
+                                    const unsigned* offsets, const unsigned* index, long long len, float* out) {
+    if (t >= n * heads) return;
+    long long v = t / heads, h = t % heads;
+    const float* q = query + (v * heads + h) * kw;
+    float* o = out + (v * heads + h) * vw;
+    for (long long j = 0; j < vw; ++j) o[j] = 0.0f;
+    unsigned first = offsets[v], count = offsets[v + 1] - first;
+    if (count == 0) return;
+    const unsigned* set = index + arbor_row(first, len);
+    arbor_row(first + count - 1, len);
+    float most, total, d;
+    arbor_attend_norm(q, keys, h, heads, kw, slope, rows, set, count, &most, &total);
+    for (unsigned c = 0; c < count; ++c) {
+        long long r = arbor_row(set[c], rows);
+        float a = expf(arbor_attend_score(q, keys + (r * heads + h) * kw, kw, slope, &d) - most) / total;
+        for (long long j = 0; j < vw; ++j) o[j] += a * values[(r * heads + h) * vw + j];
+    }
+}
+ARBOR_DEVICE void arbor_attend_grad_body(long long t, long long n, long long heads, long long kw, long long vw,
+                                         float slope, const float* query, const float* keys, const float* values,
+                                         long long rows, const unsigned* offsets, const unsigned* index, long long len,
+                                         const float* grad, float* dq, float* dkeys, float* dvalues) {
+    if (t >= n * heads) return;
+    long long v = t / heads, h = t % heads;
+    const float* q = query + (v * heads + h) * kw;
+    const float* g = grad + (v * heads + h) * vw;
+    float* dqh = dq + (v * heads + h) * kw;
+    for (long long j = 0; j < kw; ++j) dqh[j] = 0.0f;
+    unsigned first = offsets[v], count = offsets[v + 1] - first;
+    if (count == 0) return;
+    const unsigned* set = index + arbor_row(first, len);
+    arbor_row(first + count - 1, len);
+    float most, total, d, mean = 0.0f;
+    arbor_attend_norm(q, keys, h, heads, kw, slope, rows, set, count, &most, &total);
+    for (unsigned c = 0; c < count; ++c) {
+        long long r = arbor_row(set[c], rows);
+        float a = expf(arbor_attend_score(q, keys + (r * heads + h) * kw, kw, slope, &d) - most) / total, gv = 0.0f;
+        for (long long j = 0; j < vw; ++j) gv += g[j] * values[(r * heads + h) * vw + j];
+        mean += a * gv;
+    }
+    for (unsigned c = 0; c < count; ++c) {
+        long long r = arbor_row(set[c], rows);
+        const float* k = keys + (r * heads + h) * kw;
+        float a = expf(arbor_attend_score(q, k, kw, slope, &d) - most) / total, gv = 0.0f;
+        for (long long j = 0; j < vw; ++j) gv += g[j] * values[(r * heads + h) * vw + j];
+        float ds = a * (gv - mean) * d;
+        for (long long j = 0; j < kw; ++j) {
+            dqh[j] += ds * k[j];
+            atomicAdd(&dkeys[(r * heads + h) * kw + j], ds * q[j]);
+        }
+        for (long long j = 0; j < vw; ++j) atomicAdd(&dvalues[(r * heads + h) * vw + j], a * g[j]);
+    }
+}
 /* f32 to bfloat16 bits, rounded to nearest even (NaN stays NaN). */
 ARBOR_DEVICE unsigned short arbor_bf16(float x) {
     unsigned u = arbor_bits(x);
@@ -106,7 +184,21 @@ ARBOR_DEVICE void arbor_sum_rows_body(long long j, const float* src, long long r
 "#;
 
 /// The helper kernels' parameters, as `(name, parameter list, argument list)`.
-pub(crate) const HELPERS: [(&str, &str, &str); 8] = [
+pub(crate) const HELPERS: [(&str, &str, &str); 10] = [
+    (
+        "arbor_attend",
+        "long long n, long long heads, long long kw, long long vw, float slope, const float* query, \
+         const float* keys, const float* values, long long rows, const unsigned* offsets, const unsigned* index, \
+         long long len, float* out",
+        "n, heads, kw, vw, slope, query, keys, values, rows, offsets, index, len, out",
+    ),
+    (
+        "arbor_attend_grad",
+        "long long n, long long heads, long long kw, long long vw, float slope, const float* query, \
+         const float* keys, const float* values, long long rows, const unsigned* offsets, const unsigned* index, \
+         long long len, const float* grad, float* dq, float* dkeys, float* dvalues",
+        "n, heads, kw, vw, slope, query, keys, values, rows, offsets, index, len, grad, dq, dkeys, dvalues",
+    ),
     (
         "arbor_gather_rows",
         "const float* src, long long block, long long n, long long rows, const unsigned* index, float* dst",

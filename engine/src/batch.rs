@@ -42,12 +42,14 @@ impl IndexLayout {
 
     /// Rows `row..` of a vertex's children, all slots, combined by `combine`.
     pub fn set(&self, data: Loc, row: usize, combine: Combine) -> Rows {
-        Rows::IndexedSet {
-            data,
-            offsets: IndexLoc { buf: 0, offset: self.child_offsets + row },
-            index: IndexLoc { buf: 0, offset: self.child_list },
-            combine,
-        }
+        let (offsets, index) = self.children(row);
+        Rows::IndexedSet { data, offsets, index, combine }
+    }
+
+    /// Where the children of the vertices from row `row` on are: their offsets into the child
+    /// list, and the list.
+    pub fn children(&self, row: usize) -> (IndexLoc, IndexLoc) {
+        (IndexLoc { buf: 0, offset: self.child_offsets + row }, IndexLoc { buf: 0, offset: self.child_list })
     }
 }
 

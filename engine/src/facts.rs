@@ -115,8 +115,12 @@ pub(crate) fn narrow(g: &Gemm, cols: Range<usize>, inner: Range<usize>, accumula
 pub(crate) fn must_fill(f: &VertexFn) -> (Vec<bool>, Vec<bool>) {
     let (fwd, bwd) = (f.forward(), &f.backward().func);
     let (fwd_plan, bwd_plan) = (f.forward_plan(), f.backward_plan());
+    // Attention reads its operands from memory wherever it runs.
     let reads_memory = |func: &Func, phase: &[Phase], users: &[ValueId]| {
-        users.iter().any(|u| !func.node(*u).op.is_matmul() && phase[u.index()] != Phase::Recurrent)
+        users.iter().any(|u| {
+            let op = &func.node(*u).op;
+            op.is_attention() || !op.is_matmul() && phase[u.index()] != Phase::Recurrent
+        })
     };
     let fwd_users = fwd.users();
     let mut fill_f: Vec<bool> = fwd_users.iter().map(|u| reads_memory(fwd, &fwd_plan.phase, u)).collect();
@@ -253,6 +257,11 @@ fn backward_facts(f: &VertexFn, fwd_zero: &[Cols], loads: &Loads, grad_loads: &L
     for cg in &b.child_grads {
         if has_children(cg.slot) {
             need[cg.value.index()] = Cols::all(width(cg.value));
+        }
+    }
+    if has_children(None) {
+        for &g in &b.edge_grads {
+            need[g.index()] = Cols::all(width(g));
         }
     }
     let users = func.users();

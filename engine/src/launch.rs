@@ -4,7 +4,7 @@
 
 use super::analysis::StepRef;
 use super::dedup;
-use arbor_core::backend::{Backend, Combine, Gemm, IndexLoc, Loc, Mem, Rows};
+use arbor_core::backend::{Attention, AttentionGrads, Backend, Combine, Gemm, IndexLoc, Loc, Mem, Rows};
 use arbor_core::error::Result;
 use arbor_core::fusion::Kernel;
 use std::fmt;
@@ -82,6 +82,21 @@ pub enum Launch {
         /// Each scatter's blocks and where they are added (at most `SCATTERS`).
         parts: Vec<(Loc, Rows)>,
     },
+    /// Attention over the children of `attention.n` vertices, its outputs written at `out` (see
+    /// [`Backend::attend`]).
+    Attend {
+        /// Where the queries and the children's rows are.
+        attention: Attention,
+        /// Where the outputs go.
+        out: Loc,
+    },
+    /// The gradients of an [`Launch::Attend`] (see [`Backend::attend_grad`]).
+    AttendGrad {
+        /// The forward call's operands.
+        attention: Attention,
+        /// Where the outputs' gradients are and the others go.
+        grads: AttentionGrads,
+    },
     /// Adds the sum of `rows` rows of `cols` values at `src` to the `cols` values at `dst`.
     SumRows {
         /// The rows.
@@ -110,6 +125,8 @@ pub struct Counts {
     pub scatters: usize,
     /// Row sums.
     pub row_sums: usize,
+    /// Attention calls, forward and backward.
+    pub attention: usize,
 }
 
 impl Counts {
@@ -125,15 +142,16 @@ impl Counts {
                 Launch::Copy { .. } => c.copies += 1,
                 Launch::ScatterAdd { .. } | Launch::ScatterAdds { .. } => c.scatters += 1,
                 Launch::SumRows { .. } => c.row_sums += 1,
+                Launch::Attend { .. } | Launch::AttendGrad { .. } => c.attention += 1,
             }
         }
         c
     }
 
-    /// Backend calls in all: one per product, fused kernel, copy, fill, scatter-add and row sum
-    /// (a device launches a kernel, or a library call, for each).
+    /// Backend calls in all: one per product, fused kernel, copy, fill, scatter-add, row sum and
+    /// attention (a device launches a kernel, or a library call, for each).
     pub fn total(&self) -> usize {
-        self.products + self.fused + self.copies + self.fills + self.scatters + self.row_sums
+        self.products + self.fused + self.copies + self.fills + self.scatters + self.row_sums + self.attention
     }
 }
 
@@ -148,7 +166,7 @@ impl Launch {
     }
 
     /// Floating-point operations: `2·m·n·k` per matrix product, one per element per fused op
-    /// (copies, fills and sums count none).
+    /// (copies, fills, sums and attention, whose work depends on the children, count none).
     pub fn flops(&self) -> u64 {
         match self {
             Launch::Gemm(g) => gemm_flops(g),
@@ -224,6 +242,8 @@ pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &
             Launch::ScatterAdd { src, block, n, dst } => backend.scatter_add(mem, *src, *block, *n, dst)?,
             Launch::ScatterAdds { block, n, parts } => backend.scatter_add_many(mem, *block, *n, parts)?,
             Launch::SumRows { src, rows, cols, dst } => backend.sum_rows(mem, *src, *rows, *cols, *dst, true)?,
+            Launch::Attend { attention, out } => backend.attend(mem, attention, *out)?,
+            Launch::AttendGrad { attention, grads } => backend.attend_grad(mem, attention, grads)?,
         }
     }
     Ok((flops, calls))
@@ -315,6 +335,26 @@ impl fmt::Display for Launch {
             Launch::SumRows { src, rows, cols, dst } => {
                 write!(f, "sum     {} += Σ rows of {} ({rows} rows of {cols})", At(*dst), At(*src))
             }
+            Launch::Attend { attention: a, out } => write!(
+                f,
+                "attend  {} ← softmax({} · {}[set {}]) {} over {} rows",
+                At(*out),
+                At(a.query),
+                At(a.keys),
+                a.offsets.offset,
+                At(a.values),
+                a.n
+            ),
+            Launch::AttendGrad { attention: a, grads: g } => write!(
+                f,
+                "attend′ {} ← {}; {}, {}[set {}] += over {} rows",
+                At(g.query),
+                At(g.out),
+                At(g.keys),
+                At(g.values),
+                a.offsets.offset,
+                a.n
+            ),
         }
     }
 }

@@ -11,7 +11,8 @@ use super::link::Given;
 use super::products::Waves;
 use super::{check_graphs, check_vertices, internal, lock, Planned, Planner, Pull};
 use arbor_batching::{Policy, Region, Schedule, Scheduler};
-use arbor_core::backend::{Combine, Gemm, IndexLoc, Loc, Rows, SCATTERS};
+use arbor_core::attention::Widths;
+use arbor_core::backend::{Attention, AttentionGrads, Combine, Gemm, IndexLoc, Loc, Rows, SCATTERS};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::graph::InputGraph;
@@ -456,6 +457,7 @@ impl Lowering {
                     }
                 }
                 Step::Fused(_) => self.kernel(pass, StepRef { plan: kind, phase, step: i }, tasks.clone())?,
+                Step::Attend(v) => self.attend(pass, *v, tasks.clone())?,
             }
         }
         waves.restart();
@@ -584,6 +586,39 @@ impl Lowering {
             stores.push(self.loc(pass, kernel.values[i], r0, r0)?);
         }
         self.launches.push(Launch::Fused { step, kernel, n, loads, stores });
+        Ok(())
+    }
+
+    /// Lowers the attention step computing `v` (F's attention over the children, or its
+    /// gradient in F′) over the rows of `tasks`.
+    fn attend(&mut self, pass: Pass, v: ValueId, tasks: Range<usize>) -> Result<()> {
+        let Some(rows) = self.task_rows(&tasks) else { return Ok(()) };
+        let (r0, n) = (rows.start, rows.len());
+        let f = Arc::clone(&self.a.f);
+        let func = self.func(pass);
+        let (query, grad, key, value, slope) = match func.node(v).op {
+            Op::GatherSoftmax { query, key, value, slope } => (query, None, key, value, slope),
+            Op::GatherSoftmaxGrad { query, grad, key, value, slope } => (query, Some(grad), key, value, slope),
+            ref op => return Err(internal(format!("an attention step computes {}", op.name()))),
+        };
+        let q = &func.node(query).shape;
+        let out = grad.map_or(&func.node(v).shape, |g| &func.node(g).shape);
+        let widths = Widths { heads: q.rows(), key: q.cols(), value: out.cols(), slope };
+        let (offsets, index) = self.b.index.children(r0);
+        let state = |s: usize| self.loc(Pass::Forward, f.states()[s].value, 0, 0);
+        let (keys, values) = (state(key)?, state(value)?);
+        let attention = Attention { widths, n, query: self.loc(pass, query, r0, r0)?, keys, values, offsets, index };
+        let at = self.loc(pass, v, r0, r0)?;
+        let launch = match grad {
+            None => Launch::Attend { attention, out: at },
+            Some(g) => {
+                let state_grad = |s: usize| Loc { buf: ARENA, offset: self.b.memory.state_grads[s].offset };
+                let (keys, values) = (state_grad(key), state_grad(value));
+                let grads = AttentionGrads { out: self.loc(pass, g, r0, r0)?, query: at, keys, values };
+                Launch::AttendGrad { attention, grads }
+            }
+        };
+        self.launches.push(launch);
         Ok(())
     }
 

@@ -46,8 +46,8 @@ pub fn cells() -> Vec<VertexFn> {
 }
 
 /// A cell that uses every element-wise op of one input (and, in its backward function, every
-/// backward-only op), every row reduction and broadcast and every reduction over children, so
-/// each op's CUDA code is generated, compiled and run.
+/// backward-only op), every row reduction and broadcast, every reduction over children and
+/// attention, so each op's CUDA code is generated, compiled and run.
 fn every_op() -> VertexFn {
     let f = Builder::new("every-op", 2);
     let x = f.pull("x", 4);
@@ -60,7 +60,8 @@ fn every_op() -> VertexFn {
         + positive.log() / positive
         + gate * a.log_softmax()
         + a.detach() * h1
-        + f.gather_sum("h", 4) * f.gather_mean("h", 4) * f.gather_max("h", 4).tanh();
+        + f.gather_sum("h", 4) * f.gather_mean("h", 4) * f.gather_max("h", 4).tanh()
+        + f.gather_softmax(a.tanh(), "h", "h", 4);
     f.scatter("h", -y);
     f.push("y", y);
     f.build().unwrap()

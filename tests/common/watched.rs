@@ -3,7 +3,7 @@
 //! a compute call, a fused kernel with its bindings. It keeps no host memory the engine may use
 //! in place (as a device), so the engine takes the paths it takes on a GPU.
 
-use arbor::backend::{Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
+use arbor::backend::{Attention, AttentionGrads, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
 use arbor::fusion::Kernel;
 use arbor::optim::Update;
 use arbor::{Backend, CpuBackend, HostBuffer};
@@ -118,6 +118,14 @@ impl<W: Watch> Backend for Watched<W> {
         self.watch.call();
         self.watch.fused(k, loads);
         self.cpu.fused(&mut cpu(mem), k, n, loads, stores)
+    }
+    fn attend(&self, mem: &mut Mem<'_, Self>, a: &Attention, out: Loc) -> arbor::Result<()> {
+        self.watch.call();
+        self.cpu.attend(&mut cpu(mem), a, out)
+    }
+    fn attend_grad(&self, mem: &mut Mem<'_, Self>, a: &Attention, grads: &AttentionGrads) -> arbor::Result<()> {
+        self.watch.call();
+        self.cpu.attend_grad(&mut cpu(mem), a, grads)
     }
     fn scatter_add(&self, mem: &mut Mem<'_, Self>, src: Loc, block: usize, n: usize, dst: &Rows) -> arbor::Result<()> {
         self.watch.call();

@@ -64,6 +64,9 @@ pub struct Backward {
     pub func: Func,
     /// Gradients sent to children.
     pub child_grads: Vec<ChildGrad>,
+    /// Attention's gradient steps ([`Op::GatherSoftmaxGrad`]): each also adds gradients to its
+    /// children's states, so it runs before them whether or not its own value is used.
+    pub edge_grads: Vec<ValueId>,
     /// Gradient of each pulled input (`None`: it does not affect the outputs).
     pub pull_grads: Vec<Option<ValueId>>,
     /// Parameter-gradient terms.
@@ -237,6 +240,12 @@ pub(crate) fn derive(f: &Declaration) -> Result<Backward> {
                     }
                 }
             }
+            Op::GatherSoftmax { query, key, value, slope } => {
+                let q = d.primal(query);
+                let dq = d.emit(Op::GatherSoftmaxGrad { query: q, grad: g, key, value, slope })?;
+                back.edge_grads.push(dq);
+                contribs[query.index()].push(Contrib::Full(dq));
+            }
             // A stop-gradient: nothing flows back through it.
             Op::Unary { op: UnaryOp::Detach, .. } => {}
             Op::Unary { op, x } => {
@@ -285,6 +294,7 @@ pub(crate) fn derive(f: &Declaration) -> Result<Backward> {
             | Op::PushGrad { .. }
             | Op::Zeros
             | Op::Stored { .. }
+            | Op::GatherSoftmaxGrad { .. }
             | Op::MaxCols { .. } => {}
         }
     }

@@ -203,29 +203,7 @@ impl Builder {
 
     #[track_caller]
     fn gather_op(&self, slot: Option<usize>, reduce: Reduce, state: &str, shape: Shape) -> Var<'_> {
-        let s = self.state_index(state, &shape);
-        let (known, scattered) = {
-            let mut inner = self.inner.borrow_mut();
-            let st = &mut inner.states[s];
-            st.gathered = true;
-            (st.shape.clone(), st.value.is_some())
-        };
-        if known != shape && scattered {
-            self.fail(Error::StateShape {
-                function: self.name.clone(),
-                state: state.into(),
-                gathered: shape.clone(),
-                scattered: known,
-            });
-        } else if known != shape {
-            self.fail(Error::Shape {
-                at: caller(),
-                function: self.name.clone(),
-                op: format!("gather of state `{state}`"),
-                inputs: vec![],
-                reason: format!("it is gathered as {shape} here but as {known} elsewhere"),
-            });
-        }
+        let s = self.gathered(state, &shape);
         if let Some(&id) = self.inner.borrow().gathers.get(&(slot, reduce, s)) {
             return Var { b: self, id };
         }
@@ -236,6 +214,36 @@ impl Builder {
         let id = self.load(op, shape, false);
         self.inner.borrow_mut().gathers.insert((slot, reduce, s), id);
         Var { b: self, id }
+    }
+
+    /// The index of state `state`, read by parents as `shape` (recorded as gathered; a shape
+    /// that differs from how it is scattered or read elsewhere is an error).
+    #[track_caller]
+    fn gathered(&self, state: &str, shape: &Shape) -> usize {
+        let s = self.state_index(state, shape);
+        let (known, scattered) = {
+            let mut inner = self.inner.borrow_mut();
+            let st = &mut inner.states[s];
+            st.gathered = true;
+            (st.shape.clone(), st.value.is_some())
+        };
+        if known != *shape && scattered {
+            self.fail(Error::StateShape {
+                function: self.name.clone(),
+                state: state.into(),
+                gathered: shape.clone(),
+                scattered: known,
+            });
+        } else if known != *shape {
+            self.fail(Error::Shape {
+                at: caller(),
+                function: self.name.clone(),
+                op: format!("gather of state `{state}`"),
+                inputs: vec![],
+                reason: format!("it is gathered as {shape} here but as {known} elsewhere"),
+            });
+        }
+        s
     }
 
     /// The state `state` (of per-vertex shape `shape`) scattered by the child in slot `slot`;
@@ -267,6 +275,50 @@ impl Builder {
     #[track_caller]
     pub fn gather_max(&self, state: &str, shape: impl Into<Shape>) -> Var<'_> {
         self.gather_all(Reduce::Max, state, shape)
+    }
+
+    /// Attention over all children (graph attention, attentive Tree-LSTMs): each child's state
+    /// `key` is scored against `query` (this vertex's value, so it may read the vertex's pulled
+    /// input or, in an unrolled graph, its own previous state), the scores are normalized over
+    /// the vertex's actual children by a softmax (shifted by their largest, so no score
+    /// overflows), and the children's state `value` (per-vertex shape `value_shape`) is summed
+    /// with those weights; zeros for a leaf. Each row of `query` is a head: `query` is
+    /// `[heads × d]`, `key` `[heads × d]`, `value_shape` `[heads × m]`, the result `[heads × m]`.
+    /// The scores are the dot products `query·key`; see [`gather_softmax_leaky`](Builder::gather_softmax_leaky)
+    /// for GAT's.
+    #[track_caller]
+    pub fn gather_softmax<'a>(
+        &'a self,
+        query: Var<'a>,
+        key: &str,
+        value: &str,
+        value_shape: impl Into<Shape>,
+    ) -> Var<'a> {
+        self.gather_softmax_leaky(query, key, value, value_shape, 1.0)
+    }
+
+    /// [`gather_softmax`](Builder::gather_softmax) with each score passed through a leaky ReLU of
+    /// `slope` (negative scores times `slope`) before the softmax, as graph attention networks
+    /// score (`slope` 0.2, with `query = [1, a_l·Wh_i]` and `key = [a_r·Wh_j, 1]`).
+    #[track_caller]
+    pub fn gather_softmax_leaky<'a>(
+        &'a self,
+        query: Var<'a>,
+        key: &str,
+        value: &str,
+        value_shape: impl Into<Shape>,
+        slope: f32,
+    ) -> Var<'a> {
+        let (q, value_shape) = (query.shape(), value_shape.into());
+        if self.inner.borrow().func.node(query.id).is_param || q.rows() != value_shape.rows() {
+            let reason = format!("the query must be a per-vertex value with as many rows as the value ({value_shape})");
+            let shape = self.fail_shape("gather_softmax".into(), &[query.id], reason);
+            return Var { b: self, id: self.load(Op::Zeros, shape, false) };
+        }
+        self.inner.borrow_mut().variadic = true;
+        let (key, value) = (self.gathered(key, &q), self.gathered(value, &value_shape));
+        let id = self.load(Op::GatherSoftmax { query: query.id, key, value, slope }, value_shape, false);
+        Var { b: self, id }
     }
 
     /// The state `state` of every child combined by `reduce` ([`gather_sum`](Builder::gather_sum),

@@ -143,6 +143,8 @@ impl Func {
                     c
                 }
                 Op::SumCols { x } | Op::MaxCols { x } | Op::BroadcastCols { x, .. } => Cols::all_if(at(x).is_full(), w),
+                // Attention reads the children's rows, which no load pattern describes.
+                Op::GatherSoftmax { .. } | Op::GatherSoftmaxGrad { .. } => Cols::none(w),
                 Op::Gather { .. }
                 | Op::GatherAll { .. }
                 | Op::Pull { .. }
@@ -204,6 +206,11 @@ impl Func {
                     }
                 }
                 Op::SumCols { x } | Op::MaxCols { x } | Op::BroadcastCols { x, .. } => ask(*x, &all(*x), 0),
+                Op::GatherSoftmax { .. } | Op::GatherSoftmaxGrad { .. } => {
+                    for x in n.op.inputs() {
+                        ask(x, &all(x), 0);
+                    }
+                }
                 _ => {}
             }
         }

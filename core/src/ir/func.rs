@@ -137,6 +137,8 @@ pub(crate) fn infer(op: &Op, nodes: &[Node]) -> Result<(Shape, bool), String> {
     };
     match op {
         load_ops!() => Err("loads take their shape from the signature".into()),
+        Op::GatherSoftmax { .. } => Err("attention takes its shape from the states".into()),
+        Op::GatherSoftmaxGrad { query, .. } => Ok((get(*query)?.shape.clone(), false)),
         Op::MatMul { a, b, ta, tb } => {
             let (a, b) = (get(*a)?, get(*b)?);
             if a.is_param {

@@ -5,6 +5,7 @@ use super::autodiff::ParamGrad;
 use super::func::{Func, Node};
 use super::op::{Op, Reduce, ValueId};
 use super::vertex_fn::VertexFn;
+use crate::attention;
 use crate::tensor::Shape;
 
 /// What a vertex receives in the backward pass, and where its gradients go.
@@ -92,6 +93,16 @@ fn eval(node: &Node, func: &Func, vals: &[Vec<f32>]) -> Vec<f32> {
     }
 }
 
+/// The rows of states `key` and `value` of every present child.
+fn child_rows<'a>(children: &[Option<&'a [Vec<f32>]>], key: usize, value: usize) -> (Vec<&'a [f32]>, Vec<&'a [f32]>) {
+    children.iter().flatten().map(|s| (s[key].as_slice(), s[value].as_slice())).unzip()
+}
+
+/// The widths of an attention whose query has shape `query` and output `out`.
+fn widths(query: &Shape, out: &Shape, slope: f32) -> attention::Widths {
+    attention::Widths { heads: query.rows(), key: query.cols(), value: out.cols(), slope }
+}
+
 /// The children's `rows` combined by `reduce`, element by element (`len` zeros for none).
 fn combine(reduce: Reduce, rows: &[&[f32]], len: usize) -> Vec<f32> {
     let mut out = zeros(&Shape::from(len));
@@ -142,6 +153,13 @@ pub fn forward(f: &VertexFn, params: &[Vec<f32>], children: &[Option<&[Vec<f32>]
                 let rows: Vec<&[f32]> = children.iter().flatten().map(|s| s[*state].as_slice()).collect();
                 combine(*reduce, &rows, node.shape.numel())
             }
+            Op::GatherSoftmax { query, key, value, slope } => {
+                let (keys, values) = child_rows(children, *key, *value);
+                let mut out = zeros(&node.shape);
+                let w = widths(&func.node(*query).shape, &node.shape, *slope);
+                attention::forward(&w, &vals[query.index()], &keys, &values, &mut out, &mut Default::default());
+                out
+            }
             Op::Pull { input } => pulls[*input].to_vec(),
             Op::Param { param } => params[*param].clone(),
             _ => eval(node, func, &vals),
@@ -162,9 +180,25 @@ pub fn backward(
 ) -> VertexGrads {
     let b = f.backward();
     let func = &b.func;
+    let state_zeros = || f.states().iter().map(|s| zeros(&s.shape)).collect::<Vec<_>>();
+    let mut children: Vec<Option<Vec<Vec<f32>>>> = io.children.iter().map(|c| c.map(|_| state_zeros())).collect();
+    let present: Vec<usize> = (0..children.len()).filter(|&k| io.children[k].is_some()).collect();
     let mut vals: Vec<Vec<f32>> = Vec::with_capacity(func.nodes.len());
     for node in &func.nodes {
         let v = match &node.op {
+            Op::GatherSoftmaxGrad { query, grad, key, value, slope } => {
+                let (keys, values) = child_rows(io.children, *key, *value);
+                let mut dq = zeros(&node.shape);
+                let w = widths(&node.shape, &func.node(*grad).shape, *slope);
+                let (q, g) = (&vals[query.index()], &vals[grad.index()]);
+                attention::backward(&w, q, &keys, &values, g, &mut dq, &mut Default::default(), |c, dk, dv| {
+                    if let Some(states) = &mut children[present[c]] {
+                        states[*key].iter_mut().zip(dk).for_each(|(d, x)| *d += x);
+                        states[*value].iter_mut().zip(dv).for_each(|(d, x)| *d += x);
+                    }
+                });
+                dq
+            }
             Op::Primal { value } => primal[value.index()].clone(),
             Op::StateGrad { state } => io.state_grads[*state].clone(),
             Op::PushGrad { output } => io.push_grads[*output].clone(),
@@ -174,9 +208,6 @@ pub fn backward(
         };
         vals.push(v);
     }
-    let state_zeros = || f.states().iter().map(|s| zeros(&s.shape)).collect::<Vec<_>>();
-    let mut children: Vec<Option<Vec<Vec<f32>>>> = io.children.iter().map(|c| c.map(|_| state_zeros())).collect();
-    let present: Vec<usize> = (0..children.len()).filter(|&k| io.children[k].is_some()).collect();
     for cg in &b.child_grads {
         let g = &vals[cg.value.index()];
         let mut add = |k: usize, e: usize, x: f32| {

@@ -150,6 +150,37 @@ pub enum Op {
         /// Input.
         x: ValueId,
     },
+    /// Attention over all children (`gather_softmax`): for each row `h` of `query` (a head), a
+    /// score per child `s_c = σ(query[h] · key_c[h])`, `σ` the leaky ReLU of `slope` (the
+    /// identity at 1), normalized over the vertex's children by a softmax shifted by their
+    /// largest score, weighting the children's rows `value_c[h]`; zeros for a leaf. `key` and
+    /// `value` are states (the children's scattered rows), `query` a value of this vertex.
+    GatherSoftmax {
+        /// The vertex's query, `[heads × d]`.
+        query: ValueId,
+        /// The state scored against it, `[heads × d]`.
+        key: usize,
+        /// The state weighted, `[heads × m]`.
+        value: usize,
+        /// The leaky ReLU's slope for negative scores (1: none).
+        slope: f32,
+    },
+    /// Backward only: the gradient of a [`Op::GatherSoftmax`]'s query, given its forward query
+    /// and its output's gradient (the weights are computed again from the children's rows); the
+    /// same step adds the gradients of the children's `key` and `value` rows to their state
+    /// gradients.
+    GatherSoftmaxGrad {
+        /// The forward query (a `Primal`).
+        query: ValueId,
+        /// The output's gradient.
+        grad: ValueId,
+        /// As in the forward op.
+        key: usize,
+        /// As in the forward op.
+        value: usize,
+        /// As in the forward op.
+        slope: f32,
+    },
     /// The largest of each row's columns: `[r × c] → [r × 1]`. No gradient flows through it: it
     /// shifts softmaxes and log-sum-exps, whose values the shift does not change.
     MaxCols {
@@ -193,7 +224,21 @@ impl Op {
             | Op::MaxCols { x }
             | Op::BroadcastCols { x, .. } => smallvec![*x],
             Op::Concat { parts } => parts.iter().copied().collect(),
+            Op::GatherSoftmax { query, .. } => smallvec![*query],
+            Op::GatherSoftmaxGrad { query, grad, .. } => smallvec![*query, *grad],
         }
+    }
+
+    /// Whether the op is attention over the children or its gradient (a step of its own that
+    /// reads the children's rows; never fused).
+    pub fn is_attention(&self) -> bool {
+        matches!(self, Op::GatherSoftmax { .. } | Op::GatherSoftmaxGrad { .. })
+    }
+
+    /// Whether the op runs as a step of its own rather than inside a fused kernel (a matrix
+    /// product or attention).
+    pub fn is_standalone(&self) -> bool {
+        self.is_matmul() || self.is_attention()
     }
 
     /// Whether the op reads no value but memory the engine provides (gathers, pulls, parameters,
@@ -234,6 +279,8 @@ impl Op {
             Op::SumCols { .. } => "sum_cols".into(),
             Op::MaxCols { .. } => "max_cols".into(),
             Op::BroadcastCols { cols, .. } => format!("broadcast_cols({cols})"),
+            Op::GatherSoftmax { key, value, .. } => format!("gather_softmax(key {key}, value {value})"),
+            Op::GatherSoftmaxGrad { key, value, .. } => format!("gather_softmax_grad(key {key}, value {value})"),
         }
     }
 }
@@ -263,6 +310,8 @@ mod tests {
             Op::Concat { parts: vec![v, v] },
             Op::SumCols { x: v },
             Op::BroadcastCols { x: v, cols: 2 },
+            Op::GatherSoftmax { query: v, key: 0, value: 0, slope: 1.0 },
+            Op::GatherSoftmaxGrad { query: v, grad: v, key: 0, value: 0, slope: 1.0 },
         ];
         for op in ops {
             assert_eq!(op.is_load(), op.inputs().is_empty(), "{}", op.name());

@@ -93,6 +93,18 @@ impl VertexFn {
                 Op::Param { param } => d.params.get(*param).map(|p| (p.shape.clone(), true)),
                 Op::Gather { slot, state } if *slot < d.arity => d.states.get(*state).map(|s| (s.shape.clone(), false)),
                 Op::GatherAll { state, .. } if d.variadic => d.states.get(*state).map(|s| (s.shape.clone(), false)),
+                Op::GatherSoftmax { query, key, value, .. } if d.variadic => {
+                    let (q, k, v) = (checked.get(query.index()), d.states.get(*key), d.states.get(*value));
+                    match (q, k, v) {
+                        (Some(q), Some(k), Some(v))
+                            if !q.is_param && q.shape == k.shape && q.shape.rows() == v.shape.rows() =>
+                        {
+                            Some((v.shape.clone(), false))
+                        }
+                        _ => None,
+                    }
+                }
+                Op::GatherSoftmaxGrad { .. } => None,
                 op if op.is_load() => None,
                 op => Some(super::func::infer(op, &checked).map_err(|why| bad(i, why))?),
             };

@@ -150,6 +150,21 @@ pub fn check_plan(
                         computed_in[v.index()] = Some(p);
                     }
                 }
+                Step::Attend(v) => {
+                    let node = func.node(*v);
+                    if !node.op.is_attention() {
+                        return Err(format!("attention step {v} is {}", node.op.name()));
+                    }
+                    if let Some(x) = node.op.inputs().into_iter().find(|x| !mem[x.index()]) {
+                        return Err(format!("attention {v} reads {x} before it is in memory"));
+                    }
+                    if !plan.stored[v.index()] {
+                        return Err(format!("attention {v} not marked stored"));
+                    }
+                    mem[v.index()] = true;
+                    computed[v.index()] += 1;
+                    computed_in[v.index()] = Some(p);
+                }
                 Step::Fused(k) => {
                     if k.nodes.len() != k.values.len() {
                         return Err("kernel nodes and values differ in length".into());
@@ -256,14 +271,14 @@ pub fn check_plans(f: &VertexFn) -> Result<(), String> {
     check_plan(
         f.forward(),
         f.forward_plan(),
-        |op| matches!(op, Op::Gather { .. } | Op::GatherAll { .. }),
+        |op| matches!(op, Op::Gather { .. } | Op::GatherAll { .. } | Op::GatherSoftmax { .. }),
         &rec_out,
         &roots,
     )
     .map_err(|e| format!("forward plan: {e}\n{}", f.forward_plan()))?;
 
     let b = f.backward();
-    let rec_out: Vec<ValueId> = b.child_grads.iter().map(|c| c.value).collect();
+    let rec_out: Vec<ValueId> = b.child_grads.iter().map(|c| c.value).chain(b.edge_grads.iter().copied()).collect();
     let mut roots = rec_out.clone();
     roots.extend(b.pull_grads.iter().flatten().copied());
     for g in &b.param_grads {

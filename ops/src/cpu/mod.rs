@@ -1,6 +1,7 @@
 //! The CPU backend: host buffers, an AVX-512 product kernel (the `gemm` crate where it does not
 //! apply), and fused kernels run as tight loops.
 
+mod attention;
 mod buffer;
 mod direct;
 mod dots;
@@ -14,7 +15,7 @@ pub mod optim;
 mod simd;
 mod team;
 
-use arbor_core::backend::{Backend, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
+use arbor_core::backend::{Attention, AttentionGrads, Backend, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
 use arbor_core::optim::Update;
@@ -188,6 +189,16 @@ impl Backend for CpuBackend {
         };
         let raw = Raw::new(mem, written)?;
         self.within(|| memory::scatter_add(&raw, src, block, n, dst))
+    }
+
+    fn attend(&self, mem: &mut Mem<'_, Self>, a: &Attention, out: Loc) -> Result<()> {
+        let raw = Raw::new(mem, [out.buf])?;
+        attention::attend(&raw, a, out)
+    }
+
+    fn attend_grad(&self, mem: &mut Mem<'_, Self>, a: &Attention, grads: &AttentionGrads) -> Result<()> {
+        let raw = Raw::new(mem, [grads.query.buf, grads.keys.buf, grads.values.buf])?;
+        attention::attend_grad(&raw, a, grads)
     }
 
     fn sum_rows(
