@@ -3,12 +3,13 @@
 
 use arbor::data::{data_dir, tu};
 use arbor::optim::{Config, Rule};
-use arbor::zoo::{cross_validate_ggnn, GraphTraining};
+use arbor::zoo::{cross_validate_graphs, GraphCell, GraphTraining};
 use arbor::CpuBackend;
 
 fn main() -> arbor::Result<()> {
     let data = tu::read(&data_dir().join("mutag"), "MUTAG")?;
     let cfg = GraphTraining {
+        cell: GraphCell::Ggnn,
         steps: 4,
         features: 16,
         hidden: 32,
@@ -22,7 +23,7 @@ fn main() -> arbor::Result<()> {
         meta: serde_json::Value::Null,
     };
     // Told (fold from 0, epoch from 1) after every epoch.
-    let r = cross_validate_ggnn(&CpuBackend::new(), &data, &cfg, &mut |fold, epoch| {
+    let r = cross_validate_graphs(&CpuBackend::new(), &data, &cfg, &mut |fold, epoch| {
         if epoch == cfg.epochs {
             eprintln!("fold {} done", fold + 1);
         }

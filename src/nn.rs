@@ -258,6 +258,55 @@ pub fn ggnn(features: usize, hidden: usize) -> Result<VertexFn> {
     f.build()
 }
 
+/// A graph isomorphism network layer (GIN, Xu et al. 2019) for message passing unrolled as a DAG
+/// (as [`ggnn`]): the node's previous state scaled by `1 + ε` (learned, per column) plus the sum
+/// of its neighbours' (`gather_sum` minus the own previous state), and the node's features,
+/// through a two-layer perceptron with ReLUs. Every step shares the weights.
+pub fn gin(features: usize, hidden: usize) -> Result<VertexFn> {
+    let f = Builder::new("gin", 1);
+    let x = f.pull("x", features);
+    let prev = f.gather(0, "h", hidden);
+    let neighbours = f.gather_sum("h", hidden) - prev;
+    let own = prev * f.param("one_plus_eps", [1, hidden], Init::Const(1.0));
+    let input = own + neighbours + x.matmul(f.param("V", [features, hidden], Init::Xavier));
+    let mut h = input;
+    for k in 1..=2 {
+        let w = f.param(&format!("W{k}"), [hidden, hidden], Init::Xavier);
+        h = (h.matmul(w) + f.param(&format!("b{k}"), [1, hidden], Init::Zeros)).relu();
+    }
+    f.scatter("h", h);
+    f.push("h", h);
+    f.build()
+}
+
+/// A graph attention layer (GAT, Veličković et al. 2018) for message passing unrolled as a DAG
+/// (as [`ggnn`]): every node sends `z = h·W` and half a score `a_r·z`; a node weighs its
+/// children (its own previous state and its neighbours) by a softmax over
+/// `LeakyReLU_0.2(a_l·z_self + a_r·z_child)` (`gather_softmax_leaky`, its own half read from its
+/// previous state), and its new state is a GRU-style blend of that weighted sum and its features.
+/// Every step shares the weights.
+pub fn gat(features: usize, hidden: usize) -> Result<VertexFn> {
+    let f = Builder::new("gat", 1);
+    let x = f.pull("x", features);
+    let prev = f.gather(0, "h", hidden);
+    let w = f.param("W", [hidden, hidden], Init::Xavier);
+    let (a_l, a_r) = (f.param("a_l", [hidden, 1], Init::Xavier), f.param("a_r", [hidden, 1], Init::Xavier));
+    // Scores as one product: the query [1, a_l·z_self] against each child's key [a_r·z, 1].
+    let own = prev.matmul(w).matmul(a_l);
+    let one = own.scale(0.0).offset(1.0);
+    let att = f.gather_softmax_leaky(one.concat(own), "k", "z", hidden, 0.2);
+    let xv = x.matmul(f.param("V", [features, hidden], Init::Xavier));
+    let gate = (att.matmul(f.param("Uz", [hidden, hidden], Init::Xavier)) + xv).sigmoid();
+    let h = (gate * att + (1.0 - gate) * xv.tanh()).tanh();
+    let z = h.matmul(w);
+    f.scatter("z", z);
+    f.scatter("k", z.matmul(a_r).concat(one));
+    f.push("h", h);
+    // `h` itself is gathered from the own previous step: scattered too.
+    f.scatter("h", h);
+    f.build()
+}
+
 /// The relatedness head of Tai et al. (2015) over a sentence pair's roots (`hidden` wide each):
 /// `[|h_a − h_b|, h_a ⊙ h_b]`, `units` sigmoid units, a softmax over `classes` scores. Pulls
 /// `ha`, `hb` and the target distribution; pushes the KL divergence to it as `loss` and the

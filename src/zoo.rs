@@ -72,9 +72,60 @@ pub fn tree_classifier_on<B: Backend>(
     classifier(backend, words, cells, classes, readout, 0, rng)
 }
 
-/// Settings of graph classification by cross-validation ([`cross_validate_ggnn`]).
+/// The cell of graph classification: a message-passing layer unrolled over the steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GraphCell {
+    /// A gated graph network ([`nn::ggnn`](crate::nn::ggnn)).
+    #[default]
+    Ggnn,
+    /// A graph isomorphism network layer ([`nn::gin`](crate::nn::gin)).
+    Gin,
+    /// A graph attention layer ([`nn::gat`](crate::nn::gat)).
+    Gat,
+}
+
+impl GraphCell {
+    /// Every cell.
+    pub const ALL: [GraphCell; 3] = [GraphCell::Ggnn, GraphCell::Gin, GraphCell::Gat];
+
+    /// Its name (`ggnn`, `gin`, `gat`), as the CLI and checkpoints call it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphCell::Ggnn => "ggnn",
+            GraphCell::Gin => "gin",
+            GraphCell::Gat => "gat",
+        }
+    }
+
+    /// The cell named `name`, if any.
+    pub fn from_name(name: &str) -> Option<GraphCell> {
+        GraphCell::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// Its vertex function over `features`-wide node vectors and `hidden`-wide states.
+    pub fn function(self, features: usize, hidden: usize) -> Result<VertexFn> {
+        match self {
+            GraphCell::Ggnn => crate::nn::ggnn(features, hidden),
+            GraphCell::Gin => crate::nn::gin(features, hidden),
+            GraphCell::Gat => crate::nn::gat(features, hidden),
+        }
+    }
+
+    /// How the final step is pooled: summed for GIN (as its authors read out), the mean for
+    /// the others.
+    pub fn readout(self) -> Readout {
+        match self {
+            GraphCell::Gin => Readout::Sum,
+            GraphCell::Ggnn | GraphCell::Gat => Readout::Mean,
+        }
+    }
+}
+
+/// Settings of graph classification by cross-validation ([`cross_validate_graphs`]).
 #[derive(Clone, Debug)]
 pub struct GraphTraining {
+    /// The message-passing cell.
+    pub cell: GraphCell,
     /// Message-passing steps.
     pub steps: usize,
     /// Node-feature (label vector) width.
@@ -101,25 +152,26 @@ pub struct GraphTraining {
     pub meta: Value,
 }
 
-/// A gated graph network ([`ggnn`](crate::nn::ggnn)) classifying the graphs of `data`: node
-/// label vectors, the cell, the final step mean-pooled ([`Unrolled`]), a softmax classifier.
-pub fn ggnn<B: Backend>(
+/// A message-passing `cell` classifying the graphs of `data`: node label vectors, the cell, the
+/// final step pooled ([`Unrolled`], as [`GraphCell::readout`] says), a softmax classifier.
+pub fn graph_classifier<B: Backend>(
     backend: &B,
     data: &TuDataset,
+    cell: GraphCell,
     features: usize,
     hidden: usize,
     rng: &mut Rng,
 ) -> Result<Model<B>> {
     let labels = Embedding::new(data.node_label_count, features, 0.1, rng);
-    let cell = crate::nn::ggnn(features, hidden)?;
-    classifier(backend, labels, vec![cell], data.classes, Readout::Mean, 0, rng)
+    let f = cell.function(features, hidden)?;
+    classifier(backend, labels, vec![f], data.classes, cell.readout(), 0, rng)
 }
 
 /// Refuses graph training that would not fit in memory, before anything is allocated: the
 /// model (node-label vectors, cell, classifier), every graph unrolled over `cfg.steps` and the
 /// values of the largest minibatch.
 fn check_graph_training(data: &TuDataset, cfg: &GraphTraining) -> Result<()> {
-    let cell = crate::nn::ggnn(cfg.features, cfg.hidden)?;
+    let cell = cfg.cell.function(cfg.features, cfg.hidden)?;
     let labels = (data.node_label_count * cfg.features) as u128 + (cfg.hidden * data.classes) as u128;
     crate::memory::check_model("--hidden and --embed", crate::memory::param_floats(&cell) + labels, 1)?;
     let steps = cfg.steps as u128 + 1;
@@ -141,9 +193,9 @@ fn check_graph_training(data: &TuDataset, cfg: &GraphTraining) -> Result<()> {
     )
 }
 
-/// Cross-validated accuracy of a fresh [`ggnn`] per fold on replicas of `backend`, each trained
+/// Cross-validated accuracy of a fresh [`graph_classifier`] of `cfg.cell` per fold on replicas of `backend`, each trained
 /// through [`Run`]; `progress` is told `(fold, epoch)` after every epoch.
-pub fn cross_validate_ggnn<B: Backend>(
+pub fn cross_validate_graphs<B: Backend>(
     backend: &B,
     data: &TuDataset,
     cfg: &GraphTraining,
@@ -160,12 +212,12 @@ where
     check_graph_training(data, cfg)?;
     let graphs = Unrolled::all(data, cfg.steps);
     let mut meta = if cfg.meta.is_object() { cfg.meta.clone() } else { json!({}) };
-    (meta["model"], meta["message_steps"], meta["seed"]) = (json!("ggnn"), json!(cfg.steps), json!(cfg.seed));
+    (meta["model"], meta["message_steps"], meta["seed"]) = (json!(cfg.cell.name()), json!(cfg.steps), json!(cfg.seed));
     let checkpoint = cfg.checkpoint.clone();
     let plan = Settings { clip: cfg.clip, checkpoint, meta, ..Settings::new(cfg.epochs, cfg.batch) };
     let mut rng = Rng::new(cfg.seed);
     let mut new_run = |_fold: usize| {
-        let model = ggnn(backend, data, cfg.features, cfg.hidden, &mut rng)?;
+        let model = graph_classifier(backend, data, cfg.cell, cfg.features, cfg.hidden, &mut rng)?;
         let order = Rng::new(rng.next_u64());
         Ok(Run::new(model, Optimizer::new(cfg.optimizer), &order))
     };

@@ -2,6 +2,7 @@
 //! interpreter: outputs, input gradients and parameter gradients, on random forests and DAGs.
 
 use arbor::ir::interp::run_graph;
+use arbor::ir::Reduce;
 use arbor::rng::Rng;
 use arbor::testing::{check_batched_with, Batched};
 use arbor::Pass;
@@ -453,6 +454,46 @@ fn attention_over_children_on_a_fixed_forest_and_dag() {
             })
             .collect();
         check_batched_with(&attention_cell(slope), &gs, &Batched::new(seed)).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// A cell weighing its children per edge label (R-GCN-style): labels 0, 1 and 2 summed through
+/// a matrix each, label 1 also by max, and every child's mean.
+fn labelled_cell() -> VertexFn {
+    let f = Builder::new("labelled", 0);
+    let x = f.pull("x", 4);
+    let mut h = x.matmul(f.param("W", [4, 5], Init::Xavier)) + f.gather_mean("h", 5);
+    for label in 0..3 {
+        let u = f.param(&format!("U{label}"), [5, 5], Init::Xavier);
+        h = h + f.gather_labelled(Reduce::Sum, label, "h", 5).matmul(u);
+    }
+    let h = (h + f.gather_labelled(Reduce::Max, 1, "h", 5)).tanh();
+    f.scatter("h", h);
+    f.push("y", h);
+    f.build().unwrap()
+}
+
+/// [`mixed_degree`] with a random label in 0..4 on every edge (3 is read by no gather).
+fn labelled(rng: &mut Rng, g: InputGraph) -> InputGraph {
+    let labels = (0..g.len()).map(|v| g.children(v).iter().map(|_| rng.below(4) as u32).collect()).collect();
+    g.with_edge_labels(labels).unwrap()
+}
+
+/// Children gathered per edge label, batched, equal the reference (which reads each edge's
+/// label from the graph); graphs without labels read every edge as label 0.
+#[test]
+fn gathers_by_edge_label_on_a_fixed_forest_and_dag() {
+    for (seed, dag) in [(61, false), (62, true)] {
+        let mut rng = Rng::new(seed);
+        let mut gs: Vec<InputGraph> = (0..5)
+            .map(|_| {
+                let n = 1 + rng.below(120);
+                let g = mixed_degree(&mut rng, n, dag);
+                labelled(&mut rng, g)
+            })
+            .collect();
+        gs.push(mixed_degree(&mut rng, 30, dag));
+        check_batched_with(&labelled_cell(), &gs, &Batched::new(seed)).unwrap_or_else(|e| panic!("{e}"));
     }
 }
 

@@ -280,9 +280,10 @@ fn a_pipeline_on_the_gpu_follows_the_cpu_pipeline() {
 fn cross_validation_on_the_gpu_follows_the_cpu() {
     use arbor::data::tu;
     use arbor::optim::{Config, Rule};
-    use arbor::zoo::{cross_validate_ggnn, GraphTraining};
+    use arbor::zoo::{cross_validate_graphs, GraphCell, GraphTraining};
     let d = tu::read(&arbor::data::data_dir().join("mutag"), "MUTAG").expect("MUTAG data (ARBOR_DATA)");
     let cfg = GraphTraining {
+        cell: GraphCell::Ggnn,
         steps: 3,
         features: 8,
         hidden: 16,
@@ -295,8 +296,8 @@ fn cross_validation_on_the_gpu_follows_the_cpu() {
         checkpoint: None,
         meta: serde_json::Value::Null,
     };
-    let gpu = cross_validate_ggnn(&CudaBackend::new(0).unwrap(), &d, &cfg, &mut |_, _| {}).unwrap();
-    let cpu = cross_validate_ggnn(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
+    let gpu = cross_validate_graphs(&CudaBackend::new(0).unwrap(), &d, &cfg, &mut |_, _| {}).unwrap();
+    let cpu = cross_validate_graphs(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
     assert_eq!((gpu.fold_scores.len(), cpu.fold_scores.len()), (3, 3));
     assert!(gpu.mean >= 0.75, "cross-validated accuracy on the GPU {} ({:?})", gpu.mean, gpu.fold_scores);
     for (k, (g, c)) in gpu.fold_scores.iter().zip(&cpu.fold_scores).enumerate() {

@@ -3,7 +3,7 @@
 
 use arbor::data::tu;
 use arbor::optim::{Config, Rule};
-use arbor::zoo::{cross_validate_ggnn, GraphTraining};
+use arbor::zoo::{cross_validate_graphs, GraphCell, GraphTraining};
 use arbor::CpuBackend;
 use std::path::PathBuf;
 
@@ -60,6 +60,7 @@ fn malformed_tu_files_name_file_and_line() {
 fn ggnn_learns_mutag() {
     let d = tu::read(&mutag(), "MUTAG").unwrap();
     let cfg = GraphTraining {
+        cell: GraphCell::Ggnn,
         steps: 3,
         features: 8,
         hidden: 16,
@@ -72,7 +73,7 @@ fn ggnn_learns_mutag() {
         checkpoint: None,
         meta: serde_json::Value::Null,
     };
-    let r = cross_validate_ggnn(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
+    let r = cross_validate_graphs(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
     assert_eq!(r.fold_scores.len(), 3);
     // Stated bar for this short 3-fold run; always answering the majority class gives 0.665.
     assert!(r.mean >= 0.75, "cross-validated accuracy {} ({:?})", r.mean, r.fold_scores);

@@ -21,6 +21,17 @@ fn temp(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// A cell reading its children by every reduction and by attention.
+fn over_children() -> VertexFn {
+    let f = Builder::new("over-children", 0);
+    let x = f.pull("x", 4);
+    let att = f.gather_softmax_leaky(x.tanh(), "h", "h", 4, 0.2);
+    let h = (f.gather_sum("h", 4) + f.gather_mean("h", 4) * f.gather_max("h", 4) + att + x).tanh();
+    f.scatter("h", h);
+    f.push("h", h);
+    f.build().unwrap()
+}
+
 #[test]
 fn every_zoo_function_survives_its_stored_form() {
     let mut functions: Vec<VertexFn> = [Kind::TreeLstm, Kind::ChildSum, Kind::VarLstm, Kind::TreeFc]
@@ -32,6 +43,7 @@ fn every_zoo_function_survives_its_stored_form() {
         nn::child_sum_tree_lstm_nary(6, 5).unwrap(),
         nn::relatedness_head(5, 7, 5).unwrap(),
         softmax_classifier(5, 3).unwrap(),
+        over_children(),
     ]);
     for f in functions {
         let stored = function_to_json(&f);

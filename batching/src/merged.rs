@@ -38,6 +38,12 @@ impl<'a> Merged<'a> {
         self.graphs[g].children(v - base).iter().map(move |&c| if c == NO_CHILD { NO_CHILD } else { c + base as u32 })
     }
 
+    /// The label of the edge to child slot `k` of merged vertex `v` (0 when edges carry none).
+    pub fn label(&self, v: usize, k: usize) -> u32 {
+        let (g, base) = self.locate(v);
+        self.graphs[g].edge_label(v - base, k)
+    }
+
     /// The children of merged vertex `v` (empty slots skipped).
     pub fn children(&self, v: usize) -> impl Iterator<Item = usize> + '_ {
         self.slots(v).filter(|&c| c != NO_CHILD).map(|c| c as usize)

@@ -31,6 +31,8 @@ pub struct Schedule {
     pub child_offsets: Vec<u32>,
     /// See `child_offsets`.
     pub child_list: Vec<u32>,
+    /// The label of the edge to each child of `child_list` (0 when edges carry none).
+    pub child_labels: Vec<u32>,
 }
 
 /// Summary numbers of a schedule.
@@ -154,6 +156,7 @@ impl Scheduler {
         out.child_offsets.clear();
         out.child_offsets.push(0);
         out.child_list.clear();
+        out.child_labels.clear();
         for r in 0..n {
             let v = out.vertex_of_row[r] as usize;
             for (k, c) in merged.slots(v).enumerate() {
@@ -163,6 +166,7 @@ impl Scheduler {
                         out.child_rows[k][r] = cr;
                     }
                     out.child_list.push(cr);
+                    out.child_labels.push(merged.label(v, k));
                 }
             }
             out.child_offsets.push(out.child_list.len() as u32);

@@ -41,6 +41,8 @@ pub const NO_CHILD: u32 = u32::MAX;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputGraph {
     children: Vec<SmallVec<[u32; 2]>>,
+    /// Per vertex, the label of the edge to each child slot; empty when edges carry no labels.
+    labels: Vec<SmallVec<[u32; 2]>>,
     /// Every vertex after all of its children, computed once at construction.
     order: Vec<u32>,
 }
@@ -91,7 +93,7 @@ impl InputGraph {
             }
             out.push(list);
         }
-        let mut g = InputGraph { children: out, order: Vec::new() };
+        let mut g = InputGraph { children: out, labels: Vec::new(), order: Vec::new() };
         g.check_acyclic()?;
         g.order = children_first(&g.children);
         Ok(g)
@@ -100,13 +102,13 @@ impl InputGraph {
     /// `n` vertices without edges, each its own root: the examples a head runs over, one vertex
     /// each.
     pub fn isolated(n: usize) -> InputGraph {
-        InputGraph { children: vec![SmallVec::new(); n], order: (0..n as u32).collect() }
+        InputGraph { children: vec![SmallVec::new(); n], labels: Vec::new(), order: (0..n as u32).collect() }
     }
 
     /// A chain (a sequence): vertex `i` has vertex `i − 1` as its only child; the last is the root.
     pub fn chain(len: usize) -> InputGraph {
         let children = (0..len).map(|i| if i == 0 { SmallVec::new() } else { SmallVec::from_slice(&[i as u32 - 1]) });
-        InputGraph { children: children.collect(), order: (0..len as u32).collect() }
+        InputGraph { children: children.collect(), labels: Vec::new(), order: (0..len as u32).collect() }
     }
 
     /// A balanced binary tree over `leaves` leaves (the leaves first, pairs merged level by
@@ -263,6 +265,28 @@ impl InputGraph {
     /// The child slots of vertex `v` (`NO_CHILD` where empty).
     pub fn children(&self, v: usize) -> &[u32] {
         &self.children[v]
+    }
+
+    /// This graph with a label on every edge (a bond type, a dependency relation):
+    /// `labels[v][k]` for the child in slot `k` of vertex `v` (an empty slot's is ignored). A
+    /// vertex function reads the children of one label with
+    /// [`Builder::gather_labelled`](crate::ir::Builder::gather_labelled). An error names the
+    /// vertex whose labels do not match its slots.
+    pub fn with_edge_labels(mut self, labels: Vec<Vec<u32>>) -> Result<InputGraph> {
+        if labels.len() != self.len() {
+            return Err(graph_error(format!("{} edge label lists for {} vertices", labels.len(), self.len())));
+        }
+        if let Some(v) = (0..self.len()).find(|&v| labels[v].len() != self.children[v].len()) {
+            let (got, slots) = (labels[v].len(), self.children[v].len());
+            return Err(graph_error(format!("vertex {v} has {slots} child slots but {got} edge labels")));
+        }
+        self.labels = labels.into_iter().map(SmallVec::from_vec).collect();
+        Ok(self)
+    }
+
+    /// The label of the edge to the child in slot `k` of vertex `v` (0 when edges carry none).
+    pub fn edge_label(&self, v: usize, k: usize) -> u32 {
+        self.labels.get(v).and_then(|l| l.get(k)).copied().unwrap_or(0)
     }
 }
 

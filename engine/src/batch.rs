@@ -16,23 +16,70 @@ use arbor_core::ir::{Op, Port, ValueId, VertexFn};
 use std::ops::Range;
 use std::sync::Arc;
 
+/// The children of one edge label, a child set of its own: per row, offsets into its list.
+pub(super) struct LabelledSet {
+    label: u32,
+    offsets: Vec<u32>,
+    list: Vec<u32>,
+}
+
+/// The child sets of every edge label `f` gathers by (`gather_labelled`), from the schedule's
+/// children and their edges' labels.
+fn labelled_sets(f: &VertexFn, s: &Schedule) -> Vec<LabelledSet> {
+    let mut labels: Vec<u32> = f
+        .forward()
+        .nodes
+        .iter()
+        .filter_map(|n| match n.op {
+            Op::GatherAll { label, .. } => label,
+            _ => None,
+        })
+        .collect();
+    labels.sort_unstable();
+    labels.dedup();
+    labels
+        .into_iter()
+        .map(|label| {
+            let (mut offsets, mut list) = (Vec::with_capacity(s.len() + 1), Vec::new());
+            offsets.push(0);
+            for r in 0..s.len() {
+                let children = s.child_offsets[r] as usize..s.child_offsets[r + 1] as usize;
+                list.extend(children.filter(|&j| s.child_labels[j] == label).map(|j| s.child_list[j]));
+                offsets.push(list.len() as u32);
+            }
+            LabelledSet { label, offsets, list }
+        })
+        .collect()
+}
+
 /// Where the gather index plan of one minibatch lives in the index buffer.
 #[derive(Default)]
 pub(super) struct IndexLayout {
     vertices: usize,
     child_offsets: usize,
     child_list: usize,
+    /// Per edge label gathered by: the label and where its set's offsets start (its list follows).
+    labelled: Vec<(u32, usize)>,
     /// Entries laid out so far: the children's rows and sets, then what the distinct rows' maps
     /// and the held table's rows append.
     pub len: usize,
 }
 
 impl IndexLayout {
-    fn new(arity: usize, s: &Schedule) -> IndexLayout {
+    fn new(arity: usize, s: &Schedule, sets: &[LabelledSet]) -> IndexLayout {
         let n = s.len();
         let child_offsets = arity * n;
         let child_list = child_offsets + n + 1;
-        IndexLayout { vertices: n, child_offsets, child_list, len: child_list + s.child_list.len() }
+        let mut len = child_list + s.child_list.len();
+        let labelled = sets
+            .iter()
+            .map(|set| {
+                let at = len;
+                len += set.offsets.len() + set.list.len();
+                (set.label, at)
+            })
+            .collect();
+        IndexLayout { vertices: n, child_offsets, child_list, labelled, len }
     }
 
     /// Where the child rows of slot `slot` for row `row` on are.
@@ -40,10 +87,21 @@ impl IndexLayout {
         IndexLoc { buf: 0, offset: slot * self.vertices + row }
     }
 
-    /// Rows `row..` of a vertex's children, all slots, combined by `combine`.
-    pub fn set(&self, data: Loc, row: usize, combine: Combine) -> Rows {
-        let (offsets, index) = self.children(row);
-        Rows::IndexedSet { data, offsets, index, combine }
+    /// Rows `row..` of a vertex's children, all slots (those whose edge carries `label`, when
+    /// given), combined by `combine`.
+    pub fn set(&self, label: Option<u32>, data: Loc, row: usize, combine: Combine) -> Result<Rows> {
+        let (offsets, index) = match label {
+            None => self.children(row),
+            Some(l) => {
+                let &(_, at) = self
+                    .labelled
+                    .iter()
+                    .find(|x| x.0 == l)
+                    .ok_or_else(|| super::internal(format!("no child set laid out for edge label {l}")))?;
+                (IndexLoc { buf: 0, offset: at + row }, IndexLoc { buf: 0, offset: at + self.vertices + 1 })
+            }
+        };
+        Ok(Rows::IndexedSet { data, offsets, index, combine })
     }
 
     /// Where the children of the vertices from row `row` on are: their offsets into the child
@@ -97,6 +155,8 @@ pub(super) struct Batch {
     pub held: Option<HeldRows>,
     /// The inputs given as [`Pull::Linked`].
     pub linked: Vec<LinkedInput>,
+    /// The child sets of the edge labels gathered by.
+    labelled: Vec<LabelledSet>,
 }
 
 /// An error unless `got` ports' worth of data came for `want` ports of `f`.
@@ -181,9 +241,11 @@ impl Batch {
     ) -> Result<Batch> {
         let f = &*a.f;
         let n = schedule.len();
+        let labelled = labelled_sets(f, &schedule);
         let mut b = Batch {
             memory: MemoryPlan::new(f, n, schedule.max_task(), train),
-            index: IndexLayout::new(f.arity(), &schedule),
+            index: IndexLayout::new(f.arity(), &schedule, &labelled),
+            labelled,
             schedule,
             trained: train,
             ..Batch::default()
@@ -209,7 +271,12 @@ impl Batch {
                 Op::Gather { slot, .. } => {
                     s.child_rows.get(slot).is_none_or(|c| c[rows.clone()].iter().all(|&r| r == NO_ROW))
                 }
-                Op::GatherAll { .. } => s.child_offsets[rows.start] == s.child_offsets[rows.end],
+                Op::GatherAll { label: None, .. } => s.child_offsets[rows.start] == s.child_offsets[rows.end],
+                Op::GatherAll { label: Some(l), .. } => self
+                    .labelled
+                    .iter()
+                    .find(|x| x.label == l)
+                    .is_none_or(|x| x.offsets[rows.start] == x.offsets[rows.end]),
                 Op::Pull { input } => self.task_all(t, &self.pull_zero_rows[input]),
                 _ => false,
             })
@@ -337,6 +404,10 @@ impl Batch {
         }
         out.extend_from_slice(&s.child_offsets);
         out.extend_from_slice(&s.child_list);
+        for set in &self.labelled {
+            out.extend_from_slice(&set.offsets);
+            out.extend_from_slice(&set.list);
+        }
         for shared in self.shared.iter().flatten() {
             out.extend_from_slice(&shared.map);
         }

@@ -247,19 +247,20 @@ fn backward_facts(f: &VertexFn, fwd_zero: &[Cols], loads: &Loads, grad_loads: &L
     });
     let mut need: Vec<Cols> = func.nodes.iter().map(|n| Cols::none(n.shape.cols())).collect();
     let fwd = f.forward();
-    let has_children = |slot: Option<usize>| {
+    // A gather of every child (of one label) known to be zero: no such child on the task.
+    let has_children = |slot: Option<usize>, label: Option<u32>| {
         !fwd.nodes.iter().enumerate().any(|(i, n)| match n.op {
             Op::Gather { slot: s, .. } => Some(s) == slot && loads[i],
-            Op::GatherAll { .. } => slot.is_none() && loads[i],
+            Op::GatherAll { label: l, .. } => slot.is_none() && l == label && loads[i],
             _ => false,
         })
     };
     for cg in &b.child_grads {
-        if has_children(cg.slot) {
+        if has_children(cg.slot, cg.label) {
             need[cg.value.index()] = Cols::all(width(cg.value));
         }
     }
-    if has_children(None) {
+    if has_children(None, None) {
         for &g in &b.edge_grads {
             need[g.index()] = Cols::all(width(g));
         }

@@ -149,7 +149,8 @@ pub struct Planned<'g> {
     graphs: PhantomData<&'g InputGraph>,
     /// Vertices per graph (where dropout masks are drawn).
     sizes: Vec<usize>,
-    schedule: Schedule,
+    /// Boxed: a plan moves from the thread that made it to the pass, small.
+    schedule: Box<Schedule>,
     scheduler: Arc<Mutex<Scheduler>>,
 }
 
@@ -160,7 +161,7 @@ impl Planner {
         let mut schedule = Schedule::default();
         lock(&self.scheduler).schedule(graphs, self.f.arity(), &mut schedule);
         let sizes = graphs.iter().map(|g| g.len()).collect();
-        Ok(Planned { graphs: PhantomData, sizes, schedule, scheduler: Arc::clone(&self.scheduler) })
+        Ok(Planned { graphs: PhantomData, sizes, schedule: Box::new(schedule), scheduler: Arc::clone(&self.scheduler) })
     }
 }
 

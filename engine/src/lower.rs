@@ -158,7 +158,7 @@ impl Lowering {
         if !Arc::ptr_eq(&planned.scheduler, &self.scheduler) {
             return Err(internal("a minibatch planned for another engine (or before set_policy)".into()));
         }
-        Ok((planned.schedule, planned.sizes))
+        Ok((*planned.schedule, planned.sizes))
     }
 
     /// The forward pass over a checked, scheduled minibatch.
@@ -568,9 +568,9 @@ impl Lowering {
                     data: self.loc(Pass::Forward, f.states()[state].value, 0, 0)?,
                     index: ix.slot(slot, r0),
                 },
-                Op::GatherAll { state, reduce } => {
+                Op::GatherAll { state, reduce, label } => {
                     let data = self.loc(Pass::Forward, f.states()[state].value, 0, 0)?;
-                    ix.set(data, r0, Combine::of(reduce, data))
+                    ix.set(label, data, r0, Combine::of(reduce, data))?
                 }
                 Op::Param { .. } => Rows::Broadcast(self.loc(pass, v, 0, 0)?),
                 Op::Zeros => Rows::Zeros,
@@ -645,7 +645,7 @@ impl Lowering {
                 Some(k) => Rows::Indexed { data, index: b.index.slot(k, r0) },
                 None => {
                     let by = self.loc(Pass::Forward, f.states()[cg.state].value, 0, 0)?;
-                    self.b.index.set(data, r0, Combine::of(cg.reduce, by))
+                    self.b.index.set(cg.label, data, r0, Combine::of(cg.reduce, by))?
                 }
             };
             let src = self.loc(Pass::Backward, cg.value, r0, r0)?;

@@ -190,7 +190,8 @@ pub fn function_to_json(f: &VertexFn) -> Value {
     let op = |op: &Op| -> Value {
         match op {
             Op::Gather { slot, state } => json!(["gather", slot, state]),
-            Op::GatherAll { state, reduce } => json!([reduce.name(), state]),
+            Op::GatherAll { state, reduce, label: None } => json!([reduce.name(), state]),
+            Op::GatherAll { state, reduce, label: Some(l) } => json!([reduce.name(), state, l]),
             Op::Pull { input } => json!(["pull", input]),
             Op::Param { param } => json!(["param", param]),
             Op::MatMul { a, b, ta, tb } => json!(["matmul", a.0, b.0, ta, tb]),
@@ -201,6 +202,7 @@ pub fn function_to_json(f: &VertexFn) -> Value {
             Op::SumCols { x } => json!(["sum_cols", x.0]),
             Op::MaxCols { x } => json!(["max_cols", x.0]),
             Op::BroadcastCols { x, cols } => json!(["broadcast_cols", x.0, cols]),
+            Op::GatherSoftmax { query, key, value, slope } => json!(["gather_softmax", query.0, key, value, slope]),
             // Backward-only ops never appear in a forward function.
             other => json!([other.name()]),
         }
@@ -256,7 +258,11 @@ pub fn function_from_json(v: &Value) -> Result<VertexFn> {
         let e = entry(x, 1, "values")?;
         let arg = |k: usize| e.get(k).cloned().unwrap_or(Value::Null);
         if let Some(reduce) = Reduce::ALL.into_iter().find(|r| e[0].as_str() == Some(r.name())) {
-            return Ok(Op::GatherAll { state: num(&arg(1), "values")?, reduce });
+            let label = match arg(2) {
+                Value::Null => None,
+                l => Some(u32::try_from(num(&l, "values")?).map_err(|_| bad(&field("values"), x))?),
+            };
+            return Ok(Op::GatherAll { state: num(&arg(1), "values")?, reduce, label });
         }
         Ok(match e[0].as_str().unwrap_or_default() {
             "gather" => Op::Gather { slot: num(&arg(1), "values")?, state: num(&arg(2), "values")? },
@@ -288,6 +294,12 @@ pub fn function_from_json(v: &Value) -> Result<VertexFn> {
             "sum_cols" => Op::SumCols { x: id(&arg(1))? },
             "max_cols" => Op::MaxCols { x: id(&arg(1))? },
             "broadcast_cols" => Op::BroadcastCols { x: id(&arg(1))?, cols: num(&arg(2), "values")? },
+            "gather_softmax" => Op::GatherSoftmax {
+                query: id(&arg(1))?,
+                key: num(&arg(2), "values")?,
+                value: num(&arg(3), "values")?,
+                slope: float(&arg(4), "values")?,
+            },
             _ => return Err(bad(&field("values"), x)),
         })
     };

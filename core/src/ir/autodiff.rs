@@ -20,6 +20,8 @@ pub struct ChildGrad {
     pub slot: Option<usize>,
     /// For every child: how the gradient is shared among them (the forward reduction).
     pub reduce: Reduce,
+    /// For every child: only those whose edge carries this label.
+    pub label: Option<u32>,
     /// The state whose gradient this is.
     pub state: usize,
     /// The gradient value in F'.
@@ -221,9 +223,11 @@ pub(crate) fn derive(f: &Declaration) -> Result<Backward> {
         let g = d.total(cs, node.shape.rows(), node.shape.cols())?;
         match node.op {
             Op::Gather { slot, state } => {
-                back.child_grads.push(ChildGrad { slot: Some(slot), reduce: Reduce::Sum, state, value: g })
+                back.child_grads.push(ChildGrad { slot: Some(slot), reduce: Reduce::Sum, label: None, state, value: g })
             }
-            Op::GatherAll { state, reduce } => back.child_grads.push(ChildGrad { slot: None, reduce, state, value: g }),
+            Op::GatherAll { state, reduce, label } => {
+                back.child_grads.push(ChildGrad { slot: None, reduce, label, state, value: g })
+            }
             // A dropout mask is a constant: no gradient.
             Op::Pull { input } if input < f.inputs.len() - f.dropout.len() => back.pull_grads[input] = Some(g),
             Op::Pull { .. } => {}

@@ -43,8 +43,9 @@ struct Inner {
     /// numbers it after the user's inputs) and its rate.
     masks: Vec<(Port, f32)>,
     outputs: Vec<Port>,
-    /// Gathers made so far, by slot (`None`: all children, combined by the reduction) and state.
-    gathers: HashMap<(Option<usize>, Reduce, usize), ValueId>,
+    /// Gathers made so far, by slot (`None`: all children, combined by the reduction, of one
+    /// edge label when given) and state.
+    gathers: HashMap<(Option<usize>, Reduce, Option<u32>, usize), ValueId>,
     variadic: bool,
     error: Option<Error>,
 }
@@ -202,17 +203,17 @@ impl Builder {
     }
 
     #[track_caller]
-    fn gather_op(&self, slot: Option<usize>, reduce: Reduce, state: &str, shape: Shape) -> Var<'_> {
+    fn gather_op(&self, slot: Option<usize>, reduce: Reduce, label: Option<u32>, state: &str, shape: Shape) -> Var<'_> {
         let s = self.gathered(state, &shape);
-        if let Some(&id) = self.inner.borrow().gathers.get(&(slot, reduce, s)) {
+        if let Some(&id) = self.inner.borrow().gathers.get(&(slot, reduce, label, s)) {
             return Var { b: self, id };
         }
         let op = match slot {
             Some(slot) => Op::Gather { slot, state: s },
-            None => Op::GatherAll { state: s, reduce },
+            None => Op::GatherAll { state: s, reduce, label },
         };
         let id = self.load(op, shape, false);
-        self.inner.borrow_mut().gathers.insert((slot, reduce, s), id);
+        self.inner.borrow_mut().gathers.insert((slot, reduce, label, s), id);
         Var { b: self, id }
     }
 
@@ -253,7 +254,7 @@ impl Builder {
         if slot >= self.arity {
             self.fail(Error::GatherSlot { function: self.name.clone(), slot, state: state.into(), arity: self.arity });
         }
-        self.gather_op(Some(slot), Reduce::Sum, state, shape.into())
+        self.gather_op(Some(slot), Reduce::Sum, None, state, shape.into())
     }
 
     /// The sum over all children of the state `state` they scattered; zeros for a leaf.
@@ -326,7 +327,18 @@ impl Builder {
     #[track_caller]
     pub fn gather_all(&self, reduce: Reduce, state: &str, shape: impl Into<Shape>) -> Var<'_> {
         self.inner.borrow_mut().variadic = true;
-        self.gather_op(None, reduce, state, shape.into())
+        self.gather_op(None, reduce, None, state, shape.into())
+    }
+
+    /// [`gather_all`](Builder::gather_all) over only the children whose edge carries `label`
+    /// ([`InputGraph::with_edge_labels`](crate::graph::InputGraph::with_edge_labels)): a bond
+    /// type, a dependency relation. Summing each label's children through a matrix of its own
+    /// gives a weight per edge type (R-GCN). Zeros where there is no such child; in a graph
+    /// without labels every edge carries label 0.
+    #[track_caller]
+    pub fn gather_labelled(&self, reduce: Reduce, label: u32, state: &str, shape: impl Into<Shape>) -> Var<'_> {
+        self.inner.borrow_mut().variadic = true;
+        self.gather_op(None, reduce, Some(label), state, shape.into())
     }
 
     /// This vertex's row of the external input `name`, computed by the input layer.

@@ -53,7 +53,10 @@ impl Func {
         let op = match n.op {
             Op::Param { param } => names.params.get(param).map(|p| format!("param {}", p.name)),
             Op::Gather { slot, state } => named(&names.states, state, &|s| format!("gather(slot {slot}) of `{s}`")),
-            Op::GatherAll { state, reduce } => named(&names.states, state, &|s| format!("{} of `{s}`", reduce.name())),
+            Op::GatherAll { state, reduce, label } => named(&names.states, state, &|s| match label {
+                None => format!("{} of `{s}`", reduce.name()),
+                Some(l) => format!("{} of `{s}` over edges labelled {l}", reduce.name()),
+            }),
             Op::Pull { input } => named(&names.inputs, input, &|s| format!("pull `{s}`")),
             _ => None,
         };

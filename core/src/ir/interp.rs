@@ -14,6 +14,8 @@ pub struct BackwardIo<'a> {
     /// `gather(k)`, slot `k`; for `gather_sum` and its kin, all of them (`gather_max` routes its
     /// gradient by them).
     pub children: &'a [Option<&'a [Vec<f32>]>],
+    /// The label of the edge to each child slot (missing entries: 0), for `gather_labelled`.
+    pub labels: &'a [u32],
     /// Gradient of each scattered state, summed over the vertex's parents.
     pub state_grads: &'a [Vec<f32>],
     /// Gradient of each pushed output.
@@ -93,6 +95,12 @@ fn eval(node: &Node, func: &Func, vals: &[Vec<f32>]) -> Vec<f32> {
     }
 }
 
+/// The child slots that hold a child and, when `label` is given, whose edge carries it.
+fn chosen(children: &[Option<&[Vec<f32>]>], labels: &[u32], label: Option<u32>) -> Vec<usize> {
+    let carries = |k: usize| label.is_none_or(|l| labels.get(k).copied().unwrap_or(0) == l);
+    (0..children.len()).filter(|&k| children[k].is_some() && carries(k)).collect()
+}
+
 /// The rows of states `key` and `value` of every present child.
 fn child_rows<'a>(children: &[Option<&'a [Vec<f32>]>], key: usize, value: usize) -> (Vec<&'a [f32]>, Vec<&'a [f32]>) {
     children.iter().flatten().map(|s| (s[key].as_slice(), s[value].as_slice())).unzip()
@@ -138,9 +146,16 @@ fn zeros(shape: &Shape) -> Vec<f32> {
 }
 
 /// Runs F on one vertex. `children[k]` holds the states the child in slot `k` scattered (indexed
-/// like [`VertexFn::states`]) or `None`; `pulls` holds the vertex's row of each input. Returns
-/// every forward value of the vertex (parameters included), indexed by [`ValueId`].
-pub fn forward(f: &VertexFn, params: &[Vec<f32>], children: &[Option<&[Vec<f32>]>], pulls: &[&[f32]]) -> Vec<Vec<f32>> {
+/// like [`VertexFn::states`]) or `None`, `labels[k]` the label of its edge (missing entries: 0);
+/// `pulls` holds the vertex's row of each input. Returns every forward value of the vertex
+/// (parameters included), indexed by [`ValueId`].
+pub fn forward(
+    f: &VertexFn,
+    params: &[Vec<f32>],
+    children: &[Option<&[Vec<f32>]>],
+    labels: &[u32],
+    pulls: &[&[f32]],
+) -> Vec<Vec<f32>> {
     let func = f.forward();
     let mut vals: Vec<Vec<f32>> = Vec::with_capacity(func.nodes.len());
     for node in &func.nodes {
@@ -149,8 +164,11 @@ pub fn forward(f: &VertexFn, params: &[Vec<f32>], children: &[Option<&[Vec<f32>]
                 Some(states) => states[*state].clone(),
                 None => zeros(&node.shape),
             },
-            Op::GatherAll { state, reduce } => {
-                let rows: Vec<&[f32]> = children.iter().flatten().map(|s| s[*state].as_slice()).collect();
+            Op::GatherAll { state, reduce, label } => {
+                let rows: Vec<&[f32]> = chosen(children, labels, *label)
+                    .into_iter()
+                    .filter_map(|k| children[k].map(|s| s[*state].as_slice()))
+                    .collect();
                 combine(*reduce, &rows, node.shape.numel())
             }
             Op::GatherSoftmax { query, key, value, slope } => {
@@ -210,6 +228,7 @@ pub fn backward(
     }
     for cg in &b.child_grads {
         let g = &vals[cg.value.index()];
+        let present = chosen(io.children, io.labels, cg.label);
         let mut add = |k: usize, e: usize, x: f32| {
             if let Some(Some(states)) = children.get_mut(k) {
                 states[cg.state][e] += x;
@@ -223,7 +242,8 @@ pub fn backward(
                 present.iter().for_each(|&k| g.iter().enumerate().for_each(|(e, &x)| add(k, e, x / count)))
             }
             (None, Reduce::Max) => {
-                let rows: Vec<&[f32]> = io.children.iter().flatten().map(|s| s[cg.state].as_slice()).collect();
+                let rows: Vec<&[f32]> =
+                    present.iter().filter_map(|&k| io.children[k].map(|s| s[cg.state].as_slice())).collect();
                 for (e, &x) in g.iter().enumerate() {
                     if let Some(k) = first_largest(&rows, e) {
                         add(present[k], e, x);
@@ -296,7 +316,8 @@ pub fn run_graph(
             .collect();
         let rows: Vec<&[f32]> =
             f.all_inputs().iter().zip(pulls).map(|(p, x)| &x[v * block(&p.shape)..(v + 1) * block(&p.shape)]).collect();
-        let vals = forward(f, params, &kids, &rows);
+        let labels: Vec<u32> = (0..kids.len()).map(|k| g.edge_label(v, k)).collect();
+        let vals = forward(f, params, &kids, &labels, &rows);
         states[v] = f.states().iter().map(|s| vals[s.value.index()].clone()).collect();
         values[v] = vals;
     }
@@ -318,7 +339,8 @@ pub fn run_graph(
             .zip(push_grads)
             .map(|(o, x)| x[v * block(&o.shape)..(v + 1) * block(&o.shape)].to_vec())
             .collect();
-        let io = BackwardIo { children: &kids, state_grads: &state_grads[v], push_grads: &pg };
+        let labels: Vec<u32> = (0..kids.len()).map(|k| g.edge_label(v, k)).collect();
+        let io = BackwardIo { children: &kids, labels: &labels, state_grads: &state_grads[v], push_grads: &pg };
         let grads = backward(f, params, &values[v], &io, &mut param_grads);
         for (k, child) in grads.children.into_iter().enumerate() {
             if let Some(child) = child {

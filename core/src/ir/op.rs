@@ -64,12 +64,15 @@ pub enum Op {
         /// State index.
         state: usize,
     },
-    /// The state `state` of every child, combined by `reduce` (zeros for a leaf).
+    /// The state `state` of every child (of those whose edge carries `label`, when given),
+    /// combined by `reduce` (zeros when there is none).
     GatherAll {
         /// State index.
         state: usize,
         /// How the children's rows combine.
         reduce: Reduce,
+        /// Only the children whose edge carries this label.
+        label: Option<u32>,
     },
     /// This vertex's row of external input `input`.
     Pull {
@@ -256,7 +259,8 @@ impl Op {
     pub fn name(&self) -> String {
         match self {
             Op::Gather { slot, state } => format!("gather(slot {slot}, state {state})"),
-            Op::GatherAll { state, reduce } => format!("{}(state {state})", reduce.name()),
+            Op::GatherAll { state, reduce, label: None } => format!("{}(state {state})", reduce.name()),
+            Op::GatherAll { state, reduce, label: Some(l) } => format!("{}(state {state}, label {l})", reduce.name()),
             Op::Pull { input } => format!("pull({input})"),
             Op::Param { param } => format!("param({param})"),
             Op::Primal { value } => format!("primal({value})"),
@@ -295,7 +299,7 @@ mod tests {
         let v = ValueId(0);
         let ops = [
             Op::Gather { slot: 0, state: 0 },
-            Op::GatherAll { state: 0, reduce: Reduce::Max },
+            Op::GatherAll { state: 0, reduce: Reduce::Max, label: Some(1) },
             Op::Pull { input: 0 },
             Op::Param { param: 0 },
             Op::Primal { value: v },

@@ -21,6 +21,8 @@ pub struct VertexCase {
     /// Weight of each scattered state. States that no vertex gathers get zero weight: no parent
     /// ever reads them, and the backward pass (by design) sends them no gradient.
     pub state_grads: Vec<Vec<f32>>,
+    /// The label of the edge to each child slot (empty: every edge 0), for `gather_labelled`.
+    pub labels: Vec<u32>,
 }
 
 impl VertexCase {
@@ -58,7 +60,7 @@ impl VertexCase {
             .iter()
             .map(|s| (0..s.shape.numel()).map(|_| if s.gathered { rng.range(-1.0, 1.0) } else { 0.0 }).collect())
             .collect();
-        VertexCase { params, children, pulls, push_grads, state_grads }
+        VertexCase { params, children, pulls, push_grads, state_grads, labels: Vec::new() }
     }
 
     /// Which child slots hold a child.
@@ -70,7 +72,7 @@ impl VertexCase {
     pub fn forward(&self, f: &VertexFn) -> Vec<Vec<f32>> {
         let children: Vec<Option<&[Vec<f32>]>> = self.children.iter().map(|c| c.as_deref()).collect();
         let pulls: Vec<&[f32]> = self.pulls.iter().map(Vec::as_slice).collect();
-        interp::forward(f, &self.params, &children, &pulls)
+        interp::forward(f, &self.params, &children, &self.labels, &pulls)
     }
 
     /// The objective `L` and the magnitude `S = Σ|weight·value|` of its terms.
@@ -96,7 +98,12 @@ impl VertexCase {
     pub fn gradients(&self, f: &VertexFn) -> (VertexGrads, Vec<Vec<f32>>) {
         let vals = self.forward(f);
         let children: Vec<Option<&[Vec<f32>]>> = self.children.iter().map(|c| c.as_deref()).collect();
-        let io = BackwardIo { children: &children, state_grads: &self.state_grads, push_grads: &self.push_grads };
+        let io = BackwardIo {
+            children: &children,
+            labels: &self.labels,
+            state_grads: &self.state_grads,
+            push_grads: &self.push_grads,
+        };
         let mut param_grads: Vec<Vec<f32>> = self.params.iter().map(|p| vec![0.0; p.len()]).collect();
         let grads = interp::backward(f, &self.params, &vals, &io, &mut param_grads);
         (grads, param_grads)

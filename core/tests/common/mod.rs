@@ -300,3 +300,29 @@ pub fn check_plans(f: &VertexFn) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Runs the gradient check on a few random cases of `f` (children as given by `present`).
+#[track_caller]
+pub fn check(f: &VertexFn, present: &[bool]) {
+    for seed in 0..3 {
+        let case = VertexCase::random(f, 1000 + seed, present);
+        let r = assert_gradients(f, &case);
+        let want_children =
+            present.iter().filter(|&&p| p).count() * f.states().iter().map(|s| s.shape.numel()).sum::<usize>();
+        assert_eq!(r.children, want_children);
+        assert_eq!(r.pulls, f.inputs().iter().map(|p| p.shape.numel()).sum::<usize>());
+        assert_eq!(r.params, f.params().iter().map(|p| p.shape.numel()).sum::<usize>());
+    }
+    if let Err(e) = check_plans(f) {
+        panic!("{e}")
+    }
+}
+
+/// Each entry of `got` within 1e-5 (relative, past 1) of `want`'s.
+#[track_caller]
+pub fn assert_close(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "[{i}]: {g} vs {w}");
+    }
+}

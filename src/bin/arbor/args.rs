@@ -2,6 +2,7 @@
 
 use arbor::dist::schedule::Kind;
 use arbor::nn::{CellDropout, CellKind};
+use arbor::zoo::GraphCell;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -104,6 +105,10 @@ pub(crate) enum ModelArg {
     TreeFc,
     /// Gated graph network for graph classification (TU data sets such as MUTAG).
     Ggnn,
+    /// Graph isomorphism network (GIN) for graph classification, sum-pooled.
+    Gin,
+    /// Graph attention network (GAT) for graph classification.
+    Gat,
     /// Sentence-pair relatedness on SICK: a child-sum Tree-LSTM over each dependency tree and
     /// the relatedness head of Tai et al. 2015
     Sick,
@@ -118,8 +123,15 @@ impl ModelArg {
             ModelArg::VarLstm => "var-lstm",
             ModelArg::TreeFc => "tree-fc",
             ModelArg::Ggnn => "ggnn",
+            ModelArg::Gin => "gin",
+            ModelArg::Gat => "gat",
             ModelArg::Sick => "sick",
         }
+    }
+
+    /// The message-passing cell of a graph model (cross-validated on a TU data set).
+    pub(crate) fn graph_cell(self) -> Option<GraphCell> {
+        GraphCell::from_name(self.name())
     }
 
     pub(crate) fn model(self) -> CellKind {
@@ -127,7 +139,7 @@ impl ModelArg {
             ModelArg::TreeLstm => CellKind::TreeLstm,
             ModelArg::ChildSum | ModelArg::Sick => CellKind::ChildSum,
             ModelArg::VarLstm => CellKind::VarLstm,
-            ModelArg::TreeFc | ModelArg::Ggnn => CellKind::TreeFc,
+            ModelArg::TreeFc | ModelArg::Ggnn | ModelArg::Gin | ModelArg::Gat => CellKind::TreeFc,
         }
     }
 }

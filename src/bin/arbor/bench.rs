@@ -160,14 +160,14 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
         return Err(Error::input("--leaves", "at least 1 leaf", "0"));
     }
     let model_kind = args.model.model();
-    if matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
+    if args.model.graph_cell().is_some() || args.model == ModelArg::Sick {
         return Err(Error::input(
             "bench --model",
             "a tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
-            if matches!(args.model, ModelArg::Ggnn) {
-                "ggnn (cross-validated by arbor train)"
+            if args.model.graph_cell().is_some() {
+                format!("{} (graph models are cross-validated by arbor train)", args.model.name())
             } else {
-                "sick (arbor train)"
+                "sick (arbor train)".into()
             },
         ));
     }

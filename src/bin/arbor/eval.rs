@@ -13,6 +13,7 @@ use arbor::model;
 use arbor::nn::CellKind;
 use arbor::readout::Readout;
 use arbor::rng::Rng;
+use arbor::zoo::GraphCell;
 use arbor::{Backend, Error, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -36,7 +37,7 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         return crate::graphs::eval(args);
     }
     let (dir, ck) = scored_checkpoint(&args.checkpoint, "evaluating")?;
-    if ck.meta["model"] == "ggnn" {
+    if GraphCell::from_name(ck.meta["model"].as_str().unwrap_or_default()).is_some() {
         return crate::graphs::eval(args);
     }
     if ck.meta["model"] == "sick" {

@@ -11,7 +11,7 @@ use arbor::data::tu::Unrolled;
 use arbor::model::Model;
 use arbor::run_folder::{Existing, RunFolder};
 use arbor::trainer::{fold_dir, fold_indices, CvResult};
-use arbor::zoo::{cross_validate_ggnn, GraphTraining};
+use arbor::zoo::{cross_validate_graphs, GraphTraining};
 use arbor::Backend;
 use arbor::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -34,9 +34,11 @@ fn tu_name(dir: &Path) -> Result<String> {
     }
 }
 
-/// `arbor train --model ggnn`: cross-validation over the graphs of a TU data set.
+/// `arbor train --model ggnn|gin|gat`: cross-validation over the graphs of a TU data set.
 pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     let epochs = sizes.epochs;
+    let cell = args.model.graph_cell().unwrap_or_default();
+    let model_flag = format!("--model {}", cell.name());
     let tree_only = [
         ("--resume", args.resume.is_some()),
         ("--plot", args.plot.is_some()),
@@ -44,13 +46,13 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     ];
     if let Some((flag, _)) = tree_only.iter().find(|(_, set)| *set) {
         return Err(Error::input(
-            "--model ggnn",
+            model_flag,
             "the cross-validation flags (--folds, --steps, sizes, optimizer)",
             format!("{flag}, which applies to tree and sequence models only"),
         ));
     }
     let dir = args.data.as_deref().ok_or_else(|| {
-        Error::input("--model ggnn", "--data DIR with a TU data set (e.g. ../shared/data/mutag)", "no --data")
+        Error::input(&model_flag, "--data DIR with a TU data set (e.g. ../shared/data/mutag)", "no --data")
     })?;
     let name = tu_name(dir)?;
     let data = tu::read(dir, &name)?;
@@ -62,13 +64,15 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         ));
     }
     eprintln!(
-        "arbor: {}-fold cross-validation of ggnn on {name} ({} graphs, {} node labels, {} classes)",
+        "arbor: {}-fold cross-validation of {} on {name} ({} graphs, {} node labels, {} classes)",
         args.folds(),
+        cell.name(),
         data.graphs.len(),
         data.node_label_count,
         data.classes
     );
     let cfg = GraphTraining {
+        cell,
         steps: args.steps(),
         features: sizes.embed,
         hidden: sizes.hidden,
@@ -101,7 +105,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     impl OnDevice for Work<'_> {
         type Out = CvResult;
         fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<CvResult> {
-            cross_validate_ggnn(&backend, self.0, self.1, self.2)
+            cross_validate_graphs(&backend, self.0, self.1, self.2)
         }
     }
     let result = on_device(args.device, PrecisionArg::F32, Work(&data, &cfg, &mut progress))?;
@@ -112,7 +116,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     println!(
         "{}",
         json!({
-            "model": "ggnn", "data": dir.display().to_string(), "folds": result.fold_scores.len(), "epochs": epochs,
+            "model": cell.name(), "data": dir.display().to_string(), "folds": result.fold_scores.len(), "epochs": epochs,
             "steps": args.steps(), "hidden": sizes.hidden, "embed": sizes.embed,
             "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
             "graphs_per_s": result.examples_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
@@ -121,7 +125,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     Ok(())
 }
 
-/// `arbor eval` of `arbor train --model ggnn --checkpoint DIR`: each fold's model (`DIR/fold-k`,
+/// `arbor eval` of `arbor train --model ggnn|gin|gat --checkpoint DIR`: each fold's model (`DIR/fold-k`,
 /// or one fold's folder) scored on the graphs it held out, read from where training read them
 /// (or `--data`); their mean is the training's `cv_acc_mean`.
 pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
@@ -130,9 +134,11 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
     let folds = if folds.is_empty() { vec![args.checkpoint.clone()] } else { folds };
     let mut fold_scores = Vec::with_capacity(folds.len());
     let mut read: Option<(PathBuf, Vec<Unrolled>)> = None;
+    let mut model = String::new();
     for dir in &folds {
         let (_, ck) = scored_checkpoint(dir, "evaluating")?;
         let meta = &ck.meta;
+        model = meta["model"].as_str().unwrap_or("ggnn").to_string();
         let recorded = meta["data"].as_str().map(PathBuf::from);
         let data_dir = args.data.clone().or(recorded).ok_or_else(|| {
             Error::input(format!("checkpoint {}", dir.display()), "the data folder it records", "none (give --data)")
@@ -167,7 +173,7 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
     println!(
         "{}",
         json!({
-            "checkpoint": args.checkpoint.display().to_string(), "model": "ggnn", "folds": fold_scores.len(),
+            "checkpoint": args.checkpoint.display().to_string(), "model": model, "folds": fold_scores.len(),
             "fold_scores": fold_scores, "cv_acc_mean": mean, "cv_acc_std": std,
         })
     );

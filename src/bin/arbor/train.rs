@@ -35,7 +35,7 @@ impl Sizes {
     pub(crate) fn of(args: &TrainArgs) -> Sizes {
         // Per model: epochs, hidden, embed, learning rate (SICK: the sizes of Tai et al.).
         let (epochs, hidden, embed, lr) = match args.model {
-            ModelArg::Ggnn => (100, 32, 16, 0.005),
+            ModelArg::Ggnn | ModelArg::Gin | ModelArg::Gat => (100, 32, 16, 0.005),
             ModelArg::Sick => (10, 150, 300, 0.01),
             _ => (5, 64, 32, 0.01),
         };
@@ -314,8 +314,8 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if let Some(d) = args.average.filter(|d| !(0.0..1.0).contains(d)) {
         return bad("--average", "a decay in [0, 1)", d.to_string());
     }
-    if args.average.is_some() && matches!(args.model, ModelArg::Ggnn) {
-        return bad("--average", "a tree, sequence or sick model", "--model ggnn".into());
+    if args.average.is_some() && args.model.graph_cell().is_some() {
+        return bad("--average", "a tree, sequence or sick model", format!("--model {}", args.model.name()));
     }
     if args.stages > 1 && args.workers > 1 {
         let expected = "1 with --stages above 1 (each stage is one worker; stages replicated over data-parallel workers are not built yet)";
@@ -340,7 +340,7 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     // Flags a model would ignore: (flag, set, the models that use it).
     let trees = "the tree and sequence models";
     let ignored: &[(&str, bool, &str)] = match args.model {
-        ModelArg::Ggnn => &[
+        ModelArg::Ggnn | ModelArg::Gin | ModelArg::Gat => &[
             ("--distributed", args.distributed.is_some(), "every model but ggnn, whose folds run one at a time"),
             ("--max-steps", args.max_steps.is_some(), "every model but ggnn, which trains --epochs per fold"),
             ("--lowercase", args.lowercase, "the models over words"),
@@ -364,17 +364,19 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if let Some((flag, _, users)) = ignored.iter().find(|(_, set, _)| *set) {
         return bad(flag, &format!("a model that uses it ({users})"), format!("--model {}", args.model.name()));
     }
-    if matches!(args.model, ModelArg::Ggnn) && args.embed_lr.is_some() {
+    if args.model.graph_cell().is_some() && args.embed_lr.is_some() {
         return bad(
             "--embed-lr",
-            "a model over words (not ggnn: its node labels learn at --lr)",
-            "--model ggnn".into(),
+            "a model over words (not a graph model: its node labels learn at --lr)",
+            format!("--model {}", args.model.name()),
         );
     }
-    if matches!(args.model, ModelArg::Ggnn) && (args.workers > 1 || args.stages > 1 || args.layers > 1) {
-        return bad("--model ggnn", "one worker on one stage (cross-validation runs a fold at a time)", {
-            format!("--workers {} --layers {} --stages {}", args.workers, args.layers, args.stages)
-        });
+    if args.model.graph_cell().is_some() && (args.workers > 1 || args.stages > 1 || args.layers > 1) {
+        return bad(
+            &format!("--model {}", args.model.name()),
+            "one worker on one stage (cross-validation runs a fold at a time)",
+            format!("--workers {} --layers {} --stages {}", args.workers, args.layers, args.stages),
+        );
     }
     Ok(())
 }
@@ -413,7 +415,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         Error::input("--timeout", "a number of seconds above 0, to about 1.8e19", args.timeout.to_string())
     })?;
     match args.model {
-        ModelArg::Ggnn => return crate::graphs::train(args, &sizes),
+        ModelArg::Ggnn | ModelArg::Gin | ModelArg::Gat => return crate::graphs::train(args, &sizes),
         ModelArg::Sick => return crate::sick::train(args, &sizes, timeout),
         _ => {}
     }
