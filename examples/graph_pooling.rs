@@ -59,7 +59,12 @@ struct Molecule {
 
 impl Molecule {
     fn new(g: &tu::GraphExample, classes: usize) -> Molecule {
-        Molecule { graph: g.unroll(STEPS), labels: g.node_labels.repeat(STEPS + 1), class: g.label as usize, classes }
+        Molecule {
+            graph: g.unroll(STEPS, 0),
+            labels: g.node_labels.repeat(STEPS + 1),
+            class: g.label as usize,
+            classes,
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Ready-made vertex functions.
 
-use arbor_core::ir::{Builder, Init, Var, VertexFn};
+use arbor_core::ir::{Builder, Init, Reduce, Var, VertexFn};
 use arbor_core::Result;
 
 /// Dropout rates of a ready-made cell, in training: on its pulled input (the word vector), on
@@ -259,14 +259,25 @@ pub fn ggnn(features: usize, hidden: usize) -> Result<VertexFn> {
 }
 
 /// A graph isomorphism network layer (GIN, Xu et al. 2019) for message passing unrolled as a DAG
-/// (as [`ggnn`]): the node's previous state scaled by `1 + ε` (learned, per column) plus the sum
-/// of its neighbours' (`gather_sum` minus the own previous state), and the node's features,
-/// through a two-layer perceptron with ReLUs. Every step shares the weights.
-pub fn gin(features: usize, hidden: usize) -> Result<VertexFn> {
+/// (as [`ggnn`]): the node's previous state scaled by `1 + ε` (learned, per column) plus its
+/// neighbours' summed, and the node's features, through a two-layer perceptron with ReLUs. With
+/// `edge_labels` above 0 (bond types), each label's neighbours are summed through a matrix of
+/// their own (`gather_labelled`, as R-GCN weighs edge types); without, all of them alike
+/// (`gather_sum` minus the own previous state). Every step shares the weights.
+pub fn gin(features: usize, hidden: usize, edge_labels: u32) -> Result<VertexFn> {
     let f = Builder::new("gin", 1);
     let x = f.pull("x", features);
     let prev = f.gather(0, "h", hidden);
-    let neighbours = f.gather_sum("h", hidden) - prev;
+    let neighbours = match edge_labels {
+        0 => f.gather_sum("h", hidden) - prev,
+        _ => (0..edge_labels)
+            .map(|l| {
+                let e = f.param(&format!("E{l}"), [hidden, hidden], Init::Xavier);
+                f.gather_labelled(Reduce::Sum, l, "h", hidden).matmul(e)
+            })
+            .reduce(|a, b| a + b)
+            .unwrap_or(prev),
+    };
     let own = prev * f.param("one_plus_eps", [1, hidden], Init::Const(1.0));
     let input = own + neighbours + x.matmul(f.param("V", [features, hidden], Init::Xavier));
     let mut h = input;
@@ -283,7 +294,7 @@ pub fn gin(features: usize, hidden: usize) -> Result<VertexFn> {
 /// (as [`ggnn`]): every node sends `z = h·W` and half a score `a_r·z`; a node weighs its
 /// children (its own previous state and its neighbours) by a softmax over
 /// `LeakyReLU_0.2(a_l·z_self + a_r·z_child)` (`gather_softmax_leaky`, its own half read from its
-/// previous state), and its new state is a GRU-style blend of that weighted sum and its features.
+/// previous state), and its new state is `tanh` of that weighted sum plus its features' map.
 /// Every step shares the weights.
 pub fn gat(features: usize, hidden: usize) -> Result<VertexFn> {
     let f = Builder::new("gat", 1);
@@ -296,8 +307,7 @@ pub fn gat(features: usize, hidden: usize) -> Result<VertexFn> {
     let one = own.scale(0.0).offset(1.0);
     let att = f.gather_softmax_leaky(one.concat(own), "k", "z", hidden, 0.2);
     let xv = x.matmul(f.param("V", [features, hidden], Init::Xavier));
-    let gate = (att.matmul(f.param("Uz", [hidden, hidden], Init::Xavier)) + xv).sigmoid();
-    let h = (gate * att + (1.0 - gate) * xv.tanh()).tanh();
+    let h = (att + xv + f.param("b", [1, hidden], Init::Zeros)).tanh();
     let z = h.matmul(w);
     f.scatter("z", z);
     f.scatter("k", z.matmul(a_r).concat(one));

@@ -102,11 +102,13 @@ impl GraphCell {
         GraphCell::ALL.into_iter().find(|c| c.name() == name)
     }
 
-    /// Its vertex function over `features`-wide node vectors and `hidden`-wide states.
-    pub fn function(self, features: usize, hidden: usize) -> Result<VertexFn> {
+    /// Its vertex function over `features`-wide node vectors and `hidden`-wide states, on
+    /// graphs of `edge_labels` edge labels (0: unlabelled; GIN weighs each label's neighbours
+    /// apart, the others read every edge alike).
+    pub fn function(self, features: usize, hidden: usize, edge_labels: usize) -> Result<VertexFn> {
         match self {
             GraphCell::Ggnn => crate::nn::ggnn(features, hidden),
-            GraphCell::Gin => crate::nn::gin(features, hidden),
+            GraphCell::Gin => crate::nn::gin(features, hidden, edge_labels as u32),
             GraphCell::Gat => crate::nn::gat(features, hidden),
         }
     }
@@ -163,7 +165,7 @@ pub fn graph_classifier<B: Backend>(
     rng: &mut Rng,
 ) -> Result<Model<B>> {
     let labels = Embedding::new(data.node_label_count, features, 0.1, rng);
-    let f = cell.function(features, hidden)?;
+    let f = cell.function(features, hidden, data.edge_label_count)?;
     classifier(backend, labels, vec![f], data.classes, cell.readout(), 0, rng)
 }
 
@@ -171,7 +173,7 @@ pub fn graph_classifier<B: Backend>(
 /// model (node-label vectors, cell, classifier), every graph unrolled over `cfg.steps` and the
 /// values of the largest minibatch.
 fn check_graph_training(data: &TuDataset, cfg: &GraphTraining) -> Result<()> {
-    let cell = cfg.cell.function(cfg.features, cfg.hidden)?;
+    let cell = cfg.cell.function(cfg.features, cfg.hidden, data.edge_label_count)?;
     let labels = (data.node_label_count * cfg.features) as u128 + (cfg.hidden * data.classes) as u128;
     crate::memory::check_model("--hidden and --embed", crate::memory::param_floats(&cell) + labels, 1)?;
     let steps = cfg.steps as u128 + 1;

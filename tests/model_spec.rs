@@ -40,6 +40,8 @@ fn every_zoo_function_survives_its_stored_form() {
         .collect();
     functions.extend([
         nn::ggnn(4, 5).unwrap(),
+        nn::gin(4, 5, 3).unwrap(),
+        nn::gat(4, 5).unwrap(),
         nn::child_sum_tree_lstm_nary(6, 5).unwrap(),
         nn::relatedness_head(5, 7, 5).unwrap(),
         softmax_classifier(5, 3).unwrap(),

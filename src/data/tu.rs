@@ -1,5 +1,6 @@
 //! Graph classification data in the TU Dortmund format (`NAME_A.txt`, `NAME_graph_indicator.txt`,
-//! `NAME_graph_labels.txt`, `NAME_node_labels.txt`), e.g. MUTAG.
+//! `NAME_graph_labels.txt`, `NAME_node_labels.txt`, and `NAME_edge_labels.txt` where there is one),
+//! e.g. MUTAG.
 
 use crate::error::{Error, Result};
 use crate::graph::InputGraph;
@@ -16,6 +17,9 @@ pub struct GraphExample {
     pub node_labels: Vec<u32>,
     /// Neighbours of every node, ascending.
     pub neighbours: Vec<Vec<u32>>,
+    /// The label of the edge to each neighbour (as `neighbours`), renumbered like node labels;
+    /// all 0 without an edge label file.
+    pub edge_labels: Vec<Vec<u32>>,
     /// Class (graph labels renumbered 0, 1, … in ascending order of the file's values).
     pub label: u32,
 }
@@ -30,6 +34,8 @@ pub struct TuDataset {
     pub node_label_count: usize,
     /// Number of classes.
     pub classes: usize,
+    /// Number of distinct edge labels (0 without an edge label file).
+    pub edge_label_count: usize,
 }
 
 fn read_lines(path: &Path) -> Result<Vec<(usize, String)>> {
@@ -75,6 +81,7 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
         .map(|l| GraphExample {
             node_labels: Vec::new(),
             neighbours: Vec::new(),
+            edge_labels: Vec::new(),
             label: classes.partition_point(|c| c < l) as u32,
         })
         .collect();
@@ -95,8 +102,11 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
         local.push((g, graphs[g].node_labels.len() as u32));
         graphs[g].node_labels.push(nl);
         graphs[g].neighbours.push(Vec::new());
+        graphs[g].edge_labels.push(Vec::new());
     }
-    for (line, text) in read_lines(&a_path)? {
+    let edges = read_lines(&a_path)?;
+    let (edge_labels, edge_label_count) = read_edge_labels(&file("edge_labels"), edges.len())?;
+    for ((line, text), label) in edges.into_iter().zip(edge_labels) {
         let bad = |msg: String| Error::Parse { file: a_path.display().to_string(), line, msg };
         let (a, b) = text.split_once(',').ok_or_else(|| bad(format!("`{text}` is not `row, col`")))?;
         let (a, b) = (number(&a_path, line, a)?, number(&a_path, line, b)?);
@@ -109,9 +119,10 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
             return Err(bad(format!("edge ({a}, {b}) joins graphs {} and {}", ga + 1, gb + 1)));
         }
         for (x, y) in [(la, lb), (lb, la)] {
-            let n = &mut graphs[ga].neighbours[x as usize];
-            if let Err(at) = n.binary_search(&y) {
-                n.insert(at, y);
+            let g = &mut graphs[ga];
+            if let Err(at) = g.neighbours[x as usize].binary_search(&y) {
+                g.neighbours[x as usize].insert(at, y);
+                g.edge_labels[x as usize].insert(at, label);
             }
         }
     }
@@ -122,29 +133,52 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
             msg: format!("graph {} has no nodes in {}", g + 1, ind_path.display()),
         });
     }
-    Ok(TuDataset { graphs, node_label_count: labels.len(), classes: classes.len() })
+    Ok(TuDataset { graphs, node_label_count: labels.len(), classes: classes.len(), edge_label_count })
+}
+
+/// The label of each of `edges` edges from `path` (one per line of `NAME_A.txt`), renumbered 0, 1,
+/// … in ascending order of the file's values, and how many there are; all 0 (and none) when the
+/// file does not exist. Errors name the file and line.
+fn read_edge_labels(path: &Path, edges: usize) -> Result<(Vec<u32>, usize)> {
+    if !path.exists() {
+        return Ok((vec![0; edges], 0));
+    }
+    let raw: Vec<i64> = read_lines(path)?.iter().map(|(l, t)| number(path, *l, t)).collect::<Result<_>>()?;
+    if raw.len() != edges {
+        let msg = format!("{} edge labels for {edges} edges", raw.len());
+        return Err(Error::Parse { file: path.display().to_string(), line: raw.len(), msg });
+    }
+    let mut distinct = raw.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    Ok((raw.iter().map(|l| distinct.partition_point(|d| d < l) as u32).collect(), distinct.len()))
 }
 
 impl GraphExample {
     /// Message passing unrolled for `steps` steps as a DAG: vertex `t·n + v` is node `v` at step
-    /// `t`; it has `(v, t−1)` in slot 0 and its neighbours at `t−1` after. The last `n` vertices
-    /// are the final states.
-    pub fn unroll(&self, steps: usize) -> InputGraph {
+    /// `t`; it has `(v, t−1)` in slot 0 and its neighbours at `t−1` after, each edge labelled as
+    /// the data set labels it, and the edge to the own previous state `self_label` (the data
+    /// set's edge label count, a label of its own). The last `n` vertices are the final states.
+    pub fn unroll(&self, steps: usize, self_label: u32) -> InputGraph {
         let n = self.node_labels.len();
-        let mut children = Vec::with_capacity(n * (steps + 1));
+        let (mut children, mut labels) = (Vec::with_capacity(n * (steps + 1)), Vec::with_capacity(n * (steps + 1)));
         for t in 0..=steps {
             for v in 0..n {
                 if t == 0 {
                     children.push(Vec::new());
+                    labels.push(Vec::new());
                 } else {
                     let prev = (t - 1) * n;
                     let mut slots = vec![Some(prev + v)];
                     slots.extend(self.neighbours[v].iter().map(|&u| Some(prev + u as usize)));
                     children.push(slots);
+                    labels.push([self_label].into_iter().chain(self.edge_labels[v].iter().copied()).collect());
                 }
             }
         }
-        InputGraph::from_children(children).expect("an unrolled graph only points to earlier steps")
+        InputGraph::from_children(children)
+            .and_then(|g| g.with_edge_labels(labels))
+            .expect("an unrolled graph only points to earlier steps, a label per slot")
     }
 }
 
@@ -169,7 +203,7 @@ impl Unrolled {
         data.graphs
             .iter()
             .map(|g| Unrolled {
-                graph: Arc::new(g.unroll(steps)),
+                graph: Arc::new(g.unroll(steps, data.edge_label_count as u32)),
                 words: g.node_labels.iter().copied().cycle().take(g.node_labels.len() * (steps + 1)).collect(),
                 nodes: g.node_labels.len(),
                 label: g.label,

@@ -16,11 +16,11 @@ pub fn message_passing(
     nodes: RangeInclusive<usize>,
     steps: RangeInclusive<usize>,
 ) -> impl Strategy<Value = InputGraph> {
-    (nodes, steps, any::<u64>()).prop_map(|(n, steps, seed)| graph(&mut Rng::new(seed), n.max(1)).unroll(steps))
+    (nodes, steps, any::<u64>()).prop_map(|(n, steps, seed)| graph(&mut Rng::new(seed), n.max(1)).unroll(steps, 0))
 }
 
 /// A random undirected graph of `n` nodes, each pair joined with probability 0.3, as
-/// [`message_passing`] draws it (node labels 0, class 0).
+/// [`message_passing`] draws it (node and edge labels 0, class 0).
 pub fn graph(rng: &mut Rng, n: usize) -> GraphExample {
     let mut neighbours = vec![Vec::new(); n];
     for a in 0..n {
@@ -31,5 +31,6 @@ pub fn graph(rng: &mut Rng, n: usize) -> GraphExample {
             }
         }
     }
-    GraphExample { node_labels: vec![0; n], neighbours, label: 0 }
+    let edge_labels = neighbours.iter().map(|n| vec![0; n.len()]).collect();
+    GraphExample { node_labels: vec![0; n], neighbours, edge_labels, label: 0 }
 }
