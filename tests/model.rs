@@ -192,3 +192,72 @@ fn a_max_pooled_graph_model_learns_mutag() {
     let accuracy = correct as f64 / test.len() as f64;
     assert!(accuracy >= 0.8, "held-out accuracy {accuracy}");
 }
+
+/// A two-tree SICK model whose cell reads its parent edge's label (`Feed::ParentEdge`, the
+/// dependents' relations), `direct` as the one-hot row times a matrix or else through a `tanh`
+/// first; and three training pairs.
+fn relation_model(direct: bool) -> (Model<CpuBackend>, Vec<Pair>) {
+    use arbor::{Builder, Init};
+    let data = sick::read_splits(&data_dir().join("sick"), true).expect("SICK data (ARBOR_DATA)");
+    let (embed, hidden, labels) = (4, 3, sick::RELATIONS.len());
+    let f = Builder::new("relations", 0);
+    let (x, rel) = (f.pull("x", embed), f.pull("relation", labels));
+    let rel = if direct { rel } else { (rel + 0.0).tanh() };
+    let h = (x.matmul(f.param("W", [embed, hidden], Init::Xavier))
+        + rel.matmul(f.param("R", [labels, hidden], Init::Xavier))
+        + f.gather_sum("h", hidden))
+    .tanh();
+    f.scatter("h", h);
+    f.push("h", h);
+    let cell = f.build().unwrap();
+    let mut rng = Rng::new(5);
+    let words = Embedding::new(data.vocab.len(), embed, 0.1, &mut rng).with_padding(PAD);
+    let head = nn::relatedness_head(hidden, 4, sick::CLASSES).unwrap();
+    let feeds = vec![Feed::Words, Feed::ParentEdge(labels)];
+    (Model::init(&CpuBackend::new(), words, cell, feeds, head, &mut rng).unwrap(), data.train[..3].to_vec())
+}
+
+/// `Feed::ParentEdge`: a vertex pulls its parent edge's label as a one-hot row. On SICK pairs,
+/// whose edges carry their dependents' relations, the gradient of the relations' matrix is
+/// non-zero exactly in the rows of the relations the batch holds (so each row arrives in its
+/// label's column), the model's gradients check by central differences, and the feed survives
+/// the model's stored description.
+#[test]
+fn parent_edge_labels_reach_the_cell_as_one_hot_rows() {
+    use arbor::testing::{check_model_gradients, GradCheck};
+    let labels = sick::RELATIONS.len();
+    let (mut model, pairs) = relation_model(false);
+    let batch: Vec<Example<'_>> = pairs.iter().map(Pair::example).collect();
+    let grads = model.gradients(&batch, batch.len(), None).unwrap();
+    let used: std::collections::BTreeSet<usize> = pairs
+        .iter()
+        .flat_map(|p| [&p.a, &p.b])
+        .flat_map(|s| {
+            (0..s.graph.len())
+                .flat_map(move |v| (0..s.graph.children(v).len()).map(move |k| s.graph.edge_label(v, k) as usize))
+        })
+        .collect();
+    let (r, hidden) = (&grads.cells[0][1], 3);
+    for label in 0..labels {
+        let moved = r[label * hidden..(label + 1) * hidden].iter().any(|&g| g != 0.0);
+        assert_eq!(moved, used.contains(&label), "relation {} ({label})", sick::RELATIONS[label]);
+    }
+    check_model_gradients(&mut model, &batch, &GradCheck { max_entries: 24, ..GradCheck::default() })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stored = arbor::model::ModelSpec::from_json(&model.spec().to_json()).unwrap();
+    assert_eq!(stored.feeds, [Feed::Words, Feed::ParentEdge(labels)]);
+}
+
+/// The same model with the one-hot row multiplied by the matrix directly: its gradients differ
+/// from central differences in a few entries (of the matrix, in one column, and of word
+/// vectors), though every other form of this model checks. Open: found while adding
+/// `Feed::ParentEdge`, not yet explained.
+#[test]
+#[ignore = "known bug, under investigation: a direct product of a pulled one-hot row in a two-tree model"]
+fn a_direct_product_of_the_parent_edge_row_checks() {
+    use arbor::testing::{check_model_gradients, GradCheck};
+    let (mut model, pairs) = relation_model(true);
+    let batch: Vec<Example<'_>> = pairs.iter().map(Pair::example).collect();
+    check_model_gradients(&mut model, &batch, &GradCheck { max_entries: 24, ..GradCheck::default() })
+        .unwrap_or_else(|e| panic!("{e}"));
+}

@@ -92,6 +92,12 @@ fn sick_reads_dependency_tree_pairs() {
     assert_eq!(first.a.root, 5);
     assert_eq!(first.a.graph.children(5), [1, 4, 6, 14]);
     assert_eq!(first.a.graph.children(8), [7, 9, 12]);
+    // Relations "det nsubj prep pobj aux root prep det pobj cc det amod conj aux xcomp prep det
+    // pobj" label each edge by its dependent's relation.
+    let labels: Vec<&str> = (0..4).map(|k| sick::RELATIONS[first.a.graph.edge_label(5, k) as usize]).collect();
+    assert_eq!(labels, ["nsubj", "aux", "prep", "xcomp"]);
+    assert_eq!(sick::RELATIONS[first.a.graph.edge_label(8, 2) as usize], "conj");
+    assert_eq!(sick::relation("no-such-relation"), sick::relation("dep"));
     assert_eq!(first.score, 4.5);
     assert_eq!(sick::target_distribution(4.5), [0.0, 0.0, 0.0, 0.5, 0.5]);
     assert_eq!(sick::target_distribution(1.0), [1.0, 0.0, 0.0, 0.0, 0.0]);
@@ -168,5 +174,12 @@ fn malformed_sick_files_name_file_and_line() {
     // A cycle with a root elsewhere: tokens 1 and 3 head each other.
     let err = read_with("a.parents", "3 0 1\n0 1\n").unwrap_err().to_string();
     assert!(err.contains("a.parents:1: token 1 lies on a cycle"), "{err}");
+    // Relations, where both files exist: one per token.
+    std::fs::write(dir.join("b.rels"), "root det\nroot\n").unwrap();
+    std::fs::write(dir.join("a.rels"), "det root nsubj\nroot\n").unwrap();
+    let err = read_with("", "").unwrap_err().to_string();
+    assert!(err.contains("a.rels:2: 1 relations for 2 tokens"), "{err}");
+    std::fs::write(dir.join("a.rels"), "det root nsubj\nroot amod\n").unwrap();
+    assert_eq!(read_with("", "").unwrap(), 2);
     std::fs::remove_dir_all(&dir).ok();
 }

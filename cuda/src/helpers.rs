@@ -85,6 +85,21 @@ ARBOR_DEVICE void arbor_attend_norm(const float* q, const float* keys, long long
     for (unsigned c = 0; c < count; ++c)
         *total += expf(arbor_attend_score(q, keys + ((long long)arbor_row(set[c], rows) * heads + h) * kw, kw, slope, &d) - *most);
 }
+/* Vertex `v`'s children's row numbers (checked against the index's `len` entries) and, in
+   `count`, how many. */
+ARBOR_DEVICE const unsigned* arbor_attend_set(const unsigned* offsets, const unsigned* index, long long len,
+                                              long long v, unsigned* count) {
+    unsigned first = offsets[v];
+    *count = offsets[v + 1] - first;
+    if (*count == 0) return index;
+    arbor_row(first + *count - 1, len);
+    return index + arbor_row(first, len);
+}
+/* A child's weight (its key at `k`) and, in `deriv`, its score's derivative. */
+ARBOR_DEVICE float arbor_attend_weight(const float* q, const float* k, long long kw, float slope, float most,
+                                       float total, float* deriv) {
+    return expf(arbor_attend_score(q, k, kw, slope, deriv) - most) / total;
+}
 ARBOR_DEVICE void arbor_attend_body(long long t, long long n, long long heads, long long kw, long long vw, float slope,
                                     const float* query, const float* keys, const float* values, long long rows,
                                     const unsigned* offsets, const unsigned* index, long long len, float* out) {
@@ -93,15 +108,14 @@ ARBOR_DEVICE void arbor_attend_body(long long t, long long n, long long heads, l
     const float* q = query + (v * heads + h) * kw;
     float* o = out + (v * heads + h) * vw;
     for (long long j = 0; j < vw; ++j) o[j] = 0.0f;
-    unsigned first = offsets[v], count = offsets[v + 1] - first;
+    unsigned count;
+    const unsigned* set = arbor_attend_set(offsets, index, len, v, &count);
     if (count == 0) return;
-    const unsigned* set = index + arbor_row(first, len);
-    arbor_row(first + count - 1, len);
     float most, total, d;
     arbor_attend_norm(q, keys, h, heads, kw, slope, rows, set, count, &most, &total);
     for (unsigned c = 0; c < count; ++c) {
         long long r = arbor_row(set[c], rows);
-        float a = expf(arbor_attend_score(q, keys + (r * heads + h) * kw, kw, slope, &d) - most) / total;
+        float a = arbor_attend_weight(q, keys + (r * heads + h) * kw, kw, slope, most, total, &d);
         for (long long j = 0; j < vw; ++j) o[j] += a * values[(r * heads + h) * vw + j];
     }
 }
@@ -115,22 +129,21 @@ ARBOR_DEVICE void arbor_attend_grad_body(long long t, long long n, long long hea
     const float* g = grad + (v * heads + h) * vw;
     float* dqh = dq + (v * heads + h) * kw;
     for (long long j = 0; j < kw; ++j) dqh[j] = 0.0f;
-    unsigned first = offsets[v], count = offsets[v + 1] - first;
+    unsigned count;
+    const unsigned* set = arbor_attend_set(offsets, index, len, v, &count);
     if (count == 0) return;
-    const unsigned* set = index + arbor_row(first, len);
-    arbor_row(first + count - 1, len);
     float most, total, d, mean = 0.0f;
     arbor_attend_norm(q, keys, h, heads, kw, slope, rows, set, count, &most, &total);
     for (unsigned c = 0; c < count; ++c) {
         long long r = arbor_row(set[c], rows);
-        float a = expf(arbor_attend_score(q, keys + (r * heads + h) * kw, kw, slope, &d) - most) / total, gv = 0.0f;
+        float a = arbor_attend_weight(q, keys + (r * heads + h) * kw, kw, slope, most, total, &d), gv = 0.0f;
         for (long long j = 0; j < vw; ++j) gv += g[j] * values[(r * heads + h) * vw + j];
         mean += a * gv;
     }
     for (unsigned c = 0; c < count; ++c) {
         long long r = arbor_row(set[c], rows);
         const float* k = keys + (r * heads + h) * kw;
-        float a = expf(arbor_attend_score(q, k, kw, slope, &d) - most) / total, gv = 0.0f;
+        float a = arbor_attend_weight(q, k, kw, slope, most, total, &d), gv = 0.0f;
         for (long long j = 0; j < vw; ++j) gv += g[j] * values[(r * heads + h) * vw + j];
         float ds = a * (gv - mean) * d;
         for (long long j = 0; j < kw; ++j) {

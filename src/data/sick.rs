@@ -1,8 +1,10 @@
 //! SICK sentence relatedness (Marelli et al. 2014) as Tai et al. (2015) prepared it: a split is a
 //! folder of files with one line per sentence pair — `a.toks` and `b.toks` (tokens separated by
 //! spaces), `a.parents` and `b.parents` (each token's head, 1-based, `0` for the root: a
-//! dependency tree) and `sim.txt` (the relatedness score, 1 to 5). Each token is a vertex whose
-//! children are its dependents, in sentence order; dependency trees are n-ary.
+//! dependency tree), `a.rels` and `b.rels` where they exist (each token's relation to its head,
+//! a Stanford dependency name) and `sim.txt` (the relatedness score, 1 to 5). Each token is a
+//! vertex whose children are its dependents, in sentence order, each edge labelled with the
+//! dependent's relation ([`RELATIONS`]); dependency trees are n-ary.
 
 use super::{Dataset, Vocab};
 use crate::error::{Error, Result};
@@ -19,6 +21,68 @@ pub const MIN_SCORE: f32 = 1.0;
 pub const MAX_SCORE: f32 = 5.0;
 /// Score classes 1..=5 of the target distribution.
 pub const CLASSES: usize = 5;
+
+/// The Stanford basic dependency relations (de Marneffe and Manning's manual, v3), an edge's
+/// label being its place here; a name not listed reads as `dep` (the manual's unspecified
+/// dependency). Fixed, so a model's labels mean the same in every split and every checkpoint.
+pub const RELATIONS: [&str; 50] = [
+    "root",
+    "dep",
+    "aux",
+    "auxpass",
+    "cop",
+    "arg",
+    "agent",
+    "comp",
+    "acomp",
+    "ccomp",
+    "xcomp",
+    "obj",
+    "dobj",
+    "iobj",
+    "pobj",
+    "subj",
+    "nsubj",
+    "nsubjpass",
+    "csubj",
+    "csubjpass",
+    "cc",
+    "conj",
+    "expl",
+    "mod",
+    "amod",
+    "appos",
+    "advcl",
+    "det",
+    "predet",
+    "preconj",
+    "vmod",
+    "mwe",
+    "mark",
+    "advmod",
+    "neg",
+    "rcmod",
+    "quantmod",
+    "nn",
+    "npadvmod",
+    "tmod",
+    "num",
+    "number",
+    "prep",
+    "poss",
+    "possessive",
+    "prt",
+    "parataxis",
+    "goeswith",
+    "punct",
+    "pcomp",
+];
+
+/// The label of dependency relation `name` ([`RELATIONS`]; `dep` for a name not listed).
+pub fn relation(name: &str) -> u32 {
+    let at = |n: &str| RELATIONS.iter().position(|r| *r == n);
+    at(name).or_else(|| at("dep")).unwrap_or(0) as u32
+}
 
 /// One sentence: its dependency tree and a word id per token.
 #[derive(Clone, Debug)]
@@ -46,6 +110,20 @@ impl Sentence {
     /// The sentence as a model reads it: its tree, its words, its root.
     pub fn tree(&self) -> Tree<'_> {
         Tree::new(&self.graph, &self.words, self.root)
+    }
+
+    /// The sentence with each edge labelled by its dependent's relation, from a `.rels` line
+    /// (one name per token) at `at` (file, line): an error names it if the count differs.
+    fn with_relations(self, rels: &str, at: (&str, usize)) -> Result<Sentence> {
+        let names: Vec<&str> = rels.split_ascii_whitespace().collect();
+        if names.len() != self.words.len() {
+            return Err(parse_error(at, format!("{} relations for {} tokens", names.len(), self.words.len())));
+        }
+        let labels = (0..self.graph.len())
+            .map(|v| self.graph.children(v).iter().map(|&c| relation(names[c as usize])).collect())
+            .collect();
+        let graph = self.graph.with_edge_labels(labels)?;
+        Ok(Sentence { graph, ..self })
     }
 }
 
@@ -88,7 +166,13 @@ pub fn read_splits(dir: &Path, lowercase: bool) -> Result<Dataset<Pair>> {
 /// differs from its parent count, a head out of range, no root or several, a cycle, a score that
 /// is not a number from 1 to 5.
 pub fn read(dir: &Path, vocab: &mut Vocab, grow: bool) -> Result<Vec<Pair>> {
-    let names = ["a.toks", "a.parents", "b.toks", "b.parents", "sim.txt"];
+    // The relations are read where both files exist (older copies of the data lack them).
+    let rels = dir.join("a.rels").exists() && dir.join("b.rels").exists();
+    let names: &[&str] = if rels {
+        &["a.toks", "a.parents", "b.toks", "b.parents", "sim.txt", "a.rels", "b.rels"]
+    } else {
+        &["a.toks", "a.parents", "b.toks", "b.parents", "sim.txt"]
+    };
     let mut files = Vec::with_capacity(names.len());
     for name in names {
         let path = dir.join(name);
@@ -111,6 +195,8 @@ pub fn read(dir: &Path, vocab: &mut Vocab, grow: bool) -> Result<Vec<Pair>> {
         let a = sentence(a_toks, lines[1][i], at(0), at(1), id)?;
         let b = sentence(lines[2][i], lines[3][i], at(2), at(3), id)?;
         let score = parse_score(lines[4][i], at(4))?;
+        let (a, b) =
+            if rels { (a.with_relations(lines[5][i], at(5))?, b.with_relations(lines[6][i], at(6))?) } else { (a, b) };
         out.push(Pair { a, b, score });
     }
     Ok(out)

@@ -12,12 +12,31 @@ use arbor_core::error::{Error, Result};
 use std::borrow::Cow;
 use std::ops::Range;
 
+/// What a minibatch lays out besides the words, as the feeds ask: each vertex's parent's word
+/// (with the padding id for roots), the one-hot rows of its parent edge's label (so wide).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Fed {
+    pub(crate) parents: Option<u32>,
+    pub(crate) edges: Option<usize>,
+}
+
+impl Fed {
+    /// What `feeds` ask of a layout over `embedding`'s words.
+    pub(crate) fn of(feeds: &[Feed], embedding: &Embedding) -> Fed {
+        let parents = feeds.contains(&Feed::ParentWords).then(|| embedding.padding().unwrap_or(0));
+        let edges = feeds.iter().find_map(|f| if let Feed::ParentEdge(n) = f { Some(*n) } else { None });
+        Fed { parents, edges }
+    }
+}
+
 /// A minibatch laid out for the cells' engines.
 pub(crate) struct Layout<'a> {
     pub(crate) graphs: Vec<&'a InputGraph>,
     /// Per vertex (merged order): its word, and its parent's word (padding at a root).
     pub(crate) words: Vec<u32>,
     pub(crate) parent_words: Vec<u32>,
+    /// Per vertex, the one-hot row of its parent edge's label ([`Feed::ParentEdge`]), if fed.
+    pub(crate) parent_edges: Vec<f32>,
     /// Per example, per graph: the merged index of the vertex read out.
     pub(crate) roots: Vec<usize>,
     /// Per example, per graph: the merged vertices a pooling readout reads.
@@ -91,13 +110,12 @@ pub(crate) fn unread(
 }
 
 /// Checks `batch` (`k` graphs per example; one with [`Readout::Vertices`]) and lays it out for
-/// the cells (`f` the bottom one, for errors); `parents` is the parent word of a root where a
-/// cell reads parent words (none: they are not laid out).
+/// the cells (`f` the bottom one, for errors), with what the feeds ask besides the words (`fed`).
 pub(crate) fn layout<'a>(
     batch: &[Example<'a>],
     k: usize,
     readout: Readout,
-    parents: Option<u32>,
+    fed: Fed,
     f: &VertexFn,
 ) -> Result<Layout<'a>> {
     if readout == Readout::Vertices && k != 1 {
@@ -111,6 +129,7 @@ pub(crate) fn layout<'a>(
         graphs: Vec::new(),
         words: Vec::new(),
         parent_words: Vec::new(),
+        parent_edges: Vec::new(),
         roots: Vec::new(),
         pools: Vec::new(),
     };
@@ -139,10 +158,33 @@ pub(crate) fn layout<'a>(
             l.graphs.push(tree.graph);
         }
     }
-    if let Some(pad) = parents {
+    if let Some(pad) = fed.parents {
         l.parent_words = parent_words(&l.graphs, &l.words, pad);
     }
+    if let Some(labels) = fed.edges {
+        l.parent_edges = parent_edges(&l.graphs, labels);
+    }
     Ok(l)
+}
+
+/// Per vertex of `graphs` (merged order), the label of the edge from its parent as a one-hot row
+/// of `labels` columns (zeros at a root or for a label past them).
+fn parent_edges(graphs: &[&InputGraph], labels: usize) -> Vec<f32> {
+    let vertices: usize = graphs.iter().map(|g| g.len()).sum();
+    let mut out = vec![0.0; vertices * labels];
+    let mut start = 0;
+    for g in graphs {
+        for v in 0..g.len() {
+            for (k, &c) in g.children(v).iter().enumerate().filter(|(_, &c)| c != arbor_core::graph::NO_CHILD) {
+                let l = g.edge_label(v, k) as usize;
+                if l < labels {
+                    out[(start + c as usize) * labels + l] = 1.0;
+                }
+            }
+        }
+        start += g.len();
+    }
+    out
 }
 
 /// Per vertex of `graphs` (merged order), its parent's word in `words` (`pad` at a root).
@@ -169,7 +211,15 @@ pub(crate) fn with_words_dropped<'a>(embedding: &Embedding, key: DropoutKey, l: 
     } else {
         parent_words(&l.graphs, &words, embedding.padding().unwrap_or(0))
     };
-    Some(Layout { graphs: l.graphs.clone(), words, parent_words, roots: l.roots.clone(), pools: l.pools.clone() })
+    let parent_edges = l.parent_edges.clone();
+    Some(Layout {
+        graphs: l.graphs.clone(),
+        words,
+        parent_words,
+        parent_edges,
+        roots: l.roots.clone(),
+        pools: l.pools.clone(),
+    })
 }
 
 /// The cells' inputs over `l`, as `feeds` say: from the table the bottom engine holds if
@@ -181,6 +231,7 @@ pub(crate) fn pulls<'a>(embedding: &'a Embedding, feeds: &[Feed], l: &'a Layout<
         .map(|feed| match feed {
             Feed::Words => pull(&l.words),
             Feed::ParentWords => pull(&l.parent_words),
+            Feed::ParentEdge(_) => Pull::Rows(&l.parent_edges),
         })
         .collect()
 }

@@ -31,7 +31,7 @@ mod passes;
 mod spec;
 mod tensors;
 mod update;
-pub(crate) use layout::{head_inputs, layout, pulls, read_grad, read_rows, unread, with_words_dropped, Layout};
+pub(crate) use layout::{head_inputs, layout, pulls, read_grad, read_rows, unread, with_words_dropped, Fed, Layout};
 pub use spec::{function_from_json, function_to_json, ModelSpec};
 
 /// What feeds an input of the vertex function.
@@ -43,6 +43,10 @@ pub enum Feed {
     /// the child on the parent's behalf (see
     /// [`child_sum_tree_lstm_nary`](crate::nn::child_sum_tree_lstm_nary)).
     ParentWords,
+    /// The label of the edge from the vertex's parent as a one-hot row of this many columns
+    /// (zeros at a root, or where the label does not fit): in a dependency tree, the vertex's
+    /// relation to its head, for a cell to embed with a product (`rel · W`).
+    ParentEdge(usize),
 }
 
 /// One graph of an example: its structure, a word per vertex, and the vertex the head reads.
@@ -330,10 +334,16 @@ impl<B: Backend> Model<B> {
             return Err(Error::input("model", "at least one vertex function", "none"));
         };
         let what = |w: &str| format!("model over `{}` with head `{}`: {w}", f.name(), head.function().name());
-        if feeds.len() != f.inputs().len() || f.inputs().iter().any(|p| p.shape.numel() != embedding.dim()) {
+        let width = |feed: &Feed| match feed {
+            Feed::Words | Feed::ParentWords => embedding.dim(),
+            Feed::ParentEdge(labels) => *labels,
+        };
+        if feeds.len() != f.inputs().len()
+            || f.inputs().iter().zip(&feeds).any(|(p, feed)| p.shape.numel() != width(feed))
+        {
             return Err(Error::input(
                 what("feeds"),
-                format!("one per input, each input {} wide (the word vectors)", embedding.dim()),
+                format!("one per input, each as wide as its feed (word vectors: {})", embedding.dim()),
                 format!(
                     "{} feeds for inputs {:?}",
                     feeds.len(),
@@ -397,6 +407,9 @@ impl<B: Backend> Model<B> {
         self.cells[0].set_skip_padding_grads(padded);
         let targets = self.graphs_per_example();
         self.head.engine().skip_input_grads(&[targets]);
+        let edges: Vec<usize> =
+            (0..self.feeds.len()).filter(|&i| matches!(self.feeds[i], Feed::ParentEdge(_))).collect();
+        self.cells[0].skip_input_grads(&edges);
     }
 
     /// The model with products in half precision guarded by `scaler`: the gradient entering the
@@ -724,7 +737,7 @@ impl<B: Backend> Model<B> {
 
     /// Checks `batch` and lays it out for the cells.
     fn layout<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
-        let parents = self.feeds.contains(&Feed::ParentWords).then(|| self.embedding.padding().unwrap_or(0));
-        layout(batch, self.graphs_per_example(), self.readout, parents, self.cells[0].function())
+        let fed = Fed::of(&self.feeds, &self.embedding);
+        layout(batch, self.graphs_per_example(), self.readout, fed, self.cells[0].function())
     }
 }

@@ -67,7 +67,11 @@ impl ModelSpec {
         json!({
             "version": VERSION,
             "cells": self.cells.iter().map(function_to_json).collect::<Vec<_>>(),
-            "feeds": self.feeds.iter().map(|f| match f { Feed::Words => "words", Feed::ParentWords => "parent_words" }).collect::<Vec<_>>(),
+            "feeds": self.feeds.iter().map(|f| match f {
+                Feed::Words => json!("words"),
+                Feed::ParentWords => json!("parent_words"),
+                Feed::ParentEdge(labels) => json!(["parent_edge", labels]),
+            }).collect::<Vec<_>>(),
             "head": function_to_json(&self.head),
             "readout": readout_name(self.readout),
             "vocab": self.vocab,
@@ -92,7 +96,12 @@ impl ModelSpec {
             .map(|f| match f.as_str() {
                 Some("words") => Ok(Feed::Words),
                 Some("parent_words") => Ok(Feed::ParentWords),
-                _ => Err(bad("feeds", f)),
+                _ => match f.as_array().map(Vec::as_slice) {
+                    Some([name, labels]) if name == "parent_edge" => {
+                        labels.as_u64().map(|n| Feed::ParentEdge(n as usize)).ok_or_else(|| bad("feeds", f))
+                    }
+                    _ => Err(bad("feeds", f)),
+                },
             })
             .collect::<Result<_>>()?;
         let readout = match v["readout"].as_str() {

@@ -218,17 +218,14 @@ impl<B: Backend> Stage<B> {
 
     /// Lays out `batch`.
     fn lay_out<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
-        let parents =
-            self.part.input.as_ref().and_then(|(e, feeds)| {
-                feeds.contains(&crate::model::Feed::ParentWords).then(|| e.padding().unwrap_or(0))
-            });
+        let fed = self.part.input.as_ref().map(|(e, feeds)| model::Fed::of(feeds, e)).unwrap_or_default();
         let f = self
             .part
             .layers
             .first()
             .map(|l| &l.f)
             .ok_or_else(|| Error::input("pipeline stage", "at least one layer", "none"))?;
-        model::layout(batch, self.part.graphs, self.part.readout, parents, f)
+        model::layout(batch, self.part.graphs, self.part.readout, fed, f)
     }
 
     /// The micro-batches of `minibatches` (the first numbered `step`), `m` per minibatch
