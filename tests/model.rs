@@ -193,16 +193,37 @@ fn a_max_pooled_graph_model_learns_mutag() {
     assert!(accuracy >= 0.8, "held-out accuracy {accuracy}");
 }
 
-/// A two-tree SICK model whose cell reads its parent edge's label (`Feed::ParentEdge`, the
-/// dependents' relations), `direct` as the one-hot row times a matrix or else through a `tanh`
-/// first; and three training pairs.
-fn relation_model(direct: bool) -> (Model<CpuBackend>, Vec<Pair>) {
+/// The relatedness head with `(h_a − h_b)²` in place of `|h_a − h_b|`: smooth, so central
+/// differences agree with the gradient everywhere (`abs` has a kink where the two roots agree in
+/// a column, and a difference step across it averages its two slopes).
+fn smooth_pair_head(hidden: usize) -> arbor::VertexFn {
+    use arbor::{Builder, Init};
+    let f = Builder::new("smooth-relatedness", 0);
+    let (ha, hb, p) = (f.pull("ha", hidden), f.pull("hb", hidden), f.pull("target", sick::CLASSES));
+    let w = f.param("W", [2 * hidden, 4], Init::Xavier);
+    let v = f.param("V", [4, sick::CLASSES], Init::Xavier);
+    let d = ha - hb;
+    let log_q =
+        ((d * d).concat(ha * hb).matmul(w) + f.param("b", [1, 4], Init::Zeros)).sigmoid().matmul(v).log_softmax();
+    f.push("loss", arbor::head::kl_divergence(log_q, p));
+    f.push("q", log_q.exp());
+    f.build().unwrap()
+}
+
+/// `Feed::ParentEdge`: a vertex pulls its parent edge's label as a one-hot row. On SICK pairs,
+/// whose edges carry their dependents' relations, a cell multiplying that row by a matrix gets
+/// a gradient of the matrix non-zero exactly in the rows of the relations the batch holds (so
+/// each row arrives in its label's column); the model's gradients check by central differences
+/// (with a smooth pair head, [`smooth_pair_head`]), and the feed survives the model's stored
+/// description.
+#[test]
+fn parent_edge_labels_reach_the_cell_as_one_hot_rows() {
+    use arbor::testing::{check_model_gradients, GradCheck};
     use arbor::{Builder, Init};
     let data = sick::read_splits(&data_dir().join("sick"), true).expect("SICK data (ARBOR_DATA)");
     let (embed, hidden, labels) = (4, 3, sick::RELATIONS.len());
     let f = Builder::new("relations", 0);
     let (x, rel) = (f.pull("x", embed), f.pull("relation", labels));
-    let rel = if direct { rel } else { (rel + 0.0).tanh() };
     let h = (x.matmul(f.param("W", [embed, hidden], Init::Xavier))
         + rel.matmul(f.param("R", [labels, hidden], Init::Xavier))
         + f.gather_sum("h", hidden))
@@ -212,21 +233,9 @@ fn relation_model(direct: bool) -> (Model<CpuBackend>, Vec<Pair>) {
     let cell = f.build().unwrap();
     let mut rng = Rng::new(5);
     let words = Embedding::new(data.vocab.len(), embed, 0.1, &mut rng).with_padding(PAD);
-    let head = nn::relatedness_head(hidden, 4, sick::CLASSES).unwrap();
     let feeds = vec![Feed::Words, Feed::ParentEdge(labels)];
-    (Model::init(&CpuBackend::new(), words, cell, feeds, head, &mut rng).unwrap(), data.train[..3].to_vec())
-}
-
-/// `Feed::ParentEdge`: a vertex pulls its parent edge's label as a one-hot row. On SICK pairs,
-/// whose edges carry their dependents' relations, the gradient of the relations' matrix is
-/// non-zero exactly in the rows of the relations the batch holds (so each row arrives in its
-/// label's column), the model's gradients check by central differences, and the feed survives
-/// the model's stored description.
-#[test]
-fn parent_edge_labels_reach_the_cell_as_one_hot_rows() {
-    use arbor::testing::{check_model_gradients, GradCheck};
-    let labels = sick::RELATIONS.len();
-    let (mut model, pairs) = relation_model(false);
+    let mut model = Model::init(&CpuBackend::new(), words, cell, feeds, smooth_pair_head(hidden), &mut rng).unwrap();
+    let pairs = &data.train[..3];
     let batch: Vec<Example<'_>> = pairs.iter().map(Pair::example).collect();
     let grads = model.gradients(&batch, batch.len(), None).unwrap();
     let used: std::collections::BTreeSet<usize> = pairs
@@ -237,7 +246,7 @@ fn parent_edge_labels_reach_the_cell_as_one_hot_rows() {
                 .flat_map(move |v| (0..s.graph.children(v).len()).map(move |k| s.graph.edge_label(v, k) as usize))
         })
         .collect();
-    let (r, hidden) = (&grads.cells[0][1], 3);
+    let r = &grads.cells[0][1];
     for label in 0..labels {
         let moved = r[label * hidden..(label + 1) * hidden].iter().any(|&g| g != 0.0);
         assert_eq!(moved, used.contains(&label), "relation {} ({label})", sick::RELATIONS[label]);
@@ -246,18 +255,4 @@ fn parent_edge_labels_reach_the_cell_as_one_hot_rows() {
         .unwrap_or_else(|e| panic!("{e}"));
     let stored = arbor::model::ModelSpec::from_json(&model.spec().to_json()).unwrap();
     assert_eq!(stored.feeds, [Feed::Words, Feed::ParentEdge(labels)]);
-}
-
-/// The same model with the one-hot row multiplied by the matrix directly: its gradients differ
-/// from central differences in a few entries (of the matrix, in one column, and of word
-/// vectors), though every other form of this model checks. Open: found while adding
-/// `Feed::ParentEdge`, not yet explained.
-#[test]
-#[ignore = "known bug, under investigation: a direct product of a pulled one-hot row in a two-tree model"]
-fn a_direct_product_of_the_parent_edge_row_checks() {
-    use arbor::testing::{check_model_gradients, GradCheck};
-    let (mut model, pairs) = relation_model(true);
-    let batch: Vec<Example<'_>> = pairs.iter().map(Pair::example).collect();
-    check_model_gradients(&mut model, &batch, &GradCheck { max_entries: 24, ..GradCheck::default() })
-        .unwrap_or_else(|e| panic!("{e}"));
 }
