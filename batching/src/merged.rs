@@ -38,10 +38,11 @@ impl<'a> Merged<'a> {
         self.graphs[g].children(v - base).iter().map(move |&c| if c == NO_CHILD { NO_CHILD } else { c + base as u32 })
     }
 
-    /// The label of the edge to child slot `k` of merged vertex `v` (0 when edges carry none).
-    pub fn label(&self, v: usize, k: usize) -> u32 {
+    /// The labels of the edges to merged vertex `v`'s child slots (empty when its graph's edges
+    /// carry none: every label 0).
+    pub fn labels(&self, v: usize) -> &'a [u32] {
         let (g, base) = self.locate(v);
-        self.graphs[g].edge_label(v - base, k)
+        self.graphs[g].edge_labels(v - base)
     }
 
     /// The children of merged vertex `v` (empty slots skipped).

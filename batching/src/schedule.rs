@@ -159,6 +159,7 @@ impl Scheduler {
         out.child_labels.clear();
         for r in 0..n {
             let v = out.vertex_of_row[r] as usize;
+            let labels = merged.labels(v);
             for (k, c) in merged.slots(v).enumerate() {
                 if c != NO_CHILD {
                     let cr = out.row_of_vertex[c as usize];
@@ -166,7 +167,7 @@ impl Scheduler {
                         out.child_rows[k][r] = cr;
                     }
                     out.child_list.push(cr);
-                    out.child_labels.push(merged.label(v, k));
+                    out.child_labels.push(labels.get(k).copied().unwrap_or(0));
                 }
             }
             out.child_offsets.push(out.child_list.len() as u32);

@@ -286,7 +286,13 @@ impl InputGraph {
 
     /// The label of the edge to the child in slot `k` of vertex `v` (0 when edges carry none).
     pub fn edge_label(&self, v: usize, k: usize) -> u32 {
-        self.labels.get(v).and_then(|l| l.get(k)).copied().unwrap_or(0)
+        self.edge_labels(v).get(k).copied().unwrap_or(0)
+    }
+
+    /// The labels of the edges to vertex `v`'s child slots, in slot order (empty when edges carry
+    /// none: every label 0).
+    pub fn edge_labels(&self, v: usize) -> &[u32] {
+        self.labels.get(v).map_or(&[], |l| l.as_slice())
     }
 }
 

@@ -83,6 +83,8 @@ pub(super) struct Analysis {
     /// Scratch columns per distinct row: the widest set of products over one input that run
     /// together, or the widest output gradient a parameter gradient sums per distinct row.
     pub shared_width: usize,
+    /// The edge labels F gathers children by (`gather_labelled`), ascending.
+    pub edge_labels: Vec<u32>,
 }
 
 impl Analysis {
@@ -133,6 +135,7 @@ impl Analysis {
             rows_read: (0..f.all_inputs().len()).map(|i| dedup::rows_read(&f, i)).collect(),
             table_grad_via: (0..f.all_inputs().len()).map(|i| table_grad_via(&f, i)).collect(),
             shared_width,
+            edge_labels: edge_labels(&f),
             f,
         }
     }
@@ -181,4 +184,20 @@ fn table_grad_via(f: &VertexFn, input: usize) -> Option<usize> {
         }
         ParamGrad::SumRows { .. } => false,
     })
+}
+
+/// The edge labels `f` gathers children by, ascending, each once.
+fn edge_labels(f: &VertexFn) -> Vec<u32> {
+    let mut labels: Vec<u32> = f
+        .forward()
+        .nodes
+        .iter()
+        .filter_map(|n| match n.op {
+            Op::GatherAll { label, .. } => label,
+            _ => None,
+        })
+        .collect();
+    labels.sort_unstable();
+    labels.dedup();
+    labels
 }

@@ -23,23 +23,12 @@ pub(super) struct LabelledSet {
     list: Vec<u32>,
 }
 
-/// The child sets of every edge label `f` gathers by (`gather_labelled`), from the schedule's
-/// children and their edges' labels.
-fn labelled_sets(f: &VertexFn, s: &Schedule) -> Vec<LabelledSet> {
-    let mut labels: Vec<u32> = f
-        .forward()
-        .nodes
-        .iter()
-        .filter_map(|n| match n.op {
-            Op::GatherAll { label, .. } => label,
-            _ => None,
-        })
-        .collect();
-    labels.sort_unstable();
-    labels.dedup();
+/// The child sets of each of `labels` (the edge labels a function gathers by), from the
+/// schedule's children and their edges' labels.
+fn labelled_sets(labels: &[u32], s: &Schedule) -> Vec<LabelledSet> {
     labels
-        .into_iter()
-        .map(|label| {
+        .iter()
+        .map(|&label| {
             let (mut offsets, mut list) = (Vec::with_capacity(s.len() + 1), Vec::new());
             offsets.push(0);
             for r in 0..s.len() {
@@ -241,7 +230,7 @@ impl Batch {
     ) -> Result<Batch> {
         let f = &*a.f;
         let n = schedule.len();
-        let labelled = labelled_sets(f, &schedule);
+        let labelled = labelled_sets(&a.edge_labels, &schedule);
         let mut b = Batch {
             memory: MemoryPlan::new(f, n, schedule.max_task(), train),
             index: IndexLayout::new(f.arity(), &schedule, &labelled),

@@ -16,7 +16,7 @@ use arbor_core::backend::{Attention, AttentionGrads, Combine, Gemm, IndexLoc, Lo
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::graph::InputGraph;
-use arbor_core::ir::{Func, Op, ValueId, VertexFn};
+use arbor_core::ir::{Func, Op, Reduce, ValueId, VertexFn};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -644,7 +644,11 @@ impl Lowering {
             let dst = match cg.slot {
                 Some(k) => Rows::Indexed { data, index: b.index.slot(k, r0) },
                 None => {
-                    let by = self.loc(Pass::Forward, f.states()[cg.state].value, 0, 0)?;
+                    // A max's gradient goes where the children's forward rows are largest.
+                    let by = match cg.reduce {
+                        Reduce::Max => self.loc(Pass::Forward, f.states()[cg.state].value, 0, 0)?,
+                        Reduce::Sum | Reduce::Mean => data,
+                    };
                     self.b.index.set(cg.label, data, r0, Combine::of(cg.reduce, by))?
                 }
             };

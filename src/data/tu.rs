@@ -73,21 +73,12 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
             msg: format!("{} node labels for {} nodes", node_labels.len(), indicator.len()),
         });
     }
-    let mut classes: Vec<i64> = graph_labels.clone();
-    classes.sort_unstable();
-    classes.dedup();
-    let mut graphs: Vec<GraphExample> = graph_labels
-        .iter()
-        .map(|l| GraphExample {
-            node_labels: Vec::new(),
-            neighbours: Vec::new(),
-            edge_labels: Vec::new(),
-            label: classes.partition_point(|c| c < l) as u32,
-        })
+    let (classes, class_count) = renumber(&graph_labels);
+    let mut graphs: Vec<GraphExample> = classes
+        .into_iter()
+        .map(|label| GraphExample { node_labels: Vec::new(), neighbours: Vec::new(), edge_labels: Vec::new(), label })
         .collect();
-    let mut labels: Vec<i64> = node_labels.clone();
-    labels.sort_unstable();
-    labels.dedup();
+    let (node_labels, node_label_count) = renumber(&node_labels);
     let mut local = Vec::with_capacity(indicator.len());
     for (&(line, g), &nl) in indicator.iter().zip(&node_labels) {
         let g =
@@ -98,7 +89,6 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
                     msg: format!("graph {g} is not among the {} graphs", graphs.len()),
                 }
             })?;
-        let nl = labels.partition_point(|&l| l < nl) as u32;
         local.push((g, graphs[g].node_labels.len() as u32));
         graphs[g].node_labels.push(nl);
         graphs[g].neighbours.push(Vec::new());
@@ -133,7 +123,16 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
             msg: format!("graph {} has no nodes in {}", g + 1, ind_path.display()),
         });
     }
-    Ok(TuDataset { graphs, node_label_count: labels.len(), classes: classes.len(), edge_label_count })
+    Ok(TuDataset { graphs, node_label_count, classes: class_count, edge_label_count })
+}
+
+/// `values` renumbered 0, 1, … in ascending order of the distinct values, and how many there
+/// are (so a sparse or large label costs nothing).
+fn renumber(values: &[i64]) -> (Vec<u32>, usize) {
+    let mut distinct = values.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    (values.iter().map(|v| distinct.partition_point(|d| d < v) as u32).collect(), distinct.len())
 }
 
 /// The label of each of `edges` edges from `path` (one per line of `NAME_A.txt`), renumbered 0, 1,
@@ -148,10 +147,7 @@ fn read_edge_labels(path: &Path, edges: usize) -> Result<(Vec<u32>, usize)> {
         let msg = format!("{} edge labels for {edges} edges", raw.len());
         return Err(Error::Parse { file: path.display().to_string(), line: raw.len(), msg });
     }
-    let mut distinct = raw.clone();
-    distinct.sort_unstable();
-    distinct.dedup();
-    Ok((raw.iter().map(|l| distinct.partition_point(|d| d < l) as u32).collect(), distinct.len()))
+    Ok(renumber(&raw))
 }
 
 impl GraphExample {

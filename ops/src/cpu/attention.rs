@@ -2,7 +2,7 @@
 //! over the rows a call names, every region bounds-checked and every write apart from every read.
 
 use super::bad;
-use super::memory::{apart, Raw, Span};
+use super::memory::{apart, rows_span, Raw, Span};
 use arbor_core::attention::{self, Scratch};
 use arbor_core::backend::{Attention, AttentionGrads, IndexLoc, Loc, NO_ROW};
 use arbor_core::error::Result;
@@ -16,13 +16,6 @@ fn sets<'a>(raw: &Raw<'a>, op: &str, a: &Attention) -> Result<(&'a [u32], &'a [u
     }
     let (lo, hi) = (offs[0] as usize, offs[a.n] as usize);
     Ok((offs, raw.index(op, IndexLoc { offset: a.index.offset + lo, ..a.index }, hi - lo)?))
-}
-
-/// The elements that rows `index` of `block` values from `at` span, from the first row named
-/// to the last (`None` when no row is named).
-fn rows_span(index: &[u32], at: Loc, block: usize) -> Option<Span> {
-    let (lo, hi) = index.iter().filter(|&&r| r != NO_ROW).fold((u32::MAX, 0), |(l, h), &r| (l.min(r), h.max(r)));
-    (lo <= hi).then(|| Span::at(at.offset_by(lo as usize * block), (hi - lo + 1) as usize * block))
 }
 
 /// Every pair of a written and a read span apart.
@@ -102,13 +95,12 @@ pub(crate) fn attend_grad(raw: &Raw<'_>, a: &Attention, g: &AttentionGrads) -> R
     // SAFETY: the queries' gradients are apart from everything else (checked above).
     let (q, grad, dq) =
         unsafe { (raw.get(op, a.query, n * qb)?, raw.get(op, g.out, n * vb)?, raw.get_mut(op, g.query, n * qb)?) };
-    let (mut keys, mut values, mut scratch) = (Vec::new(), Vec::new(), Scratch::default());
+    let (mut keys, mut values, mut scratch, mut rows) = (Vec::new(), Vec::new(), Scratch::default(), Vec::new());
     for v in 0..n {
-        let rows: Vec<u32> = index[(offs[v] - offs[0]) as usize..(offs[v + 1] - offs[0]) as usize]
-            .iter()
-            .copied()
-            .filter(|&r| r != NO_ROW)
-            .collect();
+        rows.clear();
+        rows.extend(
+            index[(offs[v] - offs[0]) as usize..(offs[v + 1] - offs[0]) as usize].iter().filter(|&&r| r != NO_ROW),
+        );
         // SAFETY: the rows read are apart from every row written (checked above).
         unsafe { child_rows(raw, a, &rows, &mut keys, &mut values)? };
         let (qv, gv) = (&q[v * qb..(v + 1) * qb], &grad[v * vb..(v + 1) * vb]);

@@ -175,6 +175,13 @@ impl Span {
     }
 }
 
+/// The elements that rows `index` of `block` values from `at` span, from the first row named
+/// to the last (`None` when no row is named).
+pub(crate) fn rows_span(index: &[u32], at: Loc, block: usize) -> Option<Span> {
+    let (lo, hi) = index.iter().filter(|&&r| r != NO_ROW).fold((u32::MAX, 0), |(l, h), &r| (l.min(r), h.max(r)));
+    (lo <= hi).then(|| Span::at(at.offset_by(lo as usize * block), (hi - lo + 1) as usize * block))
+}
+
 /// An error naming `op` where `a` and `b` share an element: a call never reads or writes what it
 /// writes elsewhere, which is what lets the backend hand out a mutable slice beside shared ones
 /// (so no caller, however it builds its calls, makes it alias memory).
@@ -244,12 +251,10 @@ pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: 
     if let Combine::Max { by } = combine {
         // The compared rows are read while the destination rows are written: the spans of the
         // rows named, in each, apart, and the compared ones in bounds.
-        let (lo, hi) = index.iter().filter(|&&r| r != NO_ROW).fold((u32::MAX, 0), |(l, h), &r| (l.min(r), h.max(r)));
-        if lo <= hi {
-            let (first, len) = (lo as usize * block, (hi - lo + 1) as usize * block);
-            apart("scatter_add", Span::at(data.offset_by(first), len), Span::at(by.offset_by(first), len))?;
+        if let (Some(to), Some(from)) = (rows_span(index, data, block), rows_span(index, by, block)) {
+            apart("scatter_add", to, from)?;
             // SAFETY: only a bounds check; the rows are read below beside writes that do not meet them.
-            unsafe { raw.get("scatter_add", by.offset_by(first), len)? };
+            unsafe { raw.get("scatter_add", Loc { buf: from.buf, offset: from.start }, from.end - from.start)? };
         }
     }
     let max = if n * block >= PARALLEL_ELEMS { usize::MAX } else { 1 };
