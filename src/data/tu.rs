@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::graph::InputGraph;
 use crate::head::argmax;
 use crate::model::{AsExample, Example, Outputs, Tree};
+use crate::readout::Pool;
 use crate::trainer::Scores;
 use std::path::Path;
 use std::sync::Arc;
@@ -216,7 +217,7 @@ impl AsExample for Unrolled {
         if let Some(t) = target.get_mut(self.label as usize) {
             *t = 1.0;
         }
-        let tree = Tree { pool: Some(n - self.nodes..n), ..Tree::new(&self.graph, &self.words, n - 1) };
+        let tree = Tree::new(&self.graph, &self.words, n - 1).pooled(Pool::Range(n - self.nodes..n));
         Example { trees: vec![tree], target }
     }
 

@@ -5,12 +5,11 @@
 use super::{Example, Feed};
 use crate::engine::Pull;
 use crate::layers::Embedding;
-use crate::readout::{Pooled, Readout};
+use crate::readout::{Groups, Pooled, Readout};
 use crate::{InputGraph, VertexFn};
 use arbor_core::dropout::DropoutKey;
 use arbor_core::error::{Error, Result};
 use std::borrow::Cow;
-use std::ops::Range;
 
 /// What a minibatch lays out besides the words, as the feeds ask: each vertex's parent's word
 /// (with the padding id for roots), the one-hot rows of its parent edge's label (so wide).
@@ -40,28 +39,41 @@ pub(crate) struct Layout<'a> {
     /// Per example, per graph: the merged index of the vertex read out.
     pub(crate) roots: Vec<usize>,
     /// Per example, per graph: the merged vertices a pooling readout reads.
-    pub(crate) pools: Vec<Range<usize>>,
+    pub(crate) pools: Groups,
 }
 
-/// What the head reads of a minibatch: `top` holds the top layer's rows of every vertex (or only
-/// of the roots when `at_roots` says the engine returned just those); gives the rows read (one
-/// per graph, or one per vertex) and, for a pooling readout, the pooling.
+/// What the head reads of a minibatch: `top` holds the top layer's outputs (its rows of every
+/// vertex, or only of the roots when `at_roots` says the engine returned just those; for an
+/// attention readout, then its scores); gives the rows read (one per graph, or one per vertex)
+/// and, for a pooling readout, the pooling.
 pub(crate) fn read_rows(
-    top: Vec<f32>,
+    mut top: Vec<Vec<f32>>,
     l: &Layout<'_>,
     readout: Readout,
     width: usize,
     at_roots: bool,
-) -> (Vec<f32>, Option<Pooled>) {
-    match readout {
-        Readout::Vertices => (top, None),
-        Readout::Root if at_roots => (top, None),
-        Readout::Root => (l.roots.iter().flat_map(|&r| &top[r * width..][..width]).copied().collect(), None),
-        _ => {
-            let mut p = Pooled::forward(&top, width, l.pools.clone(), readout);
+) -> Result<(Vec<f32>, Option<Pooled>)> {
+    let rows = if top.is_empty() { Vec::new() } else { top.swap_remove(0) };
+    Ok(match readout {
+        Readout::Vertices => (rows, None),
+        Readout::Root if at_roots => (rows, None),
+        Readout::Root => (l.roots.iter().flat_map(|&r| &rows[r * width..][..width]).copied().collect(), None),
+        Readout::Attention => {
+            let Some(scores) = top.first() else {
+                return Err(Error::input(
+                    "attention readout",
+                    "a top vertex function pushing a second output, the scores",
+                    "one output",
+                ));
+            };
+            let mut p = Pooled::attend(rows, width, scores, l.pools.clone())?;
             (std::mem::take(&mut p.rows), Some(p))
         }
-    }
+        _ => {
+            let mut p = Pooled::forward(&rows, width, l.pools.clone(), readout);
+            (std::mem::take(&mut p.rows), Some(p))
+        }
+    })
 }
 
 /// The head's inputs: per graph slot (of `k` per example), the rows `read` of every example in
@@ -88,25 +100,34 @@ pub(crate) fn read_grad(slots: &[Vec<f32>], k: usize, width: usize, rows: usize)
     dh
 }
 
-/// The gradient of the top layer's rows of every vertex from the gradient `dh` of the rows read.
+/// The gradients of the outputs of the top layer's function `top` at every vertex from the
+/// gradient `dh` of the rows read: of its rows, for an attention readout of its scores, and
+/// zeros for the outputs not read.
 pub(crate) fn unread(
     dh: Vec<f32>,
     l: &Layout<'_>,
     readout: Readout,
-    width: usize,
     pooled: Option<&Pooled>,
-) -> Vec<f32> {
-    match (readout, pooled) {
-        (_, Some(p)) => p.backward(&dh, l.words.len()),
+    top: &VertexFn,
+) -> Vec<Vec<f32>> {
+    let width = super::width_out(top);
+    let mut grads = match (readout, pooled) {
+        (_, Some(p)) => {
+            let (rows, scores) = p.backward(&dh, l.words.len());
+            [rows].into_iter().chain(scores).collect()
+        }
         (Readout::Root, None) => {
             let mut all = vec![0.0; l.words.len() * width];
             for (&r, row) in l.roots.iter().zip(dh.chunks(width.max(1))) {
-                all[r * width..][..width].copy_from_slice(row);
+                all[r * width..][..width].iter_mut().zip(row).for_each(|(a, d)| *a += d);
             }
-            all
+            vec![all]
         }
-        _ => dh,
-    }
+        _ => vec![dh],
+    };
+    let widths = top.outputs().iter().map(|o| o.shape.numel());
+    grads.extend(widths.skip(grads.len()).map(|w| vec![0.0; w * l.words.len()]));
+    grads
 }
 
 /// Checks `batch` (`k` graphs per example; one with [`Readout::Vertices`]) and lays it out for
@@ -131,7 +152,7 @@ pub(crate) fn layout<'a>(
         parent_words: Vec::new(),
         parent_edges: Vec::new(),
         roots: Vec::new(),
-        pools: Vec::new(),
+        pools: Groups::default(),
     };
     for (e, example) in batch.iter().enumerate() {
         if example.trees.len() != k {
@@ -141,21 +162,33 @@ pub(crate) fn layout<'a>(
                 example.trees.len().to_string(),
             ));
         }
+        // Where each tree's vertices start: a tree sharing another's run reads its vertices.
+        let placed = example.placed();
+        let mut starts = Vec::with_capacity(k);
         for (t, tree) in example.trees.iter().enumerate() {
             let n = tree.graph.len();
-            let pool = tree.pool.clone().unwrap_or(0..n);
-            if tree.words.len() != n || tree.root >= n || pool.start > pool.end || pool.end > n {
+            let place = || format!("graph {t} of example {e} of the minibatch");
+            if tree.words.len() != n || tree.root >= n {
                 return Err(Error::input(
-                    format!("graph {t} of example {e} of the minibatch"),
-                    format!("{n} words, a root below {n} and pooled vertices within 0..{n}"),
-                    format!("{} words, root {}, pooled {pool:?}", tree.words.len(), tree.root),
+                    place(),
+                    format!("{n} words and a root below {n}"),
+                    format!("{} words, root {}", tree.words.len(), tree.root),
                 ));
             }
-            let start = l.words.len();
+            let start = if placed[t] == t {
+                l.graphs.push(tree.graph);
+                l.words.len()
+            } else {
+                starts[placed[t]]
+            };
+            if placed[t] == t {
+                l.words.extend_from_slice(tree.words);
+            }
+            starts.push(start);
             l.roots.push(start + tree.root);
-            l.pools.push(start + pool.start..start + pool.end);
-            l.words.extend_from_slice(tree.words);
-            l.graphs.push(tree.graph);
+            if readout.pools() {
+                l.pools.push(tree.pool.vertices(tree.graph, &place)?.into_iter().map(|v| start + v));
+            }
         }
     }
     if let Some(pad) = fed.parents {

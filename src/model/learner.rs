@@ -14,7 +14,7 @@ impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
     fn share_graphs<'a>(batch: &[&'a E], rank: usize, size: usize, _: &Settings) -> Result<Vec<&'a InputGraph>> {
         let examples: Vec<Example<'a>> = batch.iter().map(|e| e.example()).collect();
         let mine = &examples[Model::<B>::share(&examples, rank, size)];
-        Ok(mine.iter().flat_map(|e| e.trees.iter().map(|t| t.graph)).collect())
+        Ok(mine.iter().flat_map(Example::graphs).collect())
     }
 
     fn planner(&self) -> Option<Planner> {

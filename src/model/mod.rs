@@ -17,7 +17,7 @@ use crate::head::Head;
 use crate::layers::Embedding;
 use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::Optimizer;
-use crate::readout::Readout;
+use crate::readout::{Pool, Readout};
 use crate::trainer::{Scores, StepStats};
 use crate::DropoutKey;
 use crate::{Backend, InputGraph, VertexFn};
@@ -58,19 +58,28 @@ pub struct Tree<'a> {
     pub words: &'a [u32],
     /// The vertex read out (a root).
     pub root: usize,
-    /// The vertices a pooling readout ([`Readout::Sum`], [`Readout::Mean`], [`Readout::Max`])
-    /// reads: every vertex when `None` (an unrolled graph pools its last step).
-    pub pool: Option<Range<usize>>,
+    /// The vertices a pooling readout ([`Readout::pools`]) reads: every vertex by default; an
+    /// unrolled graph pools its last step ([`Pool::Range`] or [`Pool::Roots`]).
+    pub pool: Pool<'a>,
 }
 
 impl<'a> Tree<'a> {
     /// `graph` over `words`, read out at `root`, pooled (if the readout pools) over every vertex.
     pub fn new(graph: &'a InputGraph, words: &'a [u32], root: usize) -> Tree<'a> {
-        Tree { graph, words, root, pool: None }
+        Tree { graph, words, root, pool: Pool::All }
+    }
+
+    /// The same graph and words pooled over `pool`.
+    pub fn pooled(self, pool: Pool<'a>) -> Tree<'a> {
+        Tree { pool, ..self }
     }
 }
 
 /// One example: its graphs (as many as the head reads) and its target row.
+///
+/// Trees of one example over the same graph and words (the same references) that differ in
+/// root or pool — an unrolled graph pooled over each of its steps, say, or two roots of one
+/// forest — run once and are read as often as named ([`Example::placed`]).
 #[derive(Clone, Debug)]
 pub struct Example<'a> {
     /// The graphs, in the order of the head's inputs.
@@ -78,6 +87,33 @@ pub struct Example<'a> {
     /// The target the head's last input pulls: one row, or with [`Readout::Vertices`] one row
     /// per vertex, in vertex order.
     pub target: Vec<f32>,
+}
+
+impl<'a> Example<'a> {
+    /// For each tree, the tree whose run of the cells it reads: the first earlier one over the
+    /// same graph and words (the same references) that runs and whose readers all differ from
+    /// it in root or pool, or itself.
+    pub fn placed(&self) -> Vec<usize> {
+        let mut placed: Vec<usize> = Vec::with_capacity(self.trees.len());
+        for (t, tree) in self.trees.iter().enumerate() {
+            let shares = |&r: &usize| {
+                let run = &self.trees[r];
+                std::ptr::eq(run.graph, tree.graph)
+                    && std::ptr::eq(run.words, tree.words)
+                    && !(0..t)
+                        .any(|u| placed[u] == r && self.trees[u].root == tree.root && self.trees[u].pool == tree.pool)
+            };
+            let runs = (0..t).filter(|&u| placed[u] == u);
+            placed.push(runs.into_iter().find(shares).unwrap_or(t));
+        }
+        placed
+    }
+
+    /// The graphs the cells run over for this example, each run once ([`Example::placed`]).
+    pub fn graphs(&self) -> impl Iterator<Item = &'a InputGraph> + '_ {
+        let placed = self.placed();
+        self.trees.iter().enumerate().filter(move |&(t, _)| placed[t] == t).map(|(_, tree)| tree.graph)
+    }
 }
 
 /// Word vectors, a vertex function on a backend, and a head.
@@ -567,13 +603,15 @@ impl<B: Backend> Model<B> {
                 }
                 g
             }
-            // One graph per example, every vertex's row read in order: the head's input
-            // gradient is the cells' output gradient as it is.
-            Readout::Vertices => backward(&mut self.cells[top], &[&hg.pulls[0]])?,
             readout => {
-                let dh = read_grad(&hg.pulls, k, width, layout.roots.len());
-                let all = unread(dh, &layout, readout, width, pooled.as_ref());
-                backward(&mut self.cells[top], &[&all])?
+                // One graph per example, every vertex's row read in order: the head's input
+                // gradient is the cells' output gradient as it is.
+                let dh = match readout {
+                    Readout::Vertices => std::mem::take(&mut hg.pulls[0]),
+                    _ => read_grad(&hg.pulls, k, width, layout.roots.len()),
+                };
+                let all = unread(dh, &layout, readout, pooled.as_ref(), self.cells[top].function());
+                backward(&mut self.cells[top], &all.iter().map(Vec::as_slice).collect::<Vec<_>>())?
             }
         };
         let mut cells = vec![Vec::new(); self.cells.len()];
@@ -667,13 +705,13 @@ impl<B: Backend> Model<B> {
         }
         // The head's examples are the examples, or with a per-vertex readout their vertices.
         let first = match self.readout {
-            Readout::Vertices => batch[..share.start].iter().flat_map(|e| &e.trees).map(|t| t.graph.len()).sum(),
+            Readout::Vertices => batch[..share.start].iter().flat_map(Example::graphs).map(InputGraph::len).sum(),
             _ => share.start,
         };
         let head = self.head.engine();
         head.set_dropout_key(DropoutKey { step, first, ..head.dropout_key() });
         let mine = &batch[share];
-        let (count, vertices) = (mine.len(), mine.iter().flat_map(|e| &e.trees).map(|t| t.graph.len()).sum::<usize>());
+        let (count, vertices) = (mine.len(), mine.iter().flat_map(Example::graphs).map(InputGraph::len).sum::<usize>());
         let loss_at = self.head.loss_output();
         let loss_of =
             |outputs: &[Vec<f32>]| outputs.get(loss_at).map_or(0.0, |l| l.iter().sum::<f32>()) / denom.max(1) as f32;
@@ -731,7 +769,7 @@ impl<B: Backend> Model<B> {
     /// Worker `rank`'s share (of `size` workers) of `batch`: contiguous examples, balanced by
     /// vertex count.
     pub fn share(batch: &[Example<'_>], rank: usize, size: usize) -> Range<usize> {
-        let weights: Vec<usize> = batch.iter().map(|e| e.trees.iter().map(|t| t.graph.len()).sum()).collect();
+        let weights: Vec<usize> = batch.iter().map(|e| e.graphs().map(InputGraph::len).sum()).collect();
         shard(&weights, size).get(rank).cloned().unwrap_or_default()
     }
 

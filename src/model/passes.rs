@@ -42,23 +42,23 @@ impl<B: Backend> Model<B> {
     ) -> Result<(Layout<'a>, Vec<Vec<f32>>, Option<Pooled>)> {
         let layout = self.layout(batch)?;
         let rows = (self.readout == Readout::Root).then_some(layout.roots.as_slice());
-        let below = self.run_cells(&layout, pass, rows, false)?;
+        let top = self.run_cells(&layout, pass, rows, false)?;
         let width = width_out(self.top().function());
-        let (read, pooled) = read_rows(below, &layout, self.readout, width, rows.is_some());
+        let (read, pooled) = read_rows(top, &layout, self.readout, width, rows.is_some())?;
         let targets = batch.iter().flat_map(|e| e.target.iter().copied()).collect();
         Ok((layout, head_inputs(read, self.graphs_per_example(), width, targets), pooled))
     }
 
     /// Runs the layers of cells over `layout` (keeping what a backward pass needs unless `pass`
-    /// is inference); returns the top layer's first output (only at `rows` if given), or
-    /// nothing with `kept` (it stays on the backend).
+    /// is inference); returns the top layer's outputs (only at `rows` if given), or nothing
+    /// with `kept` (they stay on the backend).
     fn run_cells(
         &mut self,
         layout: &Layout<'_>,
         pass: Purpose<'_>,
         rows: Option<&[usize]>,
         kept: bool,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Vec<Vec<f32>>> {
         let (train, mut planned) = match pass {
             Purpose::Train(planned) => (true, planned),
             Purpose::Infer => (false, None),
@@ -66,11 +66,11 @@ impl<B: Backend> Model<B> {
         let dropped = train.then(|| with_words_dropped(&self.embedding, self.cells[0].dropout_key(), layout)).flatten();
         let pulls = pulls(&self.embedding, &self.feeds, dropped.as_ref().unwrap_or(layout), true);
         let top = self.cells.len() - 1;
-        let mut below = Vec::new();
+        let mut below: Vec<Vec<f32>> = Vec::new();
         for (k, engine) in self.cells.iter_mut().enumerate() {
-            let input = [Pull::Rows(&below)];
+            let input = [Pull::Rows(below.first().map_or(&[][..], Vec::as_slice))];
             let pulls = if k == 0 { pulls.as_slice() } else { &input };
-            let mut out = run_pass(
+            below = run_pass(
                 engine,
                 &layout.graphs,
                 pulls,
@@ -79,7 +79,6 @@ impl<B: Backend> Model<B> {
                 planned.take(),
                 kept && k == top,
             )?;
-            below = if out.is_empty() { Vec::new() } else { out.swap_remove(0) };
         }
         Ok(below)
     }

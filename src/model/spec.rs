@@ -73,7 +73,7 @@ impl ModelSpec {
                 Feed::ParentEdge(labels) => json!(["parent_edge", labels]),
             }).collect::<Vec<_>>(),
             "head": function_to_json(&self.head),
-            "readout": readout_name(self.readout),
+            "readout": self.readout.name(),
             "vocab": self.vocab,
             "dim": self.dim,
             "padding": self.padding,
@@ -104,12 +104,7 @@ impl ModelSpec {
                 },
             })
             .collect::<Result<_>>()?;
-        let readout = match v["readout"].as_str() {
-            Some(name) => [Readout::Root, Readout::Sum, Readout::Mean, Readout::Max, Readout::Vertices]
-                .into_iter()
-                .find(|r| readout_name(*r) == name),
-            None => None,
-        };
+        let readout = v["readout"].as_str().and_then(Readout::from_name);
         Ok(ModelSpec {
             cells: list("cells")?.iter().map(function_from_json).collect::<Result<_>>()?,
             feeds,
@@ -173,16 +168,6 @@ fn bad(key: &str, got: &Value) -> Error {
 
 fn usize_at(v: &Value, key: &str) -> Result<usize> {
     v[key].as_u64().and_then(|n| usize::try_from(n).ok()).ok_or_else(|| bad(key, &v[key]))
-}
-
-fn readout_name(r: Readout) -> &'static str {
-    match r {
-        Readout::Root => "root",
-        Readout::Sum => "sum",
-        Readout::Mean => "mean",
-        Readout::Max => "max",
-        Readout::Vertices => "vertices",
-    }
 }
 
 /// A function's declared parts as JSON: its signature, then one entry per value, `[op, operands…,

@@ -22,7 +22,7 @@ fn number(v: &Value) -> f64 {
 impl<B: Backend, E: AsExample> Learner<E> for Stage<B> {
     fn share_graphs<'a>(batch: &[&'a E], _: usize, _: usize, _: &Settings) -> Result<Vec<&'a InputGraph>> {
         let examples: Vec<Example<'a>> = batch.iter().map(|e| e.example()).collect();
-        Ok(examples.iter().flat_map(|e| e.trees.iter().map(|t| t.graph)).collect())
+        Ok(examples.iter().flat_map(Example::graphs).collect())
     }
 
     /// A stage schedules each micro-batch itself, ahead of its pass.

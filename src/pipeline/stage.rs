@@ -12,7 +12,7 @@ use crate::optim::{check_finite, clip_to, sum_squares, Optimizer};
 use crate::readout::Readout;
 use crate::trainer::step::{names, update};
 use crate::trainer::{each_step, Scores, StepStats};
-use crate::{Backend, CpuBackend, DropoutKey};
+use crate::{Backend, CpuBackend, DropoutKey, InputGraph};
 use arbor_core::error::{Error, Result};
 use std::collections::VecDeque;
 
@@ -89,6 +89,10 @@ pub(super) struct Updates<'u, B: Backend> {
     pub(super) updated: &'u mut dyn FnMut(&Stage<B>) -> Result<()>,
 }
 
+/// The head's inputs over a micro-batch, the pooling if any, the rows' width and how many
+/// were read.
+type HeadInputs = (Vec<Vec<f32>>, Option<crate::readout::Pooled>, usize, usize);
+
 /// One stage's gradients of one minibatch (see [`Stage::gradients`]).
 pub struct MinibatchGrads(Accum);
 
@@ -106,7 +110,7 @@ pub struct Stage<B: Backend = CpuBackend> {
     head: Option<(Head<B>, u64)>,
     engines: Vec<Vec<Engine<B>>>,
     loaded: Vec<Option<u64>>,
-    push_grads: Vec<Vec<f32>>,
+    push_grads: Vec<Vec<Vec<f32>>>,
     acc: Option<Accum>,
     pending: VecDeque<Accum>,
 }
@@ -240,7 +244,7 @@ impl<B: Backend> Stage<B> {
         for (t, batch) in minibatches.iter().enumerate() {
             let examples: Vec<Example<'a>> = batch.iter().map(|e| e.example()).collect();
             let denom = batch.iter().map(|e| e.terms()).sum();
-            let weights: Vec<usize> = examples.iter().map(|e| e.trees.iter().map(|t| t.graph.len()).sum()).collect();
+            let weights: Vec<usize> = examples.iter().map(|e| e.graphs().map(InputGraph::len).sum()).collect();
             let parts = shard(&weights, m);
             for (i, r) in parts.iter().enumerate() {
                 let mine = &examples[r.clone()];
@@ -264,8 +268,8 @@ impl<B: Backend> Stage<B> {
     }
 
     /// Runs this stage's layers over `layout` in slot `k` (training, with their schedules
-    /// `plans`, one per layer) or in slot 0 (inference, `plans` empty): the rows of every vertex
-    /// the top layer pushed.
+    /// `plans`, one per layer) or in slot 0 (inference, `plans` empty): what the top layer
+    /// pushed at every vertex (its rows first).
     fn layers(
         &mut self,
         mail: &mut Mailbox<'_>,
@@ -273,11 +277,11 @@ impl<B: Backend> Stage<B> {
         k: usize,
         plans: Option<Vec<Planned<'_>>>,
         key: DropoutKey,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Vec<Vec<f32>>> {
         let n = layout.words.len();
         let mut x = match &self.part.input {
-            Some(_) => Vec::new(),
-            None => mail.recv_f32(mail.rank() - 1, ACT, n * self.width_in())?,
+            Some(_) => vec![Vec::new()],
+            None => vec![mail.recv_f32(mail.rank() - 1, ACT, n * self.width_in())?],
         };
         if n == 0 {
             return Ok(x);
@@ -292,14 +296,14 @@ impl<B: Backend> Stage<B> {
             _ => None,
         };
         for (i, e) in engines[k].iter_mut().enumerate() {
-            let input = [Pull::Rows(&x)];
+            let input = [Pull::Rows(&x[0])];
             let pulls = match (&part.input, i) {
                 (Some((embedding, feeds)), 0) => {
                     model::pulls(embedding, feeds, dropped.as_ref().unwrap_or(layout), false)
                 }
                 _ => input.to_vec(),
             };
-            let mut out = if train {
+            x = if train {
                 e.set_dropout_key(DropoutKey { seed: e.dropout_key().seed, ..key });
                 let plan = plans.next().ok_or_else(|| Error::Worker {
                     rank: mail.rank(),
@@ -309,22 +313,16 @@ impl<B: Backend> Stage<B> {
             } else {
                 e.run(Pass::infer(&layout.graphs, &pulls))?
             };
-            x = out.swap_remove(0);
         }
         Ok(x)
     }
 
     /// The head's inputs over the top layer's rows `x` of `layout`, and the pooling if any.
-    fn head_inputs(
-        &self,
-        x: Vec<f32>,
-        layout: &Layout<'_>,
-        targets: Vec<f32>,
-    ) -> (Vec<Vec<f32>>, Option<crate::readout::Pooled>, usize, usize) {
+    fn head_inputs(&self, x: Vec<Vec<f32>>, layout: &Layout<'_>, targets: Vec<f32>) -> Result<HeadInputs> {
         let width = self.width_out();
-        let (read, pooled) = model::read_rows(x, layout, self.part.readout, width, false);
+        let (read, pooled) = model::read_rows(x, layout, self.part.readout, width, false)?;
         let rows = read.len() / width.max(1);
-        (model::head_inputs(read, self.part.graphs, width, targets), pooled, width, rows)
+        Ok((model::head_inputs(read, self.part.graphs, width, targets), pooled, width, rows))
     }
 
     /// The forward pass of a micro-batch in slot `k`, through each layer's engine with its
@@ -335,13 +333,13 @@ impl<B: Backend> Stage<B> {
         let key = DropoutKey { seed: 0, step: mb.step, first: mb.first * self.part.graphs };
         let x = self.layers(mail, &mb.layout, k, Some(plans), key)?;
         if self.part.head.is_none() {
-            return mail.send_f32(mail.rank() + 1, ACT, &x);
+            return mail.send_f32(mail.rank() + 1, ACT, &x[0]);
         }
         if mb.examples == 0 {
             self.push_grads[k] = Vec::new();
             return Ok(());
         }
-        let (inputs, pooled, width, rows) = self.head_inputs(x, &mb.layout, mb.targets.clone());
+        let (inputs, pooled, width, rows) = self.head_inputs(x, &mb.layout, mb.targets.clone())?;
         let (readout, graphs) = (self.part.readout, self.part.graphs);
         let head = self.head()?.ok_or_else(|| Error::Worker { rank: mail.rank(), msg: "no head".into() })?;
         let key = head.dropout_key();
@@ -350,7 +348,8 @@ impl<B: Backend> Stage<B> {
         let hg = head.backward(1.0 / mb.denom.max(1) as f32)?;
         let loss = outputs.get(head.loss_output()).map_or(0.0, |l| l.iter().sum::<f32>()) / mb.denom.max(1) as f32;
         let dh = model::read_grad(&hg.pulls, graphs, width, rows);
-        self.push_grads[k] = model::unread(dh, &mb.layout, readout, width, pooled.as_ref());
+        let top = self.engines[k].last().ok_or_else(|| Error::Worker { rank: mail.rank(), msg: "no layer".into() })?;
+        self.push_grads[k] = model::unread(dh, &mb.layout, readout, pooled.as_ref(), top.function());
         let acc = self.acc.get_or_insert_with(Accum::default);
         add_all(&mut acc.head, hg.params);
         let s = &mut acc.stats;
@@ -368,28 +367,30 @@ impl<B: Backend> Stage<B> {
         clip: bool,
     ) -> Result<Option<(usize, StepStats)>> {
         let n = mb.vertices();
+        // The gradients of the top layer's outputs: its rows' (and an attention readout's
+        // scores') on the last stage, else the next stage's input gradient.
         let mut g = match self.part.head {
             Some(_) => std::mem::take(&mut self.push_grads[k]),
-            None => mail.recv_f32(mail.rank() + 1, GRAD, n * self.width_out())?,
+            None => vec![mail.recv_f32(mail.rank() + 1, GRAD, n * self.width_out())?],
         };
         let acc = self.acc.get_or_insert_with(Accum::default);
         if n > 0 {
             acc.cells.resize_with(self.engines[k].len(), Vec::new);
             let bottom = self.part.input.is_some();
             for (i, (e, cell)) in self.engines[k].iter_mut().zip(&mut acc.cells).enumerate().rev() {
-                let mut grads = e.backward(&[&g])?;
+                let mut grads = e.backward(&g.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
                 add_all(cell, std::mem::take(&mut grads.params));
                 if bottom && i == 0 {
                     // The word vectors' gradient, as rows of the looked-up words.
                     acc.parts.extend(grads.tables.into_iter().flatten());
                     g = Vec::new();
                 } else {
-                    g = grads.pulls.swap_remove(0);
+                    g = vec![grads.pulls.swap_remove(0)];
                 }
             }
         }
         if self.part.input.is_none() {
-            mail.send_f32(mail.rank() - 1, GRAD, &g)?;
+            mail.send_f32(mail.rank() - 1, GRAD, g.first().map_or(&[][..], Vec::as_slice))?;
         }
         let Some(examples) = mb.ends else { return Ok(None) };
         let mut acc = self.acc.take().unwrap_or_default();
@@ -587,11 +588,11 @@ impl<B: Backend> Stage<B> {
             let layout = self.lay_out(&examples)?;
             let x = self.layers(mail, &layout, 0, None, DropoutKey::default())?;
             let Some(out) = &mut outputs else {
-                mail.send_f32(mail.rank() + 1, ACT, &x)?;
+                mail.send_f32(mail.rank() + 1, ACT, &x[0])?;
                 continue;
             };
             let targets = examples.iter().flat_map(|e| e.target.iter().copied()).collect();
-            let (inputs, ..) = self.head_inputs(x, &layout, targets);
+            let (inputs, ..) = self.head_inputs(x, &layout, targets)?;
             let head = self.head()?.ok_or_else(|| Error::Worker { rank: mail.rank(), msg: "no head".into() })?;
             out.extend(head.infer(&inputs.iter().map(Vec::as_slice).collect::<Vec<_>>())?);
         }
