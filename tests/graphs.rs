@@ -93,6 +93,80 @@ fn malformed_tu_files_name_file_and_line() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Edge attribute rows (`NAME_edge_attributes.txt`): read per neighbour, both ends alike,
+/// carried into the unrolled graph (zeros on the edge to the own previous state), and fed to a
+/// vertex as its child edges' rows reduced; malformed rows are refused with file and line.
+#[test]
+fn edge_attributes_are_read_and_fed() {
+    use arbor::ir::Reduce;
+    use arbor::layers::Embedding;
+    use arbor::model::{Example, Feed, Model, Tree};
+    use arbor::Builder;
+    let dir = std::env::temp_dir().join(format!("arbor-tu-attr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| std::fs::write(dir.join(format!("T_{name}.txt")), text).unwrap();
+    // A path 1 - 2 - 3 (the second edge listed one way only), a lone node.
+    write("graph_indicator", "1\n1\n1\n2\n");
+    write("graph_labels", "1\n-1\n");
+    write("node_labels", "0\n1\n2\n0\n");
+    write("A", "2, 1\n1, 2\n2, 3\n");
+    write("edge_attributes", "0.5, 1\n0.5, 1\n-2, 3\n");
+    let d = tu::read(&dir, "T").unwrap();
+    assert_eq!(d.edge_feature_width, 2);
+    let g = &d.graphs[0];
+    assert_eq!(g.neighbours, vec![vec![1], vec![0, 2], vec![1]]);
+    assert_eq!(g.edge_features, vec![vec![0.5, 1.0], vec![0.5, 1.0, -2.0, 3.0], vec![-2.0, 3.0]]);
+    assert!(d.graphs[1].edge_features.iter().all(Vec::is_empty));
+    let unrolled = g.unroll(1, 0);
+    assert_eq!(unrolled.edge_feature_width(), 2);
+    assert_eq!(unrolled.edge_features(4), [0.0, 0.0, 0.5, 1.0, -2.0, 3.0]); // node 1 at step 1
+                                                                            // Fed summed, averaged, maxed: a cell pushing what it pulled.
+    let words: Vec<u32> = g.node_labels.repeat(2);
+    for (reduce, want) in [(Reduce::Sum, [-1.5, 4.0]), (Reduce::Mean, [-0.5, 4.0 / 3.0]), (Reduce::Max, [0.5, 3.0])] {
+        let f = Builder::new("edges", 0);
+        let (x, e) = (f.pull("x", 2), f.pull("e", 2));
+        let h = e + x.scale(0.0) + f.gather_sum("h", 2).scale(0.0);
+        f.scatter("h", h);
+        f.push("h", h);
+        let cell = f.build().unwrap();
+        let head = arbor::head::softmax_classifier(2, 2).unwrap();
+        let mut rng = Rng::new(1);
+        let feeds = vec![Feed::Words, Feed::ChildEdges(2, reduce)];
+        let mut m = Model::init(&CpuBackend::new(), Embedding::new(3, 2, 0.1, &mut rng), cell, feeds, head, &mut rng)
+            .unwrap()
+            .with_readout(arbor::readout::Readout::Sum);
+        let one = |v: usize| Example {
+            trees: vec![Tree::new(&unrolled, &words, 0).pooled(arbor::readout::Pool::Range(v..v + 1))],
+            target: vec![1.0, 0.0],
+        };
+        // The head's logits are linear in the pooled row: compare against the row's own logits.
+        let got = m.infer(&[one(4), one(0)]).unwrap().swap_remove(1);
+        let w = m.head().params().unwrap();
+        let logits =
+            |row: [f32; 2]| -> Vec<f32> { (0..2).map(|c| row[0] * w[0][c] + row[1] * w[0][2 + c] + w[1][c]).collect() };
+        for (a, b) in got[..2].iter().zip(logits(want)) {
+            assert!((a - b).abs() < 1e-5, "{reduce:?}: {a} vs {b}");
+        }
+        for (a, b) in got[2..].iter().zip(logits([0.0, 0.0])) {
+            assert!((a - b).abs() < 1e-5, "{reduce:?} at a leaf: {a} vs {b}");
+        }
+        // A graph without edge rows is refused by name.
+        let plain = InputGraph::from_children(vec![vec![]; words.len()]).unwrap();
+        let e = m.infer(&[Example { trees: vec![Tree::new(&plain, &words, 0)], target: vec![1.0, 0.0] }]).unwrap_err();
+        assert!(e.to_string().contains("edge feature rows of 2 values"), "{e}");
+    }
+    write("edge_attributes", "0.5, 1\n0.5\n-2, 3\n");
+    let err = tu::read(&dir, "T").unwrap_err().to_string();
+    assert!(err.contains("T_edge_attributes.txt:2:") && err.contains("1 values where the rows above have 2"), "{err}");
+    write("edge_attributes", "0.5, 1\n0.5, x\n-2, 3\n");
+    let err = tu::read(&dir, "T").unwrap_err().to_string();
+    assert!(err.contains("T_edge_attributes.txt:2:") && err.contains("`x`"), "{err}");
+    write("edge_attributes", "0.5, 1\n");
+    let err = tu::read(&dir, "T").unwrap_err().to_string();
+    assert!(err.contains("1 edge attribute rows for 3 edges"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn ggnn_learns_mutag() {
     let d = tu::read(&mutag(), "MUTAG").unwrap();

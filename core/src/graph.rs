@@ -43,9 +43,22 @@ pub struct InputGraph {
     children: Vec<SmallVec<[u32; 2]>>,
     /// Per vertex, the label of the edge to each child slot; empty when edges carry no labels.
     labels: Vec<SmallVec<[u32; 2]>>,
+    /// Feature rows of the edges ([`InputGraph::with_edge_features`]); none by default.
+    features: EdgeFeatures,
     /// Every vertex after all of its children, computed once at construction.
     order: Vec<u32>,
 }
+
+/// A feature row per edge: vertex `v`'s slot `k` row at `values[(at[v] + k) · width..]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct EdgeFeatures {
+    width: usize,
+    at: Vec<usize>,
+    values: Vec<f32>,
+}
+
+// Feature values are finite (checked on construction), so equality is an equivalence.
+impl Eq for EdgeFeatures {}
 
 /// Vertices of a DAG given by its child lists, each after all of its children (an iterative
 /// post-order walk, so deep graphs are fine).
@@ -93,7 +106,8 @@ impl InputGraph {
             }
             out.push(list);
         }
-        let mut g = InputGraph { children: out, labels: Vec::new(), order: Vec::new() };
+        let mut g =
+            InputGraph { children: out, labels: Vec::new(), features: EdgeFeatures::default(), order: Vec::new() };
         g.check_acyclic()?;
         g.order = children_first(&g.children);
         Ok(g)
@@ -102,13 +116,23 @@ impl InputGraph {
     /// `n` vertices without edges, each its own root: the examples a head runs over, one vertex
     /// each.
     pub fn isolated(n: usize) -> InputGraph {
-        InputGraph { children: vec![SmallVec::new(); n], labels: Vec::new(), order: (0..n as u32).collect() }
+        InputGraph {
+            children: vec![SmallVec::new(); n],
+            labels: Vec::new(),
+            features: EdgeFeatures::default(),
+            order: (0..n as u32).collect(),
+        }
     }
 
     /// A chain (a sequence): vertex `i` has vertex `i − 1` as its only child; the last is the root.
     pub fn chain(len: usize) -> InputGraph {
         let children = (0..len).map(|i| if i == 0 { SmallVec::new() } else { SmallVec::from_slice(&[i as u32 - 1]) });
-        InputGraph { children: children.collect(), labels: Vec::new(), order: (0..len as u32).collect() }
+        InputGraph {
+            children: children.collect(),
+            labels: Vec::new(),
+            features: EdgeFeatures::default(),
+            order: (0..len as u32).collect(),
+        }
     }
 
     /// A balanced binary tree over `leaves` leaves (the leaves first, pairs merged level by
@@ -294,8 +318,76 @@ impl InputGraph {
     pub fn edge_labels(&self, v: usize) -> &[u32] {
         self.labels.get(v).map_or(&[], |l| l.as_slice())
     }
+
+    /// This graph with a feature row of `width` values on every edge (a bond's length, a
+    /// distance): `features[v]` holds the rows of vertex `v`'s child slots one after another (an
+    /// empty slot's is ignored). A model feeds a vertex the sum, mean or maximum of its children's
+    /// rows (`Feed::ChildEdges` in `arbor`). An error names the vertex whose rows do not match
+    /// its slots, or a value that is not finite.
+    pub fn with_edge_features(mut self, width: usize, features: Vec<Vec<f32>>) -> Result<InputGraph> {
+        if features.len() != self.len() {
+            return Err(graph_error(format!("{} edge feature lists for {} vertices", features.len(), self.len())));
+        }
+        let mut at = Vec::with_capacity(self.len());
+        let mut values = Vec::with_capacity(features.iter().map(Vec::len).sum());
+        for (v, rows) in features.into_iter().enumerate() {
+            let slots = self.children[v].len();
+            if rows.len() != slots * width {
+                let got = rows.len();
+                return Err(graph_error(format!("vertex {v} has {slots} child slots but {got} edge feature values")));
+            }
+            if let Some(k) = rows.iter().position(|x| !x.is_finite()) {
+                return Err(graph_error(format!(
+                    "vertex {v}, child slot {}: edge feature {}",
+                    k / width.max(1),
+                    rows[k]
+                )));
+            }
+            at.push(values.len() / width.max(1));
+            values.extend(rows);
+        }
+        self.features = EdgeFeatures { width, at, values };
+        Ok(self)
+    }
+
+    /// How many values each edge's feature row holds (0 when edges carry none).
+    pub fn edge_feature_width(&self) -> usize {
+        self.features.width
+    }
+
+    /// The feature rows of the edges to vertex `v`'s child slots, one after another (empty when
+    /// edges carry none).
+    pub fn edge_features(&self, v: usize) -> &[f32] {
+        let f = &self.features;
+        match f.at.get(v) {
+            Some(&at) => &f.values[at * f.width..(at + self.children[v].len()) * f.width],
+            None => &[],
+        }
+    }
 }
 
 fn graph_error(reason: String) -> Error {
     Error::Graph { graph: "input".into(), reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edge_features_follow_the_child_slots() {
+        let g = InputGraph::from_children(vec![vec![], vec![], vec![Some(0), None, Some(1)]]).expect("a tree");
+        assert_eq!((g.edge_feature_width(), g.edge_features(2)), (0, &[][..]));
+        let rows = vec![vec![], vec![], vec![1.0, 2.0, 0.0, 0.0, 5.0, 6.0]];
+        let g = g.with_edge_features(2, rows).expect("a row per slot");
+        assert_eq!(g.edge_feature_width(), 2);
+        assert_eq!(g.edge_features(0), &[][..]);
+        assert_eq!(g.edge_features(2), [1.0, 2.0, 0.0, 0.0, 5.0, 6.0]);
+        let short = g.clone().with_edge_features(2, vec![vec![], vec![], vec![1.0]]).expect_err("short");
+        assert!(short.to_string().contains("vertex 2 has 3 child slots but 1 edge feature values"), "{short}");
+        let nan = g.clone().with_edge_features(1, vec![vec![], vec![], vec![1.0, 2.0, f32::NAN]]).expect_err("NaN");
+        assert!(nan.to_string().contains("vertex 2, child slot 2"), "{nan}");
+        let few = g.with_edge_features(1, vec![vec![]]).expect_err("one list");
+        assert!(few.to_string().contains("1 edge feature lists for 3 vertices"), "{few}");
+    }
 }

@@ -21,6 +21,10 @@ pub struct GraphExample {
     /// The label of the edge to each neighbour (as `neighbours`), renumbered like node labels;
     /// all 0 without an edge label file.
     pub edge_labels: Vec<Vec<u32>>,
+    /// The feature row of the edge to each neighbour (as `neighbours`, each
+    /// [`TuDataset::edge_feature_width`] values, one after another); empty without an edge
+    /// attribute file (`NAME_edge_attributes.txt`).
+    pub edge_features: Vec<Vec<f32>>,
     /// Class (graph labels renumbered 0, 1, … in ascending order of the file's values).
     pub label: u32,
 }
@@ -37,6 +41,8 @@ pub struct TuDataset {
     pub classes: usize,
     /// Number of distinct edge labels (0 without an edge label file).
     pub edge_label_count: usize,
+    /// Values in each edge's feature row (0 without an edge attribute file).
+    pub edge_feature_width: usize,
 }
 
 fn read_lines(path: &Path) -> Result<Vec<(usize, String)>> {
@@ -77,7 +83,13 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
     let (classes, class_count) = renumber(&graph_labels);
     let mut graphs: Vec<GraphExample> = classes
         .into_iter()
-        .map(|label| GraphExample { node_labels: Vec::new(), neighbours: Vec::new(), edge_labels: Vec::new(), label })
+        .map(|label| GraphExample {
+            node_labels: Vec::new(),
+            neighbours: Vec::new(),
+            edge_labels: Vec::new(),
+            edge_features: Vec::new(),
+            label,
+        })
         .collect();
     let (node_labels, node_label_count) = renumber(&node_labels);
     let mut local = Vec::with_capacity(indicator.len());
@@ -94,10 +106,13 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
         graphs[g].node_labels.push(nl);
         graphs[g].neighbours.push(Vec::new());
         graphs[g].edge_labels.push(Vec::new());
+        graphs[g].edge_features.push(Vec::new());
     }
     let edges = read_lines(&a_path)?;
     let (edge_labels, edge_label_count) = read_edge_labels(&file("edge_labels"), edges.len())?;
-    for ((line, text), label) in edges.into_iter().zip(edge_labels) {
+    let (features, width) = read_edge_features(&file("edge_attributes"), edges.len())?;
+    let rows = features.chunks(width.max(1)).map(Some).chain(std::iter::repeat(None));
+    for (((line, text), label), row) in edges.into_iter().zip(edge_labels).zip(rows) {
         let bad = |msg: String| Error::Parse { file: a_path.display().to_string(), line, msg };
         let (a, b) = text.split_once(',').ok_or_else(|| bad(format!("`{text}` is not `row, col`")))?;
         let (a, b) = (number(&a_path, line, a)?, number(&a_path, line, b)?);
@@ -114,6 +129,10 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
             if let Err(at) = g.neighbours[x as usize].binary_search(&y) {
                 g.neighbours[x as usize].insert(at, y);
                 g.edge_labels[x as usize].insert(at, label);
+                if let Some(row) = row.filter(|_| width > 0) {
+                    let f = &mut g.edge_features[x as usize];
+                    f.splice(at * width..at * width, row.iter().copied());
+                }
             }
         }
     }
@@ -124,7 +143,10 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
             msg: format!("graph {} has no nodes in {}", g + 1, ind_path.display()),
         });
     }
-    Ok(TuDataset { graphs, node_label_count, classes: class_count, edge_label_count })
+    if width == 0 {
+        graphs.iter_mut().for_each(|g| g.edge_features.clear());
+    }
+    Ok(TuDataset { graphs, node_label_count, classes: class_count, edge_label_count, edge_feature_width: width })
 }
 
 /// `values` renumbered 0, 1, … in ascending order of the distinct values, and how many there
@@ -151,6 +173,42 @@ fn read_edge_labels(path: &Path, edges: usize) -> Result<(Vec<u32>, usize)> {
     Ok(renumber(&raw))
 }
 
+/// The feature row of each of `edges` edges from `path` (one line of comma-separated numbers per
+/// line of `NAME_A.txt`, every line as long), flat, and its width; none (width 0) when the file
+/// does not exist. Errors name the file and line.
+fn read_edge_features(path: &Path, edges: usize) -> Result<(Vec<f32>, usize)> {
+    if !path.exists() {
+        return Ok((Vec::new(), 0));
+    }
+    let lines = read_lines(path)?;
+    if lines.len() != edges {
+        let msg = format!("{} edge attribute rows for {edges} edges", lines.len());
+        return Err(Error::Parse { file: path.display().to_string(), line: lines.len(), msg });
+    }
+    let (mut values, mut width) = (Vec::new(), None);
+    for (line, text) in &lines {
+        let bad = |msg: String| Error::Parse { file: path.display().to_string(), line: *line, msg };
+        let row: Vec<f32> = text
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<f32>()
+                    .ok()
+                    .filter(|v| v.is_finite())
+                    .ok_or_else(|| bad(format!("`{}` is not a finite number", x.trim())))
+            })
+            .collect::<Result<_>>()?;
+        match width {
+            Some(w) if w != row.len() => {
+                return Err(bad(format!("{} values where the rows above have {w}", row.len())))
+            }
+            _ => width = Some(row.len()),
+        }
+        values.extend(row);
+    }
+    Ok((values, width.unwrap_or(0)))
+}
+
 impl GraphExample {
     /// Message passing unrolled for `steps` steps as a DAG: vertex `t·n + v` is node `v` at step
     /// `t`; it has `(v, t−1)` in slot 0 and its neighbours at `t−1` after, each edge labelled as
@@ -158,24 +216,40 @@ impl GraphExample {
     /// set's edge label count, a label of its own). The last `n` vertices are the final states.
     pub fn unroll(&self, steps: usize, self_label: u32) -> InputGraph {
         let n = self.node_labels.len();
-        let (mut children, mut labels) = (Vec::with_capacity(n * (steps + 1)), Vec::with_capacity(n * (steps + 1)));
+        let width = self.edge_feature_width();
+        let mut children = Vec::with_capacity(n * (steps + 1));
+        let (mut labels, mut features) = (Vec::with_capacity(n * (steps + 1)), Vec::new());
         for t in 0..=steps {
             for v in 0..n {
                 if t == 0 {
                     children.push(Vec::new());
                     labels.push(Vec::new());
+                    features.push(Vec::new());
                 } else {
                     let prev = (t - 1) * n;
                     let mut slots = vec![Some(prev + v)];
                     slots.extend(self.neighbours[v].iter().map(|&u| Some(prev + u as usize)));
                     children.push(slots);
                     labels.push([self_label].into_iter().chain(self.edge_labels[v].iter().copied()).collect());
+                    if width > 0 {
+                        // The edge to the own previous state carries zeros.
+                        features.push(
+                            std::iter::repeat_n(0.0, width).chain(self.edge_features[v].iter().copied()).collect(),
+                        );
+                    }
                 }
             }
         }
         InputGraph::from_children(children)
             .and_then(|g| g.with_edge_labels(labels))
-            .expect("an unrolled graph only points to earlier steps, a label per slot")
+            .and_then(|g| if width > 0 { g.with_edge_features(width, features) } else { Ok(g) })
+            .expect("an unrolled graph only points to earlier steps, a label and a feature row per slot")
+    }
+
+    /// Values in each edge's feature row (0 without edge features).
+    pub fn edge_feature_width(&self) -> usize {
+        let edges: usize = self.neighbours.iter().map(Vec::len).sum();
+        self.edge_features.iter().map(Vec::len).sum::<usize>() / edges.max(1)
     }
 }
 

@@ -4,6 +4,7 @@
 
 use super::{Example, Feed};
 use crate::engine::Pull;
+use crate::ir::Reduce;
 use crate::layers::Embedding;
 use crate::readout::{Groups, Pooled, Readout};
 use crate::{InputGraph, VertexFn};
@@ -12,11 +13,13 @@ use arbor_core::error::{Error, Result};
 use std::borrow::Cow;
 
 /// What a minibatch lays out besides the words, as the feeds ask: each vertex's parent's word
-/// (with the padding id for roots), the one-hot rows of its parent edge's label (so wide).
+/// (with the padding id for roots), the one-hot rows of its parent edge's label (so wide), its
+/// child edges' feature rows reduced (so wide, so reduced).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Fed {
     pub(crate) parents: Option<u32>,
     pub(crate) edges: Option<usize>,
+    pub(crate) child_edges: Option<(usize, Reduce)>,
 }
 
 impl Fed {
@@ -24,7 +27,8 @@ impl Fed {
     pub(crate) fn of(feeds: &[Feed], embedding: &Embedding) -> Fed {
         let parents = feeds.contains(&Feed::ParentWords).then(|| embedding.padding().unwrap_or(0));
         let edges = feeds.iter().find_map(|f| if let Feed::ParentEdge(n) = f { Some(*n) } else { None });
-        Fed { parents, edges }
+        let child_edges = feeds.iter().find_map(|f| if let Feed::ChildEdges(n, r) = f { Some((*n, *r)) } else { None });
+        Fed { parents, edges, child_edges }
     }
 }
 
@@ -36,6 +40,8 @@ pub(crate) struct Layout<'a> {
     pub(crate) parent_words: Vec<u32>,
     /// Per vertex, the one-hot row of its parent edge's label ([`Feed::ParentEdge`]), if fed.
     pub(crate) parent_edges: Vec<f32>,
+    /// Per vertex, its child edges' feature rows reduced ([`Feed::ChildEdges`]), if fed.
+    pub(crate) child_edges: Vec<f32>,
     /// Per example, per graph: the merged index of the vertex read out.
     pub(crate) roots: Vec<usize>,
     /// Per example, per graph: the merged vertices a pooling readout reads.
@@ -151,6 +157,7 @@ pub(crate) fn layout<'a>(
         words: Vec::new(),
         parent_words: Vec::new(),
         parent_edges: Vec::new(),
+        child_edges: Vec::new(),
         roots: Vec::new(),
         pools: Groups::default(),
     };
@@ -197,6 +204,9 @@ pub(crate) fn layout<'a>(
     if let Some(labels) = fed.edges {
         l.parent_edges = parent_edges(&l.graphs, labels);
     }
+    if let Some((width, reduce)) = fed.child_edges {
+        l.child_edges = child_edges(&l.graphs, width, reduce)?;
+    }
     Ok(l)
 }
 
@@ -218,6 +228,43 @@ fn parent_edges(graphs: &[&InputGraph], labels: usize) -> Vec<f32> {
         start += g.len();
     }
     out
+}
+
+/// Per vertex of `graphs` (merged order), the feature rows (`width` wide) of the edges to its
+/// children reduced by `reduce` (zeros at a leaf); an error names a graph whose edges carry
+/// rows of another width.
+fn child_edges(graphs: &[&InputGraph], width: usize, reduce: Reduce) -> Result<Vec<f32>> {
+    let vertices: usize = graphs.iter().map(|g| g.len()).sum();
+    let mut out = vec![0.0; vertices * width];
+    let mut start = 0;
+    for (i, g) in graphs.iter().enumerate() {
+        if g.edge_feature_width() != width {
+            return Err(Error::input(
+                format!("graph {i} of the minibatch, fed its child edges' features"),
+                format!("edge feature rows of {width} values (InputGraph::with_edge_features)"),
+                format!("rows of {}", g.edge_feature_width()),
+            ));
+        }
+        for v in 0..g.len() {
+            let o = &mut out[(start + v) * width..][..width];
+            let rows = g.edge_features(v).chunks(width.max(1));
+            let present = g.children(v).iter().zip(rows).filter(|(&c, _)| c != arbor_core::graph::NO_CHILD);
+            let mut count = 0;
+            for (_, row) in present {
+                match (reduce, count) {
+                    (Reduce::Max, 0) => o.copy_from_slice(row),
+                    (Reduce::Max, _) => o.iter_mut().zip(row).for_each(|(o, x)| *o = o.max(*x)),
+                    _ => o.iter_mut().zip(row).for_each(|(o, x)| *o += x),
+                }
+                count += 1;
+            }
+            if reduce == Reduce::Mean && count > 0 {
+                o.iter_mut().for_each(|o| *o /= count as f32);
+            }
+        }
+        start += g.len();
+    }
+    Ok(out)
 }
 
 /// Per vertex of `graphs` (merged order), its parent's word in `words` (`pad` at a root).
@@ -244,12 +291,12 @@ pub(crate) fn with_words_dropped<'a>(embedding: &Embedding, key: DropoutKey, l: 
     } else {
         parent_words(&l.graphs, &words, embedding.padding().unwrap_or(0))
     };
-    let parent_edges = l.parent_edges.clone();
     Some(Layout {
         graphs: l.graphs.clone(),
         words,
         parent_words,
-        parent_edges,
+        parent_edges: l.parent_edges.clone(),
+        child_edges: l.child_edges.clone(),
         roots: l.roots.clone(),
         pools: l.pools.clone(),
     })
@@ -265,6 +312,7 @@ pub(crate) fn pulls<'a>(embedding: &'a Embedding, feeds: &[Feed], l: &'a Layout<
             Feed::Words => pull(&l.words),
             Feed::ParentWords => pull(&l.parent_words),
             Feed::ParentEdge(_) => Pull::Rows(&l.parent_edges),
+            Feed::ChildEdges(..) => Pull::Rows(&l.child_edges),
         })
         .collect()
 }

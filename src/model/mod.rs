@@ -14,6 +14,7 @@ use crate::dist::data_parallel::{shard, Pending};
 use crate::dist::Collective;
 use crate::engine::{Engine, Planned, Planner, SparseGrad};
 use crate::head::Head;
+use crate::ir::Reduce;
 use crate::layers::Embedding;
 use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::Optimizer;
@@ -47,6 +48,11 @@ pub enum Feed {
     /// (zeros at a root, or where the label does not fit): in a dependency tree, the vertex's
     /// relation to its head, for a cell to embed with a product (`rel · W`).
     ParentEdge(usize),
+    /// The feature rows of the edges to the vertex's children
+    /// ([`InputGraph::with_edge_features`], this many values each) reduced over the children as
+    /// the [`Reduce`] says (zeros at a leaf): what bonds or relations a vertex has, for a cell to
+    /// map with a product (`e · W`).
+    ChildEdges(usize, Reduce),
 }
 
 /// One graph of an example: its structure, a word per vertex, and the vertex the head reads.
@@ -372,7 +378,7 @@ impl<B: Backend> Model<B> {
         let what = |w: &str| format!("model over `{}` with head `{}`: {w}", f.name(), head.function().name());
         let width = |feed: &Feed| match feed {
             Feed::Words | Feed::ParentWords => embedding.dim(),
-            Feed::ParentEdge(labels) => *labels,
+            Feed::ParentEdge(width) | Feed::ChildEdges(width, _) => *width,
         };
         if feeds.len() != f.inputs().len()
             || f.inputs().iter().zip(&feeds).any(|(p, feed)| p.shape.numel() != width(feed))
@@ -443,8 +449,9 @@ impl<B: Backend> Model<B> {
         self.cells[0].set_skip_padding_grads(padded);
         let targets = self.graphs_per_example();
         self.head.engine().skip_input_grads(&[targets]);
-        let edges: Vec<usize> =
-            (0..self.feeds.len()).filter(|&i| matches!(self.feeds[i], Feed::ParentEdge(_))).collect();
+        let edges: Vec<usize> = (0..self.feeds.len())
+            .filter(|&i| matches!(self.feeds[i], Feed::ParentEdge(_) | Feed::ChildEdges(..)))
+            .collect();
         self.cells[0].skip_input_grads(&edges);
     }
 

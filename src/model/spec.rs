@@ -71,6 +71,7 @@ impl ModelSpec {
                 Feed::Words => json!("words"),
                 Feed::ParentWords => json!("parent_words"),
                 Feed::ParentEdge(labels) => json!(["parent_edge", labels]),
+                Feed::ChildEdges(width, reduce) => json!(["child_edges", width, reduce.name()]),
             }).collect::<Vec<_>>(),
             "head": function_to_json(&self.head),
             "readout": self.readout.name(),
@@ -99,6 +100,14 @@ impl ModelSpec {
                 _ => match f.as_array().map(Vec::as_slice) {
                     Some([name, labels]) if name == "parent_edge" => {
                         labels.as_u64().map(|n| Feed::ParentEdge(n as usize)).ok_or_else(|| bad("feeds", f))
+                    }
+                    Some([name, width, reduce]) if name == "child_edges" => {
+                        let reduce = Reduce::ALL.into_iter().find(|r| reduce.as_str() == Some(r.name()));
+                        width
+                            .as_u64()
+                            .zip(reduce)
+                            .map(|(n, r)| Feed::ChildEdges(n as usize, r))
+                            .ok_or_else(|| bad("feeds", f))
                     }
                     _ => Err(bad("feeds", f)),
                 },
@@ -334,4 +343,33 @@ pub fn function_from_json(v: &Value) -> Result<VertexFn> {
         outputs: list("outputs")?.iter().map(port).collect::<Result<_>>()?,
         name,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every feed and every readout survives the stored form.
+    #[test]
+    fn feeds_and_readouts_round_trip() {
+        let f = crate::nn::tree_lstm(2, 3).expect("a cell");
+        let head = crate::head::softmax_classifier(3, 2).expect("a head");
+        let feeds = vec![Feed::Words, Feed::ParentWords, Feed::ParentEdge(4)]
+            .into_iter()
+            .chain(Reduce::ALL.map(|r| Feed::ChildEdges(5, r)))
+            .collect::<Vec<_>>();
+        for readout in Readout::ALL {
+            let spec = ModelSpec {
+                cells: vec![f.clone()],
+                feeds: feeds.clone(),
+                head: head.clone(),
+                readout,
+                vocab: 7,
+                dim: 2,
+                padding: Some(0),
+            };
+            let back = ModelSpec::from_json(&spec.to_json()).expect("reads back");
+            assert_eq!((back.feeds, back.readout), (feeds.clone(), readout));
+        }
+    }
 }

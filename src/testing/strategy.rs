@@ -32,5 +32,5 @@ pub fn graph(rng: &mut Rng, n: usize) -> GraphExample {
         }
     }
     let edge_labels = neighbours.iter().map(|n| vec![0; n.len()]).collect();
-    GraphExample { node_labels: vec![0; n], neighbours, edge_labels, label: 0 }
+    GraphExample { node_labels: vec![0; n], neighbours, edge_labels, edge_features: Vec::new(), label: 0 }
 }
