@@ -249,10 +249,23 @@ pub fn binary_cross_entropy<'b>(logits: Var<'b>, target: Var<'b>) -> Var<'b> {
 /// The softmax classifier as a head function: `logits = h·weight + bias` over an `input`-wide
 /// row `h`, softmax cross-entropy to the one-hot row `target`; pushes `loss` and `logits`.
 pub fn softmax_classifier(input: usize, classes: usize) -> Result<VertexFn> {
+    pooled_classifier(input, 1, classes, 0.0)
+}
+
+/// [`softmax_classifier`] over `rows` rows of `input` values each, concatenated (every step of
+/// an unrolled graph pooled apart, say: pulled as `h0`, `h1`, …; one row is pulled as `h`), with
+/// dropout at `dropout` on them when above 0.
+pub fn pooled_classifier(input: usize, rows: usize, classes: usize, dropout: f32) -> Result<VertexFn> {
     let f = Builder::new("softmax-classifier", 0);
-    let (h, target) = (f.pull("h", input), f.pull("target", classes));
-    let logits =
-        h.matmul(f.param("weight", [input, classes], Init::Xavier)) + f.param("bias", [1, classes], Init::Zeros);
+    let pulled: Vec<Var<'_>> = match rows {
+        1 => vec![f.pull("h", input)],
+        _ => (0..rows).map(|k| f.pull(&format!("h{k}"), input)).collect(),
+    };
+    let target = f.pull("target", classes);
+    let h = if rows == 1 { pulled[0] } else { f.concat(&pulled) };
+    let h = if dropout > 0.0 { h.dropout(dropout) } else { h };
+    let weight = f.param("weight", [input * rows, classes], Init::Xavier);
+    let logits = h.matmul(weight) + f.param("bias", [1, classes], Init::Zeros);
     f.push("loss", softmax_cross_entropy(logits, target));
     f.push("logits", logits);
     f.build()

@@ -238,6 +238,11 @@ impl CellKind {
 /// slots. The message is the neighbours' summed state (`gather_sum` minus the own previous state)
 /// through a linear map; the update is a GRU; every step also sees the node's features `x`.
 pub fn ggnn(features: usize, hidden: usize) -> Result<VertexFn> {
+    ggnn_scored(features, hidden, 0)
+}
+
+/// [`ggnn`], pushing also `scores` attention scores per vertex (see [`push_scored`]).
+pub fn ggnn_scored(features: usize, hidden: usize, scores: usize) -> Result<VertexFn> {
     // Arity 1 for the own previous state; `gather_sum` admits any number of neighbours.
     let f = Builder::new("ggnn", 1);
     let x = f.pull("x", features);
@@ -254,7 +259,7 @@ pub fn ggnn(features: usize, hidden: usize) -> Result<VertexFn> {
     let candidate = (gate("h") + (r * prev).matmul(f.param("Uh", [hidden, hidden], Init::Xavier))).tanh();
     let h = prev + z * (candidate - prev);
     f.scatter("h", h);
-    f.push("h", h);
+    push_scored(&f, h, scores);
     f.build()
 }
 
@@ -265,6 +270,11 @@ pub fn ggnn(features: usize, hidden: usize) -> Result<VertexFn> {
 /// their own (`gather_labelled`, as R-GCN weighs edge types); without, all of them alike
 /// (`gather_sum` minus the own previous state). Every step shares the weights.
 pub fn gin(features: usize, hidden: usize, edge_labels: u32) -> Result<VertexFn> {
+    gin_scored(features, hidden, edge_labels, 0)
+}
+
+/// [`gin`], pushing also `scores` attention scores per vertex (see [`push_scored`]).
+pub fn gin_scored(features: usize, hidden: usize, edge_labels: u32, scores: usize) -> Result<VertexFn> {
     let f = Builder::new("gin", 1);
     let x = f.pull("x", features);
     let prev = f.gather(0, "h", hidden);
@@ -286,7 +296,7 @@ pub fn gin(features: usize, hidden: usize, edge_labels: u32) -> Result<VertexFn>
         h = (h.matmul(w) + f.param(&format!("b{k}"), [1, hidden], Init::Zeros)).relu();
     }
     f.scatter("h", h);
-    f.push("h", h);
+    push_scored(&f, h, scores);
     f.build()
 }
 
@@ -297,6 +307,11 @@ pub fn gin(features: usize, hidden: usize, edge_labels: u32) -> Result<VertexFn>
 /// previous state), and its new state is `tanh` of that weighted sum plus its features' map.
 /// Every step shares the weights.
 pub fn gat(features: usize, hidden: usize) -> Result<VertexFn> {
+    gat_scored(features, hidden, 0)
+}
+
+/// [`gat`], pushing also `scores` attention scores per vertex (see [`push_scored`]).
+pub fn gat_scored(features: usize, hidden: usize, scores: usize) -> Result<VertexFn> {
     let f = Builder::new("gat", 1);
     let x = f.pull("x", features);
     let prev = f.gather(0, "h", hidden);
@@ -311,10 +326,21 @@ pub fn gat(features: usize, hidden: usize) -> Result<VertexFn> {
     let z = h.matmul(w);
     f.scatter("z", z);
     f.scatter("k", z.matmul(a_r).concat(one));
-    f.push("h", h);
     // `h` itself is gathered from the own previous step: scattered too.
     f.scatter("h", h);
+    push_scored(&f, h, scores);
     f.build()
+}
+
+/// Pushes a vertex function's state `h` and, with `scores` above 0, a score per attention head
+/// `h·G` (`G` a `[hidden, scores]` parameter) for an attention readout
+/// ([`Readout::Attention`](crate::readout::Readout::Attention)).
+pub fn push_scored(f: &Builder, h: Var<'_>, scores: usize) {
+    f.push("h", h);
+    if scores > 0 {
+        let hidden = h.shape().numel();
+        f.push("score", h.matmul(f.param("G", [hidden, scores], Init::Xavier)));
+    }
 }
 
 /// The relatedness head of Tai et al. (2015) over a sentence pair's roots (`hidden` wide each):

@@ -220,7 +220,7 @@ impl Pooled {
     pub fn attend(rows: Vec<f32>, width: usize, scores: &[f32], groups: Groups) -> Result<Pooled> {
         let vertices = rows.len() / width.max(1);
         let heads = scores.len() / vertices.max(1);
-        if heads == 0 || width % heads != 0 || scores.len() != vertices * heads {
+        if heads == 0 || !width.is_multiple_of(heads) || scores.len() != vertices * heads {
             return Err(Error::input(
                 "attention readout: the top vertex function's second output (the scores)",
                 format!("one row per vertex ({vertices}) of a width dividing the pushed row's {width}"),
@@ -337,7 +337,8 @@ mod tests {
     #[test]
     fn overlapping_groups_add_their_gradients() {
         let rows = [1.0, 2.0, 3.0];
-        let mut groups = Groups::ranges([0..2]);
+        let mut groups = Groups::default();
+        groups.push(0..2);
         groups.push([1, 2]);
         let p = Pooled::forward(&rows, 1, groups, Readout::Sum);
         assert_eq!(p.rows, [3.0, 5.0]);

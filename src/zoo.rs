@@ -104,12 +104,14 @@ impl GraphCell {
 
     /// Its vertex function over `features`-wide node vectors and `hidden`-wide states, on
     /// graphs of `edge_labels` edge labels (0: unlabelled; GIN weighs each label's neighbours
-    /// apart, the others read every edge alike).
-    pub fn function(self, features: usize, hidden: usize, edge_labels: usize) -> Result<VertexFn> {
+    /// apart, the others read every edge alike), pushing also a score per vertex for
+    /// [`Readout::Attention`].
+    pub fn function(self, features: usize, hidden: usize, edge_labels: usize, readout: Readout) -> Result<VertexFn> {
+        let scores = usize::from(readout == Readout::Attention);
         match self {
-            GraphCell::Ggnn => crate::nn::ggnn(features, hidden),
-            GraphCell::Gin => crate::nn::gin(features, hidden, edge_labels as u32),
-            GraphCell::Gat => crate::nn::gat(features, hidden),
+            GraphCell::Ggnn => crate::nn::ggnn_scored(features, hidden, scores),
+            GraphCell::Gin => crate::nn::gin_scored(features, hidden, edge_labels as u32, scores),
+            GraphCell::Gat => crate::nn::gat_scored(features, hidden, scores),
         }
     }
 
@@ -134,6 +136,15 @@ pub struct GraphTraining {
     pub features: usize,
     /// Hidden state width.
     pub hidden: usize,
+    /// How a step's nodes are pooled ([`GraphCell::readout`] by default; with
+    /// [`Readout::Attention`] the cell pushes a score per node).
+    pub readout: Readout,
+    /// Read every step, not only the last: each step's nodes pooled apart, the rows concatenated
+    /// for the classifier (jumping knowledge, as GIN reads out; the unrolled graph still runs
+    /// once).
+    pub every_step: bool,
+    /// Dropout on the classifier's input.
+    pub dropout: f32,
     /// Passes over each fold's training graphs.
     pub epochs: usize,
     /// Graphs per minibatch.
@@ -146,6 +157,9 @@ pub struct GraphTraining {
     pub optimizer: Config,
     /// Gradient-norm bound.
     pub clip: Option<f32>,
+    /// Score each fold with an exponential moving average of the weights of this decay per
+    /// step ([`Run::with_average`]); none by default.
+    pub average: Option<f32>,
     /// Keep each fold's checkpoints in a folder of its own here (`fold-0`, `fold-1`, …; see
     /// [`trainer::fold_dir`](crate::trainer::fold_dir)); none by default.
     pub checkpoint: Option<PathBuf>,
@@ -154,26 +168,61 @@ pub struct GraphTraining {
     pub meta: Value,
 }
 
-/// A message-passing `cell` classifying the graphs of `data`: node label vectors, the cell, the
-/// final step pooled ([`Unrolled`], as [`GraphCell::readout`] says), a softmax classifier.
+impl GraphTraining {
+    /// The settings `arbor train --model` uses for `cell`: 4 steps, 16-wide features, 32-wide
+    /// states, the cell's readout of the last step, 100 epochs of Adam at 0.005 on minibatches
+    /// of 25, gradients clipped to norm 5, 10 folds, seed 1.
+    pub fn new(cell: GraphCell) -> GraphTraining {
+        GraphTraining {
+            cell,
+            steps: 4,
+            features: 16,
+            hidden: 32,
+            readout: cell.readout(),
+            every_step: false,
+            dropout: 0.0,
+            epochs: 100,
+            batch: 25,
+            folds: 10,
+            seed: 1,
+            optimizer: Config::new(crate::optim::Rule::Adam, 0.005),
+            clip: Some(5.0),
+            average: None,
+            checkpoint: None,
+            meta: Value::Null,
+        }
+    }
+
+    /// The steps whose nodes the classifier reads: every step, or the last.
+    fn steps_read(&self) -> usize {
+        if self.every_step {
+            self.steps + 1
+        } else {
+            1
+        }
+    }
+}
+
+/// A message-passing classifier of the graphs of `data` as `cfg` says: node label vectors, the
+/// cell, the last step's nodes (or every step's, each apart) pooled by `cfg.readout`, a softmax
+/// classifier over the rows read (dropout `cfg.dropout` on them).
 pub fn graph_classifier<B: Backend>(
     backend: &B,
     data: &TuDataset,
-    cell: GraphCell,
-    features: usize,
-    hidden: usize,
+    cfg: &GraphTraining,
     rng: &mut Rng,
 ) -> Result<Model<B>> {
-    let labels = Embedding::new(data.node_label_count, features, 0.1, rng);
-    let f = cell.function(features, hidden, data.edge_label_count)?;
-    classifier(backend, labels, vec![f], data.classes, cell.readout(), 0, rng)
+    let labels = Embedding::new(data.node_label_count, cfg.features, 0.1, rng);
+    let f = cfg.cell.function(cfg.features, cfg.hidden, data.edge_label_count, cfg.readout)?;
+    let head = crate::head::pooled_classifier(cfg.hidden, cfg.steps_read(), data.classes, cfg.dropout)?;
+    Ok(Model::init(backend, labels, f, vec![Feed::Words], head, rng)?.with_readout(cfg.readout))
 }
 
 /// Refuses graph training that would not fit in memory, before anything is allocated: the
 /// model (node-label vectors, cell, classifier), every graph unrolled over `cfg.steps` and the
 /// values of the largest minibatch.
 fn check_graph_training(data: &TuDataset, cfg: &GraphTraining) -> Result<()> {
-    let cell = cfg.cell.function(cfg.features, cfg.hidden, data.edge_label_count)?;
+    let cell = cfg.cell.function(cfg.features, cfg.hidden, data.edge_label_count, cfg.readout)?;
     let labels = (data.node_label_count * cfg.features) as u128 + (cfg.hidden * data.classes) as u128;
     crate::memory::check_model("--hidden and --embed", crate::memory::param_floats(&cell) + labels, 1)?;
     let steps = cfg.steps as u128 + 1;
@@ -212,16 +261,21 @@ where
         return Err(Error::input("cross-validation folds", expected, cfg.folds.to_string()));
     }
     check_graph_training(data, cfg)?;
-    let graphs = Unrolled::all(data, cfg.steps);
+    let graphs = Unrolled::all(data, cfg.steps, cfg.every_step);
     let mut meta = if cfg.meta.is_object() { cfg.meta.clone() } else { json!({}) };
     (meta["model"], meta["message_steps"], meta["seed"]) = (json!(cfg.cell.name()), json!(cfg.steps), json!(cfg.seed));
+    meta["every_step"] = json!(cfg.every_step);
     let checkpoint = cfg.checkpoint.clone();
     let plan = Settings { clip: cfg.clip, checkpoint, meta, ..Settings::new(cfg.epochs, cfg.batch) };
     let mut rng = Rng::new(cfg.seed);
     let mut new_run = |_fold: usize| {
-        let model = graph_classifier(backend, data, cfg.cell, cfg.features, cfg.hidden, &mut rng)?;
+        let model = graph_classifier(backend, data, cfg, &mut rng)?;
         let order = Rng::new(rng.next_u64());
-        Ok(Run::new(model, Optimizer::new(cfg.optimizer), &order))
+        let run = Run::new(model, Optimizer::new(cfg.optimizer), &order);
+        match cfg.average {
+            Some(decay) => run.with_average(decay),
+            None => Ok(run),
+        }
     };
     let mut events = |fold: usize, e: Event| {
         if let Event::EpochEnd { epoch, .. } = e {

@@ -283,18 +283,13 @@ fn cross_validation_on_the_gpu_follows_the_cpu() {
     use arbor::zoo::{cross_validate_graphs, GraphCell, GraphTraining};
     let d = tu::read(&arbor::data::data_dir().join("mutag"), "MUTAG").expect("MUTAG data (ARBOR_DATA)");
     let cfg = GraphTraining {
-        cell: GraphCell::Ggnn,
         steps: 3,
         features: 8,
         hidden: 16,
         epochs: 40,
-        batch: 25,
         folds: 3,
-        seed: 1,
         optimizer: Config::new(Rule::Adam, 0.01),
-        clip: Some(5.0),
-        checkpoint: None,
-        meta: serde_json::Value::Null,
+        ..GraphTraining::new(GraphCell::Ggnn)
     };
     let gpu = cross_validate_graphs(&CudaBackend::new(0).unwrap(), &d, &cfg, &mut |_, _| {}).unwrap();
     let cpu = cross_validate_graphs(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();

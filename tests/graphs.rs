@@ -171,25 +171,20 @@ fn edge_attributes_are_read_and_fed() {
 fn ggnn_learns_mutag() {
     let d = tu::read(&mutag(), "MUTAG").unwrap();
     let cfg = GraphTraining {
-        cell: GraphCell::Ggnn,
         steps: 3,
         features: 8,
         hidden: 16,
         epochs: 40,
-        batch: 25,
         folds: 3,
-        seed: 1,
         optimizer: Config::new(Rule::Adam, 0.01),
-        clip: Some(5.0),
-        checkpoint: None,
-        meta: serde_json::Value::Null,
+        ..GraphTraining::new(GraphCell::Ggnn)
     };
     let r = cross_validate_graphs(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
     assert_eq!(r.fold_scores.len(), 3);
     // GIN over the bond types and GAT, the same short run (GAT learns MUTAG least: a lower bar,
     // still above the majority class).
     for (cell, bar) in [(GraphCell::Gin, 0.75), (GraphCell::Gat, 0.7)] {
-        let cfg = GraphTraining { cell, ..cfg.clone() };
+        let cfg = GraphTraining { cell, readout: cell.readout(), ..cfg.clone() };
         let other = cross_validate_graphs(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
         assert!(
             other.mean >= bar,
@@ -201,6 +196,17 @@ fn ggnn_learns_mutag() {
     }
     // Stated bar for this short 3-fold run; always answering the majority class gives 0.665.
     assert!(r.mean >= 0.75, "cross-validated accuracy {} ({:?})", r.mean, r.fold_scores);
+    // GIN reading every step by attention pooling, dropout on the classifier's input, the
+    // weights averaged: the same bar.
+    let cfg = GraphTraining {
+        readout: arbor::readout::Readout::Attention,
+        every_step: true,
+        dropout: 0.5,
+        average: Some(0.99),
+        ..GraphTraining { cell: GraphCell::Gin, ..cfg }
+    };
+    let r = cross_validate_graphs(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
+    assert!(r.mean >= 0.75, "GIN, every step by attention: {} ({:?})", r.mean, r.fold_scores);
 }
 
 mod fuzz {
@@ -260,7 +266,7 @@ mod fuzz {
 fn graph_cells_check_and_batch_at_any_degree() {
     for cell in [GraphCell::Gin, GraphCell::Gat] {
         for labels in [0, 3] {
-            let f = cell.function(4, 5, labels).unwrap();
+            let f = cell.function(4, 5, labels, cell.readout()).unwrap();
             // A ReLU's kink between two central-difference points fails a check now and then:
             // of five random vertices, three must check (a wrong gradient fails them all).
             for kids in [0, 1, 7, 50] {
@@ -292,6 +298,10 @@ fn graph_cells_check_and_batch_at_any_degree() {
                 .collect();
             assert!(graphs.iter().any(|g| (0..g.len()).any(|v| g.children(v).len() > 40)), "a wide vertex");
             check_batched_with(&f, &graphs, &Batched::new(3)).unwrap_or_else(|e| panic!("{}: {e}", f.name()));
+            // Pushing a score per node too (for an attention readout) batches alike.
+            let scored = cell.function(4, 5, labels, arbor::readout::Readout::Attention).unwrap();
+            assert_eq!(scored.outputs().len(), 2);
+            check_batched_with(&scored, &graphs, &Batched::new(3)).unwrap_or_else(|e| panic!("{}: {e}", f.name()));
         }
     }
 }

@@ -256,8 +256,9 @@ impl GraphExample {
 /// A graph unrolled for message passing as an example of a [`Model`](crate::model::Model):
 /// each vertex pulls its node's label vector, the head reads the final step pooled (a
 /// [`Readout::Mean`](crate::readout::Readout::Mean) or another pooling over the last `n`
-/// vertices), and the target is the one-hot row of the graph's class. Cheap to clone (the
-/// unrolled graph is shared), so folds of a cross-validation copy no graph.
+/// vertices) — or every step, each pooled apart, one row per step — and the target is the
+/// one-hot row of the graph's class. Cheap to clone (the unrolled graph is shared), so folds of
+/// a cross-validation copy no graph.
 #[derive(Clone, Debug)]
 pub struct Unrolled {
     graph: Arc<InputGraph>,
@@ -266,11 +267,13 @@ pub struct Unrolled {
     nodes: usize,
     label: u32,
     classes: usize,
+    every_step: bool,
 }
 
 impl Unrolled {
-    /// Every graph of `data` unrolled for `steps` steps.
-    pub fn all(data: &TuDataset, steps: usize) -> Vec<Unrolled> {
+    /// Every graph of `data` unrolled for `steps` steps, read at the last step or at
+    /// `every_step`.
+    pub fn all(data: &TuDataset, steps: usize, every_step: bool) -> Vec<Unrolled> {
         data.graphs
             .iter()
             .map(|g| Unrolled {
@@ -279,6 +282,7 @@ impl Unrolled {
                 nodes: g.node_labels.len(),
                 label: g.label,
                 classes: data.classes,
+                every_step,
             })
             .collect()
     }
@@ -291,8 +295,13 @@ impl AsExample for Unrolled {
         if let Some(t) = target.get_mut(self.label as usize) {
             *t = 1.0;
         }
-        let tree = Tree::new(&self.graph, &self.words, n - 1).pooled(Pool::Range(n - self.nodes..n));
-        Example { trees: vec![tree], target }
+        let step = |end: usize| Tree::new(&self.graph, &self.words, end - 1).pooled(Pool::Range(end - self.nodes..end));
+        let trees = match self.every_step {
+            // One tree per step over the one graph: it runs once (`Example::placed`).
+            true => (1..=n / self.nodes.max(1)).map(|t| step(t * self.nodes)).collect(),
+            false => vec![step(n)],
+        };
+        Example { trees, target }
     }
 
     /// The accuracy of the head's `logits` (one row per graph).

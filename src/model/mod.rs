@@ -14,11 +14,10 @@ use crate::dist::data_parallel::{shard, Pending};
 use crate::dist::Collective;
 use crate::engine::{Engine, Planned, Planner, SparseGrad};
 use crate::head::Head;
-use crate::ir::Reduce;
 use crate::layers::Embedding;
 use crate::loss_scale::{scale_all, LossScaler};
 use crate::optim::Optimizer;
-use crate::readout::{Pool, Readout};
+use crate::readout::Readout;
 use crate::trainer::{Scores, StepStats};
 use crate::DropoutKey;
 use crate::{Backend, InputGraph, VertexFn};
@@ -26,101 +25,16 @@ use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 use std::ops::Range;
 
+mod example;
 mod layout;
 mod learner;
 mod passes;
 mod spec;
 mod tensors;
 mod update;
+pub use example::{Example, Feed, Tree};
 pub(crate) use layout::{head_inputs, layout, pulls, read_grad, read_rows, unread, with_words_dropped, Fed, Layout};
 pub use spec::{function_from_json, function_to_json, ModelSpec};
-
-/// What feeds an input of the vertex function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Feed {
-    /// Each vertex's own word vector.
-    Words,
-    /// The word vector of the vertex's parent, the padding row at a root: for a gate computed at
-    /// the child on the parent's behalf (see
-    /// [`child_sum_tree_lstm_nary`](crate::nn::child_sum_tree_lstm_nary)).
-    ParentWords,
-    /// The label of the edge from the vertex's parent as a one-hot row of this many columns
-    /// (zeros at a root, or where the label does not fit): in a dependency tree, the vertex's
-    /// relation to its head, for a cell to embed with a product (`rel · W`).
-    ParentEdge(usize),
-    /// The feature rows of the edges to the vertex's children
-    /// ([`InputGraph::with_edge_features`], this many values each) reduced over the children as
-    /// the [`Reduce`] says (zeros at a leaf): what bonds or relations a vertex has, for a cell to
-    /// map with a product (`e · W`).
-    ChildEdges(usize, Reduce),
-}
-
-/// One graph of an example: its structure, a word per vertex, and the vertex the head reads.
-#[derive(Clone, Debug)]
-pub struct Tree<'a> {
-    /// The structure.
-    pub graph: &'a InputGraph,
-    /// A word id per vertex.
-    pub words: &'a [u32],
-    /// The vertex read out (a root).
-    pub root: usize,
-    /// The vertices a pooling readout ([`Readout::pools`]) reads: every vertex by default; an
-    /// unrolled graph pools its last step ([`Pool::Range`] or [`Pool::Roots`]).
-    pub pool: Pool<'a>,
-}
-
-impl<'a> Tree<'a> {
-    /// `graph` over `words`, read out at `root`, pooled (if the readout pools) over every vertex.
-    pub fn new(graph: &'a InputGraph, words: &'a [u32], root: usize) -> Tree<'a> {
-        Tree { graph, words, root, pool: Pool::All }
-    }
-
-    /// The same graph and words pooled over `pool`.
-    pub fn pooled(self, pool: Pool<'a>) -> Tree<'a> {
-        Tree { pool, ..self }
-    }
-}
-
-/// One example: its graphs (as many as the head reads) and its target row.
-///
-/// Trees of one example over the same graph and words (the same references) that differ in
-/// root or pool — an unrolled graph pooled over each of its steps, say, or two roots of one
-/// forest — run once and are read as often as named ([`Example::placed`]).
-#[derive(Clone, Debug)]
-pub struct Example<'a> {
-    /// The graphs, in the order of the head's inputs.
-    pub trees: Vec<Tree<'a>>,
-    /// The target the head's last input pulls: one row, or with [`Readout::Vertices`] one row
-    /// per vertex, in vertex order.
-    pub target: Vec<f32>,
-}
-
-impl<'a> Example<'a> {
-    /// For each tree, the tree whose run of the cells it reads: the first earlier one over the
-    /// same graph and words (the same references) that runs and whose readers all differ from
-    /// it in root or pool, or itself.
-    pub fn placed(&self) -> Vec<usize> {
-        let mut placed: Vec<usize> = Vec::with_capacity(self.trees.len());
-        for (t, tree) in self.trees.iter().enumerate() {
-            let shares = |&r: &usize| {
-                let run = &self.trees[r];
-                std::ptr::eq(run.graph, tree.graph)
-                    && std::ptr::eq(run.words, tree.words)
-                    && !(0..t)
-                        .any(|u| placed[u] == r && self.trees[u].root == tree.root && self.trees[u].pool == tree.pool)
-            };
-            let runs = (0..t).filter(|&u| placed[u] == u);
-            placed.push(runs.into_iter().find(shares).unwrap_or(t));
-        }
-        placed
-    }
-
-    /// The graphs the cells run over for this example, each run once ([`Example::placed`]).
-    pub fn graphs(&self) -> impl Iterator<Item = &'a InputGraph> + '_ {
-        let placed = self.placed();
-        self.trees.iter().enumerate().filter(move |&(t, _)| placed[t] == t).map(|(_, tree)| tree.graph)
-    }
-}
 
 /// Word vectors, a vertex function on a backend, and a head.
 ///

@@ -2,6 +2,7 @@
 
 use arbor::dist::schedule::Kind;
 use arbor::nn::{CellDropout, CellKind};
+use arbor::readout::Readout;
 use arbor::zoo::GraphCell;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -161,6 +162,15 @@ impl Loss {
     }
 }
 
+/// How a graph model pools a step's nodes.
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub(crate) enum ReadoutArg {
+    Sum,
+    Mean,
+    Max,
+    Attention,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 pub(crate) enum Opt {
     Adagrad,
@@ -184,9 +194,17 @@ pub(crate) struct TrainArgs {
     /// Cross-validation folds (ggnn; default 10).
     #[arg(long)]
     pub(crate) folds: Option<usize>,
-    /// Message-passing steps (ggnn; default 4).
+    /// Message-passing steps (graph models; default 4).
     #[arg(long)]
     pub(crate) steps: Option<usize>,
+    /// How a step's nodes are pooled (graph models; default sum for gin, mean for the others;
+    /// attention: the cell scores each node and the softmax of the scores weighs them).
+    #[arg(long, value_enum)]
+    pub(crate) readout: Option<ReadoutArg>,
+    /// Read every message-passing step, each pooled apart, not only the last (graph models:
+    /// jumping knowledge, as GIN reads out).
+    #[arg(long)]
+    pub(crate) every_step: bool,
     /// Trees per minibatch.
     #[arg(long, default_value_t = 25)]
     pub(crate) batch: usize,
@@ -220,7 +238,7 @@ pub(crate) struct TrainArgs {
     #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     pub(crate) clip: f32,
     /// Dropout rate on every layer's pushed row (what the layer above or the classifier reads),
-    /// in training (tree and sequence models; 0: none).
+    /// in training (graph models: on the classifier's input; 0: none).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(crate) dropout: f32,
     /// Dropout rate on the word vectors, in training (tree and sequence models; 0: none).
@@ -321,6 +339,17 @@ impl TrainArgs {
     /// Cross-validation folds: `--folds`, or 10.
     pub(crate) fn folds(&self) -> usize {
         self.folds.unwrap_or(10)
+    }
+
+    /// The pooling of a graph model's nodes: `--readout`, or `cell`'s.
+    pub(crate) fn readout(&self, cell: GraphCell) -> Readout {
+        match self.readout {
+            Some(ReadoutArg::Sum) => Readout::Sum,
+            Some(ReadoutArg::Mean) => Readout::Mean,
+            Some(ReadoutArg::Max) => Readout::Max,
+            Some(ReadoutArg::Attention) => Readout::Attention,
+            None => cell.readout(),
+        }
     }
 
     /// Message-passing steps: `--steps`, or 4.

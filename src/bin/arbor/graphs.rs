@@ -72,19 +72,23 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         data.classes
     );
     let cfg = GraphTraining {
-        cell,
         steps: args.steps(),
         features: sizes.embed,
         hidden: sizes.hidden,
+        readout: args.readout(cell),
+        every_step: args.every_step,
+        dropout: args.dropout,
         epochs,
         batch: args.batch,
         folds: args.folds(),
         seed: args.seed,
         optimizer: optimizer(args, sizes.lr),
         clip: (args.clip > 0.0).then_some(args.clip),
+        average: args.average,
         checkpoint: args.checkpoint.clone(),
         // Where the graphs are, so that `arbor eval` scores each fold's held-out graphs again.
         meta: json!({"data": dir.display().to_string(), "name": name}),
+        ..GraphTraining::new(cell)
     };
     // The folder is this run's for its whole life (refused if another run's checkpoints are
     // there, unless --overwrite).
@@ -117,7 +121,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         "{}",
         json!({
             "model": cell.name(), "data": dir.display().to_string(), "folds": result.fold_scores.len(), "epochs": epochs,
-            "steps": args.steps(), "hidden": sizes.hidden, "embed": sizes.embed,
+            "steps": args.steps(), "hidden": sizes.hidden, "embed": sizes.embed, "readout": cfg.readout.name(), "every_step": cfg.every_step,
             "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
             "graphs_per_s": result.examples_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
         })
@@ -152,7 +156,8 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         let seed = seed.ok_or_else(|| Error::input("checkpoint metadata", "a number `fold_seed`", "none"))?;
         if read.as_ref().is_none_or(|(d, _)| *d != data_dir) {
             let name = meta["name"].as_str().map_or_else(|| tu_name(&data_dir), |n| Ok(n.to_string()))?;
-            read = Some((data_dir.clone(), Unrolled::all(&tu::read(&data_dir, &name)?, steps)));
+            let every_step = meta["every_step"].as_bool().unwrap_or(false);
+            read = Some((data_dir.clone(), Unrolled::all(&tu::read(&data_dir, &name)?, steps, every_step)));
         }
         let graphs = read.as_ref().map(|(_, g)| g.as_slice()).unwrap_or_default();
         let held = fold_indices(graphs.len(), count, seed)?;

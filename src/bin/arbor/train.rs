@@ -401,15 +401,21 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
         ));
     }
     check_flags(args, &sizes)?;
+    // A graph model drops out its classifier's input (--dropout), nothing else.
+    let graph = args.model.graph_cell().is_some();
     let mut dropouts = args.dropout_rates().into_iter().chain([("--word-dropout", args.word_dropout)]);
-    if let Some((flag, _)) = dropouts.find(|(_, rate)| *rate > 0.0) {
-        if matches!(args.model, ModelArg::Ggnn | ModelArg::Sick) {
+    if let Some((flag, _)) = dropouts.find(|&(flag, rate)| rate > 0.0 && !(graph && flag == "--dropout")) {
+        if graph || args.model == ModelArg::Sick {
             return Err(Error::input(
                 flag,
                 "a tree or sequence model (tree-lstm, child-sum, var-lstm, tree-fc)",
                 format!("--model {}", args.model.name()),
             ));
         }
+    }
+    let graph_flags = [("--readout", args.readout.is_some()), ("--every-step", args.every_step)];
+    if let Some((flag, _)) = graph_flags.iter().find(|(_, set)| *set && !graph) {
+        return Err(Error::input(*flag, "a graph model (ggnn, gin, gat)", format!("--model {}", args.model.name())));
     }
     let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| {
         Error::input("--timeout", "a number of seconds above 0, to about 1.8e19", args.timeout.to_string())
