@@ -282,5 +282,7 @@ where
             progress(fold, epoch);
         }
     };
-    cross_validate(&graphs, cfg.folds, cfg.seed, &plan, &mut new_run, &mut events)
+    // Folds hold the classes in proportion.
+    let classes: Vec<u32> = data.graphs.iter().map(|g| g.label).collect();
+    cross_validate(&graphs, &classes, cfg.folds, cfg.seed, &plan, &mut new_run, &mut events)
 }

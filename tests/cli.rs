@@ -27,13 +27,13 @@ fn bad_input_gives_one_line_and_a_failure() {
         &["train", "--data", "/no/such/dir"],
         &["train", "--average", "1"],
         &["train", "--layers", "2", "--stages", "2", "--workers", "2"],
-        &["train", "--model", "ggnn", "--average", "0.9"],
+        &["train", "--readout", "sum"],
         &["train", "--word-dropout=-1"],
         &["train", "--model", "sick", "--word-dropout", "0.25"],
         &["train", "--batch", "0"],
         &["train", "--dropout", "1"],
         &["train", "--dropout", "NaN"],
-        &["train", "--model", "ggnn", "--dropout", "0.5"],
+        &["train", "--model", "gin", "--every-step", "--dropout", "1"],
         &["train", "--model", "sick", "--input-dropout", "0.5"],
         &["train", "--model", "ggnn", "--recurrent-dropout", "0.25"],
         &["train", "--hidden", "x"],
@@ -54,6 +54,8 @@ fn bad_input_gives_one_line_and_a_failure() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--dropout: expected a rate in [0, 1)"));
     let out = arbor(&["train", "--model", "ggnn"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--data DIR with a TU data set"));
+    let out = arbor(&["train", "--every-step"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--every-step: expected a graph model"));
     let out = arbor(&["train", "--model", "ggnn", "--data", ".", "--plot", "x.svg"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--plot, which applies to tree and sequence models only"));
     if !arbor::cuda::is_available() {

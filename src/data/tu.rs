@@ -288,6 +288,13 @@ impl Unrolled {
     }
 }
 
+impl Unrolled {
+    /// The graph's class.
+    pub fn class(&self) -> u32 {
+        self.label
+    }
+}
+
 impl AsExample for Unrolled {
     fn example(&self) -> Example<'_> {
         let n = self.graph.len();

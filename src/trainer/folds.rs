@@ -22,9 +22,13 @@ pub struct CvResult {
     pub examples_per_s: f64,
 }
 
-/// The folds of `len` examples: fold `k` holds every `folds`-th example of an order drawn from
-/// `seed`, from the `k`-th on.
-pub fn fold_indices(len: usize, folds: usize, seed: u64) -> Result<Vec<Vec<usize>>> {
+/// The folds of examples of the classes (or other strata) `strata`, one per example: an order
+/// is drawn from `seed`, put class by class (keeping the drawn order within each), and dealt
+/// round the folds, so every fold holds each class in proportion (stratified folds, as the
+/// graph-classification literature deals them). With a single class, fold `k` holds every
+/// `folds`-th example of the drawn order, from the `k`-th on.
+pub fn fold_indices(strata: &[u32], folds: usize, seed: u64) -> Result<Vec<Vec<usize>>> {
+    let len = strata.len();
     if folds < 2 || folds > len {
         return Err(Error::input(
             "cross-validation folds",
@@ -32,18 +36,22 @@ pub fn fold_indices(len: usize, folds: usize, seed: u64) -> Result<Vec<Vec<usize
             folds.to_string(),
         ));
     }
-    let order = super::epoch_order(len, &mut Rng::new(seed));
+    let mut order = super::epoch_order(len, &mut Rng::new(seed));
+    order.sort_by_key(|&i| strata[i]);
     Ok((0..folds).map(|k| order.iter().copied().skip(k).step_by(folds).collect()).collect())
 }
 
-/// `folds`-fold cross-validation over `data` (folds drawn from `seed`, see [`fold_indices`]):
+/// `folds`-fold cross-validation over `data` (folds drawn from `seed`, each holding the
+/// examples' `strata` in proportion, see [`fold_indices`]):
 /// for each fold `k`, the run `new_run(k)` makes trains on the other folds for `plan`'s epochs
 /// with no dev split, and the model its last epoch left is scored on fold `k`. With
 /// `plan.checkpoint`, fold `k`'s run keeps its checkpoints in its `fold-k` folder there (see
-/// [`fold_dir`]), its metadata saying which fold it held out (`fold`, `folds`, `fold_seed`), so
+/// [`fold_dir`]), its metadata saying which fold it held out (`fold`, `folds`, `fold_seed`, and
+/// `stratified`: whether the strata differ), so
 /// the fold's score can be reproduced from it. `events` hears each fold's run (with its fold).
 pub fn cross_validate<L, E>(
     data: &[E],
+    strata: &[u32],
     folds: usize,
     seed: u64,
     plan: &Settings,
@@ -55,7 +63,11 @@ where
     E: Clone + Sync,
     Run<L>: Send,
 {
-    let held = fold_indices(data.len(), folds, seed)?;
+    if strata.len() != data.len() {
+        let expected = format!("one stratum per example ({})", data.len());
+        return Err(Error::input("cross-validation strata", expected, strata.len().to_string()));
+    }
+    let held = fold_indices(strata, folds, seed)?;
     let mut fold_of = vec![0; data.len()];
     for (k, fold) in held.iter().enumerate() {
         fold.iter().for_each(|&i| fold_of[i] = k);
@@ -68,6 +80,7 @@ where
         let splits = Splits { train: &train, dev: &[], test: &test };
         let mut meta = if plan.meta.is_object() { plan.meta.clone() } else { json!({}) };
         (meta["fold"], meta["folds"], meta["fold_seed"]) = (json!(k), json!(folds), json!(seed));
+        meta["stratified"] = json!(strata.iter().any(|&s| s != strata[0]));
         let checkpoint = plan.checkpoint.as_deref().map(|dir| fold_dir(dir, k));
         let plan = Settings { checkpoint, meta, ..plan.clone() };
         let summary = fit_threads(&mut run, 1, DEFAULT_TIMEOUT, splits, &plan, &mut |e| events(k, e))?;
@@ -82,4 +95,28 @@ where
 /// Where fold `k` of a cross-validation keeps its checkpoints in `dir`.
 pub fn fold_dir(dir: &Path, k: usize) -> PathBuf {
     dir.join(format!("fold-{k}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Folds partition the examples; stratified, each holds every class in proportion (within
+    /// one); with one stratum they are the plain folds of the drawn order.
+    #[test]
+    fn folds_partition_and_stratify() {
+        let strata: Vec<u32> = (0..50).map(|i| u32::from(i % 5 == 0)).collect();
+        let held = fold_indices(&strata, 4, 9).expect("4 folds of 50");
+        let mut all: Vec<usize> = held.iter().flatten().copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..50).collect::<Vec<_>>());
+        for fold in &held {
+            let ones = fold.iter().filter(|&&i| strata[i] == 1).count();
+            assert!((2..=3).contains(&ones), "10 of class 1 over 4 folds: {ones} in {fold:?}");
+        }
+        let plain = fold_indices(&[7; 50], 4, 9).expect("4 folds of 50");
+        let order = crate::trainer::epoch_order(50, &mut Rng::new(9));
+        assert_eq!(plain[1], order.iter().copied().skip(1).step_by(4).collect::<Vec<_>>());
+        assert!(fold_indices(&[0; 3], 4, 9).is_err());
+    }
 }

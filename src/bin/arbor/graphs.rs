@@ -160,7 +160,10 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
             read = Some((data_dir.clone(), Unrolled::all(&tu::read(&data_dir, &name)?, steps, every_step)));
         }
         let graphs = read.as_ref().map(|(_, g)| g.as_slice()).unwrap_or_default();
-        let held = fold_indices(graphs.len(), count, seed)?;
+        // Folds dealt by class (stratified), or, in checkpoints from before, by order alone.
+        let stratified = meta["stratified"].as_bool().unwrap_or(false);
+        let strata: Vec<u32> = graphs.iter().map(|g| if stratified { g.class() } else { 0 }).collect();
+        let held = fold_indices(&strata, count, seed)?;
         let test: Vec<Unrolled> = held.get(k).into_iter().flatten().map(|&i| graphs[i].clone()).collect();
         struct Work<'a>(&'a arbor::checkpoint::Checkpoint, &'a [Unrolled]);
         impl OnDevice for Work<'_> {

@@ -314,9 +314,6 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if let Some(d) = args.average.filter(|d| !(0.0..1.0).contains(d)) {
         return bad("--average", "a decay in [0, 1)", d.to_string());
     }
-    if args.average.is_some() && args.model.graph_cell().is_some() {
-        return bad("--average", "a tree, sequence or sick model", format!("--model {}", args.model.name()));
-    }
     if args.stages > 1 && args.workers > 1 {
         let expected = "1 with --stages above 1 (each stage is one worker; stages replicated over data-parallel workers are not built yet)";
         return bad("--workers", expected, args.workers.to_string());
