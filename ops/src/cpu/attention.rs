@@ -2,7 +2,8 @@
 //! over the rows a call names, every region bounds-checked and every write apart from every read.
 
 use super::bad;
-use super::memory::{apart, rows_span, Raw, Span};
+use super::memory::{apart, rows_span, Raw, Span, PARALLEL_ELEMS};
+use super::team;
 use arbor_core::attention::{self, Scratch};
 use arbor_core::backend::{Attention, AttentionGrads, IndexLoc, Loc, NO_ROW};
 use arbor_core::error::Result;
@@ -62,15 +63,23 @@ pub(crate) fn attend(raw: &Raw<'_>, a: &Attention, out: Loc) -> Result<()> {
     let read = [Some(Span::at(a.query, n * qb)), rows_span(index, a.keys, kb), rows_span(index, a.values, vb)];
     all_apart(op, &write, &read)?;
     // SAFETY: the output is apart from everything read (checked above).
-    let (q, o) = unsafe { (raw.get(op, a.query, n * qb)?, raw.get_mut(op, out, n * vb)?) };
-    let (mut keys, mut values, mut scratch) = (Vec::new(), Vec::new(), Scratch::default());
-    for v in 0..n {
-        let rows = &index[(offs[v] - offs[0]) as usize..(offs[v + 1] - offs[0]) as usize];
-        // SAFETY: as above.
-        unsafe { child_rows(raw, a, rows, &mut keys, &mut values)? };
-        attention::forward(&w, &q[v * qb..(v + 1) * qb], &keys, &values, &mut o[v * vb..(v + 1) * vb], &mut scratch);
-    }
-    Ok(())
+    let q = unsafe { raw.get(op, a.query, n * qb)? };
+    // Vertices write rows of their own: split across the team when the children are many.
+    let work = index.len() * (kb + vb);
+    let max = if n >= 2 && work >= PARALLEL_ELEMS { usize::MAX } else { 1 };
+    team::split(max, |part, parts| {
+        let mine = team::share(n, part, parts);
+        // SAFETY: as above; the parts' output rows are disjoint.
+        let o = unsafe { raw.get_mut(op, out.offset_by(mine.start * vb), mine.len() * vb)? };
+        let (mut keys, mut values, mut scratch) = (Vec::new(), Vec::new(), Scratch::default());
+        for (v, o) in mine.zip(o.chunks_exact_mut(vb.max(1))) {
+            let rows = &index[(offs[v] - offs[0]) as usize..(offs[v + 1] - offs[0]) as usize];
+            // SAFETY: as above.
+            unsafe { child_rows(raw, a, rows, &mut keys, &mut values)? };
+            attention::forward(&w, &q[v * qb..(v + 1) * qb], &keys, &values, o, &mut scratch);
+        }
+        Ok(())
+    })
 }
 
 /// [`Backend::attend_grad`](arbor_core::backend::Backend::attend_grad).
