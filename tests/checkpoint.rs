@@ -129,6 +129,65 @@ fn resume_is_exact(name: &str, extra: &[&str]) {
     }
 }
 
+/// The largest difference between `a`'s and `b`'s values, relative to `1 + |b|`, over the
+/// tensors both hold (same names and shapes asserted).
+fn largest_difference(a: &Checkpoint, b: &Checkpoint) -> (f32, String) {
+    let names = |c: &Checkpoint| c.tensors.iter().map(|t| (t.0.clone(), t.1.clone())).collect::<Vec<_>>();
+    assert_eq!(names(a), names(b), "the checkpoints hold other tensors");
+    let mut worst = (0.0, String::new());
+    for ((name, _, va), (_, _, vb)) in a.tensors.iter().zip(&b.tensors) {
+        for (i, (x, y)) in va.iter().zip(vb).enumerate() {
+            let d = (x - y).abs() / (1.0 + y.abs());
+            if d > worst.0 {
+                worst = (d, format!("`{name}`[{i}]: {x} vs {y}"));
+            }
+        }
+    }
+    worst
+}
+
+/// Elastic resume: 100 steps with `before`, resumed to 200 with `after`, against 200 straight
+/// with `after`: the same data position and, to rounding (the workers' gradients are summed in
+/// another order), the same parameters and optimizer state.
+fn resumes_elsewhere(name: &str, before: &[&str], after: &[&str]) {
+    let tmp = Temp::new(name);
+    let (a, b) = (tmp.join("a"), tmp.join("b"));
+    let run = |dir: &Path, max_steps: &str, resume: bool, flags: &[&str]| {
+        let mut args = vec!["--epochs", "2", "--max-steps", max_steps, "--checkpoint", s(dir)];
+        if resume {
+            args.extend(["--resume", s(dir)]);
+        }
+        args.extend(flags);
+        train(&args)
+    };
+    assert_eq!(run(&a, "200", false, after)["steps"], 200);
+    assert_eq!(run(&b, "100", false, before)["steps"], 100);
+    let resumed = run(&b, "200", true, after);
+    assert_eq!(resumed["steps"], 200);
+    let (ca, cb) = (load(&a.join("last")), load(&b.join("last")));
+    let (pa, pb) = (&ca.meta["position"], &cb.meta["position"]);
+    for key in ["epoch", "step_in_epoch", "epoch_rng"] {
+        assert_eq!(pa[key], pb[key], "{key}: {pa} vs {pb}");
+    }
+    let loss = |p: &serde_json::Value| p["epoch_loss"].as_f64().expect("the epoch's loss so far");
+    assert!((loss(pa) - loss(pb)).abs() < 1e-5 * loss(pa), "{pa} vs {pb}");
+    let (worst, at) = largest_difference(&cb, &ca);
+    assert!(worst < 1e-4, "{before:?} then {after:?} against {after:?} throughout: {worst:e} at {at}");
+}
+
+/// A checkpoint of two data-parallel workers resumes on one, and one of one on three.
+#[test]
+fn resume_on_another_number_of_workers() {
+    resumes_elsewhere("elastic-2-1", &["--workers", "2"], &["--workers", "1"]);
+    resumes_elsewhere("elastic-1-3", &["--workers", "1"], &["--workers", "3"]);
+}
+
+/// A checkpoint of a two-stage pipeline resumes unpipelined (the layers on one stage).
+#[test]
+fn a_pipelined_run_resumes_unpipelined() {
+    resumes_elsewhere("elastic-pipe", &["--layers", "2", "--stages", "2"], &["--layers", "2"]);
+}
+
 /// Stopping at step 100 (mid-epoch) and resuming to step 200 (across an epoch boundary) gives
 /// bitwise the same parameters and optimizer state as running straight to step 200.
 #[test]
