@@ -188,6 +188,25 @@ fn a_pipelined_run_resumes_unpipelined() {
     resumes_elsewhere("elastic-pipe", &["--layers", "2", "--stages", "2"], &["--layers", "2"]);
 }
 
+/// `--checkpoint-every auto` (CheckFreq): the summary reports the interval chosen last and the
+/// snapshots' measured share of the training time; snapshots taken whenever the measured times
+/// say leave training as it was (a resumed run equals an uninterrupted one bit for bit).
+#[test]
+fn an_automatic_checkpoint_interval_is_reported_and_changes_nothing() {
+    let tmp = Temp::new("auto-every");
+    let dir = tmp.join("a");
+    let v = train(&["--epochs", "2", "--max-steps", "100", "--checkpoint", s(&dir), "--checkpoint-every", "auto"]);
+    let interval = v["checkpoint_every"].as_u64().unwrap_or_else(|| panic!("no interval in {v}"));
+    let overhead = v["checkpoint_overhead"].as_f64().unwrap_or_else(|| panic!("no overhead in {v}"));
+    assert!(interval >= 1 && overhead.is_finite() && overhead > 0.0, "{v}");
+    assert_eq!(steps_of(&load(&dir.join("last"))), 100);
+    // A fixed interval reports itself.
+    let fixed =
+        train(&["--epochs", "1", "--max-steps", "20", "--checkpoint", s(&tmp.join("b")), "--checkpoint-every", "4"]);
+    assert_eq!(fixed["checkpoint_every"], 4, "{fixed}");
+    resume_is_exact("exact-auto", &["--checkpoint-every", "auto", "--checkpoint-overhead", "0.2"]);
+}
+
 /// Stopping at step 100 (mid-epoch) and resuming to step 200 (across an epoch boundary) gives
 /// bitwise the same parameters and optimizer state as running straight to step 200.
 #[test]

@@ -23,7 +23,7 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    let bad: [&[&str]; 16] = [
+    let bad: [&[&str]; 18] = [
         &["train", "--data", "/no/such/dir"],
         &["train", "--average", "1"],
         &["train", "--layers", "2", "--stages", "2", "--workers", "2"],
@@ -37,6 +37,8 @@ fn bad_input_gives_one_line_and_a_failure() {
         &["train", "--model", "sick", "--input-dropout", "0.5"],
         &["train", "--model", "ggnn", "--recurrent-dropout", "0.25"],
         &["train", "--hidden", "x"],
+        &["train", "--checkpoint-every", "soon"],
+        &["train", "--checkpoint-overhead", "0"],
         &["bench", "--precision", "bf16"],
         &["bench", "--precision", "f8"],
         &["bench", "--workers", "0"],

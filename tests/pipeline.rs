@@ -14,7 +14,7 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::pipeline::{Part, PipeSettings, Stage};
 use arbor::readout::Readout;
 use arbor::rng::Rng;
-use arbor::trainer::on_threads;
+use arbor::trainer::{on_threads, Every};
 use arbor::{Backend, CpuBackend};
 use proptest::prelude::*;
 use std::time::Duration;
@@ -356,8 +356,12 @@ fn stages_in_the_one_loop_checkpoint_and_resume_exactly() {
             .into_iter()
             .map(|p| Run::new(Stage::new(p, pipe), Optimizer::new(optimizer()), &Rng::new(3)))
             .collect();
-        let plan =
-            Settings { checkpoint: Some(dir.clone()), checkpoint_every: Some(2), max_steps, ..Settings::new(2, 30) };
+        let plan = Settings {
+            checkpoint: Some(dir.clone()),
+            checkpoint_every: Some(Every::Steps(2)),
+            max_steps,
+            ..Settings::new(2, 30)
+        };
         if resume {
             let ck = Checkpoint::load(&dir.join("last")).expect("the stopped run's checkpoint");
             runs.iter_mut().for_each(|r| r.resume(&ck, &plan.meta).expect("resumes"));

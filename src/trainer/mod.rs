@@ -21,12 +21,15 @@ use std::time::Instant;
 
 mod ahead;
 mod averaging;
+mod cadence;
 mod folds;
 mod gather;
 mod settings;
 pub(crate) mod step;
 mod threads;
 pub use ahead::{each_step, plan_each};
+use cadence::Cadence;
+pub use cadence::Every;
 pub use folds::{cross_validate, fold_dir, fold_indices, CvResult};
 use gather::gather_parts;
 pub(crate) use gather::share_from;
@@ -243,6 +246,12 @@ pub struct Summary {
     /// For a run stopped (by `max_steps`) before any epoch ended: the dev score and the test
     /// scores of what it trained.
     pub unfinished: Option<(f64, Scores)>,
+    /// Steps between snapshots of `last/` besides epochs' ends: the fixed interval, or the one
+    /// an automatic cadence chose last ([`Every::Auto`]); none without.
+    pub checkpoint_interval: Option<u64>,
+    /// Seconds this worker spent taking those snapshots (their overhead is this over
+    /// `train_seconds`).
+    pub checkpoint_seconds: f64,
 }
 
 /// Everything a run carries from step to step, and so everything a checkpoint holds; the model
@@ -529,6 +538,7 @@ impl<L> Run<L> {
         }
         let batch = plan.batch.max(1);
         let mut persister = Persister::paced(plan.persist_pause);
+        let mut cadence = Cadence::new(plan.checkpoint_every, self.pos.steps)?;
         let mut summary = Summary::default();
         let (mut stopped, mut trained, mut ended) = (false, false, false);
         let done = |steps: u64| plan.max_steps.is_some_and(|m| steps >= m);
@@ -557,6 +567,7 @@ impl<L> Run<L> {
                 stopped = true;
             }
             let count = if stopped { 0 } else { batches.len() };
+            let windows = if self.model.parted() { self.windows(count, plan, &cadence) } else { Vec::new() };
             let mut account = |run: &mut Self,
                                coll: &mut dyn Collective,
                                first: usize,
@@ -564,6 +575,7 @@ impl<L> Run<L> {
                                seconds: f64|
              -> Result<bool> {
                 summary.train_seconds += seconds;
+                cadence.stepped(all.len(), seconds);
                 let end = first + all.len();
                 for (examples, stats) in batches[first..].iter().zip(all) {
                     summary.sentences += examples.len();
@@ -572,9 +584,10 @@ impl<L> Run<L> {
                     run.pos.steps += 1;
                 }
                 trained = true;
-                let due = checkpoint_due(plan, run.pos.steps);
-                if let (true, Some(dir)) = (due, &plan.checkpoint) {
+                if let (true, Some(dir)) = (cadence.due(run.pos.steps), &plan.checkpoint) {
+                    let start = Instant::now();
                     run.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
+                    cadence.snapshotted(coll, run.pos.steps, start.elapsed().as_secs_f64())?;
                 }
                 if end < batches.len() && done(run.pos.steps) {
                     stopped = true;
@@ -582,7 +595,7 @@ impl<L> Run<L> {
                 Ok(!stopped)
             };
             if self.model.parted() {
-                for w in self.windows(count, plan) {
+                for w in windows {
                     let start = Instant::now();
                     let (first, mut step) = (self.pos.steps, self.pos.steps);
                     let Run { model, opt, average, .. } = &mut *self;
@@ -646,6 +659,7 @@ impl<L> Run<L> {
             self.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
         }
         persister.wait()?;
+        (summary.checkpoint_interval, summary.checkpoint_seconds) = (cadence.interval(), cadence.spent);
         Ok(summary)
     }
 
@@ -700,13 +714,14 @@ impl<L> Run<L> {
     }
 
     /// The minibatches `0..count` of the epoch in the windows a [parted](Learned::parted) model
-    /// trains at once: as many as run before the next checkpoint or `plan.max_steps` (a pipeline
-    /// applies every update of a window before a checkpoint is taken).
-    fn windows(&self, count: usize, plan: &Settings) -> Vec<std::ops::Range<usize>> {
+    /// trains at once: as many as run before the next checkpoint `cadence` plans or
+    /// `plan.max_steps` (a pipeline applies every update of a window before a checkpoint is
+    /// taken).
+    fn windows(&self, count: usize, plan: &Settings, cadence: &Cadence) -> Vec<std::ops::Range<usize>> {
         let steps = self.pos.steps;
         let ends = |k: usize| {
             let after = steps + k as u64 + 1;
-            checkpoint_due(plan, after) || plan.max_steps == Some(after)
+            cadence.boundary(after) || plan.max_steps == Some(after)
         };
         let mut out = Vec::new();
         let mut start = 0;
@@ -718,11 +733,6 @@ impl<L> Run<L> {
         }
         out
     }
-}
-
-/// Whether `plan` snapshots `last/` after `steps` steps (`Settings::checkpoint_every`).
-fn checkpoint_due(plan: &Settings, steps: u64) -> bool {
-    plan.checkpoint_every.is_some_and(|n| n > 0 && steps.is_multiple_of(n))
 }
 
 /// `v` with every number that a flag typed as `f32` recorded (`0.10000000149011612`) shown as

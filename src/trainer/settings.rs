@@ -52,8 +52,9 @@ pub struct Settings {
     pub clip: Option<f32>,
     /// Keep checkpoints here: `last/` (latest) and `best/` (best dev accuracy).
     pub checkpoint: Option<PathBuf>,
-    /// Also snapshot to `last/` every this many steps (besides every epoch's end).
-    pub checkpoint_every: Option<u64>,
+    /// Also snapshot to `last/` between epochs' ends: every so many steps, or as often as a
+    /// bound on the snapshots' overhead allows ([`Every`](super::Every)).
+    pub checkpoint_every: Option<super::Every>,
     /// Stop after this many steps in all (a checkpoint is written there).
     pub max_steps: Option<u64>,
     /// A pause inside each checkpoint write (crash tests only).

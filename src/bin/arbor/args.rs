@@ -3,6 +3,7 @@
 use arbor::dist::schedule::Kind;
 use arbor::nn::{CellDropout, CellKind};
 use arbor::readout::Readout;
+use arbor::trainer::Every;
 use arbor::zoo::GraphCell;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -162,6 +163,15 @@ impl Loss {
     }
 }
 
+/// `--checkpoint-every`: `auto`, or a number of steps (the bound of `auto` is set after
+/// parsing, from `--checkpoint-overhead`).
+fn every(text: &str) -> Result<Every, String> {
+    match text {
+        "auto" => Ok(Every::Auto(f64::NAN)),
+        n => n.parse().map(Every::Steps).map_err(|_| format!("`{n}` is neither `auto` nor a number of steps")),
+    }
+}
+
 /// How a graph model pools a step's nodes.
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 pub(crate) enum ReadoutArg {
@@ -283,10 +293,14 @@ pub(crate) struct TrainArgs {
     /// Write the loss and dev-accuracy curves to this SVG file.
     #[arg(long)]
     pub(crate) plot: Option<PathBuf>,
-    /// Also write `last/` every this many steps (CheckFreq: snapshot in memory, persist in the
-    /// background).
-    #[arg(long)]
-    pub(crate) checkpoint_every: Option<u64>,
+    /// Also write `last/` between epochs' ends: every N steps, or `auto` — as often as keeps the
+    /// snapshots within --checkpoint-overhead of the training time, measured as it trains
+    /// (CheckFreq: snapshot in memory, persist in the background).
+    #[arg(long, value_parser = every)]
+    pub(crate) checkpoint_every: Option<Every>,
+    /// The bound of `--checkpoint-every auto`: the snapshots' share of the training time.
+    #[arg(long, default_value_t = 0.035, allow_negative_numbers = true)]
+    pub(crate) checkpoint_overhead: f64,
     /// Stop after this many optimizer steps in all (writing `last/` there with --checkpoint).
     #[arg(long)]
     pub(crate) max_steps: Option<u64>,

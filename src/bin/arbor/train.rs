@@ -16,7 +16,7 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::pipeline::{Part, PipeSettings, Stage};
 use arbor::plot::{self, Series};
 use arbor::rng::Rng;
-use arbor::trainer::{fit_threads, fit_together, Event, Learned, Learner, Run, Settings, Splits, Summary};
+use arbor::trainer::{fit_threads, fit_together, Event, Every, Learned, Learner, Run, Settings, Splits, Summary};
 use arbor::{Backend, Error, Result};
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
@@ -311,6 +311,10 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if args.checkpoint_every.is_some() && checkpoint_dir(args).is_none() {
         return bad("--checkpoint-every", "a --checkpoint DIR to write to", "no --checkpoint".into());
     }
+    if !(args.checkpoint_overhead > 0.0 && args.checkpoint_overhead < 1.0) {
+        let got = args.checkpoint_overhead.to_string();
+        return bad("--checkpoint-overhead", "a share of the training time in (0, 1)", got);
+    }
     if let Some(d) = args.average.filter(|d| !(0.0..1.0).contains(d)) {
         return bad("--average", "a decay in [0, 1)", d.to_string());
     }
@@ -477,13 +481,20 @@ pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f6
         Some((dev, test)) if best_dev == f64::NEG_INFINITY => (*dev, test.first().map_or(f64::NAN, |t| t.1)),
         _ => (best_dev, test_acc),
     };
-    json!({
+    let mut v = json!({
         "steps": steps,
         "train_seconds": (summary.train_seconds * 1000.0).round() / 1000.0,
         "sent_per_s": (summary.sentences as f64 / summary.train_seconds.max(1e-9)).round(),
         "dev_acc": best_dev,
         "test_acc": test_acc,
-    })
+    });
+    // Snapshots between epochs' ends: the interval (chosen last, for `auto`) and their share
+    // of the training time.
+    if summary.checkpoint_interval.is_some() {
+        v["checkpoint_every"] = json!(summary.checkpoint_interval);
+        v["checkpoint_overhead"] = json!(summary.checkpoint_seconds / summary.train_seconds.max(1e-9));
+    }
+    v
 }
 
 /// The settings of a run of `epochs` epochs from the flags, recording `meta` in its checkpoints.
@@ -491,7 +502,10 @@ pub(crate) fn settings(args: &TrainArgs, epochs: usize, meta: Value) -> Settings
     let mut plan = Settings {
         clip: (args.clip > 0.0).then_some(args.clip),
         checkpoint: checkpoint_dir(args),
-        checkpoint_every: args.checkpoint_every,
+        checkpoint_every: args.checkpoint_every.map(|e| match e {
+            Every::Auto(_) => Every::Auto(args.checkpoint_overhead),
+            fixed => fixed,
+        }),
         max_steps: args.max_steps,
         persist_pause: Duration::from_millis(args.persist_pause_ms),
         meta,
