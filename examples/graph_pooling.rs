@@ -58,13 +58,13 @@ struct Molecule {
 }
 
 impl Molecule {
-    fn new(g: &tu::GraphExample, classes: usize) -> Molecule {
-        Molecule {
-            graph: g.unroll(STEPS, 0),
+    fn new(g: &tu::GraphExample, classes: usize) -> arbor::Result<Molecule> {
+        Ok(Molecule {
+            graph: g.unroll(STEPS, 0)?,
             labels: g.node_labels.repeat(STEPS + 1),
             class: g.label as usize,
             classes,
-        }
+        })
     }
 }
 
@@ -88,7 +88,8 @@ fn main() -> arbor::Result<()> {
     let data = tu::read(&data_dir().join("mutag"), "MUTAG")?;
     let (features, hidden) = (16, 32);
     let mut rng = Rng::new(1);
-    let mut molecules: Vec<Molecule> = data.graphs.iter().map(|g| Molecule::new(g, data.classes)).collect();
+    let mut molecules: Vec<Molecule> =
+        data.graphs.iter().map(|g| Molecule::new(g, data.classes)).collect::<arbor::Result<_>>()?;
     rng.shuffle(&mut molecules);
     let (test, train) = molecules.split_at(molecules.len() / 5);
     let labels = Embedding::new(data.node_label_count, features, 0.5, &mut rng);

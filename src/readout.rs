@@ -146,9 +146,8 @@ impl Groups {
 /// What attention pooling's backward pass reads.
 #[derive(Clone, Debug, PartialEq)]
 struct Attended {
-    /// The vertices' rows and the pooled rows.
+    /// The vertices' rows.
     inputs: Vec<f32>,
-    pooled: Vec<f32>,
     heads: usize,
     /// Per member of each group and head, its weight.
     weights: Vec<f32>,
@@ -157,7 +156,7 @@ struct Attended {
 /// Rows pooled over groups of vertices, with what their backward pass needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pooled {
-    /// One row per group.
+    /// One row per group (attention pooling's backward pass reads them: keep them).
     pub rows: Vec<f32>,
     width: usize,
     readout: Readout,
@@ -244,7 +243,7 @@ impl Pooled {
                 }
             }
         }
-        let attended = Attended { inputs: rows, pooled: out.clone(), heads, weights };
+        let attended = Attended { inputs: rows, heads, weights };
         let argmax = Vec::new();
         Ok(Pooled { rows: out, width, readout: Readout::Attention, groups, argmax, attended: Some(attended) })
     }
@@ -254,10 +253,10 @@ impl Pooled {
     pub fn backward(&self, grad: &[f32], vertices: usize) -> (Vec<f32>, Option<Vec<f32>>) {
         let w = self.width;
         let mut out = vec![0.0; vertices * w];
-        if let Some(Attended { inputs: rows, pooled, heads, weights }) = &self.attended {
+        if let Some(Attended { inputs: rows, heads, weights }) = &self.attended {
             let (heads, part) = (*heads, w / heads);
             let mut scores = vec![0.0; vertices * heads];
-            for (g, (dy, y)) in grad.chunks_exact(w.max(1)).zip(pooled.chunks_exact(w.max(1))).enumerate() {
+            for (g, (dy, y)) in grad.chunks_exact(w.max(1)).zip(self.rows.chunks_exact(w.max(1))).enumerate() {
                 let at = self.groups.bounds[g];
                 for (i, &v) in self.groups.group(g).iter().enumerate() {
                     for j in 0..heads {

@@ -261,7 +261,7 @@ where
         return Err(Error::input("cross-validation folds", expected, cfg.folds.to_string()));
     }
     check_graph_training(data, cfg)?;
-    let graphs = Unrolled::all(data, cfg.steps, cfg.every_step);
+    let graphs = Unrolled::all(data, cfg.steps, cfg.every_step)?;
     let mut meta = if cfg.meta.is_object() { cfg.meta.clone() } else { json!({}) };
     (meta["model"], meta["message_steps"], meta["seed"]) = (json!(cfg.cell.name()), json!(cfg.steps), json!(cfg.seed));
     meta["every_step"] = json!(cfg.every_step);

@@ -37,7 +37,7 @@ fn mutag_reads_as_documented() {
         (0..4).map(|l| d.graphs.iter().flat_map(|g| g.edge_labels.iter().flatten()).filter(|&&x| x == l).count());
     assert_eq!(counts.sum::<usize>(), 7442);
     let g = &d.graphs[0];
-    let unrolled = g.unroll(3, 4);
+    let unrolled = g.unroll(3, 4).unwrap();
     assert_eq!(unrolled.len(), 4 * g.node_labels.len());
     let v = g.node_labels.len() + 2; // node 2 at step 1
     assert_eq!(unrolled.children(v)[0] as usize, 2);
@@ -117,7 +117,13 @@ fn edge_attributes_are_read_and_fed() {
     assert_eq!(g.neighbours, vec![vec![1], vec![0, 2], vec![1]]);
     assert_eq!(g.edge_features, vec![vec![0.5, 1.0], vec![0.5, 1.0, -2.0, 3.0], vec![-2.0, 3.0]]);
     assert!(d.graphs[1].edge_features.iter().all(Vec::is_empty));
-    let unrolled = g.unroll(1, 0);
+    let unrolled = g.unroll(1, 0).unwrap();
+    // A graph whose fields were changed out of shape does not unroll: an error, no panic.
+    let mut bad = g.clone();
+    bad.edge_features[1].pop();
+    assert!(bad.unroll(1, 0).unwrap_err().to_string().contains("edge feature values"));
+    bad.edge_labels.pop();
+    assert!(bad.unroll(1, 0).unwrap_err().to_string().contains("edge label lists"));
     assert_eq!(unrolled.edge_feature_width(), 2);
     assert_eq!(unrolled.edge_features(4), [0.0, 0.0, 0.5, 1.0, -2.0, 3.0]); // node 1 at step 1
                                                                             // Fed summed, averaged, maxed: a cell pushing what it pulled.
@@ -246,7 +252,7 @@ mod fuzz {
                 Ok(d) => {
                     for g in &d.graphs {
                         prop_assert_eq!(g.neighbours.len(), g.node_labels.len());
-                        let unrolled = g.unroll(2, 0);
+                        let unrolled = g.unroll(2, 0).unwrap();
                         prop_assert_eq!(unrolled.len(), 3 * g.node_labels.len());
                     }
                 }
@@ -293,7 +299,7 @@ fn graph_cells_check_and_batch_at_any_degree() {
                     let mut g = strategy::graph(&mut rng, n);
                     g.edge_labels =
                         g.neighbours.iter().map(|ns| ns.iter().map(|_| rng.below(3) as u32).collect()).collect();
-                    g.unroll(2, 3)
+                    g.unroll(2, 3).unwrap()
                 })
                 .collect();
             assert!(graphs.iter().any(|g| (0..g.len()).any(|v| g.children(v).len() > 40)), "a wide vertex");

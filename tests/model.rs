@@ -172,7 +172,7 @@ fn a_max_pooled_graph_model_learns_mutag() {
         .iter()
         .map(|g| {
             let target = (0..classes).map(|c| f32::from(c == g.label as usize)).collect();
-            (g.unroll(3, 0), g.node_labels.repeat(4), target)
+            (g.unroll(3, 0).expect("MUTAG unrolls"), g.node_labels.repeat(4), target)
         })
         .collect();
     fn example((graph, words, target): &(InputGraph, Vec<u32>, Vec<f32>)) -> Example<'_> {

@@ -214,9 +214,22 @@ impl GraphExample {
     /// `t`; it has `(v, t−1)` in slot 0 and its neighbours at `t−1` after, each edge labelled as
     /// the data set labels it, and the edge to the own previous state `self_label` (the data
     /// set's edge label count, a label of its own). The last `n` vertices are the final states.
-    pub fn unroll(&self, steps: usize, self_label: u32) -> InputGraph {
+    /// An error names the node whose neighbours, edge labels or edge feature rows do not fit
+    /// (this example's fields are public, so they may not be as the reader made them).
+    pub fn unroll(&self, steps: usize, self_label: u32) -> Result<InputGraph> {
         let n = self.node_labels.len();
         let width = self.edge_feature_width();
+        if self.neighbours.len() != n || self.edge_labels.len() != n || (width > 0 && self.edge_features.len() != n) {
+            return Err(Error::Graph {
+                graph: "unrolled".into(),
+                reason: format!(
+                    "{n} nodes but {} neighbour lists, {} edge label lists and {} edge feature lists",
+                    self.neighbours.len(),
+                    self.edge_labels.len(),
+                    self.edge_features.len()
+                ),
+            });
+        }
         let mut children = Vec::with_capacity(n * (steps + 1));
         let (mut labels, mut features) = (Vec::with_capacity(n * (steps + 1)), Vec::new());
         for t in 0..=steps {
@@ -240,10 +253,12 @@ impl GraphExample {
                 }
             }
         }
-        InputGraph::from_children(children)
-            .and_then(|g| g.with_edge_labels(labels))
-            .and_then(|g| if width > 0 { g.with_edge_features(width, features) } else { Ok(g) })
-            .expect("an unrolled graph only points to earlier steps, a label and a feature row per slot")
+        let g = InputGraph::from_children(children)?.with_edge_labels(labels)?;
+        if width > 0 {
+            g.with_edge_features(width, features)
+        } else {
+            Ok(g)
+        }
     }
 
     /// Values in each edge's feature row (0 without edge features).
@@ -272,17 +287,24 @@ pub struct Unrolled {
 
 impl Unrolled {
     /// Every graph of `data` unrolled for `steps` steps, read at the last step or at
-    /// `every_step`.
-    pub fn all(data: &TuDataset, steps: usize, every_step: bool) -> Vec<Unrolled> {
+    /// `every_step`; an error names a graph that does not unroll.
+    pub fn all(data: &TuDataset, steps: usize, every_step: bool) -> Result<Vec<Unrolled>> {
         data.graphs
             .iter()
-            .map(|g| Unrolled {
-                graph: Arc::new(g.unroll(steps, data.edge_label_count as u32)),
-                words: g.node_labels.iter().copied().cycle().take(g.node_labels.len() * (steps + 1)).collect(),
-                nodes: g.node_labels.len(),
-                label: g.label,
-                classes: data.classes,
-                every_step,
+            .enumerate()
+            .map(|(k, g)| {
+                let graph = g.unroll(steps, data.edge_label_count as u32).map_err(|e| Error::Graph {
+                    graph: format!("graph {} of the data set", k + 1),
+                    reason: e.to_string(),
+                })?;
+                Ok(Unrolled {
+                    graph: Arc::new(graph),
+                    words: g.node_labels.iter().copied().cycle().take(g.node_labels.len() * (steps + 1)).collect(),
+                    nodes: g.node_labels.len(),
+                    label: g.label,
+                    classes: data.classes,
+                    every_step,
+                })
             })
             .collect()
     }

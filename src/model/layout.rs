@@ -72,12 +72,12 @@ pub(crate) fn read_rows(
                     "one output",
                 ));
             };
-            let mut p = Pooled::attend(rows, width, scores, l.pools.clone())?;
-            (std::mem::take(&mut p.rows), Some(p))
+            let p = Pooled::attend(rows, width, scores, l.pools.clone())?;
+            (p.rows.clone(), Some(p))
         }
         _ => {
-            let mut p = Pooled::forward(&rows, width, l.pools.clone(), readout);
-            (std::mem::take(&mut p.rows), Some(p))
+            let p = Pooled::forward(&rows, width, l.pools.clone(), readout);
+            (p.rows.clone(), Some(p))
         }
     })
 }

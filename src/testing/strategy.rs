@@ -16,7 +16,10 @@ pub fn message_passing(
     nodes: RangeInclusive<usize>,
     steps: RangeInclusive<usize>,
 ) -> impl Strategy<Value = InputGraph> {
-    (nodes, steps, any::<u64>()).prop_map(|(n, steps, seed)| graph(&mut Rng::new(seed), n.max(1)).unroll(steps, 0))
+    (nodes, steps, any::<u64>()).prop_map(|(n, steps, seed)| {
+        // `graph` makes one neighbour list and one label list per node, neighbours in range.
+        graph(&mut Rng::new(seed), n.max(1)).unroll(steps, 0).expect("a generated graph unrolls")
+    })
 }
 
 /// A random undirected graph of `n` nodes, each pair joined with probability 0.3, as

@@ -19,6 +19,11 @@ fn sets<'a>(raw: &Raw<'a>, op: &str, a: &Attention) -> Result<(&'a [u32], &'a [u
     Ok((offs, raw.index(op, IndexLoc { offset: a.index.offset + lo, ..a.index }, hi - lo)?))
 }
 
+/// Vertex `v`'s children's row numbers in the list [`sets`] gives.
+fn children<'a>(offs: &[u32], index: &'a [u32], v: usize) -> &'a [u32] {
+    &index[(offs[v] - offs[0]) as usize..(offs[v + 1] - offs[0]) as usize]
+}
+
 /// Every pair of a written and a read span apart.
 fn all_apart(op: &str, written: &[Option<Span>], read: &[Option<Span>]) -> Result<()> {
     for w in written.iter().flatten() {
@@ -73,9 +78,8 @@ pub(crate) fn attend(raw: &Raw<'_>, a: &Attention, out: Loc) -> Result<()> {
         let o = unsafe { raw.get_mut(op, out.offset_by(mine.start * vb), mine.len() * vb)? };
         let (mut keys, mut values, mut scratch) = (Vec::new(), Vec::new(), Scratch::default());
         for (v, o) in mine.zip(o.chunks_exact_mut(vb.max(1))) {
-            let rows = &index[(offs[v] - offs[0]) as usize..(offs[v + 1] - offs[0]) as usize];
             // SAFETY: as above.
-            unsafe { child_rows(raw, a, rows, &mut keys, &mut values)? };
+            unsafe { child_rows(raw, a, children(offs, index, v), &mut keys, &mut values)? };
             attention::forward(&w, &q[v * qb..(v + 1) * qb], &keys, &values, o, &mut scratch);
         }
         Ok(())
@@ -107,9 +111,7 @@ pub(crate) fn attend_grad(raw: &Raw<'_>, a: &Attention, g: &AttentionGrads) -> R
     let (mut keys, mut values, mut scratch, mut rows) = (Vec::new(), Vec::new(), Scratch::default(), Vec::new());
     for v in 0..n {
         rows.clear();
-        rows.extend(
-            index[(offs[v] - offs[0]) as usize..(offs[v + 1] - offs[0]) as usize].iter().filter(|&&r| r != NO_ROW),
-        );
+        rows.extend(children(offs, index, v).iter().filter(|&&r| r != NO_ROW));
         // SAFETY: the rows read are apart from every row written (checked above).
         unsafe { child_rows(raw, a, &rows, &mut keys, &mut values)? };
         let (qv, gv) = (&q[v * qb..(v + 1) * qb], &grad[v * vb..(v + 1) * vb]);

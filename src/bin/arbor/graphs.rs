@@ -157,7 +157,7 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         if read.as_ref().is_none_or(|(d, _)| *d != data_dir) {
             let name = meta["name"].as_str().map_or_else(|| tu_name(&data_dir), |n| Ok(n.to_string()))?;
             let every_step = meta["every_step"].as_bool().unwrap_or(false);
-            read = Some((data_dir.clone(), Unrolled::all(&tu::read(&data_dir, &name)?, steps, every_step)));
+            read = Some((data_dir.clone(), Unrolled::all(&tu::read(&data_dir, &name)?, steps, every_step)?));
         }
         let graphs = read.as_ref().map(|(_, g)| g.as_slice()).unwrap_or_default();
         // Folds dealt by class (stratified), or, in checkpoints from before, by order alone.
