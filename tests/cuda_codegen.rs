@@ -337,7 +337,7 @@ fn a_scatter_past_its_rows_stops_the_kernel() {
 fn helper_kernels_compute_what_the_cpu_backend_does() {
     use arbor::cuda::codegen::PRELUDE;
     use arbor::cuda::helpers::HELPER_BODIES;
-    let (block, n, rows) = (3usize, 5usize, 4usize);
+    let (block, n, rows) = (3usize, 5usize, 11usize);
     let mut rng = Rng::new(9);
     let mut values = |len: usize| (0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<f32>>();
     let (src, data) = (values(n * block), values(rows * block));
@@ -563,9 +563,9 @@ fn optimizer_kernels_give_the_cpu_optimizers_bits() {
              for (long long t = 0; t < {n}; ++t) arbor_average_body(t, avg, clipped, {n}, 0.9f);\n\
              float* out[] = {{p, m, v, e, em, ev, clipped, avg}}; int len[] = {{{n}, {n}, {n}, {w}, {w}, {w}, {n}, {n}}};\n\
              for (int k = 0; k < 8; ++k) for (int i = 0; i < len[k]; ++i) {{ unsigned u; memcpy(&u, &out[k][i], 4); printf(\"%u\\n\", u); }}\n\
-             double sum = 0.0; for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, &sum);\n\
-             printf(\"%.17g\\n\", sum);\n\
-             p[3] = 1.0f / 0.0f; sum = 0.0; for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, &sum);\n\
+             double sums[2] = {{0.0, 0.0}}; for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, sums, 2);\n\
+             double sum = sums[0] + sums[1]; printf(\"%.17g\\n\", sum);\n\
+             p[3] = 1.0f / 0.0f; sum = 0.0; for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, &sum, 1);\n\
              printf(\"%d\\n\", isfinite(sum) ? 1 : 0);\n\
              return 0;\n}}\n",
             s = 1.0f32 / norm,
@@ -721,6 +721,88 @@ fn attention_kernels_compute_what_the_cpu_backend_does() {
         );
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "slope {slope}, element {i}: kernel {g}, CPU {w}");
+        }
+    }
+}
+
+/// The CUDA backend's own small products (`arbor_gemm_part`, then `arbor_gemm_sum` over slices
+/// of the inner dimension), compiled for the host, give the CPU backend's products: every
+/// transpose, padded rows, batches with strides, accumulation, one slice or several, k = 0.
+#[test]
+fn small_products_compute_what_the_cpu_backend_does() {
+    use arbor::backend::Gemm;
+    use arbor::cuda::codegen::PRELUDE;
+    use arbor::cuda::helpers::HELPER_BODIES;
+    // (m, n, k, ta, tb, batch, accumulate, slices)
+    let cases = [
+        (1, 7, 70, false, false, 1, false, 3),
+        (5, 9, 13, true, false, 1, true, 1),
+        (6, 3, 40, false, true, 2, true, 4),
+        (7, 6, 33, true, true, 3, false, 2),
+        (4, 8, 0, false, false, 1, false, 1),
+    ];
+    let mut rng = Rng::new(31);
+    for (case, &(m, n, k, ta, tb, batch, accumulate, slices)) in cases.iter().enumerate() {
+        // Stored shapes with a padded row stride, then a gap between the matrices of a batch.
+        let (ar, ac) = if ta { (k, m) } else { (m, k) };
+        let (br, bc) = if tb { (n, k) } else { (k, n) };
+        let (lda, ldb, ldc) = (ac + 2, bc + 1, n + 3);
+        let (sa, sb, sc) = (ar * lda + 5, br * ldb + 2, m * ldc + 1);
+        let (la, lb, lc) = (batch * sa, batch * sb, batch * sc);
+        let mut values = |len: usize| (0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<f32>>();
+        let (a, b, c) = (values(la), values(lb), values(lc));
+        let chunk = k.div_ceil(slices).max(1);
+        let blocks = batch * m.div_ceil(4) * n.div_ceil(4);
+        let mut p = format!("#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}#include <stdio.h>\n");
+        p += &c_array("const float", "a", &a);
+        p += &c_array("const float", "b", &b);
+        p += &c_array("float", "c", &c);
+        p += &format!("float parts[{}];\n", (slices * batch * m * n).max(1));
+        let (out, ldo, so, ss, acc) =
+            if slices == 1 { ("c", ldc, sc, 0, accumulate) } else { ("parts", n, m * n, batch * m * n, false) };
+        p += &format!(
+            "int main(void) {{\n\
+             for (long long t = 0; t < {threads}; ++t) arbor_gemm_part_body(t, {m}, {n}, {k}, {batch}, {slices}, \
+                 {chunk}, a, {lda}, {sa}, {ta}, b, {ldb}, {sb}, {tb}, {out}, {ldo}, {so}, {ss}, {acc});\n\
+             if ({slices} > 1) for (long long t = 0; t < {mn}; ++t) arbor_gemm_sum_body(t, {m}, {n}, {batch}, \
+                 {slices}, parts, c, {ldc}, {sc}, {accumulate});\n\
+             for (int i = 0; i < {lc}; ++i) printf(\"%.9g\\n\", c[i]);\n\
+             return 0;\n}}\n",
+            threads = slices * blocks,
+            ta = i32::from(ta),
+            tb = i32::from(tb),
+            acc = i32::from(acc),
+            accumulate = i32::from(accumulate),
+            mn = batch * m * n,
+        );
+        let dir = std::env::temp_dir().join(format!("arbor-gemm-{}-{case}", std::process::id()));
+        let exe = compile_on_host(&dir, "gemm", &p);
+        let run = Command::new(&exe).output().expect("the product runs");
+        std::fs::remove_dir_all(&dir).ok();
+        let got: Vec<f32> = String::from_utf8_lossy(&run.stdout).lines().map(|l| l.parse().unwrap()).collect();
+
+        let cpu = CpuBackend::new();
+        let all = [a.clone(), b.clone(), c.clone()].concat();
+        let mut buf = cpu.alloc(all.len()).unwrap();
+        cpu.write(&mut buf, 0, &all).unwrap();
+        let mut bufs = [buf];
+        let ibufs: [Vec<u32>; 0] = [];
+        let mut mem = Mem { data: &mut bufs, index: &ibufs };
+        let at = |offset: usize| Loc { buf: 0, offset };
+        let g = Gemm {
+            accumulate,
+            batch,
+            stride_a: sa,
+            stride_b: sb,
+            stride_c: sc,
+            ..Gemm::single((m, n, k), (at(0), lda, ta), (at(la), ldb, tb, false), (at(la + lb), ldc))
+        };
+        cpu.gemm(&mut mem, &g).unwrap();
+        let mut want = vec![0.0; lc];
+        cpu.read(&bufs[0], la + lb, &mut want).unwrap();
+        assert_eq!(got.len(), lc, "case {case}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "case {case}, element {i}: kernel {g}, CPU {w}");
         }
     }
 }

@@ -60,6 +60,12 @@ fn cells_match(precision: Precision, tolerance: f32) {
     let mut rng = Rng::new(3);
     let close = |what: &str, gpu: &[f32], cpu: &[f32]| close(&format!("{precision:?} {what}"), gpu, cpu, tolerance);
     for (f, dag) in cells() {
+        // A max over children picks another child where rounded products bring two within
+        // rounding of each other, sending the gradient elsewhere: checked in f32 only (an H200
+        // in TF32 sent one input's gradient to another child, 0.99 against the CPU's 1.04).
+        if precision != Precision::F32 && f.name() == "over-children" {
+            continue;
+        }
         let params = f.init_params(&mut rng);
         let backend = CudaBackend::new(0).unwrap();
         backend.set_precision(precision);
@@ -99,8 +105,8 @@ fn cells_on_the_gpu_equal_the_cpu() {
     cells_match(Precision::F32, 1e-4);
 }
 
-/// With TF32, bf16 or f16 product inputs (f32 accumulation), every cell stays within 2e-2 of
-/// the CPU backend's f32 results.
+/// With TF32, bf16 or f16 product inputs (f32 accumulation), every cell without a max over
+/// children stays within 2e-2 of the CPU backend's f32 results.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn reduced_precision_products_stay_close_to_the_cpu() {

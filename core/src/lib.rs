@@ -11,6 +11,7 @@ pub mod graph;
 pub mod ir;
 pub mod memory;
 pub mod optim;
+pub mod profile;
 pub mod ptb;
 pub mod rng;
 pub mod tensor;

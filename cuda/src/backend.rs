@@ -260,6 +260,60 @@ impl CudaBackend {
         unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| fail(op, e))
     }
 
+    /// A small product (see [`small`]) as the backend's own kernels: one pass over slices of the
+    /// inner dimension, then, when there are several, one summing them in order into C.
+    fn small_gemm(&self, g: &Gemm, a: u64, b: u64, c: u64) -> Result<()> {
+        let blocks = g.batch * g.m.div_ceil(4) * g.n.div_ceil(4);
+        // Enough threads to fill the device, each over at least 16 of the inner dimension.
+        let slices = (g.k / 16).clamp(1, 64).min((SMALL_THREADS / blocks).max(1));
+        let chunk = g.k.div_ceil(slices).max(1);
+        let slices = g.k.div_ceil(chunk).max(1);
+        let (m, n, batch) = (g.m as i64, g.n as i64, g.batch as i64);
+        let parts = slices * g.batch * g.m * g.n;
+        let (out, ldo, so, ss, acc) = if slices == 1 {
+            (c, g.ldc as i64, g.stride_c as i64, 0, g.accumulate)
+        } else {
+            (self.scratch(2 * parts)?, n, m * n, batch * m * n, false)
+        };
+        let args = [
+            Arg::I64(m),
+            Arg::I64(n),
+            Arg::I64(g.k as i64),
+            Arg::I64(batch),
+            Arg::I64(slices as i64),
+            Arg::I64(chunk as i64),
+            Arg::Ptr(a),
+            Arg::I64(g.lda as i64),
+            Arg::I64(g.stride_a as i64),
+            Arg::I32(i32::from(g.ta)),
+            Arg::Ptr(b),
+            Arg::I64(g.ldb as i64),
+            Arg::I64(g.stride_b as i64),
+            Arg::I32(i32::from(g.tb)),
+            Arg::Ptr(out),
+            Arg::I64(ldo),
+            Arg::I64(so),
+            Arg::I64(ss),
+            Arg::I32(i32::from(acc)),
+        ];
+        self.launch("gemm", &self.helpers["arbor_gemm_part"], slices * blocks, &args)?;
+        if slices == 1 {
+            return Ok(());
+        }
+        let args = [
+            Arg::I64(m),
+            Arg::I64(n),
+            Arg::I64(batch),
+            Arg::I64(slices as i64),
+            Arg::Ptr(out),
+            Arg::Ptr(c),
+            Arg::I64(g.ldc as i64),
+            Arg::I64(g.stride_c as i64),
+            Arg::I32(i32::from(g.accumulate)),
+        ];
+        self.launch("gemm", &self.helpers["arbor_gemm_sum"], parts / slices, &args)
+    }
+
     /// The compiled kernel for `kernel` with these bindings (generated and compiled once).
     fn compiled(&self, kernel: &Kernel, bindings: Vec<Binding>) -> Result<Arc<Compiled>> {
         let near = (std::ptr::from_ref(kernel) as usize, bindings);
@@ -355,6 +409,23 @@ impl ColMajor {
             stride: (g.stride_b, g.stride_a),
         }
     }
+}
+
+/// Products of at most this many multiply-adds run as the backend's own kernels
+/// ([`CudaBackend::small_gemm`]) in f32: on an H200, a cuBLAS call costs the host ~15 µs and
+/// the device ~10 µs at batch 1, several times the work of such a product.
+const SMALL_GEMM: usize = 1 << 23;
+
+/// The partial sums a sum of squares spreads its threads' atomic adds over (a region's sums are
+/// read back together, 512 bytes, and added on the host).
+const SUM_SLOTS: usize = 64;
+
+/// Threads a small product's slices of the inner dimension aim to fill.
+const SMALL_THREADS: usize = 16384;
+
+/// Whether `g` is a small product (see [`SMALL_GEMM`]).
+fn small(g: &Gemm) -> bool {
+    g.m.saturating_mul(g.n).saturating_mul(g.k).saturating_mul(g.batch) <= SMALL_GEMM
 }
 
 /// An error unless `len` values at `offset` lie inside a buffer of `size`.
@@ -495,6 +566,9 @@ impl Backend for CudaBackend {
         let a = (self.data(mem, "gemm A", g.a, a_len)?, a_len);
         let b = (self.data(mem, "gemm B", g.b, b_len)?, b_len);
         let c = self.data(mem, "gemm C", g.c, len_of(g.m, g.n, g.ldc, g.batch, g.stride_c))?;
+        if self.precision.get() == Precision::F32 && small(g) {
+            return self.small_gemm(g, a.0, b.0, c);
+        }
         let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
         let int = |x: usize| i32::try_from(x).map_err(|_| fail("gemm", format!("{x} exceeds cuBLAS's int")));
         let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
@@ -728,19 +802,20 @@ impl Backend for CudaBackend {
 
     fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>> {
         let op = "sum_squares";
-        let sums: CudaSlice<f64> = self.stream.alloc_zeros(regions.len().max(1)).map_err(|e| fail(op, e))?;
+        let slots = SUM_SLOTS;
+        let sums: CudaSlice<f64> = self.stream.alloc_zeros(regions.len().max(1) * slots).map_err(|e| fail(op, e))?;
         let base = sums.device_ptr(&self.stream).0;
         for (k, &(at, len)) in regions.iter().enumerate() {
             let threads = crate::optim::sum_threads(len);
             let x = self.data(mem, op, at, len)?;
-            let args = [Arg::I64(threads as i64), Arg::Ptr(x), Arg::I64(len as i64), Arg::Ptr(base + 8 * k as u64)];
+            let sum = Arg::Ptr(base + (8 * k * slots) as u64);
+            let args = [Arg::I64(threads as i64), Arg::Ptr(x), Arg::I64(len as i64), sum, Arg::I64(slots as i64)];
             self.launch(op, &self.helpers["arbor_sum_squares"], threads, &args)?;
         }
-        let mut out = vec![0.0f64; regions.len().max(1)];
+        let mut out = vec![0.0f64; regions.len().max(1) * slots];
         self.stream.memcpy_dtoh(&sums, &mut out).map_err(|e| fail(op, e))?;
         self.synchronize()?;
-        out.truncate(regions.len());
-        Ok(out)
+        Ok(out.chunks(slots).take(regions.len()).map(|s| s.iter().sum()).collect())
     }
 
     fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> Result<()> {

@@ -57,11 +57,13 @@ ARBOR_DEVICE void arbor_update_rows_body(long long t, long long n, long long dim
     arbor_update_one(&p[at], g[t], &m[at], &v[at], rule, lr, wd, mom, b1, b2, eps, bc1, bc2);
 }
 /* Thread `t` of `threads` adds the squares of x[t], x[t + threads], … (in f64) to `*sum`. */
-ARBOR_DEVICE void arbor_sum_squares_body(long long t, long long threads, const float* x, long long n, double* sum) {
+ARBOR_DEVICE void arbor_sum_squares_body(long long t, long long threads, const float* x, long long n, double* sums,
+                                         long long slots) {
     if (t >= threads) return;
     double s = 0.0;
     for (long long i = t; i < n; i += threads) s += (double)x[i] * (double)x[i];
-    if (s != 0.0) atomicAdd(sum, s);
+    /* Spread over `slots` sums (the host adds them): one address would serialize every add. */
+    if (s != 0.0) atomicAdd(&sums[t % slots], s);
 }
 ARBOR_DEVICE void arbor_scale_body(long long t, float* x, long long n, float s) {
     if (t < n) x[t] = __fmul_rn(x[t], s);
@@ -86,7 +88,11 @@ pub const OPTIM_KERNELS: [(&str, &str, &str); 5] = [
          float* v, int rule, float lr, float wd, float mom, float b1, float b2, float eps, float bc1, float bc2",
         "n, dim, rows, vocab, p, g, m, v, rule, lr, wd, mom, b1, b2, eps, bc1, bc2",
     ),
-    ("arbor_sum_squares", "long long threads, const float* x, long long n, double* sum", "threads, x, n, sum"),
+    (
+        "arbor_sum_squares",
+        "long long threads, const float* x, long long n, double* sums, long long slots",
+        "threads, x, n, sums, slots",
+    ),
     ("arbor_scale", "float* x, long long n, float s", "x, n, s"),
     ("arbor_average", "float* avg, const float* x, long long n, float keep", "avg, x, n, keep"),
 ];

@@ -7,6 +7,7 @@ use super::dedup;
 use arbor_core::backend::{Attention, AttentionGrads, Backend, Combine, Gemm, IndexLoc, Loc, Mem, Rows};
 use arbor_core::error::Result;
 use arbor_core::fusion::Kernel;
+use arbor_core::profile::{self, Phase};
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
@@ -231,22 +232,33 @@ pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &
     for l in launches {
         flops += l.flops();
         calls += l.calls() as u64;
-        match l {
-            Launch::Fill { dst, len } => backend.fill(mem, *dst, *len, 0.0)?,
-            Launch::Gemm(g) => backend.gemm(mem, g)?,
-            Launch::Gemms(gs) => backend.gemm_batch(mem, gs)?,
-            Launch::Fused { kernel, n, loads, stores, .. } => backend.fused(mem, kernel, *n, loads, stores)?,
-            Launch::Copy { from, to, rows, block } => {
-                backend.fused(mem, &dedup::copy_kernel(*block), *rows, std::slice::from_ref(from), &[*to])?
-            }
-            Launch::ScatterAdd { src, block, n, dst } => backend.scatter_add(mem, *src, *block, *n, dst)?,
-            Launch::ScatterAdds { block, n, parts } => backend.scatter_add_many(mem, *block, *n, parts)?,
-            Launch::SumRows { src, rows, cols, dst } => backend.sum_rows(mem, *src, *rows, *cols, *dst, true)?,
-            Launch::Attend { attention, out } => backend.attend(mem, attention, *out)?,
-            Launch::AttendGrad { attention, grads } => backend.attend_grad(mem, attention, grads)?,
-        }
+        let phase = match l {
+            Launch::Gemm(_) | Launch::Gemms(_) => Phase::Products,
+            Launch::Fused { .. } | Launch::Copy { .. } => Phase::Fused,
+            _ => Phase::Launch,
+        };
+        profile::time(phase, || run(backend, mem, l))?;
     }
     Ok((flops, calls))
+}
+
+/// Runs one launch.
+fn run<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, l: &Launch) -> Result<()> {
+    match l {
+        Launch::Fill { dst, len } => backend.fill(mem, *dst, *len, 0.0)?,
+        Launch::Gemm(g) => backend.gemm(mem, g)?,
+        Launch::Gemms(gs) => backend.gemm_batch(mem, gs)?,
+        Launch::Fused { kernel, n, loads, stores, .. } => backend.fused(mem, kernel, *n, loads, stores)?,
+        Launch::Copy { from, to, rows, block } => {
+            backend.fused(mem, &dedup::copy_kernel(*block), *rows, std::slice::from_ref(from), &[*to])?
+        }
+        Launch::ScatterAdd { src, block, n, dst } => backend.scatter_add(mem, *src, *block, *n, dst)?,
+        Launch::ScatterAdds { block, n, parts } => backend.scatter_add_many(mem, *block, *n, parts)?,
+        Launch::SumRows { src, rows, cols, dst } => backend.sum_rows(mem, *src, *rows, *cols, *dst, true)?,
+        Launch::Attend { attention, out } => backend.attend(mem, attention, *out)?,
+        Launch::AttendGrad { attention, grads } => backend.attend_grad(mem, attention, grads)?,
+    }
+    Ok(())
 }
 
 /// `buf:offset`, with the engine's buffers named.

@@ -40,6 +40,7 @@ use arbor_core::dropout::{self, DropoutKey};
 use arbor_core::error::{Error, Result};
 use arbor_core::graph::InputGraph;
 use arbor_core::ir::VertexFn;
+use arbor_core::profile::{self, Phase};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
@@ -157,11 +158,14 @@ pub struct Planned<'g> {
 impl Planner {
     /// Checks `graphs` against the vertex function and schedules them.
     pub fn plan<'g>(&self, graphs: &[&'g InputGraph]) -> Result<Planned<'g>> {
-        check_graphs(&self.f, graphs)?;
-        let mut schedule = Schedule::default();
-        lock(&self.scheduler).schedule(graphs, self.f.arity(), &mut schedule);
-        let sizes = graphs.iter().map(|g| g.len()).collect();
-        Ok(Planned { graphs: PhantomData, sizes, schedule: Box::new(schedule), scheduler: Arc::clone(&self.scheduler) })
+        profile::time(Phase::Plan, || {
+            check_graphs(&self.f, graphs)?;
+            let mut schedule = Schedule::default();
+            lock(&self.scheduler).schedule(graphs, self.f.arity(), &mut schedule);
+            let sizes = graphs.iter().map(|g| g.len()).collect();
+            let scheduler = Arc::clone(&self.scheduler);
+            Ok(Planned { graphs: PhantomData, sizes, schedule: Box::new(schedule), scheduler })
+        })
     }
 }
 
@@ -503,24 +507,37 @@ impl<B: Backend> Engine<B> {
             Graphs::Planned(planned) => self.lowering.take_planned(planned)?,
         };
         check_vertices("output rows", sizes.iter().sum(), rows.unwrap_or_default())?;
-        if self.function().dropout_rates().is_empty() {
-            self.lowering.forward_scheduled(schedule, pulls, train)?;
-        } else {
-            let f = Arc::clone(self.lowering.function_arc());
-            let all = Engine::<B>::with_masks(&f, self.dropout, &mut self.masks, pulls, &sizes, train)?;
-            self.lowering.forward_scheduled(schedule, &all, train)?;
-        }
+        profile::time(Phase::Lower, || {
+            if self.function().dropout_rates().is_empty() {
+                self.lowering.forward_scheduled(schedule, pulls, train)
+            } else {
+                let f = Arc::clone(self.lowering.function_arc());
+                let all = Engine::<B>::with_masks(&f, self.dropout, &mut self.masks, pulls, &sizes, train)?;
+                self.lowering.forward_scheduled(schedule, &all, train)
+            }
+        })?;
         self.rows = rows.map(<[usize]>::to_vec);
         self.execute()?;
         if !read {
             return Ok(vec![Vec::new(); self.function().outputs().len()]);
         }
-        self.download_outputs(rows)
+        profile::time(Phase::Read, || self.download_outputs(rows))
     }
 
     /// Uploads the host data of the pass just lowered (growing the arena and the index buffer
     /// to its layout; they never shrink) and runs its launches.
     fn execute(&mut self) -> Result<()> {
+        profile::time(Phase::Upload, || self.upload())?;
+        let (l, backend) = (&self.lowering, &self.backend);
+        let (flops, calls) =
+            launch::execute(backend, &mut Mem { data: &mut self.bufs, index: &self.index }, l.launches())?;
+        self.flops += flops;
+        self.calls += calls;
+        Ok(())
+    }
+
+    /// Grows the arena and the index buffers to the pass just lowered and copies its host data.
+    fn upload(&mut self) -> Result<()> {
         let (l, backend) = (&self.lowering, &self.backend);
         let arena = l.memory_plan().len;
         if backend.len(&self.bufs[ARENA]) < arena {
@@ -550,10 +567,6 @@ impl<B: Backend> Engine<B> {
         for (at, range) in &up.writes {
             backend.write(&mut self.bufs[ARENA], *at, &up.data[range.clone()])?;
         }
-        let (flops, calls) =
-            launch::execute(backend, &mut Mem { data: &mut self.bufs, index: &self.index }, l.launches())?;
-        self.flops += flops;
-        self.calls += calls;
         Ok(())
     }
 
@@ -602,7 +615,7 @@ impl<B: Backend> Engine<B> {
 
     fn run_backward(&mut self, rows: Option<&[usize]>, push_grads: &[Given<'_>]) -> Result<Gradients> {
         self.given_table_rows = None;
-        self.lowering.backward_given(rows, push_grads)?;
+        profile::time(Phase::Lower, || self.lowering.backward_given(rows, push_grads).map(|_| ()))?;
         self.execute()?;
         let f = Arc::clone(self.lowering.function_arc());
         let n = self.schedule().len();
@@ -622,7 +635,7 @@ impl<B: Backend> Engine<B> {
                 continue;
             }
             if let Some(ids) = self.lowering.b.shared[i].as_ref().and_then(|s| s.ids.clone()) {
-                tables.push(Some(self.table_grad(i, ids, block)?));
+                tables.push(Some(profile::time(Phase::Read, || self.table_grad(i, ids, block))?));
                 pulls.push(Vec::new());
                 continue;
             }

@@ -10,6 +10,7 @@ use crate::trainer::step::names;
 use crate::Backend;
 use crate::DropoutKey;
 use arbor_core::error::Result;
+use arbor_core::profile::{self, Phase};
 
 impl<B: Backend> Model<B> {
     /// The tensor names of every part's parameters: each layer's, then the head's.
@@ -27,6 +28,10 @@ impl<B: Backend> Model<B> {
     /// and the optimizer state (written there first unless [`ModelGrads::kept`]): on a device,
     /// only their sums of squares come to the host.
     pub fn apply(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
+        profile::time(Phase::Update, || self.apply_timed(grads, opt, clip))
+    }
+
+    fn apply_timed(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
         // Steps counted from 1 since the start of training (the dropout key counts from 0).
         let step = self.cells[0].dropout_key().step + 1;
         for engine in self.cells.iter_mut().chain(std::iter::once(self.head.engine())) {

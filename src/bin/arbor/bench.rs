@@ -11,6 +11,7 @@ use arbor::loss_scale::LossScaler;
 use arbor::model::{AsExample, Example, Model};
 use arbor::nn::CellKind as Kind;
 use arbor::optim::{Config, Optimizer, Rule};
+use arbor::profile;
 use arbor::readout::Readout;
 use arbor::rng::Rng;
 use arbor::trainer::{fit_threads, on_threads, Event, Run, Settings, Splits};
@@ -75,6 +76,8 @@ where
         let (model, opt) = run.into_parts();
         let mut run = Run::new(model, opt, &Rng::new(2));
         let (flops_before, calls_before) = (run.model_mut().flops(), run.model_mut().calls());
+        profile::enable(args.profile);
+        profile::reset();
         let start = Instant::now();
         let mut progress = |e: Event| {
             if let Event::Trees(n) = e {
@@ -84,6 +87,7 @@ where
         let timed = Splits { train: examples, dev: &[], test: &[] };
         fit_threads(&mut run, args.workers, timeout, timed, &plan, &mut progress)?;
         let seconds = start.elapsed().as_secs_f64();
+        profile::enable(false);
         pb.finish_and_clear();
         // Every replica runs its share of each minibatch: the first one's flops are its share.
         let flops = (run.model_mut().flops() - flops_before) as f64 * args.workers as f64;
@@ -112,11 +116,16 @@ where
         let mut meet = [0.0f32];
         coll.all_reduce_sum(&mut meet)?;
         let (flops_before, calls_before) = (model.flops(), model.calls());
+        if me == 0 {
+            profile::enable(args.profile);
+            profile::reset();
+        }
         let start = Instant::now();
         pass(&mut model, &batches, Some(&pb))?;
         Ok((start, model.flops() - flops_before, model.calls() - calls_before))
     })?;
     let seconds = timed.iter().map(|(start, ..)| start.elapsed()).max().unwrap_or_default().as_secs_f64();
+    profile::enable(false);
     pb.finish_and_clear();
     let calls: u64 = timed.iter().map(|&(.., calls)| calls).sum();
     Ok(Timed {
@@ -227,9 +236,7 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
     let gpu = (args.device == Device::Cuda).then_some(device);
     let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
     let nominal = vertices as f64 * nominal_per_vertex as f64;
-    println!(
-        "{}",
-        json!({
+    let mut report = json!({
             "model": model_kind.name(),
             "mode": if args.mode == Mode::Train { "train" } else { "infer" },
             "device": if args.device == Device::Cuda { "cuda" } else { "cpu" },
@@ -250,8 +257,17 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
             "nominal_gflops": significant(nominal / seconds / 1e9),
             "peak_rss_mb": (peak_rss_mb() * 10.0).round() / 10.0,
             "launches_per_step": calls_per_step.round(),
-        })
-    );
+    });
+    if args.profile {
+        // Milliseconds a step, each phase summed over the workers' threads.
+        let steps = args.sentences.div_ceil(args.batch) as f64;
+        let ms = |s: f64| (s / steps * 1e5).round() / 100.0;
+        let mut phases: serde_json::Map<String, serde_json::Value> =
+            profile::totals().into_iter().map(|(p, s)| (p.name().to_string(), json!(ms(s)))).collect();
+        phases.insert("step".into(), json!(ms(seconds)));
+        report["profile_ms_per_step"] = json!(phases);
+    }
+    println!("{report}");
     Ok(())
 }
 
