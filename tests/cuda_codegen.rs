@@ -11,6 +11,7 @@ use arbor::cuda::codegen::{cache_key, generate, Binding, Generated, Param};
 use arbor::fusion::Kernel;
 use arbor::rng::Rng;
 use arbor::{nn, Backend, CpuBackend};
+use common::host_c::{c_array, compile_on_host};
 use common::kernels::{bindings, cells, fused, kernels};
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -176,16 +177,6 @@ fn host_program(g: &Generated) -> String {
     format!("#define ARBOR_HOST 1\n{}\n{main}", g.source)
 }
 
-/// Compiles the C program `source` for the host as `dir/name`, which it returns.
-fn compile_on_host(dir: &std::path::Path, name: &str, source: &str) -> std::path::PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let (c, exe) = (dir.join(format!("{name}.c")), dir.join(name));
-    std::fs::write(&c, source).unwrap();
-    let cc = Command::new("cc").args(["-std=c99", "-O1", "-o"]).arg(&exe).arg(&c).arg("-lm").output().expect("cc runs");
-    assert!(cc.status.success(), "{}:\n{}", c.display(), String::from_utf8_lossy(&cc.stderr));
-    exe
-}
-
 /// What the host program of `g` reads on its standard input: `n`, then every parameter (arrays
 /// as a length and the values; row counts as one number).
 fn host_input(k: &Kernel, g: &Generated, bound: &[Bound], n: usize) -> Vec<u8> {
@@ -259,11 +250,6 @@ fn generated_kernels_compute_what_the_cpu_backend_does() {
     }
     std::fs::remove_dir_all(&dir).ok();
     assert!(checked >= 15, "only {checked} kernels checked");
-}
-
-fn c_array(ty: &str, name: &str, v: &[impl std::fmt::Display]) -> String {
-    let items: Vec<String> = v.iter().map(|x| format!("{x}")).collect();
-    format!("{ty} {name}[] = {{{}}};\n", if items.is_empty() { "0".into() } else { items.join(", ") })
 }
 
 /// A gather whose row number lies past the rows its data holds stops the kernel (`abort` in the
@@ -721,88 +707,6 @@ fn attention_kernels_compute_what_the_cpu_backend_does() {
         );
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "slope {slope}, element {i}: kernel {g}, CPU {w}");
-        }
-    }
-}
-
-/// The CUDA backend's own small products (`arbor_gemm_part`, then `arbor_gemm_sum` over slices
-/// of the inner dimension), compiled for the host, give the CPU backend's products: every
-/// transpose, padded rows, batches with strides, accumulation, one slice or several, k = 0.
-#[test]
-fn small_products_compute_what_the_cpu_backend_does() {
-    use arbor::backend::Gemm;
-    use arbor::cuda::codegen::PRELUDE;
-    use arbor::cuda::helpers::HELPER_BODIES;
-    // (m, n, k, ta, tb, batch, accumulate, slices)
-    let cases = [
-        (1, 7, 70, false, false, 1, false, 3),
-        (5, 9, 13, true, false, 1, true, 1),
-        (6, 3, 40, false, true, 2, true, 4),
-        (7, 6, 33, true, true, 3, false, 2),
-        (4, 8, 0, false, false, 1, false, 1),
-    ];
-    let mut rng = Rng::new(31);
-    for (case, &(m, n, k, ta, tb, batch, accumulate, slices)) in cases.iter().enumerate() {
-        // Stored shapes with a padded row stride, then a gap between the matrices of a batch.
-        let (ar, ac) = if ta { (k, m) } else { (m, k) };
-        let (br, bc) = if tb { (n, k) } else { (k, n) };
-        let (lda, ldb, ldc) = (ac + 2, bc + 1, n + 3);
-        let (sa, sb, sc) = (ar * lda + 5, br * ldb + 2, m * ldc + 1);
-        let (la, lb, lc) = (batch * sa, batch * sb, batch * sc);
-        let mut values = |len: usize| (0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<f32>>();
-        let (a, b, c) = (values(la), values(lb), values(lc));
-        let chunk = k.div_ceil(slices).max(1);
-        let blocks = batch * m.div_ceil(4) * n.div_ceil(4);
-        let mut p = format!("#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}#include <stdio.h>\n");
-        p += &c_array("const float", "a", &a);
-        p += &c_array("const float", "b", &b);
-        p += &c_array("float", "c", &c);
-        p += &format!("float parts[{}];\n", (slices * batch * m * n).max(1));
-        let (out, ldo, so, ss, acc) =
-            if slices == 1 { ("c", ldc, sc, 0, accumulate) } else { ("parts", n, m * n, batch * m * n, false) };
-        p += &format!(
-            "int main(void) {{\n\
-             for (long long t = 0; t < {threads}; ++t) arbor_gemm_part_body(t, {m}, {n}, {k}, {batch}, {slices}, \
-                 {chunk}, a, {lda}, {sa}, {ta}, b, {ldb}, {sb}, {tb}, {out}, {ldo}, {so}, {ss}, {acc});\n\
-             if ({slices} > 1) for (long long t = 0; t < {mn}; ++t) arbor_gemm_sum_body(t, {m}, {n}, {batch}, \
-                 {slices}, parts, c, {ldc}, {sc}, {accumulate});\n\
-             for (int i = 0; i < {lc}; ++i) printf(\"%.9g\\n\", c[i]);\n\
-             return 0;\n}}\n",
-            threads = slices * blocks,
-            ta = i32::from(ta),
-            tb = i32::from(tb),
-            acc = i32::from(acc),
-            accumulate = i32::from(accumulate),
-            mn = batch * m * n,
-        );
-        let dir = std::env::temp_dir().join(format!("arbor-gemm-{}-{case}", std::process::id()));
-        let exe = compile_on_host(&dir, "gemm", &p);
-        let run = Command::new(&exe).output().expect("the product runs");
-        std::fs::remove_dir_all(&dir).ok();
-        let got: Vec<f32> = String::from_utf8_lossy(&run.stdout).lines().map(|l| l.parse().unwrap()).collect();
-
-        let cpu = CpuBackend::new();
-        let all = [a.clone(), b.clone(), c.clone()].concat();
-        let mut buf = cpu.alloc(all.len()).unwrap();
-        cpu.write(&mut buf, 0, &all).unwrap();
-        let mut bufs = [buf];
-        let ibufs: [Vec<u32>; 0] = [];
-        let mut mem = Mem { data: &mut bufs, index: &ibufs };
-        let at = |offset: usize| Loc { buf: 0, offset };
-        let g = Gemm {
-            accumulate,
-            batch,
-            stride_a: sa,
-            stride_b: sb,
-            stride_c: sc,
-            ..Gemm::single((m, n, k), (at(0), lda, ta), (at(la), ldb, tb, false), (at(la + lb), ldc))
-        };
-        cpu.gemm(&mut mem, &g).unwrap();
-        let mut want = vec![0.0; lc];
-        cpu.read(&bufs[0], la + lb, &mut want).unwrap();
-        assert_eq!(got.len(), lc, "case {case}");
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "case {case}, element {i}: kernel {g}, CPU {w}");
         }
     }
 }

@@ -34,7 +34,7 @@ fn products(launches: &[Launch]) -> Vec<arbor::backend::Gemm> {
         .iter()
         .flat_map(|l| match l {
             Launch::Gemm(g) => vec![*g],
-            Launch::Gemms(gs) => gs.clone(),
+            Launch::Gemms(gs) | Launch::GemmSum(gs) => gs.clone(),
             _ => Vec::new(),
         })
         .collect()
@@ -59,6 +59,15 @@ fn a_tree_lstm_minibatch_lowers_to_the_expected_launches() {
         assert_eq!((input.m, input.n, input.k), (1, 18, 4), "the input product runs over the one distinct word");
         let summed = products(&launches).iter().filter(|g| g.accumulate).count();
         assert_eq!(summed, 2, "one child product per inner task adds into its sibling's output");
+        // Each inner task's two child products go out as one chain (one backend call).
+        let chains: Vec<usize> = launches
+            .iter()
+            .filter_map(|l| match l {
+                Launch::GemmSum(gs) => Some(gs.len()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(chains, [2, 2], "{text}");
         let rows: Vec<usize> = launches
             .iter()
             .filter_map(|k| match k {
@@ -108,11 +117,12 @@ fn the_engine_runs_the_list_the_lowering_prints() {
     assert_eq!(ran, expected);
     assert_eq!(e.flops(), flops);
     assert!(flops > 0);
-    // One backend call per product, fused kernel, fill, copy, scatter-add and row sum: the
-    // forward pass's 6 + 5, then the backward pass's, counted as the lowering printed them.
-    assert_eq!(e.calls(), 11);
+    // One backend call per product, chain of summed products, fused kernel, fill, copy,
+    // scatter-add and row sum: the forward pass's 6 products (two chains of two) and 5 kernels,
+    // then the backward pass's (no chains there), counted as the lowering printed them.
+    assert_eq!(e.calls(), 9);
     let g = vec![0.1f32; 8 * 6];
     e.backward(&[&g]).unwrap();
-    assert_eq!(e.calls(), 11 + Counts::of(e.lowering().launches()).total() as u64);
-    assert!(e.calls() > 11);
+    assert_eq!(e.calls(), 9 + Counts::of(e.lowering().launches()).total() as u64);
+    assert!(e.calls() > 9);
 }

@@ -312,6 +312,17 @@ pub trait Backend {
     fn gemm_batch(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
         gs.iter().try_for_each(|g| self.gemm(mem, g))
     }
+    /// Kernel launches and library calls given to the device so far, where the backend counts
+    /// them (a GPU's; `None` on the CPU, whose calls the engine counts).
+    fn launches(&self) -> Option<u64> {
+        None
+    }
+    /// Products summed into one output, in order: the first writes C as its `accumulate` says,
+    /// each later one adds to that C (its `accumulate` set) — `h₀·U₀ + h₁·U₁`, which a device
+    /// may run as one launch. By default they run one after another.
+    fn gemm_sum(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
+        gs.iter().try_for_each(|g| self.gemm(mem, g))
+    }
     /// Runs a fused kernel over `n` vertices: `loads[j]` binds the kernel's j-th load op,
     /// `stores[j]` is where its j-th stored op writes (vertex `i` at `stores[j] + i·block`).
     fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()>;

@@ -1,15 +1,15 @@
-//! Host time by phase of a step (`arbor bench --profile`): where a step's wall time goes
+//! Host time by activity within a step (`arbor bench --profile`): where a step's wall time goes
 //! besides waiting for the backend's work. Off unless [`enable`]d; on, each [`time`]d region's
-//! duration is summed per phase, exclusively (a phase timed inside another is taken out of the
+//! duration is summed per activity, exclusively (one timed inside another is taken out of the
 //! outer one's time), over all threads.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-/// A phase of a step, as the engine and the model time it.
+/// What the host does in a step, as the engine and the model time it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub enum Activity {
     /// Checking and scheduling a minibatch's graphs (ahead of its step, on the planner thread).
     Plan,
     /// Laying out a pass: its batch, index arrays and launch list.
@@ -28,40 +28,40 @@ pub enum Phase {
     Update,
 }
 
-/// Every phase, in report order.
-pub const PHASES: [Phase; 8] = [
-    Phase::Plan,
-    Phase::Lower,
-    Phase::Upload,
-    Phase::Products,
-    Phase::Fused,
-    Phase::Launch,
-    Phase::Read,
-    Phase::Update,
+/// Every activity, in report order.
+pub const ACTIVITIES: [Activity; 8] = [
+    Activity::Plan,
+    Activity::Lower,
+    Activity::Upload,
+    Activity::Products,
+    Activity::Fused,
+    Activity::Launch,
+    Activity::Read,
+    Activity::Update,
 ];
 
-impl Phase {
-    /// The phase's name in reports.
+impl Activity {
+    /// The activity's name in reports.
     pub fn name(self) -> &'static str {
         match self {
-            Phase::Plan => "plan",
-            Phase::Lower => "lower",
-            Phase::Upload => "upload",
-            Phase::Products => "products",
-            Phase::Fused => "fused",
-            Phase::Launch => "other_launches",
-            Phase::Read => "read",
-            Phase::Update => "update",
+            Activity::Plan => "plan",
+            Activity::Lower => "lower",
+            Activity::Upload => "upload",
+            Activity::Products => "products",
+            Activity::Fused => "fused",
+            Activity::Launch => "other_launches",
+            Activity::Read => "read",
+            Activity::Update => "update",
         }
     }
 }
 
 static ON: AtomicBool = AtomicBool::new(false);
-static NANOS: [AtomicU64; PHASES.len()] = [const { AtomicU64::new(0) }; PHASES.len()];
+static NANOS: [AtomicU64; ACTIVITIES.len()] = [const { AtomicU64::new(0) }; ACTIVITIES.len()];
 
 thread_local! {
-    /// The phase this thread is timing and since when.
-    static OPEN: Cell<Option<(Phase, Instant)>> = const { Cell::new(None) };
+    /// The activity this thread is timing and since when.
+    static OPEN: Cell<Option<(Activity, Instant)>> = const { Cell::new(None) };
 }
 
 /// Turns timing on or off (for the whole process).
@@ -69,30 +69,30 @@ pub fn enable(on: bool) {
     ON.store(on, Ordering::Relaxed);
 }
 
-/// Sets every phase's total back to zero.
+/// Sets every activity's total back to zero.
 pub fn reset() {
     for n in &NANOS {
         n.store(0, Ordering::Relaxed);
     }
 }
 
-/// Each phase's summed time so far, in seconds, in [`PHASES`] order.
-pub fn totals() -> Vec<(Phase, f64)> {
-    PHASES.iter().map(|&p| (p, NANOS[p as usize].load(Ordering::Relaxed) as f64 * 1e-9)).collect()
+/// Each activity's summed time so far, in seconds, in [`ACTIVITIES`] order.
+pub fn totals() -> Vec<(Activity, f64)> {
+    ACTIVITIES.iter().map(|&p| (p, NANOS[p as usize].load(Ordering::Relaxed) as f64 * 1e-9)).collect()
 }
 
-fn add(phase: Phase, since: Instant, now: Instant) {
+fn add(what: Activity, since: Instant, now: Instant) {
     let nanos = u64::try_from((now - since).as_nanos()).unwrap_or(u64::MAX);
-    NANOS[phase as usize].fetch_add(nanos, Ordering::Relaxed);
+    NANOS[what as usize].fetch_add(nanos, Ordering::Relaxed);
 }
 
-/// Runs `f`, its time counted to `phase` when timing is on.
-pub fn time<T>(phase: Phase, f: impl FnOnce() -> T) -> T {
+/// Runs `f`, its time counted to `what` when timing is on.
+pub fn time<T>(what: Activity, f: impl FnOnce() -> T) -> T {
     if !ON.load(Ordering::Relaxed) {
         return f();
     }
     let start = Instant::now();
-    let outer = OPEN.replace(Some((phase, start)));
+    let outer = OPEN.replace(Some((what, start)));
     if let Some((p, since)) = outer {
         add(p, since, start);
     }
@@ -110,20 +110,20 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn nested_phases_count_exclusively() {
+    fn nested_activities_count_exclusively() {
         enable(true);
         reset();
-        time(Phase::Update, || {
+        time(Activity::Update, || {
             std::thread::sleep(Duration::from_millis(20));
-            time(Phase::Read, || std::thread::sleep(Duration::from_millis(30)));
+            time(Activity::Read, || std::thread::sleep(Duration::from_millis(30)));
         });
         enable(false);
-        time(Phase::Lower, || std::thread::sleep(Duration::from_millis(5)));
+        time(Activity::Lower, || std::thread::sleep(Duration::from_millis(5)));
         let t: Vec<f64> = totals().iter().map(|&(_, s)| s).collect();
-        let (update, read) = (t[Phase::Update as usize], t[Phase::Read as usize]);
+        let (update, read) = (t[Activity::Update as usize], t[Activity::Read as usize]);
         // The update alone would be 50 ms with the read in it.
         assert!((0.02..0.045).contains(&update), "update {update}");
         assert!((0.03..0.055).contains(&read), "read {read}");
-        assert_eq!(t[Phase::Lower as usize], 0.0, "timing was off");
+        assert_eq!(t[Activity::Lower as usize], 0.0, "timing was off");
     }
 }

@@ -85,6 +85,8 @@ pub struct CudaBackend {
     by_address: RefCell<NearKernels>,
     helpers: HashMap<&'static str, CudaFunction>,
     allocations: Cell<usize>,
+    /// Kernel launches and cuBLAS calls so far.
+    launches: Cell<u64>,
     precision: Cell<Precision>,
     /// 16-bit copies of product inputs (see [`Precision`]).
     scratch: RefCell<Option<DeviceBuffer<u16>>>,
@@ -135,7 +137,7 @@ impl CudaBackend {
         let cache = RefCell::new(KernelCache::new(KernelCache::default_dir()));
         let module = load(&ctx, &cache, &helpers(), &arch, &target)?;
         let mut helpers = HashMap::new();
-        for (name, _, _) in HELPERS.into_iter().chain(OPTIM_KERNELS) {
+        for name in HELPERS.into_iter().chain(OPTIM_KERNELS).map(|h| h.0).chain(["arbor_gemm"]) {
             helpers.insert(name, module.load_function(name).map_err(|e| fail("load kernels", e))?);
         }
         Ok(CudaBackend {
@@ -150,6 +152,7 @@ impl CudaBackend {
             by_address: RefCell::new(HashMap::new()),
             helpers,
             allocations: Cell::new(0),
+            launches: Cell::new(0),
             precision: Cell::new(Precision::F32),
             scratch: RefCell::new(None),
             gathered: RefCell::new(None),
@@ -245,6 +248,7 @@ impl CudaBackend {
             return Ok(());
         }
         let blocks = u32::try_from(threads.div_ceil(BLOCK as usize)).map_err(|_| fail(op, "too many threads"))?;
+        self.launches.set(self.launches.get() + 1);
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(f);
         for a in args {
@@ -258,60 +262,6 @@ impl CudaBackend {
         // SAFETY: the arguments match the kernel's parameters (generated together, or the
         // helpers above) and every address was checked against its buffer.
         unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| fail(op, e))
-    }
-
-    /// A small product (see [`small`]) as the backend's own kernels: one pass over slices of the
-    /// inner dimension, then, when there are several, one summing them in order into C.
-    fn small_gemm(&self, g: &Gemm, a: u64, b: u64, c: u64) -> Result<()> {
-        let blocks = g.batch * g.m.div_ceil(4) * g.n.div_ceil(4);
-        // Enough threads to fill the device, each over at least 16 of the inner dimension.
-        let slices = (g.k / 16).clamp(1, 64).min((SMALL_THREADS / blocks).max(1));
-        let chunk = g.k.div_ceil(slices).max(1);
-        let slices = g.k.div_ceil(chunk).max(1);
-        let (m, n, batch) = (g.m as i64, g.n as i64, g.batch as i64);
-        let parts = slices * g.batch * g.m * g.n;
-        let (out, ldo, so, ss, acc) = if slices == 1 {
-            (c, g.ldc as i64, g.stride_c as i64, 0, g.accumulate)
-        } else {
-            (self.scratch(2 * parts)?, n, m * n, batch * m * n, false)
-        };
-        let args = [
-            Arg::I64(m),
-            Arg::I64(n),
-            Arg::I64(g.k as i64),
-            Arg::I64(batch),
-            Arg::I64(slices as i64),
-            Arg::I64(chunk as i64),
-            Arg::Ptr(a),
-            Arg::I64(g.lda as i64),
-            Arg::I64(g.stride_a as i64),
-            Arg::I32(i32::from(g.ta)),
-            Arg::Ptr(b),
-            Arg::I64(g.ldb as i64),
-            Arg::I64(g.stride_b as i64),
-            Arg::I32(i32::from(g.tb)),
-            Arg::Ptr(out),
-            Arg::I64(ldo),
-            Arg::I64(so),
-            Arg::I64(ss),
-            Arg::I32(i32::from(acc)),
-        ];
-        self.launch("gemm", &self.helpers["arbor_gemm_part"], slices * blocks, &args)?;
-        if slices == 1 {
-            return Ok(());
-        }
-        let args = [
-            Arg::I64(m),
-            Arg::I64(n),
-            Arg::I64(batch),
-            Arg::I64(slices as i64),
-            Arg::Ptr(out),
-            Arg::Ptr(c),
-            Arg::I64(g.ldc as i64),
-            Arg::I64(g.stride_c as i64),
-            Arg::I32(i32::from(g.accumulate)),
-        ];
-        self.launch("gemm", &self.helpers["arbor_gemm_sum"], parts / slices, &args)
     }
 
     /// The compiled kernel for `kernel` with these bindings (generated and compiled once).
@@ -411,22 +361,9 @@ impl ColMajor {
     }
 }
 
-/// Products of at most this many multiply-adds run as the backend's own kernels
-/// ([`CudaBackend::small_gemm`]) in f32: on an H200, a cuBLAS call costs the host ~15 µs and
-/// the device ~10 µs at batch 1, several times the work of such a product.
-const SMALL_GEMM: usize = 1 << 23;
-
 /// The partial sums a sum of squares spreads its threads' atomic adds over (a region's sums are
 /// read back together, 512 bytes, and added on the host).
 const SUM_SLOTS: usize = 64;
-
-/// Threads a small product's slices of the inner dimension aim to fill.
-const SMALL_THREADS: usize = 16384;
-
-/// Whether `g` is a small product (see [`SMALL_GEMM`]).
-fn small(g: &Gemm) -> bool {
-    g.m.saturating_mul(g.n).saturating_mul(g.k).saturating_mul(g.batch) <= SMALL_GEMM
-}
 
 /// An error unless `len` values at `offset` lie inside a buffer of `size`.
 fn check(op: &str, what: &str, offset: usize, len: usize, size: usize) -> Result<()> {
@@ -474,6 +411,10 @@ impl Backend for CudaBackend {
 
     fn allocations(&self) -> usize {
         self.allocations.get()
+    }
+
+    fn launches(&self) -> Option<u64> {
+        Some(self.launches.get())
     }
 
     fn len(&self, buf: &DeviceBuffer<f32>) -> usize {
@@ -559,16 +500,10 @@ impl Backend for CudaBackend {
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(());
         }
-        let (ar, ac) = if g.ta { (g.k, g.m) } else { (g.m, g.k) };
-        let (br, bc) = if g.tb { (g.n, g.k) } else { (g.k, g.n) };
-        let a_len = len_of(ar, ac, g.lda, g.batch, g.stride_a);
-        let b_len = len_of(br, bc, g.ldb, g.batch, g.stride_b);
-        let a = (self.data(mem, "gemm A", g.a, a_len)?, a_len);
-        let b = (self.data(mem, "gemm B", g.b, b_len)?, b_len);
-        let c = self.data(mem, "gemm C", g.c, len_of(g.m, g.n, g.ldc, g.batch, g.stride_c))?;
-        if self.precision.get() == Precision::F32 && small(g) {
-            return self.small_gemm(g, a.0, b.0, c);
+        if self.own_product(g) {
+            return self.own_gemm(mem, std::slice::from_ref(g), false);
         }
+        let [a, b, (c, _)] = self.operands(mem, g)?;
         let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
         let int = |x: usize| i32::try_from(x).map_err(|_| fail("gemm", format!("{x} exceeds cuBLAS's int")));
         let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
@@ -598,6 +533,7 @@ impl Backend for CudaBackend {
             cublasComputeType_t::CUBLAS_COMPUTE_32F
         };
         self.ctx.bind_to_thread().map_err(|e| fail("gemm", e))?;
+        self.launches.set(self.launches.get() + 1);
         // SAFETY: the three regions were checked against their buffers above, and converted
         // inputs lie in the scratch buffer, which holds both.
         unsafe {
@@ -628,6 +564,14 @@ impl Backend for CudaBackend {
             )
         }
         .map_err(|e| fail("gemm", e))
+    }
+
+    fn gemm_batch(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
+        self.gemm_wave(mem, gs)
+    }
+
+    fn gemm_sum(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
+        self.gemm_chain(mem, gs)
     }
 
     fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
@@ -847,5 +791,6 @@ fn coefficients(u: &Update) -> [Arg; 9] {
 }
 
 mod attention;
+mod products;
 #[cfg(test)]
 mod tests;

@@ -1,9 +1,10 @@
-//! The CUDA backend's own kernels besides the generated ones: small matrix products, fills,
-//! scatter-adds, row sums,
-//! f32 to 16-bit conversion, and the optimizer's ([`crate::optim`]), as C bodies that also
-//! compile for the host (the tests run them there against the CPU backend).
+//! The CUDA backend's own kernels besides the generated ones: fills, scatter-adds, row sums,
+//! f32 to 16-bit conversion, small matrix products ([`crate::gemm`]) and the optimizer's
+//! ([`crate::optim`]), as C bodies that also compile for the host (the tests run them there
+//! against the CPU backend).
 
 use crate::codegen::PRELUDE;
+use crate::gemm::{gemm_kernel, GEMM_BODIES};
 use crate::optim::{OPTIM_BODIES, OPTIM_KERNELS};
 
 /// The bodies of the backend's own kernels (fill, scatter-adds, row sums, rows gathered for a
@@ -188,73 +189,6 @@ ARBOR_DEVICE void arbor_gather_rows_body(long long t, const float* src, long lon
                                          long long rows, const unsigned* index, float* dst) {
     if (t < n * block) dst[t] = src[(long long)arbor_row(index[t / block], rows) * block + t % block];
 }
-/* A part of a row-major product C = op(A)·op(B) of `batch` matrices (`sa`, `sb` apart), one
-   thread per 4 × 4 block of C and slice of the inner dimension (`k` in `slices` runs of
-   `chunk`, summed in order): thread `t` does slice t / (batch · blocks), and writes its sums to
-   `out` (rows `ldo` apart, matrices `so` apart, slices `ss` apart), added to what is there under
-   `acc`. op(A)(i, p) is a[p·lda + i] under `ta`, else a[i·lda + p]; op(B)(p, j) likewise. Four
-   steps of the inner dimension are loaded before they are used, so that their loads overlap.
-   Small products run as this (one slice straight into C, or several then arbor_gemm_sum), not
-   as a library call whose host cost is several times theirs. */
-ARBOR_DEVICE void arbor_gemm_part_body(long long t, long long m, long long n, long long k, long long batch,
-                                       long long slices, long long chunk, const float* a, long long lda,
-                                       long long sa, int ta, const float* b, long long ldb, long long sb, int tb,
-                                       float* out, long long ldo, long long so, long long ss, int acc) {
-    long long rb = (m + 3) / 4, cb = (n + 3) / 4, per = rb * cb;
-    if (per == 0 || t >= slices * batch * per) return;
-    long long slice = t / (batch * per), q = t / per % batch, u = t % per;
-    long long i0 = u / cb * 4, j0 = u % cb * 4, p0 = slice * chunk, p1 = p0 + chunk < k ? p0 + chunk : k;
-    /* Element (i, p) of op(A) is at i·ai + p·ap, element (p, j) of op(B) at p·bp + j·bj. */
-    long long ai = ta ? 1 : lda, ap = ta ? lda : 1, bp = tb ? 1 : ldb, bj = tb ? ldb : 1;
-    const float* ar[4];
-    const float* bc[4];
-    float s[4][4];
-    for (int r = 0; r < 4; ++r) {
-        ar[r] = a + q * sa + (i0 + r < m ? i0 + r : m - 1) * ai;
-        bc[r] = b + q * sb + (j0 + r < n ? j0 + r : n - 1) * bj;
-        for (int e = 0; e < 4; ++e) s[r][e] = 0.0f;
-    }
-    long long p = p0;
-    for (; p + 4 <= p1; p += 4) {
-        float x[4][4], y[4][4];
-        for (int d = 0; d < 4; ++d)
-            for (int r = 0; r < 4; ++r) {
-                x[d][r] = ar[r][(p + d) * ap];
-                y[d][r] = bc[r][(p + d) * bp];
-            }
-        for (int d = 0; d < 4; ++d)
-            for (int r = 0; r < 4; ++r)
-                for (int e = 0; e < 4; ++e) s[r][e] += x[d][r] * y[d][e];
-    }
-    for (; p < p1; ++p)
-        for (int r = 0; r < 4; ++r)
-            for (int e = 0; e < 4; ++e) s[r][e] += ar[r][p * ap] * bc[e][p * bp];
-    out += slice * ss + q * so;
-    for (int r = 0; r < 4 && i0 + r < m; ++r)
-        for (int e = 0; e < 4 && j0 + e < n; ++e) {
-            float* o = &out[(i0 + r) * ldo + j0 + e];
-            *o = acc ? *o + s[r][e] : s[r][e];
-        }
-}
-/* The `slices` parts arbor_gemm_part wrote densely (`m × n` per matrix, `batch · m · n` per
-   slice) summed in order into C (rows `ldc` apart, matrices `sc` apart; added under `acc`). */
-ARBOR_DEVICE void arbor_gemm_sum_body(long long t, long long m, long long n, long long batch, long long slices,
-                                      const float* parts, float* c, long long ldc, long long sc, int acc) {
-    long long per = m * n;
-    if (t >= batch * per) return;
-    const float* x = parts + t;
-    long long step = batch * per, l = 0;
-    float s = 0.0f;
-    /* Four loads in flight, added in order. */
-    for (; l + 4 <= slices; l += 4) {
-        float w[4];
-        for (int d = 0; d < 4; ++d) w[d] = x[(l + d) * step];
-        for (int d = 0; d < 4; ++d) s += w[d];
-    }
-    for (; l < slices; ++l) s += x[l * step];
-    float* o = &c[t / per * sc + t % per / n * ldc + t % n];
-    *o = acc ? *o + s : s;
-}
 ARBOR_DEVICE void arbor_sum_rows_body(long long j, const float* src, long long rows, long long cols, float* dst,
                                       int accumulate) {
     if (j >= cols) return;
@@ -272,20 +206,7 @@ ARBOR_DEVICE void arbor_sum_rows_body(long long j, const float* src, long long r
 "#;
 
 /// The helper kernels' parameters, as `(name, parameter list, argument list)`.
-pub(crate) const HELPERS: [(&str, &str, &str); 12] = [
-    (
-        "arbor_gemm_part",
-        "long long m, long long n, long long k, long long batch, long long slices, long long chunk, \
-         const float* a, long long lda, long long sa, int ta, const float* b, long long ldb, long long sb, int tb, \
-         float* out, long long ldo, long long so, long long ss, int acc",
-        "m, n, k, batch, slices, chunk, a, lda, sa, ta, b, ldb, sb, tb, out, ldo, so, ss, acc",
-    ),
-    (
-        "arbor_gemm_sum",
-        "long long m, long long n, long long batch, long long slices, const float* parts, float* c, long long ldc, \
-         long long sc, int acc",
-        "m, n, batch, slices, parts, c, ldc, sc, acc",
-    ),
+pub(crate) const HELPERS: [(&str, &str, &str); 10] = [
     (
         "arbor_attend",
         "long long n, long long heads, long long kw, long long vw, float slope, const float* query, \
@@ -333,10 +254,10 @@ pub(crate) const HELPERS: [(&str, &str, &str); 12] = [
     ),
 ];
 
-/// The CUDA source of the helper kernels and the optimizer's ([`crate::optim`]): the prelude,
-/// their bodies, and a `__global__` wrapper for each.
+/// The CUDA source of the helper kernels, the product kernel ([`crate::gemm`]) and the
+/// optimizer's ([`crate::optim`]): the prelude, their bodies, and a `__global__` wrapper for each.
 pub fn helpers() -> String {
-    let mut src = format!("{PRELUDE}{HELPER_BODIES}{OPTIM_BODIES}");
+    let mut src = format!("{PRELUDE}{HELPER_BODIES}{GEMM_BODIES}{OPTIM_BODIES}{}", gemm_kernel());
     for (name, params, args) in HELPERS.into_iter().chain(OPTIM_KERNELS) {
         src.push_str(&format!(
             "extern \"C\" __global__ void {name}({params}) {{ {name}_body(ARBOR_THREAD, {args}); }}\n"

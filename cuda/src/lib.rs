@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod cache;
 pub mod codegen;
+pub mod gemm;
 pub mod helpers;
 pub mod nvrtc;
 pub mod optim;

@@ -7,7 +7,7 @@ use super::dedup;
 use arbor_core::backend::{Attention, AttentionGrads, Backend, Combine, Gemm, IndexLoc, Loc, Mem, Rows};
 use arbor_core::error::Result;
 use arbor_core::fusion::Kernel;
-use arbor_core::profile::{self, Phase};
+use arbor_core::profile::{self, Activity};
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
@@ -38,6 +38,8 @@ pub enum Launch {
     Gemm(Gemm),
     /// Independent matrix products: none writes what another reads or writes.
     Gemms(Vec<Gemm>),
+    /// Matrix products summed into one output in order (see [`Backend::gemm_sum`]).
+    GemmSum(Vec<Gemm>),
     /// A fused kernel over `n` vertices (see [`Backend::fused`]).
     Fused {
         /// The step of the vertex function's plan it runs.
@@ -138,7 +140,7 @@ impl Counts {
             match l {
                 Launch::Fill { .. } => c.fills += 1,
                 Launch::Gemm(_) => c.products += 1,
-                Launch::Gemms(gs) => c.products += gs.len(),
+                Launch::Gemms(gs) | Launch::GemmSum(gs) => c.products += gs.len(),
                 Launch::Fused { .. } => c.fused += 1,
                 Launch::Copy { .. } => c.copies += 1,
                 Launch::ScatterAdd { .. } | Launch::ScatterAdds { .. } => c.scatters += 1,
@@ -157,8 +159,8 @@ impl Counts {
 }
 
 impl Launch {
-    /// Backend calls: one per product of a wave, else one (their sum over a list is
-    /// [`Counts::total`]).
+    /// Backend calls: one per product of a wave, else one (a chain of summed products is one
+    /// call; the sum over a list is [`Counts::total`] less those chains' other products).
     pub fn calls(&self) -> usize {
         match self {
             Launch::Gemms(gs) => gs.len(),
@@ -171,7 +173,7 @@ impl Launch {
     pub fn flops(&self) -> u64 {
         match self {
             Launch::Gemm(g) => gemm_flops(g),
-            Launch::Gemms(gs) => gs.iter().map(gemm_flops).sum(),
+            Launch::Gemms(gs) | Launch::GemmSum(gs) => gs.iter().map(gemm_flops).sum(),
             Launch::Fused { kernel, n, .. } => {
                 (n * kernel.nodes.iter().filter(|x| !x.op.is_load()).map(|x| x.shape.numel()).sum::<usize>()) as u64
             }
@@ -232,12 +234,12 @@ pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &
     for l in launches {
         flops += l.flops();
         calls += l.calls() as u64;
-        let phase = match l {
-            Launch::Gemm(_) | Launch::Gemms(_) => Phase::Products,
-            Launch::Fused { .. } | Launch::Copy { .. } => Phase::Fused,
-            _ => Phase::Launch,
+        let activity = match l {
+            Launch::Gemm(_) | Launch::Gemms(_) | Launch::GemmSum(_) => Activity::Products,
+            Launch::Fused { .. } | Launch::Copy { .. } => Activity::Fused,
+            _ => Activity::Launch,
         };
-        profile::time(phase, || run(backend, mem, l))?;
+        profile::time(activity, || run(backend, mem, l))?;
     }
     Ok((flops, calls))
 }
@@ -248,6 +250,7 @@ fn run<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, l: &Launch) -> Result<()> 
         Launch::Fill { dst, len } => backend.fill(mem, *dst, *len, 0.0)?,
         Launch::Gemm(g) => backend.gemm(mem, g)?,
         Launch::Gemms(gs) => backend.gemm_batch(mem, gs)?,
+        Launch::GemmSum(gs) => backend.gemm_sum(mem, gs)?,
         Launch::Fused { kernel, n, loads, stores, .. } => backend.fused(mem, kernel, *n, loads, stores)?,
         Launch::Copy { from, to, rows, block } => {
             backend.fused(mem, &dedup::copy_kernel(*block), *rows, std::slice::from_ref(from), &[*to])?
@@ -310,8 +313,9 @@ impl fmt::Display for Launch {
                 write!(f, "product ")?;
                 gemm(f, g)
             }
-            Launch::Gemms(gs) => {
-                write!(f, "products {}:", gs.len())?;
+            Launch::Gemms(gs) | Launch::GemmSum(gs) => {
+                let what = if matches!(self, Launch::GemmSum(_)) { "summed" } else { "products" };
+                write!(f, "{what} {}:", gs.len())?;
                 for g in gs {
                     write!(f, "\n          ")?;
                     gemm(f, g)?;

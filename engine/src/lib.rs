@@ -40,7 +40,7 @@ use arbor_core::dropout::{self, DropoutKey};
 use arbor_core::error::{Error, Result};
 use arbor_core::graph::InputGraph;
 use arbor_core::ir::VertexFn;
-use arbor_core::profile::{self, Phase};
+use arbor_core::profile::{self, Activity};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
@@ -158,7 +158,7 @@ pub struct Planned<'g> {
 impl Planner {
     /// Checks `graphs` against the vertex function and schedules them.
     pub fn plan<'g>(&self, graphs: &[&'g InputGraph]) -> Result<Planned<'g>> {
-        profile::time(Phase::Plan, || {
+        profile::time(Activity::Plan, || {
             check_graphs(&self.f, graphs)?;
             let mut schedule = Schedule::default();
             lock(&self.scheduler).schedule(graphs, self.f.arity(), &mut schedule);
@@ -507,7 +507,7 @@ impl<B: Backend> Engine<B> {
             Graphs::Planned(planned) => self.lowering.take_planned(planned)?,
         };
         check_vertices("output rows", sizes.iter().sum(), rows.unwrap_or_default())?;
-        profile::time(Phase::Lower, || {
+        profile::time(Activity::Lower, || {
             if self.function().dropout_rates().is_empty() {
                 self.lowering.forward_scheduled(schedule, pulls, train)
             } else {
@@ -521,13 +521,13 @@ impl<B: Backend> Engine<B> {
         if !read {
             return Ok(vec![Vec::new(); self.function().outputs().len()]);
         }
-        profile::time(Phase::Read, || self.download_outputs(rows))
+        profile::time(Activity::Read, || self.download_outputs(rows))
     }
 
     /// Uploads the host data of the pass just lowered (growing the arena and the index buffer
     /// to its layout; they never shrink) and runs its launches.
     fn execute(&mut self) -> Result<()> {
-        profile::time(Phase::Upload, || self.upload())?;
+        profile::time(Activity::Upload, || self.upload())?;
         let (l, backend) = (&self.lowering, &self.backend);
         let (flops, calls) =
             launch::execute(backend, &mut Mem { data: &mut self.bufs, index: &self.index }, l.launches())?;
@@ -615,7 +615,7 @@ impl<B: Backend> Engine<B> {
 
     fn run_backward(&mut self, rows: Option<&[usize]>, push_grads: &[Given<'_>]) -> Result<Gradients> {
         self.given_table_rows = None;
-        profile::time(Phase::Lower, || self.lowering.backward_given(rows, push_grads).map(|_| ()))?;
+        profile::time(Activity::Lower, || self.lowering.backward_given(rows, push_grads).map(|_| ()))?;
         self.execute()?;
         let f = Arc::clone(self.lowering.function_arc());
         let n = self.schedule().len();
@@ -635,7 +635,7 @@ impl<B: Backend> Engine<B> {
                 continue;
             }
             if let Some(ids) = self.lowering.b.shared[i].as_ref().and_then(|s| s.ids.clone()) {
-                tables.push(Some(profile::time(Phase::Read, || self.table_grad(i, ids, block))?));
+                tables.push(Some(profile::time(Activity::Read, || self.table_grad(i, ids, block))?));
                 pulls.push(Vec::new());
                 continue;
             }

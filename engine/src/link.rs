@@ -16,7 +16,7 @@ use super::{Engine, Gradients, Pass, Pull};
 use arbor_core::backend::{Backend, IndexLoc, Loc, Mem, Rows};
 use arbor_core::error::{Error, Result};
 use arbor_core::ir::Port;
-use arbor_core::profile::{self, Phase};
+use arbor_core::profile::{self, Activity};
 use std::sync::Arc;
 
 /// The engine's buffer that holds the other engine's arena during a linked pass.
@@ -264,7 +264,7 @@ impl<B: Backend> Engine<B> {
         let total: usize = f.outputs().iter().map(|o| n * o.shape.numel()).sum();
         self.host.resize(total, 0.0);
         if total > 0 {
-            profile::time(Phase::Read, || self.backend.read(&self.bufs[OUTPUTS], 0, &mut self.host))?;
+            profile::time(Activity::Read, || self.backend.read(&self.bufs[OUTPUTS], 0, &mut self.host))?;
         }
         let mut at = 0;
         let mut out = Vec::with_capacity(f.outputs().len());

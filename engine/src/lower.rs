@@ -401,7 +401,7 @@ impl Lowering {
                     spare.loads.push(loads);
                     spare.stores.push(stores);
                 }
-                Launch::Gemms(mut gemms) => {
+                Launch::Gemms(mut gemms) | Launch::GemmSum(mut gemms) => {
                     gemms.clear();
                     spare.gemms.push(gemms);
                 }

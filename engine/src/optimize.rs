@@ -8,7 +8,7 @@ use crate::Engine;
 use arbor_core::backend::{Backend, Loc, Mem, OptimAt};
 use arbor_core::error::{Error, Result};
 use arbor_core::optim::Update;
-use arbor_core::profile::{self, Phase};
+use arbor_core::profile::{self, Activity};
 
 /// The engine's buffers of optimizer state, laid out as [`PARAMS`]: the first and second state
 /// tensor of every parameter's rule (see [`OptimAt`]).
@@ -48,7 +48,7 @@ impl<B: Backend> Engine<B> {
         let mut regions = vec![(Loc { buf: GRADS, offset: 0 }, self.lowering.a.params_len)];
         regions.extend(self.table_grad_region());
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };
-        let sums = profile::time(Phase::Read, || self.backend.sum_squares(&mut mem, &regions))?;
+        let sums = profile::time(Activity::Read, || self.backend.sum_squares(&mut mem, &regions))?;
         self.calls += regions.len() as u64;
         Ok((sums.first().copied().unwrap_or(0.0), sums.get(1).copied().unwrap_or(0.0)))
     }

@@ -27,6 +27,27 @@ fn accumulating(
     Gemm { accumulate: true, ..Gemm::single(mnk, a, b, c) }
 }
 
+/// Whether `later` adds to the output `first` writes, reading nothing `first` writes: the two
+/// may run as one chain.
+fn adds_to(first: &Gemm, later: &Gemm) -> bool {
+    // The elements a matrix spans from `at` (`rows` rows `ld` apart, `batch` of them `stride`
+    // apart), as a range of its buffer.
+    let span = |at: Loc, rows: usize, ld: usize, stride: usize| {
+        let len = stride * later.batch.saturating_sub(1) + ld * rows;
+        (at.buf, at.offset..at.offset + len)
+    };
+    let c = span(first.c, first.m, first.ldc, first.stride_c);
+    let apart = |(buf, r): (usize, Range<usize>)| buf != c.0 || r.end <= c.1.start || c.1.end <= r.start;
+    let a_rows = if later.ta { later.k } else { later.m };
+    let b_rows = if later.tb { later.n } else { later.k };
+    later.accumulate
+        && later.c == first.c
+        && (later.m, later.n, later.ldc, later.batch, later.stride_c)
+            == (first.m, first.n, first.ldc, first.batch, first.stride_c)
+        && apart(span(later.a, a_rows, later.lda, later.stride_a))
+        && apart(span(later.b, b_rows, later.ldb, later.stride_b))
+}
+
 /// The products of one step of a phase, in waves: the products of a wave are independent of
 /// each other, and each wave runs after the one before. Emptied waves keep their vectors.
 #[derive(Default)]
@@ -52,10 +73,31 @@ impl Waves {
     }
 
     /// Adds a launch of each wave in use that holds products to `launches`, in order; the waves
-    /// keep emptied vectors from `spare` instead.
+    /// keep emptied vectors from `spare` instead. Waves of one product each that add to the
+    /// first one's output (`h₀·U₀ + h₁·U₁`) go out as one chain ([`Launch::GemmSum`]).
     pub fn launch(&mut self, spare: &mut Vec<Vec<Gemm>>, launches: &mut Vec<Launch>) {
+        let mut chain: Option<Vec<Gemm>> = None;
         for wave in self.waves[..self.len].iter_mut().filter(|w| !w.is_empty()) {
-            launches.push(Launch::Gemms(std::mem::replace(wave, spare.pop().unwrap_or_default())));
+            let mut wave = std::mem::replace(wave, spare.pop().unwrap_or_default());
+            match chain.as_mut() {
+                Some(c) if wave.len() == 1 && adds_to(&c[0], &wave[0]) => {
+                    c.append(&mut wave);
+                    spare.push(wave);
+                    continue;
+                }
+                _ => {}
+            }
+            if let Some(c) = chain.take() {
+                launches.push(if c.len() == 1 { Launch::Gemms(c) } else { Launch::GemmSum(c) });
+            }
+            if wave.len() == 1 {
+                chain = Some(wave);
+            } else {
+                launches.push(Launch::Gemms(wave));
+            }
+        }
+        if let Some(c) = chain {
+            launches.push(if c.len() == 1 { Launch::Gemms(c) } else { Launch::GemmSum(c) });
         }
     }
 

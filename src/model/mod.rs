@@ -569,6 +569,13 @@ impl<B: Backend> Model<B> {
         self.cells.iter().map(Engine::calls).sum::<u64>() + self.head.engine().calls()
     }
 
+    /// Kernel launches and library calls the engines' backends gave their device so far, where
+    /// they count them ([`Backend::launches`]: a GPU's).
+    pub fn launches(&mut self) -> Option<u64> {
+        let head = self.head.engine().backend().launches();
+        self.cells.iter().map(|e| e.backend().launches()).chain([head]).sum()
+    }
+
     /// The scheduler of the bottom cells' engine (for [`Model::gradients`] with a minibatch
     /// planned ahead).
     pub fn planner(&self) -> Planner {

@@ -10,7 +10,7 @@ use crate::trainer::step::names;
 use crate::Backend;
 use crate::DropoutKey;
 use arbor_core::error::Result;
-use arbor_core::profile::{self, Phase};
+use arbor_core::profile::{self, Activity};
 
 impl<B: Backend> Model<B> {
     /// The tensor names of every part's parameters: each layer's, then the head's.
@@ -28,7 +28,7 @@ impl<B: Backend> Model<B> {
     /// and the optimizer state (written there first unless [`ModelGrads::kept`]): on a device,
     /// only their sums of squares come to the host.
     pub fn apply(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
-        profile::time(Phase::Update, || self.apply_timed(grads, opt, clip))
+        profile::time(Activity::Update, || self.apply_timed(grads, opt, clip))
     }
 
     fn apply_timed(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {

@@ -107,6 +107,10 @@ impl<W: Watch> Backend for Watched<W> {
         self.watch.call();
         self.cpu.gemm(&mut cpu(mem), g)
     }
+    fn gemm_sum(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> arbor::Result<()> {
+        self.watch.call();
+        self.cpu.gemm_sum(&mut cpu(mem), gs)
+    }
     fn fused(
         &self,
         mem: &mut Mem<'_, Self>,

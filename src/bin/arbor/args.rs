@@ -93,7 +93,7 @@ pub(crate) struct BenchArgs {
     /// Leaves of each synthetic tree for tree-fc without --data.
     #[arg(long, default_value_t = 32)]
     pub(crate) leaves: usize,
-    /// Also report the host's time per step by phase (`profile_ms_per_step`: planning, lowering,
+    /// Also report the host's time per step by activity (`profile_ms_per_step`: planning, lowering,
     /// uploads, issuing launches, reads, the update; on a GPU, reads include waiting for it).
     #[arg(long)]
     pub(crate) profile: bool,

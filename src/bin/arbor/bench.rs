@@ -76,6 +76,7 @@ where
         let (model, opt) = run.into_parts();
         let mut run = Run::new(model, opt, &Rng::new(2));
         let (flops_before, calls_before) = (run.model_mut().flops(), run.model_mut().calls());
+        let launches_before = run.model_mut().launches();
         profile::enable(args.profile);
         profile::reset();
         let start = Instant::now();
@@ -92,7 +93,9 @@ where
         // Every replica runs its share of each minibatch: the first one's flops are its share.
         let flops = (run.model_mut().flops() - flops_before) as f64 * args.workers as f64;
         let calls = (run.model_mut().calls() - calls_before) as f64;
-        return Ok(Timed { seconds, flops, calls_per_step: calls / examples.len().div_ceil(args.batch) as f64 });
+        let steps = examples.len().div_ceil(args.batch) as f64;
+        let launches = run.model_mut().launches().zip(launches_before).map(|(l, b)| (l - b) as f64 / steps);
+        return Ok(Timed { seconds, flops, calls_per_step: calls / steps, launches_per_step: launches });
     }
     let mut replicas: Vec<Model<B>> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
     replicas.insert(0, model);
@@ -115,23 +118,27 @@ where
         pass(&mut model, &batches[..batches.len().min(3)], None)?;
         let mut meet = [0.0f32];
         coll.all_reduce_sum(&mut meet)?;
-        let (flops_before, calls_before) = (model.flops(), model.calls());
+        let (flops_before, calls_before, launches_before) = (model.flops(), model.calls(), model.launches());
         if me == 0 {
             profile::enable(args.profile);
             profile::reset();
         }
         let start = Instant::now();
         pass(&mut model, &batches, Some(&pb))?;
-        Ok((start, model.flops() - flops_before, model.calls() - calls_before))
+        let launches = model.launches().zip(launches_before).map(|(l, b)| l - b);
+        Ok((start, model.flops() - flops_before, model.calls() - calls_before, launches))
     })?;
     let seconds = timed.iter().map(|(start, ..)| start.elapsed()).max().unwrap_or_default().as_secs_f64();
     profile::enable(false);
     pb.finish_and_clear();
-    let calls: u64 = timed.iter().map(|&(.., calls)| calls).sum();
+    let calls: u64 = timed.iter().map(|&(.., calls, _)| calls).sum();
+    let launches: Option<u64> = timed.iter().map(|&(.., launches)| launches).sum();
+    let steps = batches.len().max(1) as f64;
     Ok(Timed {
         seconds,
-        flops: timed.iter().map(|&(_, flops, _)| flops as f64).sum(),
-        calls_per_step: calls as f64 / batches.len().max(1) as f64,
+        flops: timed.iter().map(|&(_, flops, ..)| flops as f64).sum(),
+        calls_per_step: calls as f64 / steps,
+        launches_per_step: launches.map(|l| l as f64 / steps),
     })
 }
 
@@ -141,6 +148,8 @@ pub(crate) struct Timed {
     seconds: f64,
     flops: f64,
     calls_per_step: f64,
+    /// Kernel launches and library calls a step gave the device, where its backend counts them.
+    launches_per_step: Option<f64>,
 }
 
 /// The classes of a minibatch's target rows (each example's one row).
@@ -232,7 +241,8 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
         }
     }
     let work = Work(cell, vocab, classes, args, &labelled, loss_on);
-    let (Timed { seconds, flops, calls_per_step }, device) = on_device(args.device, args.precision, work)?;
+    let (Timed { seconds, flops, calls_per_step, launches_per_step }, device) =
+        on_device(args.device, args.precision, work)?;
     let gpu = (args.device == Device::Cuda).then_some(device);
     let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
     let nominal = vertices as f64 * nominal_per_vertex as f64;
@@ -258,14 +268,17 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
             "peak_rss_mb": (peak_rss_mb() * 10.0).round() / 10.0,
             "launches_per_step": calls_per_step.round(),
     });
+    if let Some(launches) = launches_per_step {
+        report["device_launches_per_step"] = json!(launches.round());
+    }
     if args.profile {
-        // Milliseconds a step, each phase summed over the workers' threads.
+        // Milliseconds a step, each activity summed over the workers' threads.
         let steps = args.sentences.div_ceil(args.batch) as f64;
         let ms = |s: f64| (s / steps * 1e5).round() / 100.0;
-        let mut phases: serde_json::Map<String, serde_json::Value> =
+        let mut spent: serde_json::Map<String, serde_json::Value> =
             profile::totals().into_iter().map(|(p, s)| (p.name().to_string(), json!(ms(s)))).collect();
-        phases.insert("step".into(), json!(ms(seconds)));
-        report["profile_ms_per_step"] = json!(phases);
+        spent.insert("step".into(), json!(ms(seconds)));
+        report["profile_ms_per_step"] = json!(spent);
     }
     println!("{report}");
     Ok(())
