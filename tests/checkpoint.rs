@@ -188,6 +188,32 @@ fn a_pipelined_run_resumes_unpipelined() {
     resumes_elsewhere("elastic-pipe", &["--layers", "2", "--stages", "2"], &["--layers", "2"]);
 }
 
+/// An unpipelined checkpoint resumes as a two-stage 1F1B pipeline, and a two-stage one on three
+/// stages: a pipeline that flushes every minibatch trains on the weights one stage would.
+#[test]
+fn a_run_resumes_pipelined_on_another_number_of_stages() {
+    resumes_elsewhere("elastic-unpipe", &["--layers", "2"], &["--layers", "2", "--stages", "2"]);
+    resumes_elsewhere("elastic-2-3", &["--layers", "3", "--stages", "2"], &["--layers", "3", "--stages", "3"]);
+}
+
+/// 2BW's one-step-stale weights are part of what a checkpoint means: a 1F1B checkpoint does not
+/// resume as 2BW (nor a 2BW one as another 2BW shape), and the refusal names the setting.
+#[test]
+fn a_checkpoint_resumes_as_2bw_only_from_the_same_2bw_run() {
+    let tmp = Temp::new("elastic-2bw");
+    let dir = tmp.join("a");
+    let flushed = ["--layers", "2", "--stages", "2", "--max-steps", "20", "--checkpoint", s(&dir)];
+    train(&flushed);
+    let two_bw = ["--schedule", "2bw", "--micro-batches", "2", "--max-steps", "40", "--resume", s(&dir)];
+    let mut args = vec!["train", "--layers", "2", "--stages", "2", "--checkpoint", s(&dir)];
+    args.extend(two_bw);
+    args.extend(SMALL);
+    let out = arbor(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let named = ["`stages`", "`schedule`", "`micro_batches`"].iter().any(|k| err.contains(k));
+    assert!(!out.status.success() && named, "{err}");
+}
+
 /// `--checkpoint-every auto` (CheckFreq): the summary reports the interval chosen last and the
 /// snapshots' measured share of the training time; snapshots taken whenever the measured times
 /// say leave training as it was (a resumed run equals an uninterrupted one bit for bit).
@@ -205,6 +231,21 @@ fn an_automatic_checkpoint_interval_is_reported_and_changes_nothing() {
         train(&["--epochs", "1", "--max-steps", "20", "--checkpoint", s(&tmp.join("b")), "--checkpoint-every", "4"]);
     assert_eq!(fixed["checkpoint_every"], 4, "{fixed}");
     resume_is_exact("exact-auto", &["--checkpoint-every", "auto", "--checkpoint-overhead", "0.2"]);
+}
+
+/// The interval an automatic cadence chose is kept in `last/`: a run resumed from it goes on at
+/// that interval (reported though the run ends before its next snapshot) instead of measuring
+/// afresh a few steps in.
+#[test]
+fn a_resumed_run_keeps_its_automatic_checkpoint_interval() {
+    let tmp = Temp::new("auto-kept");
+    let dir = tmp.join("a");
+    let auto = ["--epochs", "2", "--checkpoint", s(&dir), "--checkpoint-every", "auto"];
+    train(&[&auto[..], &["--max-steps", "100"]].concat());
+    let kept = load(&dir.join("last")).meta["checkpoint_cadence"]["interval"].as_u64().expect("an interval kept");
+    assert!(kept > 2, "snapshots cost more than a step: {kept}");
+    let v = train(&[&auto[..], &["--max-steps", "102", "--resume", s(&dir)]].concat());
+    assert_eq!(v["checkpoint_every"].as_u64(), Some(kept), "{v}");
 }
 
 /// Stopping at step 100 (mid-epoch) and resuming to step 200 (across an epoch boundary) gives

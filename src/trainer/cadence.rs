@@ -1,10 +1,11 @@
 //! When a run snapshots `last/` between epochs' ends: every fixed number of steps, or — as
 //! CheckFreq (Mohan et al., FAST 2021) chooses it — as often as a bound on the snapshots' share
 //! of training time allows, from step and snapshot times measured online and retuned after
-//! every snapshot.
+//! every snapshot — kept in checkpoints, so a resumed run goes on at the interval it had.
 
 use crate::dist::Collective;
 use arbor_core::error::{Error, Result};
+use serde_json::{json, Value};
 
 /// How often `last/` is snapshotted between epochs' ends ([`Settings::checkpoint_every`](super::Settings::checkpoint_every)).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -25,6 +26,35 @@ const FIRST: u64 = 5;
 /// Weight of the newest measurement in the running step and snapshot times.
 const NEWEST: f64 = 0.5;
 
+/// What an automatic cadence had measured and chosen at its last snapshot: kept in checkpoints
+/// (`checkpoint_cadence`) so that a resumed run starts from it instead of measuring afresh.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Tuned {
+    /// The interval chosen.
+    pub(crate) interval: u64,
+    /// Running seconds per step and per snapshot.
+    pub(crate) step_seconds: f64,
+    pub(crate) snapshot_seconds: f64,
+}
+
+impl Tuned {
+    /// As a checkpoint records it.
+    pub(crate) fn to_json(self) -> Value {
+        json!({"interval": self.interval, "step_seconds": self.step_seconds, "snapshot_seconds": self.snapshot_seconds})
+    }
+
+    /// As a checkpoint recorded it; `None` for a checkpoint without one (or a malformed one:
+    /// the cadence then measures afresh).
+    pub(crate) fn from_json(v: &Value) -> Option<Tuned> {
+        let seconds = |key: &str| v[key].as_f64().filter(|s| s.is_finite() && *s >= 0.0);
+        Some(Tuned {
+            interval: v["interval"].as_u64().filter(|&n| n > 0)?,
+            step_seconds: seconds("step_seconds")?,
+            snapshot_seconds: seconds("snapshot_seconds")?,
+        })
+    }
+}
+
 /// The cadence of one run (the same on every worker: their times are pooled at each snapshot).
 #[derive(Clone, Debug)]
 pub(crate) struct Cadence {
@@ -41,17 +71,41 @@ pub(crate) struct Cadence {
 }
 
 impl Cadence {
-    /// The cadence `every` asks for, of a run at step `steps`; an error for an automatic bound
-    /// that is not a fraction above 0.
-    pub(crate) fn new(every: Option<Every>, steps: u64) -> Result<Cadence> {
+    /// The cadence `every` asks for, of a run at step `steps` — an automatic one going on from
+    /// `tuned` where a resumed run had it (its next snapshot an interval on); an error for an
+    /// automatic bound that is not a fraction above 0.
+    pub(crate) fn new(every: Option<Every>, steps: u64, tuned: Option<Tuned>) -> Result<Cadence> {
         if let Some(Every::Auto(bound)) = every {
             if !(bound > 0.0 && bound < 1.0) {
                 let got = bound.to_string();
                 return Err(Error::input("checkpoint overhead bound", "a fraction of the step time in (0, 1)", got));
             }
         }
-        let next = steps + FIRST;
-        Ok(Cadence { every, next, interval: None, step_seconds: None, snapshot_seconds: None, spent: 0.0 })
+        let mut c = Cadence {
+            every,
+            next: steps + FIRST,
+            interval: None,
+            step_seconds: None,
+            snapshot_seconds: None,
+            spent: 0.0,
+        };
+        if let (Some(Every::Auto(_)), Some(t)) = (every, tuned) {
+            c.next = steps + t.interval;
+            c.interval = Some(t.interval);
+            c.step_seconds = Some(t.step_seconds);
+            c.snapshot_seconds = Some(t.snapshot_seconds);
+        }
+        Ok(c)
+    }
+
+    /// What an automatic cadence has measured and chosen, once it has chosen.
+    pub(crate) fn tuned(&self) -> Option<Tuned> {
+        match (self.every, self.interval, self.step_seconds, self.snapshot_seconds) {
+            (Some(Every::Auto(_)), Some(interval), Some(step_seconds), Some(snapshot_seconds)) => {
+                Some(Tuned { interval, step_seconds, snapshot_seconds })
+            }
+            _ => None,
+        }
     }
 
     /// Whether a snapshot is due after `steps` steps.
@@ -138,7 +192,7 @@ mod tests {
     #[test]
     fn an_automatic_cadence_retunes_after_each_snapshot() {
         let mut coll = ThreadCollective::group(1, Duration::from_secs(1)).pop().expect("one worker");
-        let mut c = Cadence::new(Some(Every::Auto(0.05)), 100).expect("a bound");
+        let mut c = Cadence::new(Some(Every::Auto(0.05)), 100, None).expect("a bound");
         assert!(!c.due(104) && c.due(105), "the first snapshot a few steps in");
         c.stepped(5, 0.05); // 10 ms a step
         c.snapshotted(&mut coll, 105, 0.0102).expect("one worker");
@@ -148,9 +202,27 @@ mod tests {
         c.snapshotted(&mut coll, 126, 0.03).expect("one worker");
         assert_eq!(c.interval(), Some(41));
         assert!((c.spent - 0.0402).abs() < 1e-9);
-        let fixed = Cadence::new(Some(Every::Steps(7)), 0).expect("fixed");
+        let fixed = Cadence::new(Some(Every::Steps(7)), 0, None).expect("fixed");
         assert!(fixed.due(14) && !fixed.due(15) && fixed.interval() == Some(7));
-        assert!(Cadence::new(Some(Every::Auto(0.0)), 0).is_err());
-        assert!(Cadence::new(Some(Every::Auto(f64::NAN)), 0).is_err());
+        assert!(Cadence::new(Some(Every::Auto(0.0)), 0, None).is_err());
+        assert!(Cadence::new(Some(Every::Auto(f64::NAN)), 0, None).is_err());
+    }
+
+    #[test]
+    fn a_resumed_cadence_goes_on_at_its_interval() {
+        let mut coll = ThreadCollective::group(1, Duration::from_secs(1)).pop().expect("one worker");
+        let mut c = Cadence::new(Some(Every::Auto(0.05)), 100, None).expect("a bound");
+        assert_eq!(c.tuned(), None, "nothing chosen before the first snapshot");
+        c.stepped(5, 0.05);
+        c.snapshotted(&mut coll, 105, 0.0102).expect("one worker");
+        let tuned = c.tuned().expect("chosen");
+        assert_eq!(Tuned::from_json(&tuned.to_json()), Some(tuned));
+        // Resumed at step 300: the next snapshot an interval on, not a few steps in.
+        let resumed = Cadence::new(Some(Every::Auto(0.05)), 300, Some(tuned)).expect("a bound");
+        assert_eq!(resumed.interval(), Some(21));
+        assert!(!resumed.due(305) && !resumed.due(320) && resumed.due(321));
+        // A fixed cadence ignores it; a malformed record is none.
+        assert_eq!(Cadence::new(Some(Every::Steps(7)), 300, Some(tuned)).expect("fixed").interval(), Some(7));
+        assert_eq!(Tuned::from_json(&json!({"interval": 0, "step_seconds": 1.0, "snapshot_seconds": 1.0})), None);
     }
 }

@@ -28,8 +28,8 @@ mod settings;
 pub(crate) mod step;
 mod threads;
 pub use ahead::{each_step, plan_each};
-use cadence::Cadence;
 pub use cadence::Every;
+use cadence::{Cadence, Tuned};
 pub use folds::{cross_validate, fold_dir, fold_indices, CvResult};
 use gather::gather_parts;
 pub(crate) use gather::share_from;
@@ -281,6 +281,9 @@ pub struct Run<L> {
     best_epoch: usize,
     /// What the last evaluated epoch reported (for [`Settings::on_epoch`], also after a resume).
     last_epoch: Option<EpochEnd>,
+    /// What an automatic checkpoint cadence had chosen at its last snapshot (kept in
+    /// checkpoints; a resumed run's cadence goes on from it).
+    tuned: Option<Tuned>,
 }
 
 fn meta_error(key: &str, got: &Value) -> Error {
@@ -366,6 +369,7 @@ impl<L> Run<L> {
             epoch_loss: 0.0,
             best_epoch: 0,
             last_epoch: None,
+            tuned: None,
         }
     }
 
@@ -436,6 +440,7 @@ impl<L> Run<L> {
             "last_epoch": self.last_epoch.map(|e| json!({"epoch": e.epoch, "loss": e.loss, "dev": e.dev})),
             "test_acc": self.test_acc,
             "test_scores": self.test_scores.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
+            "checkpoint_cadence": self.tuned.map(Tuned::to_json),
         });
         if let (Some(m), Value::Object(s)) = (meta.as_object_mut(), state) {
             m.extend(s);
@@ -514,6 +519,7 @@ impl<L> Run<L> {
             best_epoch: self.best_epoch,
         });
         self.test_acc = m["test_acc"].as_f64().unwrap_or(f64::NAN);
+        self.tuned = Tuned::from_json(&m["checkpoint_cadence"]);
         self.test_scores = m["test_scores"]
             .as_object()
             .map(|s| s.iter().filter_map(|(k, v)| Some((k.clone(), v.as_f64()?))).collect())
@@ -538,7 +544,7 @@ impl<L> Run<L> {
         }
         let batch = plan.batch.max(1);
         let mut persister = Persister::paced(plan.persist_pause);
-        let mut cadence = Cadence::new(plan.checkpoint_every, self.pos.steps)?;
+        let mut cadence = Cadence::new(plan.checkpoint_every, self.pos.steps, self.tuned)?;
         let mut summary = Summary::default();
         let (mut stopped, mut trained, mut ended) = (false, false, false);
         let done = |steps: u64| plan.max_steps.is_some_and(|m| steps >= m);
@@ -588,6 +594,7 @@ impl<L> Run<L> {
                     let start = Instant::now();
                     run.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
                     cadence.snapshotted(coll, run.pos.steps, start.elapsed().as_secs_f64())?;
+                    run.tuned = cadence.tuned();
                 }
                 if end < batches.len() && done(run.pos.steps) {
                     stopped = true;

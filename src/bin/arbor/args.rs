@@ -406,7 +406,7 @@ impl TrainArgs {
     }
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ScheduleArg {
     /// 1F1B with a flush after every minibatch (equals accumulating the micro-batches).
     #[value(name = "1f1b")]

@@ -592,8 +592,11 @@ where
     );
     record_optional_flags(args, &mut plan.meta);
     let stages = runs.len();
-    if stages > 1 {
-        // A pipeline's schedule decides which weights each minibatch sees: a resume keeps it.
+    if stages > 1 && args.schedule() == ScheduleArg::TwoBw {
+        // 2BW decides which weights each minibatch sees (one step stale): a resume keeps it. A
+        // 1F1B pipeline flushes every minibatch, as one stage would (its micro-batches'
+        // gradients summed), so it resumes any checkpoint of the same run, pipelined or not,
+        // and its own resumes unpipelined or on other stages (elastic).
         plan.meta["stages"] = json!(stages);
         plan.meta["schedule"] = json!(args.schedule().name());
         plan.meta["micro_batches"] = json!(args.micro_batches());
