@@ -269,11 +269,7 @@ impl Backend for CpuBackend {
     fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>> {
         let region = |&(at, len): &(Loc, usize)| {
             let buf = mem.data.get(at.buf).ok_or_else(|| bad("sum_squares", format!("no buffer {}", at.buf)))?;
-            let x = span(buf, at.offset, len)?;
-            Ok(host::vectorised(
-                #[inline(always)]
-                || arbor_core::optim::sum_squares(x),
-            ))
+            Ok(optim::sum_squares(span(buf, at.offset, len)?))
         };
         regions.iter().map(region).collect()
     }

@@ -14,6 +14,25 @@ use arbor_core::optim::{apply, Update};
 /// weight average's).
 pub const PIECE: usize = 1 << 14;
 
+/// The sum of the squares of `x` in f64, over pieces of [`PIECE`] shared out between the team's
+/// threads and added in order: the same on any number of threads.
+pub fn sum_squares(x: &[f32]) -> f64 {
+    let one = |x: &[f32]| {
+        vectorised(
+            #[inline(always)]
+            || arbor_core::optim::sum_squares(x),
+        )
+    };
+    if x.len() <= PIECE {
+        return one(x);
+    }
+    let sums: Vec<std::sync::Mutex<f64>> = x.chunks(PIECE).map(|_| std::sync::Mutex::new(0.0)).collect();
+    for_each_on_team(x.chunks(PIECE).zip(&sums).collect(), |(piece, sum)| {
+        *sum.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = one(piece);
+    });
+    sums.into_iter().map(|s| s.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)).sum()
+}
+
 /// Applies `u` to `p` with gradient `g` and state `m`, `v` (each as long as `p`; `v` may be
 /// empty where the rule keeps no second moment).
 pub fn dense(u: &Update, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
