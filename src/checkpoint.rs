@@ -248,14 +248,16 @@ fn current_name(name: &str) -> String {
 /// the previous write, then hands the snapshot to a new thread and returns.
 #[derive(Debug, Default)]
 pub struct Persister {
-    pending: Option<JoinHandle<Result<()>>>,
+    pending: Option<JoinHandle<Result<Duration>>>,
     pause: Duration,
+    /// How long the last finished write took (its pauses left out).
+    last: Duration,
 }
 
 impl Persister {
     /// A persister that pauses `pause` inside each save (see [`Checkpoint::save_paced`]).
     pub fn paced(pause: Duration) -> Persister {
-        Persister { pending: None, pause }
+        Persister { pending: None, pause, last: Duration::ZERO }
     }
 
     /// Starts writing `ck` to `dir` in the background, after the previous write has finished.
@@ -264,7 +266,11 @@ impl Persister {
         let pause = self.pause;
         let handle = std::thread::Builder::new()
             .name("checkpoint".into())
-            .spawn(move || ck.save_paced(&dir, pause))
+            .spawn(move || {
+                let start = std::time::Instant::now();
+                ck.save_paced(&dir, pause)?;
+                Ok(start.elapsed().saturating_sub(pause))
+            })
             .map_err(|e| Error::Io { path: "checkpoint thread".into(), msg: e.to_string() })?;
         self.pending = Some(handle);
         Ok(())
@@ -274,8 +280,19 @@ impl Persister {
     pub fn wait(&mut self) -> Result<()> {
         match self.pending.take() {
             None => Ok(()),
-            Some(h) => h.join().map_err(|_| Error::Io { path: "checkpoint thread".into(), msg: "panicked".into() })?,
+            Some(h) => {
+                let took =
+                    h.join().map_err(|_| Error::Io { path: "checkpoint thread".into(), msg: "panicked".into() })?;
+                self.last = took?;
+                Ok(())
+            }
         }
+    }
+
+    /// How long the last finished write took in the background (zero before one has finished):
+    /// time it shared the cores with training.
+    pub fn last_write(&self) -> Duration {
+        self.last
     }
 }
 
@@ -285,5 +302,24 @@ impl Drop for Persister {
         if let Err(e) = self.wait() {
             eprintln!("arbor: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A background write's time is known once it has finished, its pause left out.
+    #[test]
+    fn a_persister_times_its_writes() {
+        let dir = std::env::temp_dir().join(format!("arbor-persister-{}", std::process::id()));
+        let mut p = Persister::paced(Duration::from_millis(200));
+        assert_eq!(p.last_write(), Duration::ZERO);
+        let ck = Checkpoint { tensors: vec![("w".into(), vec![2, 2], vec![1.0; 4])], meta: serde_json::json!({}) };
+        p.persist(ck, dir.join("last")).unwrap();
+        p.wait().unwrap();
+        let took = p.last_write();
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(took > Duration::ZERO && took < Duration::from_millis(150), "{took:?}");
     }
 }

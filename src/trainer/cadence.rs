@@ -14,7 +14,8 @@ pub enum Every {
     Steps(u64),
     /// As often as keeps the snapshots' time within this fraction of the training steps' time
     /// (CheckFreq's bound is 0.035): the first snapshot comes a few steps in, to measure its
-    /// cost, and each one retunes the interval to the times measured so far. A pipeline plans
+    /// cost — the steps' stall while it is taken and its write in the background, which shares
+    /// the cores with training — and each one retunes the interval to the times measured so far. A pipeline plans
     /// its windows of steps an epoch ahead: it snapshots where the plan had the next one, then
     /// at the end of the window the retuned one falls in.
     Auto(f64),

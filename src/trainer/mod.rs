@@ -593,7 +593,10 @@ impl<L> Run<L> {
                 if let (true, Some(dir)) = (cadence.due(run.pos.steps), &plan.checkpoint) {
                     let start = Instant::now();
                     run.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
-                    cadence.snapshotted(coll, run.pos.steps, start.elapsed().as_secs_f64())?;
+                    // The snapshot's cost: the steps' stall, and the last background write,
+                    // which shared the cores with the steps since.
+                    let cost = start.elapsed() + persister.last_write();
+                    cadence.snapshotted(coll, run.pos.steps, cost.as_secs_f64())?;
                     run.tuned = cadence.tuned();
                 }
                 if end < batches.len() && done(run.pos.steps) {
