@@ -11,7 +11,7 @@ use arbor::cuda::codegen::{cache_key, generate, Binding, Generated, Param};
 use arbor::fusion::Kernel;
 use arbor::rng::Rng;
 use arbor::{nn, Backend, CpuBackend};
-use common::host_c::{c_array, compile_on_host};
+use common::host_c::{c_array, compile_on_host, run_on_host};
 use common::kernels::{bindings, cells, fused, kernels};
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -363,11 +363,7 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
         rb = rows * block,
         sets = set.len(),
     );
-    let dir = std::env::temp_dir().join(format!("arbor-helpers-{}", std::process::id()));
-    let exe = compile_on_host(&dir, "helpers", &c);
-    let out = Command::new(&exe).output().expect("the helpers run");
-    std::fs::remove_dir_all(&dir).ok();
-    let got: Vec<f32> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
+    let got = run_on_host("helpers", &c);
 
     // The same on the CPU backend: one data buffer [src | a | b | s | d0 | d1 | bm | bx | by], one
     // index buffer.
@@ -667,11 +663,7 @@ fn attention_kernels_compute_what_the_cpu_backend_does() {
             rows * vb,
             nh = n * heads,
         );
-        let dir = std::env::temp_dir().join(format!("arbor-attention-{}-{slope}", std::process::id()));
-        let exe = compile_on_host(&dir, "attention", &c);
-        let out = Command::new(&exe).output().expect("the attention kernels run");
-        std::fs::remove_dir_all(&dir).ok();
-        let got: Vec<f32> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
+        let got = run_on_host(&format!("attention{}", slope.to_bits()), &c);
 
         // The CPU backend, one data buffer [q | k | v | g | dk | dv | out | dq].
         let cpu = CpuBackend::new();

@@ -6,8 +6,7 @@ mod common;
 use arbor::backend::{Loc, Mem};
 use arbor::rng::Rng;
 use arbor::{Backend, CpuBackend};
-use common::host_c::{c_array, compile_on_host};
-use std::process::Command;
+use common::host_c::{c_array, run_on_host};
 
 /// The CUDA backend's own product kernel (`arbor_gemm`), compiled for the host with a block's
 /// threads run one phase at a time, gives the CPU backend's products: every transpose, padded
@@ -72,11 +71,7 @@ fn the_product_kernel_computes_what_the_cpu_backend_does() {
             cs = cs.join(", "),
             len = outs * lc,
         );
-        let dir = std::env::temp_dir().join(format!("arbor-gemm-{}-{case}", std::process::id()));
-        let exe = compile_on_host(&dir, "gemm", &p);
-        let run = Command::new(&exe).output().expect("the product runs");
-        std::fs::remove_dir_all(&dir).ok();
-        let got: Vec<f32> = String::from_utf8_lossy(&run.stdout).lines().map(|l| l.parse().unwrap()).collect();
+        let got = run_on_host(&format!("gemm{case}"), &p);
 
         // The CPU backend: the products one after another, a chain's into the one C (the first
         // as `accumulate` says, the rest adding).

@@ -18,3 +18,13 @@ pub fn c_array(ty: &str, name: &str, v: &[impl std::fmt::Display]) -> String {
     let items: Vec<String> = v.iter().map(|x| format!("{x}")).collect();
     format!("{ty} {name}[] = {{{}}};\n", if items.is_empty() { "0".into() } else { items.join(", ") })
 }
+
+/// Compiles the C program `source` for the host (in a fresh folder named for `name` and this
+/// process, removed after), runs it and returns the numbers it printed, one a line.
+pub fn run_on_host(name: &str, source: &str) -> Vec<f32> {
+    let dir = std::env::temp_dir().join(format!("arbor-{name}-{}", std::process::id()));
+    let exe = compile_on_host(&dir, name, source);
+    let out = Command::new(&exe).output().expect("the host program runs");
+    std::fs::remove_dir_all(&dir).ok();
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().expect("a number a line")).collect()
+}
