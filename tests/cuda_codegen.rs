@@ -2,7 +2,7 @@
 //! each plan with the parameters its loads and stores call for, a stable cache key, and — since
 //! the generated body is also C — every kernel of the model zoo compiled for the host and run
 //! against the CPU backend on the same bindings (gathers by index and sums over child sets
-//! included), and so are the CUDA backend's own fill, scatter-add and row-sum kernels.
+//! included), and so are the CUDA backend's own fill, zeroing, scatter-add and row-sum kernels.
 
 mod common;
 
@@ -701,4 +701,21 @@ fn attention_kernels_compute_what_the_cpu_backend_does() {
             assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "slope {slope}, element {i}: kernel {g}, CPU {w}");
         }
     }
+}
+
+/// The four-way zeroing kernel, compiled for the host, zeroes each region and nothing beside.
+#[test]
+fn zeroing_four_regions_at_once_touches_only_them() {
+    use arbor::cuda::codegen::PRELUDE;
+    use arbor::cuda::helpers::HELPER_BODIES;
+    let c = format!(
+        "#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}#include <stdio.h>\n\
+         float x[12] = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}};\n\
+         int main(void) {{\n\
+         for (long long t = 0; t < 6; ++t) arbor_zero4_body(t, x + 1, 2, x + 4, 3, x + 9, 1, 0, 0);\n\
+         for (int i = 0; i < 12; ++i) printf(\"%g\\n\", x[i]);\n\
+         return 0;\n}}\n"
+    );
+    let got = run_on_host("zero4", &c);
+    assert_eq!(got, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]);
 }

@@ -305,6 +305,11 @@ pub trait Backend {
     }
     /// Sets `len` elements at `dst` to `value`.
     fn fill(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, value: f32) -> Result<()>;
+    /// Sets every region `(dst, len)` of `regions` (at most [`SCATTERS`]) to zero; a device may
+    /// do them in one launch. By default one fill each.
+    fn zero_many(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<()> {
+        regions.iter().try_for_each(|&(dst, len)| self.fill(mem, dst, len, 0.0))
+    }
     /// A (batched, strided) matrix product.
     fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> Result<()>;
     /// Independent products: none writes what another reads or writes, so a backend may run

@@ -93,6 +93,8 @@ pub struct CudaBackend {
     /// Rows gathered before a read ([`Backend::read_rows`]) and their row numbers, grown (never
     /// shrunk, to powers of two) as reads need.
     gathered: RefCell<Option<(DeviceBuffer<f32>, DeviceBuffer<u32>)>>,
+    /// The partial sums of [`Backend::sum_squares`], grown as calls need, zeroed before each.
+    sums: RefCell<Option<CudaSlice<f64>>>,
 }
 
 /// How matrix products treat their f32 inputs; accumulation is f32 in every case.
@@ -156,6 +158,7 @@ impl CudaBackend {
             precision: Cell::new(Precision::F32),
             scratch: RefCell::new(None),
             gathered: RefCell::new(None),
+            sums: RefCell::new(None),
         })
     }
 
@@ -496,6 +499,22 @@ impl Backend for CudaBackend {
         self.launch("fill", &self.helpers["arbor_fill"], len, &args)
     }
 
+    fn zero_many(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<()> {
+        if regions.len() > SCATTERS {
+            return Err(fail("zero_many", format!("{} regions (at most {SCATTERS})", regions.len())));
+        }
+        let mut args = Vec::with_capacity(2 * SCATTERS);
+        for k in 0..SCATTERS {
+            let (p, len) = match regions.get(k) {
+                Some(&(dst, len)) => (self.data(mem, "zero_many", dst, len)?, len),
+                None => (0, 0),
+            };
+            args.extend([Arg::Ptr(p), Arg::I64(len as i64)]);
+        }
+        let total = regions.iter().map(|r| r.1).sum();
+        self.launch("zero_many", &self.helpers["arbor_zero4"], total, &args)
+    }
+
     fn gemm(&self, mem: &mut Mem<'_, Self>, g: &Gemm) -> Result<()> {
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(());
@@ -747,7 +766,14 @@ impl Backend for CudaBackend {
     fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>> {
         let op = "sum_squares";
         let slots = SUM_SLOTS;
-        let sums: CudaSlice<f64> = self.stream.alloc_zeros(regions.len().max(1) * slots).map_err(|e| fail(op, e))?;
+        let len = regions.len().max(1) * slots;
+        let mut kept = self.sums.borrow_mut();
+        let mut sums = match kept.take() {
+            Some(s) if s.len() >= len => s,
+            _ => self.stream.alloc_zeros(len).map_err(|e| fail(op, e))?,
+        };
+        let mut view = sums.slice_mut(0..len);
+        self.stream.memset_zeros(&mut view).map_err(|e| fail(op, e))?;
         let base = sums.device_ptr(&self.stream).0;
         for (k, &(at, len)) in regions.iter().enumerate() {
             let threads = crate::optim::sum_threads(len);
@@ -756,9 +782,10 @@ impl Backend for CudaBackend {
             let args = [Arg::I64(threads as i64), Arg::Ptr(x), Arg::I64(len as i64), sum, Arg::I64(slots as i64)];
             self.launch(op, &self.helpers["arbor_sum_squares"], threads, &args)?;
         }
-        let mut out = vec![0.0f64; regions.len().max(1) * slots];
-        self.stream.memcpy_dtoh(&sums, &mut out).map_err(|e| fail(op, e))?;
+        let mut out = vec![0.0f64; len];
+        self.stream.memcpy_dtoh(&sums.slice(0..len), &mut out).map_err(|e| fail(op, e))?;
         self.synchronize()?;
+        *kept = Some(sums);
         Ok(out.chunks(slots).take(regions.len()).map(|s| s.iter().sum()).collect())
     }
 

@@ -13,6 +13,18 @@ pub const HELPER_BODIES: &str = r#"
 ARBOR_DEVICE void arbor_fill_body(long long t, float* p, long long n, float value) {
     if (t < n) p[t] = value;
 }
+/* Up to four regions zeroed in one kernel: thread `t` does element `t` of the regions laid end
+   to end (`n0` of `p0`, then `n1` of `p1`, …). */
+ARBOR_DEVICE void arbor_zero4_body(long long t, float* p0, long long n0, float* p1, long long n1, float* p2,
+                                   long long n2, float* p3, long long n3) {
+    if (t < n0) { p0[t] = 0.0f; return; }
+    t -= n0;
+    if (t < n1) { p1[t] = 0.0f; return; }
+    t -= n1;
+    if (t < n2) { p2[t] = 0.0f; return; }
+    t -= n2;
+    if (t < n3) p3[t] = 0.0f;
+}
 /* Scatter-adds check every row number against the `rows` their data holds, and every index
    set against the `len` entries of its index (`arbor_row`: past them the kernel stops). */
 ARBOR_DEVICE void arbor_scatter_indexed_body(long long t, const float* src, long long block, long long n,
@@ -206,7 +218,12 @@ ARBOR_DEVICE void arbor_sum_rows_body(long long j, const float* src, long long r
 "#;
 
 /// The helper kernels' parameters, as `(name, parameter list, argument list)`.
-pub(crate) const HELPERS: [(&str, &str, &str); 10] = [
+pub(crate) const HELPERS: [(&str, &str, &str); 11] = [
+    (
+        "arbor_zero4",
+        "float* p0, long long n0, float* p1, long long n1, float* p2, long long n2, float* p3, long long n3",
+        "p0, n0, p1, n1, p2, n2, p3, n3",
+    ),
     (
         "arbor_attend",
         "long long n, long long heads, long long kw, long long vw, float slope, const float* query, \

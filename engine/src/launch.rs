@@ -4,7 +4,7 @@
 
 use super::analysis::StepRef;
 use super::dedup;
-use arbor_core::backend::{Attention, AttentionGrads, Backend, Combine, Gemm, IndexLoc, Loc, Mem, Rows};
+use arbor_core::backend::{Attention, AttentionGrads, Backend, Combine, Gemm, IndexLoc, Loc, Mem, Rows, SCATTERS};
 use arbor_core::error::Result;
 use arbor_core::fusion::Kernel;
 use arbor_core::profile::{self, Activity};
@@ -231,9 +231,20 @@ impl Uploads {
 /// backend calls they made.
 pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &[Launch]) -> Result<(u64, u64)> {
     let (mut flops, mut calls) = (0, 0);
-    for l in launches {
+    let mut zeros: Vec<(Loc, usize)> = Vec::new();
+    for (i, l) in launches.iter().enumerate() {
         flops += l.flops();
         calls += l.calls() as u64;
+        // Zero fills in a row go out together, up to four at a time (zeroing commutes).
+        if let Launch::Fill { dst, len } = *l {
+            zeros.push((dst, len));
+            let next_fills = matches!(launches.get(i + 1), Some(Launch::Fill { .. }));
+            if zeros.len() == SCATTERS || !next_fills {
+                profile::time(Activity::Launch, || backend.zero_many(mem, &zeros))?;
+                zeros.clear();
+            }
+            continue;
+        }
         let activity = match l {
             Launch::Gemm(_) | Launch::Gemms(_) | Launch::GemmSum(_) => Activity::Products,
             Launch::Fused { .. } | Launch::Copy { .. } => Activity::Fused,
@@ -247,7 +258,7 @@ pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &
 /// Runs one launch.
 fn run<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, l: &Launch) -> Result<()> {
     match l {
-        Launch::Fill { dst, len } => backend.fill(mem, *dst, *len, 0.0)?,
+        Launch::Fill { dst, len } => backend.zero_many(mem, &[(*dst, *len)])?,
         Launch::Gemm(g) => backend.gemm(mem, g)?,
         Launch::Gemms(gs) => backend.gemm_batch(mem, gs)?,
         Launch::GemmSum(gs) => backend.gemm_sum(mem, gs)?,

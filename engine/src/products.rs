@@ -32,10 +32,9 @@ fn accumulating(
 fn adds_to(first: &Gemm, later: &Gemm) -> bool {
     // The elements a matrix spans from `at` (`rows` rows `ld` apart, `batch` of them `stride`
     // apart), as a range of its buffer.
-    let span = |at: Loc, rows: usize, ld: usize, stride: usize| {
-        let len = stride * later.batch.saturating_sub(1) + ld * rows;
-        (at.buf, at.offset..at.offset + len)
-    };
+    let batch = later.batch.saturating_sub(1);
+    let span =
+        |at: Loc, rows: usize, ld: usize, stride: usize| (at.buf, at.offset..at.offset + stride * batch + ld * rows);
     let c = span(first.c, first.m, first.ldc, first.stride_c);
     let apart = |(buf, r): (usize, Range<usize>)| buf != c.0 || r.end <= c.1.start || c.1.end <= r.start;
     let a_rows = if later.ta { later.k } else { later.m };

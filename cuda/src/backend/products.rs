@@ -83,25 +83,15 @@ impl CudaBackend {
     /// [`Backend::gemm_batch`]: own-kernel products of one shape four to a launch, the rest one
     /// by one.
     pub(super) fn gemm_wave(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
-        let (own, other): (Vec<&Gemm>, Vec<&Gemm>) = gs.iter().partition(|g| self.own_product(g));
-        let mut rest = own;
-        while let Some(first) = rest.first().copied() {
-            let (group, later): (Vec<Gemm>, Vec<&Gemm>) = {
-                let mut group = Vec::with_capacity(TERMS);
-                let mut later = Vec::new();
-                for g in rest {
-                    if group.len() < TERMS && same_shape(first, g) {
-                        group.push(*g);
-                    } else {
-                        later.push(g);
-                    }
-                }
-                (group, later)
-            };
-            self.own_gemm(mem, &group, false)?;
-            rest = later;
+        let (mut own, other): (Vec<Gemm>, Vec<Gemm>) = gs.iter().partition(|g| self.own_product(g));
+        while let Some(first) = own.first().copied() {
+            let (shaped, rest): (Vec<Gemm>, Vec<Gemm>) = own.into_iter().partition(|g| same_shape(&first, g));
+            for group in shaped.chunks(TERMS) {
+                self.own_gemm(mem, group, false)?;
+            }
+            own = rest;
         }
-        other.into_iter().try_for_each(|g| self.gemm(mem, g))
+        other.iter().try_for_each(|g| self.gemm(mem, g))
     }
 
     /// [`Backend::gemm_sum`]: a chain of at most [`TERMS`] own-kernel products of one shape into
