@@ -11,6 +11,7 @@
 
 use crate::cache::KernelCache;
 use crate::codegen::{generate, Binding, Generated, Param};
+use crate::gemm::GEMM_KERNEL;
 use crate::helpers::{helpers, HELPERS};
 use crate::nvrtc;
 use crate::optim::OPTIM_KERNELS;
@@ -139,7 +140,7 @@ impl CudaBackend {
         let cache = RefCell::new(KernelCache::new(KernelCache::default_dir()));
         let module = load(&ctx, &cache, &helpers(), &arch, &target)?;
         let mut helpers = HashMap::new();
-        for name in HELPERS.into_iter().chain(OPTIM_KERNELS).map(|h| h.0).chain(["arbor_gemm"]) {
+        for name in HELPERS.into_iter().chain(OPTIM_KERNELS).map(|h| h.0).chain([GEMM_KERNEL]) {
             helpers.insert(name, module.load_function(name).map_err(|e| fail("load kernels", e))?);
         }
         Ok(CudaBackend {

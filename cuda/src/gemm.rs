@@ -13,6 +13,9 @@ pub const GEMM_SHARED: usize = GEMM_BLOCK * 16;
 /// Products one launch takes.
 pub const TERMS: usize = 4;
 
+/// The product kernel's name.
+pub const GEMM_KERNEL: &str = "arbor_gemm";
+
 /// The product kernel's bodies: `arbor_gemm_tile_body` forms one thread's sums, and, after the
 /// block's threads have all done so, `arbor_gemm_store_body` adds a tile's and stores them.
 pub const GEMM_BODIES: &str = r#"
@@ -110,7 +113,7 @@ const GEMM_PARAMS: &str = "long long m, long long n, long long k, long long batc
 /// two phases.
 pub fn gemm_kernel() -> String {
     format!(
-        "extern \"C\" __global__ void arbor_gemm({GEMM_PARAMS}) {{\n\
+        "extern \"C\" __global__ void {GEMM_KERNEL}({GEMM_PARAMS}) {{\n\
          __shared__ float shared[{GEMM_SHARED}];\n\
          arbor_gemm_tile_body(blockIdx.x, threadIdx.x, m, n, k, batch, ks, chunk, count, chain, lda, sa, ta, ldb, sb, \
              tb, a0, b0, a1, b1, a2, b2, a3, b3, shared);\n\

@@ -231,34 +231,38 @@ impl Uploads {
 /// backend calls they made.
 pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &[Launch]) -> Result<(u64, u64)> {
     let (mut flops, mut calls) = (0, 0);
-    let mut zeros: Vec<(Loc, usize)> = Vec::new();
-    for (i, l) in launches.iter().enumerate() {
-        flops += l.flops();
-        calls += l.calls() as u64;
+    let mut rest = launches;
+    while let Some(l) = rest.first() {
         // Zero fills in a row go out together, up to four at a time (zeroing commutes).
-        if let Launch::Fill { dst, len } = *l {
-            zeros.push((dst, len));
-            let next_fills = matches!(launches.get(i + 1), Some(Launch::Fill { .. }));
-            if zeros.len() == SCATTERS || !next_fills {
-                profile::time(Activity::Launch, || backend.zero_many(mem, &zeros))?;
-                zeros.clear();
-            }
-            continue;
-        }
+        let fills = rest.iter().take(SCATTERS).take_while(|l| matches!(l, Launch::Fill { .. })).count();
+        let (now, later) = rest.split_at(fills.max(1));
+        flops += now.iter().map(Launch::flops).sum::<u64>();
+        calls += now.iter().map(|l| l.calls() as u64).sum::<u64>();
         let activity = match l {
             Launch::Gemm(_) | Launch::Gemms(_) | Launch::GemmSum(_) => Activity::Products,
             Launch::Fused { .. } | Launch::Copy { .. } => Activity::Fused,
             _ => Activity::Launch,
         };
-        profile::time(activity, || run(backend, mem, l))?;
+        profile::time(activity, || run(backend, mem, now))?;
+        rest = later;
     }
     Ok((flops, calls))
 }
 
-/// Runs one launch.
-fn run<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, l: &Launch) -> Result<()> {
+/// Runs `now`: one launch, or zero fills in a row as one call.
+fn run<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, now: &[Launch]) -> Result<()> {
+    let Some(l) = now.first() else { return Ok(()) };
     match l {
-        Launch::Fill { dst, len } => backend.zero_many(mem, &[(*dst, *len)])?,
+        Launch::Fill { .. } => {
+            let zeros: Vec<(Loc, usize)> = now
+                .iter()
+                .filter_map(|l| match *l {
+                    Launch::Fill { dst, len } => Some((dst, len)),
+                    _ => None,
+                })
+                .collect();
+            backend.zero_many(mem, &zeros)?
+        }
         Launch::Gemm(g) => backend.gemm(mem, g)?,
         Launch::Gemms(gs) => backend.gemm_batch(mem, gs)?,
         Launch::GemmSum(gs) => backend.gemm_sum(mem, gs)?,

@@ -3,7 +3,7 @@
 //! one output); the rest through cuBLAS (`Backend::gemm` in the parent module).
 
 use super::{len_of, Arg, CudaBackend, Precision};
-use crate::gemm::{GemmGrid, GEMM_BLOCK, TERMS};
+use crate::gemm::{GemmGrid, GEMM_BLOCK, GEMM_KERNEL, TERMS};
 use arbor_core::backend::{Backend, Gemm, Mem};
 use arbor_core::error::Result;
 
@@ -77,7 +77,7 @@ impl CudaBackend {
         args.extend([Arg::I64(g.ldc as i64), Arg::I64(g.stride_c as i64)]);
         args.extend(cs);
         args.extend(accs);
-        self.launch("gemm", &self.helpers["arbor_gemm"], grid.blocks * GEMM_BLOCK, &args)
+        self.launch("gemm", &self.helpers[GEMM_KERNEL], grid.blocks * GEMM_BLOCK, &args)
     }
 
     /// [`Backend::gemm_batch`]: own-kernel products of one shape four to a launch, the rest one

@@ -26,11 +26,9 @@ pub fn sum_squares(x: &[f32]) -> f64 {
     if x.len() <= PIECE {
         return one(x);
     }
-    let sums: Vec<std::sync::Mutex<f64>> = x.chunks(PIECE).map(|_| std::sync::Mutex::new(0.0)).collect();
-    for_each_on_team(x.chunks(PIECE).zip(&sums).collect(), |(piece, sum)| {
-        *sum.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = one(piece);
-    });
-    sums.into_iter().map(|s| s.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)).sum()
+    let mut sums = vec![0.0; x.len().div_ceil(PIECE)];
+    for_each_on_team(x.chunks(PIECE).zip(&mut sums).collect(), |(piece, sum)| *sum = one(piece));
+    sums.iter().sum()
 }
 
 /// Applies `u` to `p` with gradient `g` and state `m`, `v` (each as long as `p`; `v` may be
