@@ -26,7 +26,7 @@ pub use arbor_core::dropout::DropoutKey;
 pub use arbor_core::graph::InputGraph;
 pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
 pub use arbor_core::{
-    attention, backend, dropout, error, finite, fusion, graph, ir, memory, profile, ptb, rng, tensor,
+    attention, backend, dropout, error, finite, fusion, gate, graph, ir, memory, profile, ptb, rng, tensor,
 };
 pub use arbor_core::{Error, Result, Shape};
 #[cfg(feature = "cuda")]

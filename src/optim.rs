@@ -85,6 +85,12 @@ impl Optimizer {
         self.steps += 1;
     }
 
+    /// Takes back the last [`Optimizer::begin_step`]: its updates were skipped (on the backend,
+    /// by the step's gate), so the next step has its number.
+    pub fn cancel_step(&mut self) {
+        self.steps = self.steps.saturating_sub(1);
+    }
+
     fn slot(&mut self, name: &str, len: usize) -> &mut Slot {
         let adam = matches!(self.config.rule, Rule::Adam | Rule::AdamW);
         if !self.slots.contains_key(name) {

@@ -480,23 +480,25 @@ fn sixteen_bit_conversions_round_like_the_half_crate() {
 }
 
 /// The optimizer kernels (`arbor::cuda::optim`), compiled for the host, give the CPU optimizer's
-/// bits for every rule, with and without weight decay, over three steps (Adam's bias corrections
-/// move): dense tensors, table rows (sparse gradients, state kept per row), the scaling that
-/// clips to a norm; their sum of squares equals the CPU's to rounding and is not finite when a
-/// value is not.
+/// bits for every rule, with and without weight decay, over four steps (Adam's bias corrections
+/// move) under gates that clip, leave and skip: dense tensors, table rows (sparse gradients,
+/// state kept per row), the scaling; their sum of squares equals the CPU's to rounding, and the
+/// gate they decide from it the CPU's to rounding, skipping the step when a value is not finite.
 #[test]
 fn optimizer_kernels_give_the_cpu_optimizers_bits() {
     use arbor::cuda::codegen::PRELUDE;
     use arbor::cuda::optim::OPTIM_BODIES;
     use arbor::optim::Update;
-    use common::optim::{configs, data, host_reference, Data, DIM as dim, N as n, ROWS as steps, VOCAB as vocab};
+    use common::optim::{
+        configs, data, host_reference, Data, CLIP, DIM as dim, GATES, N as n, ROWS as steps, VOCAB as vocab,
+    };
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     let dir = std::env::temp_dir().join(format!("arbor-optim-{}", std::process::id()));
     for (case, config) in configs().into_iter().enumerate() {
         let (rule, wd) = (config.rule, config.weight_decay);
         let Data { p: p0, table: table0, dense: dense_grads, rows: row_grads } = data(case as u64);
         // The CPU optimizer.
-        let (reference, cpu) = host_reference(config, case as u64);
+        let (reference, cpu, cpu_gate) = host_reference(config, case as u64);
         let want: Vec<u32> = reference.iter().flat_map(|v| bits(v)).collect();
         let norm = 2.5f32;
         // The kernels, one thread index at a time.
@@ -529,10 +531,17 @@ fn optimizer_kernels_give_the_cpu_optimizers_bits() {
             c += &floats(&format!("g{t}"), &dense_grads[t]);
             c += &floats(&format!("r{t}"), &row_grads[t]);
             c += &c_array("static const unsigned", &format!("rows{t}"), rows);
+            let gate = match GATES[t] {
+                Some([f, a]) => {
+                    c += &format!("static const float gate{t}[2] = {{{f:e}f, {a:e}f}};\n");
+                    format!("gate{t}")
+                }
+                None => "0".into(),
+            };
             body += &format!(
                 "memcpy(g{t}, g{t}_bits, sizeof g{t}); memcpy(r{t}, r{t}_bits, sizeof r{t});\n\
-                 for (long long t = 0; t < {n}; ++t) arbor_update_body(t, {n}, p, g{t}, m, v, {coeffs});\n\
-                 for (long long t = 0; t < {nr}; ++t) arbor_update_rows_body(t, {k}, {dim}, rows{t}, {vocab}, e, r{t}, em, ev, {coeffs});\n",
+                 for (long long t = 0; t < {n}; ++t) arbor_update_body(t, {n}, p, g{t}, m, v, {gate}, {coeffs});\n\
+                 for (long long t = 0; t < {nr}; ++t) arbor_update_rows_body(t, {k}, {dim}, rows{t}, {vocab}, e, r{t}, em, ev, {gate}, {coeffs});\n",
                 nr = rows.len() * dim,
                 k = rows.len(),
             );
@@ -545,13 +554,18 @@ fn optimizer_kernels_give_the_cpu_optimizers_bits() {
              for (long long t = 0; t < {n}; ++t) arbor_average_body(t, avg, clipped, {n}, 0.9f);\n\
              float* out[] = {{p, m, v, e, em, ev, clipped, avg}}; int len[] = {{{n}, {n}, {n}, {w}, {w}, {w}, {n}, {n}}};\n\
              for (int k = 0; k < 8; ++k) for (int i = 0; i < len[k]; ++i) {{ unsigned u; memcpy(&u, &out[k][i], 4); printf(\"%u\\n\", u); }}\n\
-             double sums[2] = {{0.0, 0.0}}; for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, sums, 2);\n\
-             double sum = sums[0] + sums[1]; printf(\"%.17g\\n\", sum);\n\
-             p[3] = 1.0f / 0.0f; sum = 0.0; for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, &sum, 1);\n\
-             printf(\"%d\\n\", isfinite(sum) ? 1 : 0);\n\
+             double sums[128] = {{0.0}}; float gate[2];\n\
+             for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, sums, 64);\n\
+             for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, e, {w}, sums + 64, 64);\n\
+             double sum = 0.0; for (int k = 0; k < 64; ++k) sum += sums[k]; printf(\"%.17g\\n\", sum);\n\
+             arbor_decide_body(0, sums, 2, 64, {clip:e}f, gate); printf(\"%.9g %g\\n\", gate[0], gate[1]);\n\
+             p[3] = 1.0f / 0.0f; memset(sums, 0, sizeof sums);\n\
+             for (long long t = 0; t < 5; ++t) arbor_sum_squares_body(t, 5, p, {n}, sums, 64);\n\
+             arbor_decide_body(0, sums, 2, 64, {clip:e}f, gate); printf(\"%g\\n\", gate[1]);\n\
              return 0;\n}}\n",
             s = 1.0f32 / norm,
             w = vocab * dim,
+            clip = CLIP,
         );
         let exe = compile_on_host(&dir, &format!("optim{case}"), &c);
         let out = Command::new(&exe).output().expect("the optimizer kernels run");
@@ -569,7 +583,10 @@ fn optimizer_kernels_give_the_cpu_optimizers_bits() {
         }
         let sum: f64 = lines[want.len()].parse().unwrap();
         assert!((sum - cpu).abs() <= 1e-12 * cpu, "{rule:?}: sum of squares {sum}, CPU {cpu}");
-        assert_eq!(lines[want.len() + 1], "0", "{rule:?}: an infinity makes the sum not finite");
+        let gate: Vec<f32> = lines[want.len() + 1].split(' ').map(|x| x.parse().unwrap()).collect();
+        assert!((gate[0] - cpu_gate[0]).abs() <= 1e-6 * cpu_gate[0], "{rule:?}: gate {gate:?}, CPU {cpu_gate:?}");
+        assert_eq!(gate[1], 1.0, "{rule:?}: a finite step is applied");
+        assert_eq!(lines[want.len() + 2], "0", "{rule:?}: an infinity skips the step");
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -343,20 +343,82 @@ fn a_pair_model_on_the_gpu_follows_the_cpu() {
 }
 
 /// The optimizer's kernels on the device give the CPU backend's bits for every rule, with and
-/// without weight decay (three steps of a dense update and of table rows, a scaling), and its
-/// sum of squares to rounding.
+/// without weight decay (four steps of a dense update and of table rows under gates that clip,
+/// leave and skip, a scaling), and its sum of squares and decided gate to rounding.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn optimizer_kernels_on_the_gpu_equal_the_cpu() {
     use common::optim::{configs, run};
     let gpu = CudaBackend::new(0).unwrap();
     for (k, config) in configs().into_iter().enumerate() {
-        let ((want, cpu_sum), (got, gpu_sum)) =
+        let ((want, cpu_sum, cpu_gate), (got, gpu_sum, gpu_gate)) =
             (run(&CpuBackend::new(), config, k as u64), run(&gpu, config, k as u64));
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(g), bits(w), "{config:?}: tensor {i}");
         }
         assert!((gpu_sum - cpu_sum).abs() <= 1e-12 * cpu_sum, "{config:?}: {gpu_sum} vs {cpu_sum}");
+        // The device adds its partial sums in another order: the factor to rounding.
+        assert!((gpu_gate[0] - cpu_gate[0]).abs() <= 1e-6 * cpu_gate[0], "{config:?}: {gpu_gate:?} vs {cpu_gate:?}");
+        assert_eq!(gpu_gate[1], cpu_gate[1], "{config:?}");
     }
+}
+
+/// Runs steps whose gradients are not finite on `backend` (a root readout, the gradients kept in
+/// the engines: the step that reads the backend once): under a loss scale the step is skipped
+/// there — the parameters and word vectors unchanged, the scale halved — and the next finite
+/// step applied; without one the step ends with the error naming a gradient, nothing changed.
+fn steps_that_are_not_finite_change_nothing<B: Backend>(backend: &B) {
+    use arbor::data::labelled::Labelled;
+    use arbor::data::synthetic;
+    use arbor::layers::LossOn;
+    use arbor::loss_scale::LossScaler;
+    use arbor::model::{AsExample, Example, Model};
+    use arbor::optim::{Config, Optimizer, Rule};
+    let data = synthetic::generate(4, 8, 5);
+    let data = Labelled::all(&data, LossOn::Root, synthetic::CLASSES);
+    let model = || {
+        let (mut rng, cell) = (Rng::new(3), nn::tree_lstm(8, 8).unwrap());
+        let readout = Labelled::readout(LossOn::Root);
+        let vocab = synthetic::vocab().len();
+        arbor::zoo::tree_classifier_on(backend, vec![cell], vocab, synthetic::CLASSES, readout, &mut rng).unwrap()
+    };
+    let params = |m: &Model<B>| m.tensors().unwrap().into_iter().map(|(_, _, v)| v).collect::<Vec<_>>();
+    // Targets scaled by `by` in place of 1: 1e30 overflows only once scaled by 2^100; ∞ always.
+    let targets = |by: f32| -> Vec<Example<'_>> {
+        let mut examples: Vec<Example<'_>> = data.iter().map(AsExample::example).collect();
+        examples.iter_mut().flat_map(|e| e.target.iter_mut()).for_each(|t| *t *= by);
+        examples
+    };
+    let plain: Vec<Example<'_>> = data.iter().map(AsExample::example).collect();
+    let mut scaled = model().with_loss_scale(LossScaler::new(2f32.powi(100), 0));
+    let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.1));
+    let before = params(&scaled);
+    let outputs = scaled.step(&targets(1e30), &mut opt, Some(5.0)).unwrap();
+    assert_eq!(outputs[0].len(), data.len(), "the head's outputs came back with the skipped step");
+    assert_eq!(params(&scaled), before, "a skipped step changed the parameters");
+    let scaler = scaled.loss_scale().unwrap();
+    assert_eq!((scaler.scale(), scaler.skipped()), (2f32.powi(99), 1));
+    scaled.step(&plain, &mut opt, Some(5.0)).unwrap();
+    assert_ne!(params(&scaled), before, "the finite step after it is applied");
+    let mut alone = model();
+    let before = params(&alone);
+    let err = alone.step(&targets(f32::INFINITY), &mut opt, Some(5.0)).unwrap_err().to_string();
+    assert!(err.contains("gradient of"), "{err}");
+    assert_eq!(params(&alone), before, "a step that is not finite changed the parameters");
+    alone.step(&plain, &mut opt, Some(5.0)).unwrap();
+    assert_ne!(params(&alone), before, "a finite step after it is applied");
+}
+
+/// [`steps_that_are_not_finite_change_nothing`] on the CPU.
+#[test]
+fn steps_that_are_not_finite_change_nothing_on_the_cpu() {
+    steps_that_are_not_finite_change_nothing(&CpuBackend::new());
+}
+
+/// [`steps_that_are_not_finite_change_nothing`] on the device: the gate decided and obeyed there.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn steps_that_are_not_finite_change_nothing_on_the_gpu() {
+    steps_that_are_not_finite_change_nothing(&CudaBackend::new(0).unwrap());
 }

@@ -219,20 +219,22 @@ fn a_frozen_tensor_is_left_as_it_is() {
 }
 
 /// The CPU backend's optimizer calls (the ones a device keeps its parameters with) give the
-/// host optimizer's bits for every rule, with and without weight decay: three steps of a dense
-/// update and of table rows; its scaling clips as `clip_to` does and its sum of squares is the
-/// host's.
+/// host optimizer's bits for every rule, with and without weight decay: four steps of a dense
+/// update and of table rows under gates that clip, leave and skip; its scaling clips as
+/// `clip_to` does, its sum of squares is the host's and the gate it decides `gate::decide`'s.
 #[test]
 fn backend_updates_equal_the_host_optimizer() {
     use common::optim::{configs, host_reference, run};
     for (k, config) in configs().into_iter().enumerate() {
-        let (want, want_sum) = host_reference(config, k as u64);
-        let (got, sum) = run(&CpuBackend::new(), config, k as u64);
+        let (want, want_sum, want_gate) = host_reference(config, k as u64);
+        let (got, sum, gate) = run(&CpuBackend::new(), config, k as u64);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(g), bits(w), "{config:?}: tensor {i}");
         }
         assert_eq!(sum, want_sum);
+        assert_eq!(gate, want_gate);
+        assert!(gate[0] < 0.5 && gate[1] == 1.0, "the values' norm is clipped to 1: {gate:?}");
     }
 }
 
@@ -250,13 +252,13 @@ fn backend_updates_refuse_overlaps_and_bad_rows() {
     let indexes = [index];
     let mut mem = Mem { data: &mut bufs, index: &indexes };
     let at = |k: usize| Loc { buf: 0, offset: k };
-    let overlapping = OptimAt { p: at(0), g: at(16), m: at(4), v: at(32) };
+    let overlapping = OptimAt { p: at(0), g: at(16), m: at(4), v: at(32), gate: None };
     let e = cpu.update(&mut mem, &u, &overlapping, 8).unwrap_err().to_string();
     assert!(e.contains("update") && e.contains("overlaps"), "{e}");
-    let rows = OptimAt { p: at(0), g: at(48), m: at(16), v: at(32) };
+    let rows = OptimAt { p: at(0), g: at(48), m: at(16), v: at(32), gate: None };
     let e = cpu.update_rows(&mut mem, &u, &rows, (4, 4), IndexLoc { buf: 0, offset: 0 }, 2).unwrap_err().to_string();
     assert!(e.contains("not ascending"), "{e}");
-    let e = cpu.update(&mut mem, &u, &OptimAt { p: at(60), g: at(0), m: at(8), v: at(16) }, 8).unwrap_err();
+    let e = cpu.update(&mut mem, &u, &OptimAt { p: at(60), g: at(0), m: at(8), v: at(16), gate: None }, 8).unwrap_err();
     assert!(e.to_string().contains("outside"), "{e}");
 }
 

@@ -218,7 +218,8 @@ impl Gemm {
 
 /// Where one tensor's optimizer update ([`Backend::update`], [`Backend::update_rows`]) reads and
 /// writes: its values `p`, its gradient `g`, and its state `m` (momentum, Adagrad's sum of
-/// squares, Adam's first moment) and `v` (Adam's second moment), each in a data buffer.
+/// squares, Adam's first moment) and `v` (Adam's second moment), each in a data buffer; and the
+/// step's gate, if it has one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OptimAt {
     /// The values, updated.
@@ -229,6 +230,10 @@ pub struct OptimAt {
     pub m: Loc,
     /// The second state tensor, updated.
     pub v: Loc,
+    /// The step's gate ([`crate::gate`]): the gradient is multiplied by its factor (a backend
+    /// may leave it so multiplied) and nothing is updated where it skips the step. `None`: the
+    /// gradient as it is.
+    pub gate: Option<Loc>,
 }
 
 /// The memory one call may touch: data buffers and index buffers.
@@ -357,7 +362,8 @@ pub trait Backend {
         accumulate: bool,
     ) -> Result<()>;
     /// Applies the optimizer update `u` to the `len` values at `at.p` with the gradient at
-    /// `at.g` and the state at `at.m` and `at.v` (`arbor_core::optim::apply`, bit for bit).
+    /// `at.g` (times the gate's factor) and the state at `at.m` and `at.v`
+    /// (`arbor_core::optim::apply`, bit for bit), unless the gate at `at.gate` skips the step.
     fn update(&self, mem: &mut Mem<'_, Self>, u: &Update, at: &OptimAt, len: usize) -> Result<()>;
     /// Applies `u` to `n` rows of a table of `table = (dim, vocab)`: `vocab` rows of `dim` values at `at.p` (state rows
     /// at `at.m`, `at.v`): row `rows[k]` (ascending, each once) with the gradient at
@@ -371,10 +377,16 @@ pub trait Backend {
         rows: IndexLoc,
         n: usize,
     ) -> Result<()>;
-    /// The sum of the squares of each region `(at, len)` of `regions`, in f64, read back to the
-    /// host in one read: norms and, since a sum is finite exactly when every value is, the
-    /// finiteness test in one pass.
-    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>>;
+    /// The sum of the squares of each region `(at, len)` of `regions`, in f64, written as
+    /// [`SUM_SLOTS`](crate::gate::SUM_SLOTS) partial sums (in the f32 words of
+    /// [`crate::gate`]) from `to` on, region `k`'s at `to + k·`[`SUM_WORDS`](crate::gate::SUM_WORDS)
+    /// (`to.offset` even): norms and, since a sum is finite exactly when every value is, the
+    /// finiteness test in one pass, left on the backend.
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)], to: Loc) -> Result<()>;
+    /// Writes at `gate` the gate ([`crate::gate::decide`], bit for bit) of the partial sums of
+    /// `regions` regions at `sums` ([`Backend::sum_squares`]), clipping to norm `clip` (∞: no
+    /// clipping).
+    fn decide(&self, mem: &mut Mem<'_, Self>, sums: Loc, regions: usize, clip: f32, gate: Loc) -> Result<()>;
     /// Multiplies `len` values at `dst` by `s` (clipping by a norm).
     fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> Result<()>;
     /// Moves the weight average of `len` values at `avg` toward the values at `x`

@@ -7,6 +7,7 @@ pub mod dropout;
 pub mod error;
 pub mod finite;
 pub mod fusion;
+pub mod gate;
 pub mod graph;
 pub mod ir;
 pub mod memory;

@@ -94,8 +94,6 @@ pub struct CudaBackend {
     /// Rows gathered before a read ([`Backend::read_rows`]) and their row numbers, grown (never
     /// shrunk, to powers of two) as reads need.
     gathered: RefCell<Option<(DeviceBuffer<f32>, DeviceBuffer<u32>)>>,
-    /// The partial sums of [`Backend::sum_squares`], grown as calls need, zeroed before each.
-    sums: RefCell<Option<CudaSlice<f64>>>,
 }
 
 /// How matrix products treat their f32 inputs; accumulation is f32 in every case.
@@ -159,7 +157,6 @@ impl CudaBackend {
             precision: Cell::new(Precision::F32),
             scratch: RefCell::new(None),
             gathered: RefCell::new(None),
-            sums: RefCell::new(None),
         })
     }
 
@@ -746,8 +743,12 @@ impl Backend for CudaBackend {
         self.update_rows_on_device(mem, u, at, table, rows, n)
     }
 
-    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>> {
-        self.sum_squares_on_device(mem, regions)
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)], to: Loc) -> Result<()> {
+        self.sum_squares_on_device(mem, regions, to)
+    }
+
+    fn decide(&self, mem: &mut Mem<'_, Self>, sums: Loc, regions: usize, clip: f32, gate: Loc) -> Result<()> {
+        self.decide_on_device(mem, sums, regions, clip, gate)
     }
 
     fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> Result<()> {

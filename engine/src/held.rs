@@ -23,8 +23,8 @@ pub const TABLE_V: usize = 7;
 pub const TABLE_GRAD: usize = 8;
 /// The engine's index buffer of the rows of a table gradient given from the host.
 pub const TABLE_ROWS: usize = 1;
-/// Every buffer an engine has (some empty until used; the last is [`TABLE_AVG`](super::TABLE_AVG)).
-pub(super) const BUFFERS: usize = 14;
+/// Every buffer an engine has (some empty until used; the last is [`STEP`](super::STEP)).
+pub(super) const BUFFERS: usize = 15;
 
 /// What one minibatch pulls from the held table, as the lowering laid it out.
 pub(super) struct HeldRows {
@@ -257,7 +257,8 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Applies `update` to the rows of the held table its gradient covers, with the state kept
-    /// for every row (zeros at first; [`Engine::table_state`]); nothing for `None`.
+    /// for every row (zeros at first; [`Engine::table_state`]); nothing for `None`. Gated by the
+    /// lent block, if any ([`Engine::swap_block`]).
     pub fn optimize_table(&mut self, update: Option<Update>) -> Result<()> {
         let Some(u) = update else { return Ok(()) };
         let Some((index, n, values)) = self.table_grad_loc().map(|g| (g.index, g.rows.len(), g.values)) else {
@@ -273,6 +274,7 @@ impl<B: Backend> Engine<B> {
             g: values,
             m: Loc { buf: TABLE_M, offset: 0 },
             v: Loc { buf: TABLE_V, offset: 0 },
+            gate: self.gate(),
         };
         let w = self.table_width;
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };

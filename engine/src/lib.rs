@@ -32,7 +32,7 @@ pub use held::{TABLE, TABLE_GRAD, TABLE_M, TABLE_ROWS, TABLE_V};
 pub use launch::{Counts, Launch, Uploads, ARENA, GRADS, PARAMS, STAGED, STAGED_ROWS};
 pub use link::{Given, LinkedRows, LINKED, OUTPUTS};
 pub use lower::Lowering;
-pub use optimize::{ParamState, STATE_M, STATE_V};
+pub use optimize::{ParamState, STATE_M, STATE_V, STEP};
 
 use arbor_batching::{MemoryPlan, Policy, Schedule, Scheduler};
 use arbor_core::backend::{Backend, Loc, Mem, NO_ROW};

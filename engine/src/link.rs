@@ -259,21 +259,50 @@ impl<B: Backend> Engine<B> {
     /// The outputs [`Engine::keep_outputs`] set aside, each in merged-vertex order, read in one
     /// read.
     pub fn read_kept_outputs(&mut self) -> Result<Vec<Vec<f32>>> {
-        let f = Arc::clone(self.lowering.function_arc());
-        let n = self.kept_order.len();
-        let total: usize = f.outputs().iter().map(|o| n * o.shape.numel()).sum();
-        self.host.resize(total, 0.0);
+        let total = self.kept_len();
+        let mut host = std::mem::take(&mut self.host);
+        host.resize(total, 0.0);
         if total > 0 {
-            profile::time(Activity::Read, || self.backend.read(&self.bufs[OUTPUTS], 0, &mut self.host))?;
+            profile::time(Activity::Read, || self.backend.read(&self.bufs[OUTPUTS], 0, &mut host))?;
         }
+        let out = self.unpack_kept(&host);
+        self.host = host;
+        Ok(out)
+    }
+
+    /// The values [`Engine::keep_outputs`] set aside: one per vertex and output element.
+    pub fn kept_len(&self) -> usize {
+        let n = self.kept_order.len();
+        self.function().outputs().iter().map(|o| n * o.shape.numel()).sum()
+    }
+
+    /// Copies the outputs [`Engine::keep_outputs`] set aside into the lent step block
+    /// ([`STEP`](crate::STEP)) from word `at` on ([`Engine::kept_len`] words), for the model's
+    /// one read at the end of a step ([`Engine::unpack_kept`] takes them apart).
+    pub fn copy_kept_outputs(&mut self, at: usize) -> Result<()> {
+        // Rows of one value: one copy kernel for any number of outputs.
+        let rows = self.kept_len();
+        let from = Rows::Contiguous(Loc { buf: OUTPUTS, offset: 0 });
+        let copy = [Launch::Copy { from, to: Loc { buf: crate::STEP, offset: at }, rows, block: 1 }];
+        let mem = &mut Mem { data: &mut self.bufs, index: &self.index };
+        let (flops, calls) = super::launch::execute(&self.backend, mem, &copy)?;
+        self.flops += flops;
+        self.calls += calls;
+        Ok(())
+    }
+
+    /// The kept outputs from their values `host` as set aside ([`Engine::kept_len`] of them),
+    /// each in merged-vertex order.
+    pub fn unpack_kept(&self, host: &[f32]) -> Vec<Vec<f32>> {
+        let n = self.kept_order.len();
         let mut at = 0;
-        let mut out = Vec::with_capacity(f.outputs().len());
-        for o in f.outputs() {
+        let mut out = Vec::with_capacity(self.function().outputs().len());
+        for o in self.function().outputs() {
             let block = o.shape.numel();
-            let region = &self.host[at..at + n * block];
+            let region = &host[at..at + n * block];
             out.push(self.kept_order.iter().flat_map(|&r| &region[r as usize * block..][..block]).copied().collect());
             at += n * block;
         }
-        Ok(out)
+        out
     }
 }

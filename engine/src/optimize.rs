@@ -1,14 +1,23 @@
 //! The optimizer beside the parameters: the gradients a backward pass leaves in the engine
 //! ([`Engine::backward_kept`]) are tested, clipped and applied where they are, with the state of
 //! each parameter's rule kept in the engine's own buffers, so a step on a device moves nothing
-//! parameter-sized between it and the host (one small read: the gradients' sums of squares).
+//! parameter-sized between it and the host. The test and the clipping are the step's gate
+//! ([`arbor_core::gate`]), decided on the backend in a block the engines of a model share
+//! ([`STEP`], lent by [`Engine::swap_block`]) and read by every update there: a step reads the
+//! host nothing until its end.
 
 use crate::launch::{GRADS, PARAMS};
 use crate::Engine;
 use arbor_core::backend::{Backend, Loc, Mem, OptimAt};
 use arbor_core::error::{Error, Result};
+use arbor_core::gate::{self, GATE_LEN, SUM_WORDS};
 use arbor_core::optim::Update;
 use arbor_core::profile::{self, Activity};
+
+/// The engine's buffer of the step's block, lent by the model for its calls
+/// ([`Engine::swap_block`]): the gate at word 0 ([`GATE_LEN`] words), partial sums of squares
+/// where the model puts them.
+pub const STEP: usize = 14;
 
 /// The engine's buffers of optimizer state, laid out as [`PARAMS`]: the first and second state
 /// tensor of every parameter's rule (see [`OptimAt`]).
@@ -41,16 +50,56 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// The sums of the squares of every parameter's gradient as the engine holds it and of the
-    /// held table's gradient (0 without one), in f64 (not finite exactly where a value is not):
-    /// one backend call and one small read.
-    pub fn grad_sum_squares(&mut self) -> Result<(f64, f64)> {
+    /// Swaps `block` with the engine's [`STEP`] buffer: the model lends its step's block to
+    /// each engine for the calls that use it, and takes it back with a second swap. An engine's
+    /// updates are gated by the block while it holds one ([`GATE_LEN`] words or more).
+    pub fn swap_block(&mut self, block: &mut B::Buffer) {
+        std::mem::swap(block, &mut self.bufs[STEP]);
+    }
+
+    /// The gate of the lent block, if one is lent.
+    pub(super) fn gate(&self) -> Option<Loc> {
+        (self.backend.len(&self.bufs[STEP]) >= GATE_LEN).then_some(Loc { buf: STEP, offset: 0 })
+    }
+
+    /// Regions [`Engine::sum_grad_squares`] writes: the parameters' gradient, and the held
+    /// table's if there is one.
+    pub fn grad_regions(&self) -> usize {
+        1 + usize::from(self.table_grad_region().is_some())
+    }
+
+    /// Writes the partial sums of the squares ([`Backend::sum_squares`]) of every parameter's
+    /// gradient as the engine holds it, then of the held table's gradient if any, into the lent
+    /// block from word `at` on (even; [`SUM_WORDS`] per region, [`Engine::grad_regions`]
+    /// regions): nothing is read back.
+    pub fn sum_grad_squares(&mut self, at: usize) -> Result<()> {
         let mut regions = vec![(Loc { buf: GRADS, offset: 0 }, self.lowering.a.params_len)];
         regions.extend(self.table_grad_region());
         let mut mem = Mem { data: &mut self.bufs, index: &self.index };
-        let sums = profile::time(Activity::Read, || self.backend.sum_squares(&mut mem, &regions))?;
-        self.calls += regions.len() as u64;
-        Ok((sums.first().copied().unwrap_or(0.0), sums.get(1).copied().unwrap_or(0.0)))
+        self.calls += 1 + regions.len() as u64;
+        self.backend.sum_squares(&mut mem, &regions, Loc { buf: STEP, offset: at })
+    }
+
+    /// Decides the step's gate in the lent block ([`Backend::decide`]) from the `regions`
+    /// regions' partial sums at word `sums`, clipping to norm `clip` (∞: none).
+    pub fn decide(&mut self, sums: usize, regions: usize, clip: f32) -> Result<()> {
+        let mut mem = Mem { data: &mut self.bufs, index: &self.index };
+        self.calls += 1;
+        self.backend.decide(&mut mem, Loc { buf: STEP, offset: sums }, regions, clip, Loc { buf: STEP, offset: 0 })
+    }
+
+    /// The sums of the squares of every parameter's gradient as the engine holds it and of the
+    /// held table's gradient (0 without one), in f64 (not finite exactly where a value is not),
+    /// read back: for tests and for naming what is not finite.
+    pub fn grad_sum_squares(&mut self) -> Result<(f64, f64)> {
+        let mut block = self.backend.alloc(2 * SUM_WORDS)?;
+        self.swap_block(&mut block);
+        let summed = self.sum_grad_squares(0);
+        self.swap_block(&mut block);
+        summed?;
+        let words = profile::time(Activity::Read, || self.backend.read_vec(&block, 0, 2 * SUM_WORDS))?;
+        let sums = gate::region_sums(&words, 2);
+        Ok((sums[0], sums[1]))
     }
 
     /// Multiplies every parameter's gradient as the engine holds it by `s` (clipping).
@@ -77,7 +126,8 @@ impl<B: Backend> Engine<B> {
     /// `updates[i]` to parameter `i` (`None` leaves it, and its state, as it is), with the state
     /// the engine keeps for each (zeros before its first update; [`Engine::optimizer_state`]).
     /// Neighbouring parameters with the same update are one backend call (what lies between
-    /// them in the buffers is zero and stays zero under every rule).
+    /// them in the buffers is zero and stays zero under every rule). Gated by the lent block, if
+    /// any ([`Engine::swap_block`]).
     pub fn optimize(&mut self, updates: &[Option<Update>]) -> Result<()> {
         let spans = self.param_spans();
         if updates.len() != spans.len() {
@@ -100,7 +150,8 @@ impl<B: Backend> Engine<B> {
             let run = k + updates[k..].iter().take_while(|x| **x == Some(u)).count();
             let (at, (last, len)) = (spans[k].0, spans[run - 1]);
             let loc = |buf| Loc { buf, offset: at };
-            let where_ = OptimAt { p: loc(PARAMS), g: loc(GRADS), m: loc(STATE_M), v: loc(STATE_V) };
+            let gate = self.gate();
+            let where_ = OptimAt { p: loc(PARAMS), g: loc(GRADS), m: loc(STATE_M), v: loc(STATE_V), gate };
             let mut mem = Mem { data: &mut self.bufs, index: &self.index };
             self.backend.update(&mut mem, &u, &where_, last + len - at)?;
             self.calls += 1;

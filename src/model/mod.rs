@@ -102,6 +102,8 @@ pub struct Model<B: Backend> {
     readout: Readout,
     /// A loss scale for half-precision products (none: gradients are not scaled).
     loss_scale: Option<LossScaler>,
+    /// The step's block on the backend, kept from step to step ([`Model::apply`]).
+    block: Option<B::Buffer>,
 }
 
 /// What the cells' pass is for.
@@ -182,6 +184,9 @@ pub struct ModelGrads {
     /// The dense gradients are held by the engines, where [`Model::apply`] tests, clips and
     /// applies them (`cells` and `head` are empty).
     pub kept: bool,
+    /// The head's outputs are still on the backend, set aside: [`Model::apply`] reads them into
+    /// `outputs` with the step's gate, in the step's one read.
+    pub outputs_kept: bool,
 }
 
 /// The prefix of the tensor names of layer `k`'s parameters: `cell` for the bottom one, `cell1`,
@@ -318,7 +323,7 @@ impl<B: Backend> Model<B> {
         let (mut embedding, mut cells) = (embedding, cells);
         let dim = embedding.dim();
         cells[0].set_table(&embedding.take_table(), dim)?;
-        let mut model = Model { embedding, cells, feeds, head, readout, loss_scale: None };
+        let mut model = Model { embedding, cells, feeds, head, readout, loss_scale: None, block: None };
         model.skip_unused_grads();
         Ok(model)
     }
@@ -471,7 +476,9 @@ impl<B: Backend> Model<B> {
 
     /// [`Model::gradients`] with the dense gradients left in the engines, where
     /// [`Model::apply`] tests, clips and applies them ([`ModelGrads::kept`]; `cells` and `head`
-    /// empty): on a device, nothing parameter-sized comes to the host.
+    /// empty): on a device, nothing parameter-sized comes to the host. With a root readout the
+    /// head's outputs stay on the backend too, for [`Model::apply`] to read
+    /// ([`ModelGrads::outputs_kept`]): forming the gradients reads nothing back.
     pub fn gradients_kept(&mut self, batch: &[Example<'_>], denom: usize) -> Result<ModelGrads> {
         self.gradients_then(batch, denom, None, &mut |_, _| Ok(()), true)
     }
@@ -479,7 +486,8 @@ impl<B: Backend> Model<B> {
     /// [`Model::gradients`], telling `head_done` the head's outputs and its parameters' final
     /// gradients as soon as they are known, before the cells' backward pass runs (so that a
     /// data-parallel step can send them meanwhile); with `keep`, the dense gradients stay in the
-    /// engines ([`ModelGrads::kept`]) and `head_done` is told none.
+    /// engines ([`ModelGrads::kept`]) and `head_done` is told none (nor called with a root
+    /// readout, whose outputs stay on the backend: [`ModelGrads::outputs_kept`]).
     fn gradients_then(
         &mut self,
         batch: &[Example<'_>],
@@ -542,13 +550,11 @@ impl<B: Backend> Model<B> {
             g = backward(&mut self.cells[k], &[&below])?;
         }
         cells[0] = g.params;
-        if linked && keep {
-            outputs = self.head.kept_outputs()?;
-            head_done(&outputs, &hg.params)?;
-        }
+        // Kept with a root readout, the outputs are read with the step's gate ([`Model::apply`]).
+        let outputs_kept = linked && keep;
         // The word vectors' gradient (every feed's, summed) stays in the bottom engine if kept.
         let words = if keep { SparseGrad::default() } else { self.cells[0].held_table_grad()? };
-        let mut grads = ModelGrads { outputs, cells, head: hg.params, words, kept: keep };
+        let mut grads = ModelGrads { outputs, cells, head: hg.params, words, kept: keep, outputs_kept };
         if scale != 1.0 {
             scale_all(grads.cells.iter_mut().flatten().chain([&mut grads.words.values]), 1.0 / scale);
             if keep {
@@ -599,7 +605,8 @@ impl<B: Backend> Model<B> {
         cells[0].set_table_state(self.cells[0].table_state()?.as_ref())?;
         let head = self.head.replica_on(self.cells[0].backend().replica()?)?;
         let (embedding, feeds) = (self.embedding.clone(), self.feeds.clone());
-        let mut model = Model { embedding, cells, feeds, head, readout: self.readout, loss_scale: self.loss_scale };
+        let (readout, loss_scale) = (self.readout, self.loss_scale);
+        let mut model = Model { embedding, cells, feeds, head, readout, loss_scale, block: None };
         model.skip_unused_grads();
         if let Some(averages) = self.averaged()? {
             model.set_averaged(&averages)?;
@@ -665,13 +672,14 @@ impl<B: Backend> Model<B> {
                 head: zeros(self.head.function()),
                 words: SparseGrad::default(),
                 kept: false,
+                outputs_kept: false,
             };
             head_done(&[], &grads.head)?;
             grads
         } else {
             self.gradients_then(mine, denom, planned, &mut head_done, alone)?
         };
-        let mut stats = StepStats { loss: loss_of(&grads.outputs), count, vertices, correct: 0 };
+        let mut summed = None;
         if let Some(mut bucket) = first_bucket {
             let counts: Vec<usize> = grads.cells.iter().map(Vec::len).collect();
             let dense = std::mem::take(&mut grads.cells).into_iter().flatten().collect();
@@ -688,10 +696,10 @@ impl<B: Backend> Model<B> {
                 at += len;
             }
             let n = &bucket[at..];
-            stats = StepStats { loss: n[0], count: n[1] as usize, vertices: n[2] as usize, correct: 0 };
+            summed = Some(StepStats { loss: n[0], count: n[1] as usize, vertices: n[2] as usize, correct: 0 });
         }
         self.apply(&mut grads, opt, clip)?;
-        Ok(stats)
+        Ok(summed.unwrap_or(StepStats { loss: loss_of(&grads.outputs), count, vertices, correct: 0 }))
     }
 
     /// Worker `rank`'s share (of `size` workers) of `batch`: contiguous examples, balanced by

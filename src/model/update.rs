@@ -1,16 +1,31 @@
 //! How a [`Model`]'s step is applied: the dense gradients tested, clipped and applied in the
-//! engines, beside the parameters and the optimizer state they keep (on a device, only the
-//! gradients' sums of squares come to the host), the word vectors' rows by the optimizer.
+//! engines, beside the parameters and the optimizer state they keep, the word vectors' rows
+//! beside the table; the test and the clipping decided on the backend (on a device, one small
+//! read a step: the gate, with the head's outputs).
 
 use super::{layer_prefix, Model, ModelGrads};
 use crate::checkpoint::Named;
 use crate::engine::Engine;
-use crate::optim::{check_finite, clip_factor, state_tensors, Optimizer};
+use crate::optim::{check_finite, state_tensors, Optimizer};
 use crate::trainer::step::names;
 use crate::Backend;
 use crate::DropoutKey;
-use arbor_core::error::Result;
+use arbor_core::error::{Error, Result};
+use arbor_core::gate::{self, GATE_LEN, SUM_WORDS};
 use arbor_core::profile::{self, Activity};
+
+/// Runs `f` on `engine` with the step's `block` lent to it ([`Engine::swap_block`]), taken back
+/// after, whatever `f` returns.
+fn lent<B: Backend>(
+    engine: &mut Engine<B>,
+    block: &mut B::Buffer,
+    f: impl FnOnce(&mut Engine<B>) -> Result<()>,
+) -> Result<()> {
+    engine.swap_block(block);
+    let done = f(engine);
+    engine.swap_block(block);
+    done
+}
 
 impl<B: Backend> Model<B> {
     /// The tensor names of every part's parameters: each layer's, then the head's.
@@ -25,8 +40,10 @@ impl<B: Backend> Model<B> {
     /// skipped: returns whether the step was applied.
     ///
     /// The dense gradients are tested, clipped and applied in the engines, beside the parameters
-    /// and the optimizer state (written there first unless [`ModelGrads::kept`]): on a device,
-    /// only their sums of squares come to the host.
+    /// and the optimizer state (written there first unless [`ModelGrads::kept`]): the test and
+    /// the clipping factor are decided on the backend ([`arbor_core::gate`]) and the updates
+    /// read them there, so a step reads the backend once, at the end: the gate and, where
+    /// [`ModelGrads::outputs_kept`], the head's outputs (then in `grads.outputs`).
     pub fn apply(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
         profile::time(Activity::Update, || self.apply_timed(grads, opt, clip))
     }
@@ -39,6 +56,8 @@ impl<B: Backend> Model<B> {
             engine.set_dropout_key(DropoutKey { step: key.step + 1, ..key });
         }
         let names = self.part_names();
+        let outputs = if grads.outputs_kept { self.head.engine().kept_len() } else { 0 };
+        let kept_block = self.block.take();
         let mut engines: Vec<&mut Engine<B>> = self.cells.iter_mut().chain([self.head.engine()]).collect();
         if !grads.kept {
             for (engine, g) in engines.iter_mut().zip(grads.cells.iter().chain([&grads.head])) {
@@ -46,40 +65,79 @@ impl<B: Backend> Model<B> {
             }
             engines[0].set_table_grad(&grads.words)?;
         }
-        // One read per engine: its parameters' sum of squares, and the bottom one's word vectors'.
-        let both = engines.iter_mut().map(|e| e.grad_sum_squares()).collect::<Result<Vec<_>>>()?;
-        let sums: Vec<f64> = both.iter().map(|s| s.0).collect();
-        let words = both[0].1;
-        let all_sums = || sums.iter().copied().chain([words]);
-        if let Some(scaler) = &mut self.loss_scale {
-            if !scaler.update(all_sums().all(f64::is_finite)) {
-                return Ok(false);
+        // The step's block: the gate, the head's outputs if they are still on the backend, then
+        // every engine's partial sums of squares (its parameters', the bottom one's word vectors').
+        let sums_at = GATE_LEN + outputs + outputs % 2;
+        let regions: usize = engines.iter().map(|e| e.grad_regions()).sum();
+        let len = sums_at + regions * SUM_WORDS;
+        let backend = engines[0].backend();
+        let mut block = match kept_block {
+            Some(b) if backend.len(&b) >= len => b,
+            _ => backend.alloc(len.next_power_of_two())?,
+        };
+        let mut at = sums_at;
+        for engine in engines.iter_mut() {
+            let (written, regions) = (at, engine.grad_regions());
+            lent(engine, &mut block, |e| e.sum_grad_squares(written))?;
+            at += regions * SUM_WORDS;
+        }
+        let clip = clip.unwrap_or(f32::INFINITY);
+        lent(engines.last_mut().expect("the head's engine"), &mut block, |head| {
+            head.decide(sums_at, regions, clip)?;
+            if outputs > 0 {
+                head.copy_kept_outputs(GATE_LEN)?;
             }
-        } else if !all_sums().all(f64::is_finite) {
-            // The first tensor that is not finite, named with its first such value.
-            for ((names, sum), engine) in names.iter().zip(&sums).zip(&engines) {
-                if !sum.is_finite() {
-                    let g = engine.param_grads()?;
-                    check_finite(
-                        step,
-                        "the gradient of",
-                        names.iter().map(String::as_str).zip(g.iter().map(Vec::as_slice)),
-                    )?;
+            Ok(())
+        })?;
+        opt.begin_step();
+        for (k, (engine, names)) in engines.iter_mut().zip(&names).enumerate() {
+            lent(engine, &mut block, |e| {
+                e.optimize(&names.iter().map(|n| opt.update_of(n)).collect::<Vec<_>>())?;
+                if k == 0 {
+                    e.optimize_table(opt.update_of("embedding"))?;
+                }
+                Ok(())
+            })?;
+        }
+        // The step's one read.
+        let backend = engines[0].backend();
+        let read = profile::time(Activity::Read, || backend.read_vec(&block, 0, GATE_LEN + outputs))?;
+        self.block = Some(block);
+        if grads.outputs_kept {
+            grads.outputs = self.head.engine_ref().unpack_kept(&read[GATE_LEN..]);
+            grads.outputs_kept = false;
+        }
+        let applied = gate::applies(&read);
+        if !applied {
+            opt.cancel_step();
+        }
+        match &mut self.loss_scale {
+            Some(scaler) => Ok(scaler.update(applied)),
+            None if applied => Ok(true),
+            None => Err(self.first_not_finite(step, &names)?),
+        }
+    }
+
+    /// The error that names the first gradient that is not finite (of the parameters in order
+    /// of `names`, then the word vectors').
+    fn first_not_finite(&mut self, step: u64, names: &[Vec<String>]) -> Result<Error> {
+        let engines = self.cells.iter_mut().chain([self.head.engine()]);
+        for (engine, names) in engines.zip(names) {
+            if !engine.grad_sum_squares()?.0.is_finite() {
+                let g = engine.param_grads()?;
+                let named = names.iter().map(String::as_str).zip(g.iter().map(Vec::as_slice));
+                if let Err(e) = check_finite(step, "the gradient of", named) {
+                    return Ok(e);
                 }
             }
-            let g = engines[0].held_table_grad()?;
-            check_finite(step, "the gradient of", [("embedding", g.values.as_slice())])?;
         }
-        if let Some(s) = clip.and_then(|max| clip_factor(all_sums().sum::<f64>().sqrt() as f32, max)) {
-            engines.iter_mut().try_for_each(|e| e.scale_grads(s))?;
-            engines[0].scale_table_grad(s)?;
+        let g = self.cells[0].held_table_grad()?;
+        match check_finite(step, "the gradient of", [("embedding", g.values.as_slice())]) {
+            Err(e) => Ok(e),
+            Ok(()) => {
+                Ok(Error::Diverged { step, what: "the gradient of", tensor: "a parameter".into(), value: f32::NAN })
+            }
         }
-        opt.begin_step();
-        for (engine, names) in engines.iter_mut().zip(&names) {
-            engine.optimize(&names.iter().map(|n| opt.update_of(n)).collect::<Vec<_>>())?;
-        }
-        engines[0].optimize_table(opt.update_of("embedding"))?;
-        Ok(true)
     }
 
     /// The optimizer state the engines keep beside the parameters they have updated and the

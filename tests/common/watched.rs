@@ -173,11 +173,15 @@ impl<W: Watch> Backend for Watched<W> {
         self.watch.call();
         self.cpu.update_rows(&mut cpu(mem), u, at, table, rows, n)
     }
-    /// A launch per region, then one read of 8 bytes each.
-    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> arbor::Result<Vec<f64>> {
+    /// A launch that zeroes the partial sums, then a launch per region; nothing read.
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)], to: Loc) -> arbor::Result<()> {
+        self.watch.call();
         regions.iter().for_each(|_| self.watch.call());
-        self.watch.copy(false, 8 * regions.len());
-        self.cpu.sum_squares(&mut cpu(mem), regions)
+        self.cpu.sum_squares(&mut cpu(mem), regions, to)
+    }
+    fn decide(&self, mem: &mut Mem<'_, Self>, sums: Loc, regions: usize, clip: f32, gate: Loc) -> arbor::Result<()> {
+        self.watch.call();
+        self.cpu.decide(&mut cpu(mem), sums, regions, clip, gate)
     }
     fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> arbor::Result<()> {
         self.watch.call();

@@ -1,15 +1,12 @@
 //! The optimizer's calls on the device: updates of dense tensors and of table rows (the kernels
-//! of [`crate::optim`]) and sums of squares of gradients.
+//! of [`crate::optim`]) under the step's gate, sums of squares of gradients and the gate decided
+//! from them, all left on the device.
 
 use super::{fail, Arg, CudaBackend};
-use arbor_core::backend::{IndexLoc, Loc, Mem, OptimAt};
+use arbor_core::backend::{Backend, IndexLoc, Loc, Mem, OptimAt};
 use arbor_core::error::Result;
+use arbor_core::gate::{GATE_LEN, SUM_SLOTS, SUM_WORDS};
 use arbor_core::optim::Update;
-use cudarc::driver::DevicePtr;
-
-/// The partial sums a sum of squares spreads its threads' atomic adds over (a region's sums are
-/// read back together, 512 bytes, and added on the host).
-const SUM_SLOTS: usize = 64;
 
 impl CudaBackend {
     /// [`Backend::update`](arbor_core::backend::Backend::update): one launch of `arbor_update`.
@@ -18,6 +15,7 @@ impl CudaBackend {
         for loc in [at.p, at.g, at.m, at.v] {
             args.push(Arg::Ptr(self.data(mem, "update", loc, len)?));
         }
+        args.push(self.gate(mem, "update", at)?);
         args.extend(coefficients(u));
         self.launch("update", &self.helpers["arbor_update"], len, &args)
     }
@@ -41,37 +39,69 @@ impl CudaBackend {
         args.push(Arg::Ptr(self.data(mem, op, at.g, n * dim)?));
         args.push(Arg::Ptr(self.data(mem, op, at.m, table)?));
         args.push(Arg::Ptr(self.data(mem, op, at.v, table)?));
+        args.push(self.gate(mem, op, at)?);
         args.extend(coefficients(u));
         self.launch(op, &self.helpers["arbor_update_rows"], n * dim, &args)
     }
 
-    /// [`Backend::sum_squares`](arbor_core::backend::Backend::sum_squares): a launch per region
-    /// into [`SUM_SLOTS`] partial sums each, one read of them all, added on the host.
-    pub(super) fn sum_squares_on_device(&self, mem: &Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>> {
+    /// The address of the gate of an update (0: none).
+    fn gate(&self, mem: &Mem<'_, Self>, op: &str, at: &OptimAt) -> Result<Arg> {
+        Ok(Arg::Ptr(match at.gate {
+            Some(loc) => self.data(mem, op, loc, GATE_LEN)?,
+            None => 0,
+        }))
+    }
+
+    /// [`Backend::sum_squares`](arbor_core::backend::Backend::sum_squares): the partial sums
+    /// zeroed (one launch), then a launch per region adding into its [`SUM_SLOTS`] f64 slots.
+    pub(super) fn sum_squares_on_device(
+        &self,
+        mem: &mut Mem<'_, Self>,
+        regions: &[(Loc, usize)],
+        to: Loc,
+    ) -> Result<()> {
         let op = "sum_squares";
-        let slots = SUM_SLOTS;
-        let len = regions.len().max(1) * slots;
-        let mut kept = self.sums.borrow_mut();
-        let mut sums = match kept.take() {
-            Some(s) if s.len() >= len => s,
-            _ => self.stream.alloc_zeros(len).map_err(|e| fail(op, e))?,
-        };
-        let mut view = sums.slice_mut(0..len);
-        self.stream.memset_zeros(&mut view).map_err(|e| fail(op, e))?;
-        let base = sums.device_ptr(&self.stream).0;
+        even(op, to)?;
+        self.zero_many(mem, &[(to, SUM_WORDS * regions.len())])?;
+        let base = self.data(mem, op, to, SUM_WORDS * regions.len())?;
         for (k, &(at, len)) in regions.iter().enumerate() {
             let threads = crate::optim::sum_threads(len);
             let x = self.data(mem, op, at, len)?;
-            let sum = Arg::Ptr(base + (8 * k * slots) as u64);
-            let args = [Arg::I64(threads as i64), Arg::Ptr(x), Arg::I64(len as i64), sum, Arg::I64(slots as i64)];
+            let sum = Arg::Ptr(base + (4 * k * SUM_WORDS) as u64);
+            let args = [Arg::I64(threads as i64), Arg::Ptr(x), Arg::I64(len as i64), sum, Arg::I64(SUM_SLOTS as i64)];
             self.launch(op, &self.helpers["arbor_sum_squares"], threads, &args)?;
         }
-        let mut out = vec![0.0f64; len];
-        self.stream.memcpy_dtoh(&sums.slice(0..len), &mut out).map_err(|e| fail(op, e))?;
-        self.synchronize()?;
-        *kept = Some(sums);
-        Ok(out.chunks(slots).take(regions.len()).map(|s| s.iter().sum()).collect())
+        Ok(())
     }
+
+    /// [`Backend::decide`](arbor_core::backend::Backend::decide): one launch of one thread.
+    pub(super) fn decide_on_device(
+        &self,
+        mem: &Mem<'_, Self>,
+        sums: Loc,
+        regions: usize,
+        clip: f32,
+        gate: Loc,
+    ) -> Result<()> {
+        let op = "decide";
+        even(op, sums)?;
+        let args = [
+            Arg::Ptr(self.data(mem, op, sums, SUM_WORDS * regions)?),
+            Arg::I64(regions as i64),
+            Arg::I64(SUM_SLOTS as i64),
+            Arg::F32(clip),
+            Arg::Ptr(self.data(mem, op, gate, GATE_LEN)?),
+        ];
+        self.launch(op, &self.helpers["arbor_decide"], 1, &args)
+    }
+}
+
+/// An error unless `at` is at an even offset, where a `double` may start.
+fn even(op: &str, at: Loc) -> Result<()> {
+    if at.offset % 2 == 1 {
+        return Err(fail(op, format!("f64 words at the odd offset {}", at.offset)));
+    }
+    Ok(())
 }
 
 /// The rule and coefficients of `u`, as the optimizer kernels take them after their pointers.

@@ -18,6 +18,7 @@ mod team;
 use arbor_core::backend::{Attention, AttentionGrads, Backend, Gemm, IndexLoc, Loc, Mem, OptimAt, Rows};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
+use arbor_core::gate::{self, GATE_LEN, SUM_WORDS};
 use arbor_core::optim::Update;
 pub use buffer::HostBuffer;
 use memory::Raw;
@@ -65,6 +66,18 @@ impl CpuBackend {
     }
 
     /// Runs `f` within this backend's thread budget.
+    /// Whether the update at `at` (its gradient `glen` values) goes ahead under its gate: the
+    /// gradient multiplied by the gate's factor first where it is not 1.
+    fn gated(&self, mem: &mut Mem<'_, Self>, op: &str, at: &OptimAt, glen: usize) -> Result<bool> {
+        let Some(loc) = at.gate else { return Ok(true) };
+        let g = span(data(mem, op, loc)?, loc.offset, GATE_LEN)?;
+        let (factor, applied) = (g[0], gate::applies(g));
+        if applied && factor != 1.0 {
+            self.scale(mem, at.g, glen, factor)?;
+        }
+        Ok(applied)
+    }
+
     fn within<T>(&self, f: impl FnOnce() -> T) -> T {
         match self.threads {
             0 => f(),
@@ -75,6 +88,19 @@ impl CpuBackend {
 
 pub(crate) fn bad(op: &str, msg: impl Into<String>) -> Error {
     Error::Backend { backend: "cpu", op: op.into(), msg: msg.into() }
+}
+
+/// The buffer `at` names, or an error naming `op`.
+fn data<'a>(mem: &'a Mem<'_, CpuBackend>, op: &str, at: Loc) -> Result<&'a [f32]> {
+    mem.data.get(at.buf).map(|b| &b[..]).ok_or_else(|| bad(op, format!("no buffer {}", at.buf)))
+}
+
+/// An error unless `at` is at an even offset (where f64 words start: [`gate`]).
+fn even(op: &str, at: Loc) -> Result<()> {
+    if at.offset % 2 == 1 {
+        return Err(bad(op, format!("f64 words at the odd offset {}", at.offset)));
+    }
+    Ok(())
 }
 
 /// `len` elements of `buf` at `offset`, or an error naming the read past its end.
@@ -249,6 +275,9 @@ impl Backend for CpuBackend {
     }
 
     fn update(&self, mem: &mut Mem<'_, Self>, u: &Update, at: &OptimAt, len: usize) -> Result<()> {
+        if !self.gated(mem, "update", at, len)? {
+            return Ok(());
+        }
         let raw = Raw::new(mem, [at.p.buf, at.m.buf, at.v.buf])?;
         self.within(|| optim::update(&raw, u, at, len))
     }
@@ -262,16 +291,36 @@ impl Backend for CpuBackend {
         rows: IndexLoc,
         n: usize,
     ) -> Result<()> {
+        if !self.gated(mem, "update_rows", at, n * table.0)? {
+            return Ok(());
+        }
         let raw = Raw::new(mem, [at.p.buf, at.m.buf, at.v.buf])?;
         self.within(|| optim::update_rows(&raw, u, at, table, rows, n))
     }
 
-    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)]) -> Result<Vec<f64>> {
-        let region = |&(at, len): &(Loc, usize)| {
-            let buf = mem.data.get(at.buf).ok_or_else(|| bad("sum_squares", format!("no buffer {}", at.buf)))?;
-            Ok(optim::sum_squares(span(buf, at.offset, len)?))
-        };
-        regions.iter().map(region).collect()
+    fn sum_squares(&self, mem: &mut Mem<'_, Self>, regions: &[(Loc, usize)], to: Loc) -> Result<()> {
+        let region =
+            |&(at, len): &(Loc, usize)| Ok(optim::sum_squares(span(data(mem, "sum_squares", at)?, at.offset, len)?));
+        let sums = regions.iter().map(region).collect::<Result<Vec<f64>>>()?;
+        even("sum_squares", to)?;
+        let raw = Raw::new(mem, [to.buf])?;
+        // SAFETY: `Raw::get_mut` checks the range; the sums were read before.
+        let out = unsafe { raw.get_mut("sum_squares", to, SUM_WORDS * regions.len())? };
+        out.fill(0.0);
+        for (words, &sum) in out.chunks_exact_mut(SUM_WORDS).zip(&sums) {
+            gate::put_f64(words, sum);
+        }
+        Ok(())
+    }
+
+    fn decide(&self, mem: &mut Mem<'_, Self>, sums: Loc, regions: usize, clip: f32, at: Loc) -> Result<()> {
+        even("decide", sums)?;
+        let words = span(data(mem, "decide", sums)?, sums.offset, regions * SUM_WORDS)?;
+        let decided = gate::decide(words, regions, clip);
+        let raw = Raw::new(mem, [at.buf])?;
+        // SAFETY: `Raw::get_mut` checks the range; the sums were read before.
+        unsafe { raw.get_mut("decide", at, GATE_LEN)? }.copy_from_slice(&decided);
+        Ok(())
     }
 
     fn scale(&self, mem: &mut Mem<'_, Self>, dst: Loc, len: usize, s: f32) -> Result<()> {
