@@ -231,6 +231,42 @@ fn pipeline_flags() {
     }
 }
 
+/// `--stages auto` times the layers, prints the plan it chose (stages, micro-batches, the
+/// predicted step) and keeps it in the checkpoint, then trains that shape; a memory budget no
+/// layer fits is an error that says so, and the flags the planner sets are refused beside it.
+#[test]
+fn stages_auto_plans_the_pipeline() {
+    let dir = std::env::temp_dir().join(format!("arbor-cli-auto-{}", std::process::id()));
+    let small = ["train", "--hidden", "8", "--embed", "8", "--max-steps", "8", "--layers", "2", "--stages", "auto"];
+    let out = arbor(&[&small[..], &["--checkpoint", dir.to_str().unwrap()]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("--stages auto: ") && err.contains("predicted") && err.contains("a step"), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().lines().last().unwrap()).unwrap();
+    assert_eq!(v["steps"].as_u64(), Some(8), "{v}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("last").join("meta.json")).unwrap()).unwrap();
+    let chosen = &meta["stages_auto"];
+    let stages: Vec<u64> = chosen["stages"].as_array().unwrap().iter().filter_map(|s| s.as_u64()).collect();
+    assert_eq!(stages.iter().sum::<u64>(), 2, "{chosen}");
+    assert_eq!(v["stages"].as_u64().unwrap_or(1), stages.len() as u64, "the run has the planned stages: {v}");
+    assert!(chosen["predicted_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{chosen}");
+    std::fs::remove_dir_all(&dir).ok();
+    for (extra, says) in [
+        (&["--memory-budget", "0.001"][..], "worker memory"),
+        (&["--micro-batches", "2"], "the planner chooses them"),
+        (&["--workers", "2"], "each stage is one worker"),
+    ] {
+        let out = arbor(&[&small[..], extra].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.starts_with("arbor: ") && err.contains(says), "{extra:?}: {err}");
+    }
+    let out = arbor(&["train", "--memory-budget", "100"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--stages auto"), "the budget is the planner's");
+}
+
 #[test]
 fn bench_runs_on_workers_in_both_modes() {
     for mode in ["infer", "train"] {

@@ -25,6 +25,7 @@ use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
 use std::ops::Range;
 
+mod costs;
 mod example;
 mod layout;
 mod learner;

@@ -92,6 +92,21 @@ impl Part {
                 stages.to_string(),
             ));
         }
+        let sizes: Vec<usize> = (0..stages).map(|s| (s + 1) * n / stages - s * n / stages).collect();
+        Part::split_at(model, &sizes)
+    }
+
+    /// Cuts `model` into parts of `sizes[s]` whole layers each, bottom first (a plan's stages,
+    /// [`crate::dist::planner::TrainPlan::stages`]; each at least one layer, all of them in all).
+    pub fn split_at<B: Backend>(model: &Model<B>, sizes: &[usize]) -> Result<Vec<Part>> {
+        let n = model.cells().len();
+        if sizes.is_empty() || sizes.contains(&0) || sizes.iter().sum::<usize>() != n {
+            return Err(Error::input(
+                "pipeline stages",
+                format!("stages of one layer or more, {n} layers in all"),
+                format!("{sizes:?}"),
+            ));
+        }
         let mut layers = model.cells().iter().map(Layer::of).collect::<Result<Vec<_>>>()?.into_iter();
         let head = Layer {
             f: model.head().function().clone(),
@@ -100,15 +115,22 @@ impl Part {
         };
         let words = model.embedding().clone().with_table(model.word_vectors()?)?;
         let (mut input, mut head) = (Some((words, model.feeds().to_vec())), Some(head));
-        Ok((0..stages)
-            .map(|s| Part {
-                input: if s == 0 { input.take() } else { None },
-                first: s * n / stages,
-                layers: layers.by_ref().take((s + 1) * n / stages - s * n / stages).collect(),
-                head: if s + 1 == stages { head.take() } else { None },
-                readout: model.readout(),
-                graphs: model.graphs_per_example(),
-                spec: Some(model.spec().to_json()),
+        let last = sizes.len() - 1;
+        let mut first = 0;
+        Ok(sizes
+            .iter()
+            .enumerate()
+            .map(|(s, &count)| {
+                first += count;
+                Part {
+                    input: if s == 0 { input.take() } else { None },
+                    first: first - count,
+                    layers: layers.by_ref().take(count).collect(),
+                    head: if s == last { head.take() } else { None },
+                    readout: model.readout(),
+                    graphs: model.graphs_per_example(),
+                    spec: Some(model.spec().to_json()),
+                }
             })
             .collect())
     }

@@ -169,6 +169,31 @@ impl Loss {
 
 /// `--checkpoint-every`: `auto`, or a number of steps (the bound of `auto` is set after
 /// parsing, from `--checkpoint-overhead`).
+/// `--stages`: a number of pipeline stages, or `auto` (the planner chooses, `arbor::dist::planner`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stages {
+    /// This many stages.
+    Count(usize),
+    /// As many as the planner finds fastest.
+    Auto,
+}
+
+impl std::fmt::Display for Stages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stages::Count(n) => write!(f, "{n}"),
+            Stages::Auto => write!(f, "auto"),
+        }
+    }
+}
+
+fn stages(text: &str) -> Result<Stages, String> {
+    match text {
+        "auto" => Ok(Stages::Auto),
+        n => n.parse().map(Stages::Count).map_err(|_| format!("`{n}` is neither `auto` nor a number of stages")),
+    }
+}
+
 fn every(text: &str) -> Result<Every, String> {
     match text {
         "auto" => Ok(Every::Auto(f64::NAN)),
@@ -193,7 +218,7 @@ pub(crate) enum Opt {
     Sgd,
 }
 
-#[derive(Parser)]
+#[derive(Parser, Clone)]
 pub(crate) struct TrainArgs {
     /// The model.
     #[arg(long, value_enum, default_value = "tree-lstm")]
@@ -330,9 +355,16 @@ pub(crate) struct TrainArgs {
     pub(crate) layers: usize,
     /// Pipeline stages (threads, or MPI ranks), each holding a contiguous share of the layers;
     /// trained by the same loop as one stage (checkpoints, --resume, --average), one worker each
-    /// (--workers stays 1).
-    #[arg(long, default_value_t = 1)]
-    pub(crate) stages: usize,
+    /// (--workers stays 1). `auto`: the layers are timed on a few minibatches and the planner
+    /// chooses the stages, their boundaries and the micro-batches that give the shortest
+    /// predicted step within --memory-budget (threads; the plan is printed and kept in the
+    /// checkpoint).
+    #[arg(long, value_parser = stages, default_value = "1")]
+    pub(crate) stages: Stages,
+    /// Megabytes of memory a worker may use, for `--stages auto` (default: the memory available,
+    /// shared among the cores).
+    #[arg(long)]
+    pub(crate) memory_budget: Option<f64>,
     /// The pipeline schedule (default 1f1b; with --stages above 1).
     #[arg(long, value_enum)]
     pub(crate) schedule: Option<ScheduleArg>,
@@ -376,6 +408,14 @@ impl TrainArgs {
     }
 
     /// Micro-batches per minibatch of a pipeline: `--micro-batches`, or 4.
+    /// The most pipeline stages the run may have: `--stages N`, or with `auto` one per layer.
+    pub(crate) fn most_stages(&self) -> usize {
+        match self.stages {
+            Stages::Count(n) => n,
+            Stages::Auto => self.layers,
+        }
+    }
+
     pub(crate) fn micro_batches(&self) -> usize {
         self.micro_batches.unwrap_or(4)
     }

@@ -55,7 +55,7 @@ fn scores<B: Backend>(model: &mut Model<B>, pairs: &[Pair]) -> Result<Value> {
 /// line with its test scores.
 pub(crate) fn train(args: &TrainArgs, sizes: &Sizes, timeout: Duration) -> Result<()> {
     let unsupported = [
-        ("--layers or --stages above 1", args.layers > 1 || args.stages > 1),
+        ("--layers or --stages above 1", args.layers > 1 || args.most_stages() > 1),
         ("--embeddings", args.embeddings.is_some()),
     ];
     if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {

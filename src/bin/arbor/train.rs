@@ -7,10 +7,11 @@ use crate::{bar, load, Data};
 use crate::{on_device, OnDevice};
 use arbor::data::labelled::Labelled;
 use arbor::data::{glove, PAD, UNK};
+use arbor::dist::planner::{self, LayerCost, Machine, TrainPlan};
 use arbor::dist::Collective;
 use arbor::layers::LossOn;
 use arbor::layers::{Embedding, WordDropout};
-use arbor::model;
+use arbor::model::{self, AsExample, Example};
 use arbor::nn::CellKind;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::pipeline::{Part, PipeSettings, Stage};
@@ -234,12 +235,12 @@ impl Setup<'_> {
         let layers = args.layers as u128;
         let floats = crate::model_floats(vocab, embed, &[&bottom], hidden, classes)
             + (layers - 1) * arbor::memory::param_floats(&above);
-        let engines = layers * replicas as u128 + if args.stages > 1 { layers } else { 0 };
+        let engines = layers * replicas as u128 + if args.most_stages() > 1 { layers } else { 0 };
         arbor::memory::check(
             "--hidden, --embed, --layers, --stages and --workers",
             floats * 16 * replicas as u128
                 + engines * arbor::memory::ENGINE_BYTES
-                + args.stages as u128 * arbor::memory::STAGE_BYTES,
+                + args.most_stages() as u128 * arbor::memory::STAGE_BYTES,
             "parameters, gradients, optimizer state and the layers' engines",
         )?;
         let cells = (0..args.layers).map(cell).collect::<Result<Vec<_>>>()?;
@@ -318,11 +319,32 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if let Some(d) = args.average.filter(|d| !(0.0..1.0).contains(d)) {
         return bad("--average", "a decay in [0, 1)", d.to_string());
     }
-    if args.stages > 1 && args.workers > 1 {
-        let expected = "1 with --stages above 1 (each stage is one worker; stages replicated over data-parallel workers are not built yet)";
+    if args.most_stages() > 1 && args.workers > 1 {
+        let expected = "1 with --stages above 1 or auto (each stage is one worker; stages replicated over data-parallel workers are not built yet)";
         return bad("--workers", expected, args.workers.to_string());
     }
-    if args.stages == 1 {
+    if args.stages == Stages::Auto {
+        if args.micro_batches.is_some() {
+            return bad("--micro-batches", "none with --stages auto (the planner chooses them)", "given".into());
+        }
+        if args.distributed.is_some() {
+            return bad(
+                "--distributed",
+                "none with --stages auto (it plans threads: give MPI ranks --stages N)",
+                "mpi".into(),
+            );
+        }
+        if let Some(m) = args.memory_budget.filter(|m| !(m.is_finite() && *m > 0.0)) {
+            return bad("--memory-budget", "megabytes above 0", m.to_string());
+        }
+    } else if args.memory_budget.is_some() {
+        return bad(
+            "--memory-budget",
+            "--stages auto (what the planner plans within)",
+            format!("--stages {}", args.stages),
+        );
+    }
+    if args.stages == Stages::Count(1) {
         let pipeline_only =
             [("--micro-batches", args.micro_batches.is_some()), ("--schedule", args.schedule.is_some())];
         if let Some((flag, _)) = pipeline_only.iter().find(|(_, set)| *set) {
@@ -372,7 +394,7 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             format!("--model {}", args.model.name()),
         );
     }
-    if args.model.graph_cell().is_some() && (args.workers > 1 || args.stages > 1 || args.layers > 1) {
+    if args.model.graph_cell().is_some() && (args.workers > 1 || args.most_stages() > 1 || args.layers > 1) {
         return bad(
             &format!("--model {}", args.model.name()),
             "one worker on one stage (cross-validation runs a fold at a time)",
@@ -394,7 +416,7 @@ pub(crate) fn plural(n: usize, what: &str) -> String {
 pub(crate) fn train(args: &TrainArgs) -> Result<()> {
     let sizes = Sizes::of(args);
     let Sizes { epochs, hidden, embed, .. } = sizes;
-    if args.batch == 0 || epochs == 0 || hidden == 0 || embed == 0 || args.layers == 0 || args.stages == 0 {
+    if args.batch == 0 || epochs == 0 || hidden == 0 || embed == 0 || args.layers == 0 || args.most_stages() == 0 {
         return Err(Error::input(
             "arguments",
             "--batch, --epochs, --hidden, --embed, --layers and --stages above 0",
@@ -544,17 +566,82 @@ fn train_model_on<B: Backend<Buffer: Send, Index: Send> + Send>(
     let model = setup.stacked_model(&backend, args.workers)?;
     let [train, dev, test] = setup.labelled();
     let data = Splits { train: &train, dev: &dev, test: &test };
-    if args.stages == 1 {
-        return fit_runs(vec![model], &setup, data, events);
+    let kind = args.schedule().kind();
+    let (sizes, plan, chosen) = match args.stages {
+        Stages::Auto => {
+            let (plan, chosen) = plan_stages(&model, &train, &setup)?;
+            (plan.stages, PipeSettings { kind, micro_batches: plan.micro_batches }, Some(chosen))
+        }
+        Stages::Count(n) => (vec![0; n], PipeSettings { kind, micro_batches: args.micro_batches() }, None),
+    };
+    if sizes.len() == 1 {
+        return fit_runs(vec![model], &setup, data, events, (None, chosen));
     }
-    let plan = PipeSettings { kind: args.schedule().kind(), micro_batches: args.micro_batches() };
-    plan.check(args.stages, args.batch)?;
-    let stages: Vec<Stage<B>> = Part::split(&model, args.stages)?
-        .into_iter()
-        .map(|part| Ok(Stage::on(backend.replica()?, part, plan)))
-        .collect::<Result<_>>()?;
+    plan.check(sizes.len(), args.batch)?;
+    let parts = if chosen.is_some() { Part::split_at(&model, &sizes)? } else { Part::split(&model, sizes.len())? };
+    let stages: Vec<Stage<B>> =
+        parts.into_iter().map(|part| Ok(Stage::on(backend.replica()?, part, plan))).collect::<Result<_>>()?;
     drop(model);
-    fit_runs(stages, &setup, data, events)
+    fit_runs(stages, &setup, data, events, (Some(plan), chosen))
+}
+
+/// `--stages auto`: for every number of stages `P` up to the layers and the cores, times
+/// `model`'s layers on a few training minibatches of `train` with the threads each stage would
+/// have (the cores shared among the stages; `Model::layer_costs`) and plans `P` threads with one replica a stage (`arbor::dist::planner`) within
+/// `--memory-budget`; prints the plan with the shortest predicted step and returns it, with
+/// what the checkpoint records of it.
+fn plan_stages<B: Backend>(
+    model: &model::Model<B>,
+    train: &[Labelled<'_>],
+    setup: &Setup<'_>,
+) -> Result<(TrainPlan, Value)> {
+    let args = setup.args;
+    let batches: Vec<Vec<Example<'_>>> =
+        train.chunks(args.batch).take(4).map(|c| c.iter().map(AsExample::example).collect()).collect();
+    let config = optimizer(args, setup.sizes.lr);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let memory = match args.memory_budget {
+        Some(mb) => mb * 1e6,
+        None => arbor::memory::available().map_or(f64::INFINITY, |b| b as f64 / cores as f64),
+    };
+    let mut best: Option<(TrainPlan, Vec<LayerCost>)> = None;
+    let mut refused = None;
+    for p in 1..=args.layers.min(cores) {
+        let threads = (cores / p).max(1);
+        let costs = arbor::with_cpu_threads(threads, || {
+            model.layer_costs(&batches, config, (args.clip > 0.0).then_some(args.clip))
+        })?;
+        // Threads of one process: rows pass through shared memory, a hand-off costs a wake-up.
+        let machine = Machine { workers: p, memory, bandwidth: 1e10, latency: 2e-5 };
+        match planner::plan(&costs, args.batch, args.schedule().kind(), &machine, Some(1)) {
+            Ok(plan) if best.as_ref().is_none_or(|(b, _)| plan.step_seconds < b.step_seconds) => {
+                best = Some((plan, costs));
+            }
+            Ok(_) => {}
+            Err(e) => refused = Some(e),
+        }
+    }
+    let Some((plan, costs)) = best else {
+        return Err(refused.unwrap_or_else(|| Error::input("--stages auto", "a plan", "none")));
+    };
+    let predicted = plan.step_seconds * 1e3;
+    let layers: Vec<String> =
+        costs.iter().map(|c| format!("{:.0} + {:.1}", c.pass_seconds * 1e6, c.seconds * 1e6)).collect();
+    eprintln!(
+        "arbor: --stages auto: {} ({} layers a stage), {}, predicted {predicted:.2} ms a step \
+         (layers measured at {} µs a pass + an example; {:.0} MB a worker at most of {:.0})",
+        plural(plan.stages.len(), "stage"),
+        plan.stages.iter().map(usize::to_string).collect::<Vec<_>>().join("+"),
+        plural(plan.micro_batches, "micro-batch"),
+        layers.join(", "),
+        plan.memory / 1e6,
+        memory / 1e6,
+    );
+    let chosen = json!({
+        "stages": plan.stages, "micro_batches": plan.micro_batches, "predicted_ms": predicted,
+        "layer_us": costs.iter().map(|c| [c.pass_seconds * 1e6, c.seconds * 1e6]).collect::<Vec<_>>(),
+    });
+    Ok((plan, chosen))
 }
 
 /// Trains `models` on `data` in the one loop, with checkpoints and `--resume`: one model
@@ -565,6 +652,7 @@ fn fit_runs<L, E>(
     setup: &Setup<'_>,
     data: Splits<'_, E>,
     events: &mut dyn FnMut(Event),
+    (pipe, chosen): (Option<PipeSettings>, Option<Value>),
 ) -> Result<Option<Value>>
 where
     L: Learner<E> + Learned,
@@ -592,6 +680,7 @@ where
     );
     record_optional_flags(args, &mut plan.meta);
     let stages = runs.len();
+    let micro_batches = pipe.map_or(1, |p| p.micro_batches);
     if stages > 1 && args.schedule() == ScheduleArg::TwoBw {
         // 2BW decides which weights each minibatch sees (one step stale): a resume keeps it. A
         // 1F1B pipeline flushes every minibatch, as one stage would (its micro-batches'
@@ -599,7 +688,10 @@ where
         // and its own resumes unpipelined or on other stages (elastic).
         plan.meta["stages"] = json!(stages);
         plan.meta["schedule"] = json!(args.schedule().name());
-        plan.meta["micro_batches"] = json!(args.micro_batches());
+        plan.meta["micro_batches"] = json!(micro_batches);
+    }
+    if let Some(chosen) = chosen {
+        plan.meta["stages_auto"] = chosen;
     }
     let _folder = prepare_run(&mut runs, args, &plan)?;
     let layers = if args.layers > 1 { format!("{}, ", plural(args.layers, "layer")) } else { String::new() };
@@ -609,7 +701,7 @@ where
             "{layers}in {} on {on}s, {} schedule, {}",
             plural(stages, "stage"),
             args.schedule().name(),
-            plural(args.micro_batches(), "micro-batch")
+            plural(micro_batches, "micro-batch")
         ),
     };
     let reporter = stages - 1;
@@ -649,7 +741,7 @@ where
     if stages > 1 {
         report["stages"] = json!(stages);
         report["schedule"] = json!(args.schedule().name());
-        report["micro_batches"] = json!(args.micro_batches());
+        report["micro_batches"] = json!(micro_batches);
     } else {
         report["workers"] = json!(workers);
     }
