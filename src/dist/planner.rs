@@ -188,7 +188,7 @@ fn partition(layers: &[LayerCost], p: usize, b: f64, kind: Kind, machine: &Machi
 /// every number of stages up to the layers and the workers, every number of replicas that fits
 /// beside them (each replica at least one example; only `replicas` where given), micro-batches
 /// in powers of two (at least one per stage for 2BW, at most the examples of a share), the
-/// boundaries from [`partition`]. Ties go to fewer workers. An error when no plan fits the
+/// boundaries that make the slowest stage fastest. Ties go to fewer workers. An error when no plan fits the
 /// memory.
 pub fn plan(
     layers: &[LayerCost],

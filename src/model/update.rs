@@ -36,7 +36,7 @@ impl<B: Backend> Model<B> {
 
     /// Clips the joint norm of `grads` to `clip` if given and applies them with `opt` (see
     /// [`Model::step`]); the next step draws new dropout masks. A step that is not finite ends
-    /// training with [`Error::Diverged`](crate::Error::Diverged), or under a [loss scale](Model::with_loss_scale) is
+    /// training with [`Error::Diverged`], or under a [loss scale](Model::with_loss_scale) is
     /// skipped: returns whether the step was applied.
     ///
     /// The dense gradients are tested, clipped and applied in the engines, beside the parameters
