@@ -567,18 +567,23 @@ fn train_model_on<B: Backend<Buffer: Send, Index: Send> + Send>(
     let [train, dev, test] = setup.labelled();
     let data = Splits { train: &train, dev: &dev, test: &test };
     let kind = args.schedule().kind();
-    let (sizes, plan, chosen) = match args.stages {
+    // The stages: as many as --stages, as even as the layers allow, or as the planner cut them.
+    let (count, boundaries, plan, chosen) = match args.stages {
         Stages::Auto => {
             let (plan, chosen) = plan_stages(&model, &train, &setup)?;
-            (plan.stages, PipeSettings { kind, micro_batches: plan.micro_batches }, Some(chosen))
+            let pipe = PipeSettings { kind, micro_batches: plan.micro_batches };
+            (plan.stages.len(), Some(plan.stages), pipe, Some(chosen))
         }
-        Stages::Count(n) => (vec![0; n], PipeSettings { kind, micro_batches: args.micro_batches() }, None),
+        Stages::Count(n) => (n, None, PipeSettings { kind, micro_batches: args.micro_batches() }, None),
     };
-    if sizes.len() == 1 {
+    if count == 1 {
         return fit_runs(vec![model], &setup, data, events, (None, chosen));
     }
-    plan.check(sizes.len(), args.batch)?;
-    let parts = if chosen.is_some() { Part::split_at(&model, &sizes)? } else { Part::split(&model, sizes.len())? };
+    plan.check(count, args.batch)?;
+    let parts = match boundaries {
+        Some(sizes) => Part::split_at(&model, &sizes)?,
+        None => Part::split(&model, count)?,
+    };
     let stages: Vec<Stage<B>> =
         parts.into_iter().map(|part| Ok(Stage::on(backend.replica()?, part, plan))).collect::<Result<_>>()?;
     drop(model);
@@ -587,9 +592,9 @@ fn train_model_on<B: Backend<Buffer: Send, Index: Send> + Send>(
 
 /// `--stages auto`: for every number of stages `P` up to the layers and the cores, times
 /// `model`'s layers on a few training minibatches of `train` with the threads each stage would
-/// have (the cores shared among the stages; `Model::layer_costs`) and plans `P` threads with one replica a stage (`arbor::dist::planner`) within
-/// `--memory-budget`; prints the plan with the shortest predicted step and returns it, with
-/// what the checkpoint records of it.
+/// have (the cores shared among the stages; `Model::layer_costs`) and plans `P` threads with
+/// one replica a stage (`arbor::dist::planner`) within `--memory-budget`; prints the plan with
+/// the shortest predicted step and returns it, with what the checkpoint records of it.
 fn plan_stages<B: Backend>(
     model: &model::Model<B>,
     train: &[Labelled<'_>],
