@@ -10,6 +10,9 @@
 //! bits, then the high half — the bytes of an f64 in little-endian memory, so a device kernel
 //! reads them as a `double` at an even offset.
 
+use crate::backend::Loc;
+use crate::error::{Error, Result};
+
 /// The partial sums a sum of squares writes per region: f64 slots (two f32 words each),
 /// added in order to give the region's sum (a device spreads its atomic adds over them).
 pub const SUM_SLOTS: usize = 64;
@@ -20,6 +23,16 @@ pub const SUM_WORDS: usize = 2 * SUM_SLOTS;
 /// The words of a gate: the factor every gradient is multiplied by (clipping; 1 without), then
 /// 1 where the step is applied or 0 where it is skipped (a gradient is not finite).
 pub const GATE_LEN: usize = 2;
+
+/// An error naming `backend` and `op` unless `at` is at an even offset, where f64 words start
+/// (a device reads them as a `double`).
+pub fn check_even(backend: &'static str, op: &str, at: Loc) -> Result<()> {
+    if at.offset % 2 == 1 {
+        let msg = format!("f64 words at the odd offset {}", at.offset);
+        return Err(Error::Backend { backend, op: op.into(), msg });
+    }
+    Ok(())
+}
 
 /// Writes `x` into `dst[0..2]` as two f32 words (see the module's layout).
 pub fn put_f64(dst: &mut [f32], x: f64) {

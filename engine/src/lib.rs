@@ -591,10 +591,7 @@ impl<B: Backend> Engine<B> {
                 let order = &self.lowering.b.schedule.row_of_vertex;
                 return Ok(regions
                     .iter()
-                    .map(|&(at, block)| {
-                        let region = &self.host[at.offset - start..][..n * block];
-                        order.iter().flat_map(|&r| &region[r as usize * block..][..block]).copied().collect()
-                    })
+                    .map(|&(at, block)| in_order(&self.host[at.offset - start..][..n * block], order, block))
                     .collect());
             }
         }
@@ -708,11 +705,7 @@ impl<B: Backend> Engine<B> {
         let s = &self.lowering.b.schedule;
         self.host.resize(s.len() * block, 0.0);
         self.backend.read(&self.bufs[at.buf], at.offset, &mut self.host)?;
-        let mut out = Vec::with_capacity(s.len() * block);
-        for &r in &s.row_of_vertex {
-            out.extend_from_slice(&self.host[r as usize * block..(r as usize + 1) * block]);
-        }
-        Ok(out)
+        Ok(in_order(&self.host, &s.row_of_vertex, block))
     }
 
     /// Reads the vertices `vertices` (merged-vertex indices, checked) of a region, in that order.
@@ -722,4 +715,10 @@ impl<B: Backend> Engine<B> {
         self.backend.read_rows(&self.bufs[at.buf], at.offset, block, &rows, &mut out)?;
         Ok(out)
     }
+}
+
+/// The `block`-wide rows of `region` in the order `order` names them (row `order[i]` i-th): a
+/// region laid out in row order, returned in merged-vertex order.
+pub(crate) fn in_order(region: &[f32], order: &[u32], block: usize) -> Vec<f32> {
+    order.iter().flat_map(|&r| &region[r as usize * block..][..block]).copied().collect()
 }

@@ -299,8 +299,7 @@ impl<B: Backend> Engine<B> {
         let mut out = Vec::with_capacity(self.function().outputs().len());
         for o in self.function().outputs() {
             let block = o.shape.numel();
-            let region = &host[at..at + n * block];
-            out.push(self.kept_order.iter().flat_map(|&r| &region[r as usize * block..][..block]).copied().collect());
+            out.push(super::in_order(&host[at..at + n * block], &self.kept_order, block));
             at += n * block;
         }
         out

@@ -31,15 +31,15 @@ impl<B: Backend> Model<B> {
         let mut opt = Optimizer::new(config);
         m.step(&batches[0], &mut opt, clip)?;
         let (flops_before, calls_before) = (m.flops_by_layer(), m.calls_by_layer());
-        let (whole, _) = m.time_steps(&batches[1..], &mut opt, clip)?;
+        let whole = m.time_steps(&batches[1..], &mut opt, clip)?;
         let (flops, calls) = (m.flops_by_layer(), m.calls_by_layer());
         let quarters: Vec<Vec<Example<'_>>> =
             batches[1..].iter().flat_map(|b| b.chunks(b.len().div_ceil(4)).map(<[_]>::to_vec)).collect();
-        let (quartered, steps) = m.time_steps(&quarters, &mut opt, clip)?;
+        let quartered = m.time_steps(&quarters, &mut opt, clip)?;
         let examples: usize = batches[1..].iter().map(Vec::len).sum();
         let vertices: usize = batches[1..].iter().flatten().flat_map(Example::graphs).map(InputGraph::len).sum();
-        // The same examples in `batches.len() − 1` steps and in `steps`: the extra passes' cost.
-        let passes = (steps - (batches.len() - 1)) as f64;
+        // The same examples in `batches.len() − 1` steps and in quarters: the extra passes' cost.
+        let passes = (quarters.len() - (batches.len() - 1)) as f64;
         let pass = ((quartered - whole) / passes).max(0.0);
         let per_example = ((whole - pass * (batches.len() - 1) as f64) / examples as f64).max(0.0);
         let vertices = vertices as f64 / examples as f64;
@@ -87,17 +87,12 @@ impl<B: Backend> Model<B> {
         self.cells.iter().map(|e| e.calls()).chain([self.head.engine_ref().calls()]).collect()
     }
 
-    /// Seconds `batches` take as training steps, and how many steps that was.
-    fn time_steps(
-        &mut self,
-        batches: &[Vec<Example<'_>>],
-        opt: &mut Optimizer,
-        clip: Option<f32>,
-    ) -> Result<(f64, usize)> {
+    /// Seconds `batches` take as training steps.
+    fn time_steps(&mut self, batches: &[Vec<Example<'_>>], opt: &mut Optimizer, clip: Option<f32>) -> Result<f64> {
         let started = Instant::now();
         for b in batches {
             self.step(b, opt, clip)?;
         }
-        Ok((started.elapsed().as_secs_f64(), batches.len()))
+        Ok(started.elapsed().as_secs_f64())
     }
 }

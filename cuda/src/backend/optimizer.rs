@@ -2,10 +2,10 @@
 //! of [`crate::optim`]) under the step's gate, sums of squares of gradients and the gate decided
 //! from them, all left on the device.
 
-use super::{fail, Arg, CudaBackend};
+use super::{Arg, CudaBackend};
 use arbor_core::backend::{Backend, IndexLoc, Loc, Mem, OptimAt};
 use arbor_core::error::Result;
-use arbor_core::gate::{GATE_LEN, SUM_SLOTS, SUM_WORDS};
+use arbor_core::gate::{self, GATE_LEN, SUM_SLOTS, SUM_WORDS};
 use arbor_core::optim::Update;
 
 impl CudaBackend {
@@ -61,7 +61,7 @@ impl CudaBackend {
         to: Loc,
     ) -> Result<()> {
         let op = "sum_squares";
-        even(op, to)?;
+        gate::check_even("cuda", op, to)?;
         self.zero_many(mem, &[(to, SUM_WORDS * regions.len())])?;
         let base = self.data(mem, op, to, SUM_WORDS * regions.len())?;
         for (k, &(at, len)) in regions.iter().enumerate() {
@@ -84,7 +84,7 @@ impl CudaBackend {
         gate: Loc,
     ) -> Result<()> {
         let op = "decide";
-        even(op, sums)?;
+        gate::check_even("cuda", op, sums)?;
         let args = [
             Arg::Ptr(self.data(mem, op, sums, SUM_WORDS * regions)?),
             Arg::I64(regions as i64),
@@ -94,14 +94,6 @@ impl CudaBackend {
         ];
         self.launch(op, &self.helpers["arbor_decide"], 1, &args)
     }
-}
-
-/// An error unless `at` is at an even offset, where a `double` may start.
-fn even(op: &str, at: Loc) -> Result<()> {
-    if at.offset % 2 == 1 {
-        return Err(fail(op, format!("f64 words at the odd offset {}", at.offset)));
-    }
-    Ok(())
 }
 
 /// The rule and coefficients of `u`, as the optimizer kernels take them after their pointers.

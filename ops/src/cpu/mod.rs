@@ -65,7 +65,6 @@ impl CpuBackend {
         }
     }
 
-    /// Runs `f` within this backend's thread budget.
     /// Whether the update at `at` (its gradient `glen` values) goes ahead under its gate: the
     /// gradient multiplied by the gate's factor first where it is not 1.
     fn gated(&self, mem: &mut Mem<'_, Self>, op: &str, at: &OptimAt, glen: usize) -> Result<bool> {
@@ -78,6 +77,7 @@ impl CpuBackend {
         Ok(applied)
     }
 
+    /// Runs `f` within this backend's thread budget.
     fn within<T>(&self, f: impl FnOnce() -> T) -> T {
         match self.threads {
             0 => f(),
@@ -93,14 +93,6 @@ pub(crate) fn bad(op: &str, msg: impl Into<String>) -> Error {
 /// The buffer `at` names, or an error naming `op`.
 fn data<'a>(mem: &'a Mem<'_, CpuBackend>, op: &str, at: Loc) -> Result<&'a [f32]> {
     mem.data.get(at.buf).map(|b| &b[..]).ok_or_else(|| bad(op, format!("no buffer {}", at.buf)))
-}
-
-/// An error unless `at` is at an even offset (where f64 words start: [`gate`]).
-fn even(op: &str, at: Loc) -> Result<()> {
-    if at.offset % 2 == 1 {
-        return Err(bad(op, format!("f64 words at the odd offset {}", at.offset)));
-    }
-    Ok(())
 }
 
 /// `len` elements of `buf` at `offset`, or an error naming the read past its end.
@@ -302,7 +294,7 @@ impl Backend for CpuBackend {
         let region =
             |&(at, len): &(Loc, usize)| Ok(optim::sum_squares(span(data(mem, "sum_squares", at)?, at.offset, len)?));
         let sums = regions.iter().map(region).collect::<Result<Vec<f64>>>()?;
-        even("sum_squares", to)?;
+        gate::check_even("cpu", "sum_squares", to)?;
         let raw = Raw::new(mem, [to.buf])?;
         // SAFETY: `Raw::get_mut` checks the range; the sums were read before.
         let out = unsafe { raw.get_mut("sum_squares", to, SUM_WORDS * regions.len())? };
@@ -314,7 +306,7 @@ impl Backend for CpuBackend {
     }
 
     fn decide(&self, mem: &mut Mem<'_, Self>, sums: Loc, regions: usize, clip: f32, at: Loc) -> Result<()> {
-        even("decide", sums)?;
+        gate::check_even("cpu", "decide", sums)?;
         let words = span(data(mem, "decide", sums)?, sums.offset, regions * SUM_WORDS)?;
         let decided = gate::decide(words, regions, clip);
         let raw = Raw::new(mem, [at.buf])?;
