@@ -196,6 +196,16 @@ fn a_run_resumes_pipelined_on_another_number_of_stages() {
     resumes_elsewhere("elastic-2-3", &["--layers", "3", "--stages", "2"], &["--layers", "3", "--stages", "3"]);
 }
 
+/// A pipeline whose stages are replicated (2 stages × 2 workers) checkpoints the whole model
+/// once and resumes unpipelined on one worker, and a checkpoint of one worker resumes as 2 × 2,
+/// as straight runs of the new shape train (elastic in both the stages and the replicas).
+#[test]
+fn a_replicated_pipeline_resumes_elsewhere_and_is_resumed() {
+    let grid = ["--layers", "2", "--stages", "2", "--workers", "2"];
+    resumes_elsewhere("elastic-2x2-1", &grid, &["--layers", "2"]);
+    resumes_elsewhere("elastic-1-2x2", &["--layers", "2", "--workers", "3"], &grid);
+}
+
 /// 2BW's one-step-stale weights are part of what a checkpoint means: a 1F1B checkpoint does not
 /// resume as 2BW (nor a 2BW one as another 2BW shape), and the refusal names the setting.
 #[test]

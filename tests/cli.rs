@@ -26,7 +26,7 @@ fn bad_input_gives_one_line_and_a_failure() {
     let bad: [&[&str]; 18] = [
         &["train", "--data", "/no/such/dir"],
         &["train", "--average", "1"],
-        &["train", "--layers", "2", "--stages", "2", "--workers", "2"],
+        &["train", "--layers", "2", "--stages", "auto", "--workers", "2"],
         &["train", "--readout", "sum"],
         &["train", "--word-dropout=-1"],
         &["train", "--model", "sick", "--word-dropout", "0.25"],
@@ -219,7 +219,7 @@ fn pipeline_flags() {
     for (extra, says) in [
         (&["--stages", "3"][..], "between 1 and the number of layers (2)"),
         (&["--stages", "2", "--schedule", "2bw", "--micro-batches", "1"], "at least the number of stages (2) for 2BW"),
-        (&["--stages", "2", "--workers", "2"], "each stage is one worker"),
+        (&["--stages", "auto", "--workers", "2"], "the planner chooses the replicas"),
         (&["--micro-batches", "2"], "--stages above 1"),
         (&["--schedule", "2bw"], "--stages above 1"),
         (&["--timeout", "inf"], "--timeout"),
@@ -251,12 +251,15 @@ fn stages_auto_plans_the_pipeline() {
     let stages: Vec<u64> = chosen["stages"].as_array().unwrap().iter().filter_map(|s| s.as_u64()).collect();
     assert_eq!(stages.iter().sum::<u64>(), 2, "{chosen}");
     assert_eq!(v["stages"].as_u64().unwrap_or(1), stages.len() as u64, "the run has the planned stages: {v}");
+    let replicas = chosen["replicas"].as_u64().unwrap_or_else(|| panic!("no replicas planned: {chosen}"));
+    let workers = stages.len() as u64 * replicas;
+    assert_eq!(v["workers"].as_u64(), Some(workers), "the run has the planned workers: {v}");
     assert!(chosen["predicted_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{chosen}");
     std::fs::remove_dir_all(&dir).ok();
     for (extra, says) in [
         (&["--memory-budget", "0.001"][..], "worker memory"),
         (&["--micro-batches", "2"], "the planner chooses them"),
-        (&["--workers", "2"], "each stage is one worker"),
+        (&["--workers", "2"], "the planner chooses the replicas"),
     ] {
         let out = arbor(&[&small[..], extra].concat());
         let err = String::from_utf8_lossy(&out.stderr);

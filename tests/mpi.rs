@@ -90,8 +90,9 @@ fn mpi_ranks_equal_threads_and_one_worker() {
     }
 }
 
-/// A two-stage pipeline over two MPI ranks reports what the same pipeline on threads does, and
-/// writes bitwise the same checkpoint (every stage's tensors gathered on rank 0 over MPI).
+/// A two-stage pipeline over two MPI ranks — and replicated on two workers a stage, over four —
+/// reports what the same pipeline on threads does, and writes bitwise the same checkpoint
+/// (every stage's tensors gathered on rank 0 over MPI, once).
 #[test]
 fn mpi_pipeline_equals_threads() {
     let pipe = ["--layers", "2", "--stages", "2", "--micro-batches", "2", "--max-steps", "30"];
@@ -99,26 +100,34 @@ fn mpi_pipeline_equals_threads() {
         let text = String::from_utf8(out.stdout).expect("UTF-8 output");
         serde_json::from_str(text.lines().last().expect("a summary line")).expect("JSON")
     };
-    let (on_ranks, on_threads) = (scratch("pipe-ranks"), scratch("pipe-threads"));
-    let ranks = summary(run({
-        let mut c = mpirun(2, &SMALL);
-        c.args(pipe).args(["--distributed", "mpi", "--checkpoint"]).arg(&on_ranks);
-        c
-    }));
-    let threads = summary(run({
-        let mut c = Command::new(arbor());
-        c.args(SMALL).args(pipe).arg("--checkpoint").arg(&on_threads);
-        c
-    }));
-    for key in ["steps", "dev_acc", "test_acc", "stages"] {
-        assert_eq!(ranks[key], threads[key], "{key}: {ranks} vs {threads}");
+    for (ranks, workers) in [(2usize, "1"), (4, "2")] {
+        let (on_ranks, on_threads) = (scratch("pipe-ranks"), scratch("pipe-threads"));
+        let ranks_summary = summary(run({
+            let mut c = mpirun(ranks, &SMALL);
+            c.args(pipe).args(["--workers", workers, "--distributed", "mpi", "--checkpoint"]).arg(&on_ranks);
+            c
+        }));
+        let threads = summary(run({
+            let mut c = Command::new(arbor());
+            c.args(SMALL).args(pipe).args(["--workers", workers, "--checkpoint"]).arg(&on_threads);
+            c
+        }));
+        for key in ["steps", "dev_acc", "test_acc", "stages", "replicas", "workers"] {
+            assert_eq!(ranks_summary[key], threads[key], "{key}: {ranks_summary} vs {threads}");
+        }
+        assert_eq!(
+            (ranks_summary["steps"].as_u64(), ranks_summary["workers"].as_u64()),
+            (Some(30), Some(ranks as u64))
+        );
+        let gathered = tensors(&on_ranks);
+        assert!(gathered.iter().any(|t| t.0.starts_with("cell1.")) && gathered.iter().any(|t| t.0 == "embedding"));
+        assert!(
+            gathered == tensors(&on_threads),
+            "{ranks} ranks: the pipeline's checkpoint over MPI differs from the threads'"
+        );
+        std::fs::remove_dir_all(&on_ranks).ok();
+        std::fs::remove_dir_all(&on_threads).ok();
     }
-    assert_eq!(ranks["steps"], 30);
-    let gathered = tensors(&on_ranks);
-    assert!(gathered.iter().any(|t| t.0.starts_with("cell1.")) && gathered.iter().any(|t| t.0 == "embedding"));
-    assert!(gathered == tensors(&on_threads), "the pipeline's checkpoint over MPI differs from the threads'");
-    std::fs::remove_dir_all(&on_ranks).ok();
-    std::fs::remove_dir_all(&on_threads).ok();
 }
 
 /// The process id of MPI rank `rank` among the children of `parent`, once it has started.

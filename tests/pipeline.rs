@@ -257,6 +257,60 @@ fn piped<E: AsExample>(model: &Model<CpuBackend>, stages: usize, minibatches: &[
     values(&trained)
 }
 
+/// [`piped`] on `stages` stages each replicated `replicas` times (`stages × replicas` threads,
+/// replica after replica), under `kind`; every replica's trained parts, replica after replica.
+fn piped_replicas<E: AsExample>(
+    model: &Model<CpuBackend>,
+    (stages, replicas): (usize, usize),
+    minibatches: &[Vec<&E>],
+    (kind, m): (Kind, usize),
+) -> Vec<Vec<f32>> {
+    let p = plan(kind, m, Some(0.5));
+    let parts = Part::split(model, stages).expect("split");
+    let workers: Vec<Stage> =
+        (0..replicas).flat_map(|_| parts.iter().map(|s| Stage::new(s.clone(), p.0).replicated(replicas))).collect();
+    let trained = on_threads(workers, Duration::from_secs(60), stages - 1, &mut |_| {}, |mut stage, coll, _| {
+        let mut opt = Optimizer::new(Config::new(Rule::Adagrad, 0.05));
+        stage.train(&mut opt, minibatches, p.1, coll, &mut |_, _| {})?;
+        Ok(stage.into_part())
+    })
+    .expect("the replicated pipeline trains");
+    trained.chunks(stages).map(values).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    /// Any P × W shape (P stages, each replicated on W workers that take shares of every
+    /// minibatch and sum their gradients) trains as one pipeline of P stages does on the whole
+    /// minibatch — 1F1B as one worker, 2BW as one 2BW pipeline — to rounding (the shares'
+    /// gradients are summed in another order), with the joint norm clipped; and every replica
+    /// ends bitwise equal to the others.
+    #[test]
+    fn any_stages_times_replicas_trains_as_one_pipeline(
+        stages in 1usize..=2,
+        replicas in 2usize..=3,
+        m in 1usize..=3,
+        two_bw in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let kind = if two_bw { Kind::TwoBw } else { Kind::OneFOneBFlush };
+        let m = if two_bw { m.max(stages) } else { m };
+        let data = synthetic::generate(60, 8, seed);
+        let data = labelled(&data);
+        let batches: Vec<Vec<&Labelled<'_>>> = data.chunks(20).map(|c| c.iter().collect()).collect();
+        let model = model();
+        let alone = piped_replicas(&model, (stages, 1), &batches, (kind, m)).remove(0);
+        let grid = piped_replicas(&model, (stages, replicas), &batches, (kind, m));
+        prop_assert!(alone != values(&Part::split(&model, 1).expect("one part")), "training changed nothing");
+        for (r, trained) in grid.iter().enumerate() {
+            prop_assert!(trained == &grid[0], "replica {} differs from replica 0", r);
+        }
+        let rel = max_relative(&grid[0], &alone);
+        prop_assert!(rel <= 1e-5, "{} × {} ({:?}, {} micro-batches): relative difference {}", stages, replicas, kind, m, rel);
+    }
+}
+
 /// A model cut into pipeline stages trains as the model itself does with [`Model::step`]: one
 /// stage and one micro-batch bitwise, two stages and three micro-batches up to the order of the
 /// micro-batches' sums.

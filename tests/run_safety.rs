@@ -357,8 +357,8 @@ fn errors_say_what_to_fix() {
     refused(&strs(&train(&["--lr-decay", "0"])), &["--lr-decay", "above 0 and at most 1"]);
     refused(&strs(&train(&["--patience", "0"])), &["--patience", "at least 1"]);
     refused(
-        &strs(&train(&["--layers", "2", "--stages", "2", "--workers", "2"])),
-        &["--workers", "each stage is one worker"],
+        &strs(&train(&["--layers", "2", "--stages", "auto", "--workers", "2"])),
+        &["--workers", "the planner chooses the replicas"],
     );
     // Resuming a SICK checkpoint as a tree model (and back) names both models.
     sick_folder(&tmp, "sick", 6);

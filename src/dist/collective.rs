@@ -262,47 +262,92 @@ impl Collective for ThreadCollective {
     }
 }
 
-/// Tagged messages over a [`Collective`]: a receive for one tag keeps the messages of other tags
-/// that arrive first from the same peer for later receives, so independent conversations (a
-/// pipeline's activations and its gradient norms) can share one channel.
+/// Tagged messages among the stages of one pipeline over a [`Collective`]: a receive for one tag
+/// keeps the messages of other tags that arrive first from the same peer for later receives, so
+/// independent conversations (a pipeline's activations and its gradient norms) can share one
+/// channel.
+///
+/// The pipeline may be one of several replicas ([`Mailbox::grid`]): worker `r·P + s` of a group
+/// of `P × W` workers is stage `s` of replica `r`. Its ranks are then the stages of its own
+/// replica, and [`Mailbox::replicas`] reaches the workers holding the same stage in the others.
+/// The two never share a pair of workers, so their messages never meet on one channel.
 pub struct Mailbox<'a> {
     coll: &'a mut dyn Collective,
     stash: std::collections::HashMap<(usize, u8), std::collections::VecDeque<Vec<u8>>>,
+    /// Stages per replica (`P`).
+    stages: usize,
 }
 
 impl<'a> Mailbox<'a> {
-    /// Tagged messages over `coll`.
+    /// Tagged messages over `coll`, every worker a stage of one pipeline.
     pub fn new(coll: &'a mut dyn Collective) -> Mailbox<'a> {
-        Mailbox { coll, stash: Default::default() }
+        let stages = coll.size();
+        Mailbox { coll, stash: Default::default(), stages }
     }
 
-    /// This worker's index in the group.
+    /// Tagged messages over `coll`, whose workers are `replicas` copies of a pipeline (worker
+    /// `r·P + s` is stage `s` of replica `r`); an error unless `replicas` divides the workers.
+    pub fn grid(coll: &'a mut dyn Collective, replicas: usize) -> Result<Mailbox<'a>> {
+        let size = coll.size();
+        if replicas == 0 || size % replicas != 0 {
+            return Err(Error::input(
+                "pipeline replicas",
+                format!("a number that divides the {size} workers (stages × replicas)"),
+                replicas.to_string(),
+            ));
+        }
+        Ok(Mailbox { coll, stash: Default::default(), stages: size / replicas })
+    }
+
+    /// This worker's stage.
     pub fn rank(&self) -> usize {
-        self.coll.rank()
+        self.coll.rank() % self.stages
     }
 
-    /// Workers in the group.
+    /// Stages in the pipeline.
     pub fn size(&self) -> usize {
-        self.coll.size()
+        self.stages
     }
 
-    /// Sends `data` to worker `to` under `tag`.
+    /// This worker's replica of the pipeline.
+    pub fn replica(&self) -> usize {
+        self.coll.rank() / self.stages
+    }
+
+    /// Replicas of the pipeline.
+    pub fn replica_count(&self) -> usize {
+        self.coll.size() / self.stages
+    }
+
+    /// The workers holding this worker's stage in every replica, as a group (ranked by replica)
+    /// for summing gradients.
+    pub fn replicas(&mut self) -> Replicas<'_> {
+        let (stage, stages) = (self.rank(), self.stages);
+        Replicas { coll: &mut *self.coll, stage, stages }
+    }
+
+    /// The group rank of this replica's stage `stage`.
+    fn peer(&self, stage: usize) -> usize {
+        self.replica() * self.stages + stage
+    }
+
+    /// Sends `data` to stage `to` under `tag`.
     pub fn send(&mut self, to: usize, tag: u8, mut data: Vec<u8>) -> Result<()> {
         data.push(tag);
-        self.coll.send(to, data)
+        self.coll.send(self.peer(to), data)
     }
 
-    /// The next message under `tag` from worker `from`.
+    /// The next message under `tag` from stage `from`.
     pub fn recv(&mut self, from: usize, tag: u8) -> Result<Vec<u8>> {
         if let Some(m) = self.stash.get_mut(&(from, tag)).and_then(|q| q.pop_front()) {
             return Ok(m);
         }
         loop {
-            let mut m = self.coll.recv(from)?;
+            let mut m = self.coll.recv(self.peer(from))?;
             let Some(got) = m.pop() else {
                 return Err(Error::Worker {
-                    rank: self.rank(),
-                    msg: format!("worker {from} sent a message without a tag"),
+                    rank: self.coll.rank(),
+                    msg: format!("worker {} sent a message without a tag", self.peer(from)),
                 });
             };
             if got == tag {
@@ -321,5 +366,31 @@ impl<'a> Mailbox<'a> {
     pub fn recv_f32(&mut self, from: usize, tag: u8, len: usize) -> Result<Vec<f32>> {
         let bytes = self.recv(from, tag)?;
         values(self.rank(), from, len, &bytes)
+    }
+}
+
+/// The workers that hold one stage in every replica of a pipeline ([`Mailbox::replicas`]), as a
+/// group of their own: rank `r` is replica `r`'s worker.
+pub struct Replicas<'a> {
+    coll: &'a mut dyn Collective,
+    stage: usize,
+    stages: usize,
+}
+
+impl Collective for Replicas<'_> {
+    fn rank(&self) -> usize {
+        self.coll.rank() / self.stages
+    }
+
+    fn size(&self) -> usize {
+        self.coll.size() / self.stages
+    }
+
+    fn send(&mut self, to: usize, data: Vec<u8>) -> Result<()> {
+        self.coll.send(to * self.stages + self.stage, data)
+    }
+
+    fn recv(&mut self, from: usize) -> Result<Vec<u8>> {
+        self.coll.recv(from * self.stages + self.stage)
     }
 }

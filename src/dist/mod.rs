@@ -9,4 +9,4 @@ pub mod mpi;
 pub mod planner;
 pub mod schedule;
 
-pub use collective::{Collective, Mailbox, ThreadCollective, DEFAULT_TIMEOUT};
+pub use collective::{Collective, Mailbox, Replicas, ThreadCollective, DEFAULT_TIMEOUT};

@@ -4,7 +4,7 @@
 
 use super::stage::{Stage, Updates};
 use crate::checkpoint::{Checkpoint, Named};
-use crate::dist::collective::{Collective, Mailbox};
+use crate::dist::collective::Collective;
 use crate::engine::{Planned, Planner};
 use crate::model::{layer_prefix, AsExample, Example};
 use crate::optim::Optimizer;
@@ -55,10 +55,10 @@ impl<B: Backend, E: AsExample> Learner<E> for Stage<B> {
     ) -> Result<Vec<StepStats>> {
         // Dropout masks are keyed by the run's step; the engines load the part at the new count.
         self.version = first;
-        let last = coll.size() - 1;
+        let last = coll.size() / self.replicas() - 1;
         let mut stats = Vec::with_capacity(batches.len());
         let mut up = Updates { opt: Some(opt), clip: plan.clip, updated: &mut *hooks.updated };
-        self.window(&mut Mailbox::new(coll), batches, &mut up, &mut |examples, s| {
+        self.window(&mut self.mailbox(coll)?, batches, &mut up, &mut |examples, s| {
             (hooks.trained)(examples);
             stats.push(s);
         })?;
@@ -80,8 +80,10 @@ impl<B: Backend, E: AsExample> Learner<E> for Stage<B> {
 
     /// Every stage runs its layers over `data`; the last stage's scores reach every stage.
     fn score(&mut self, data: &[E], coll: &mut dyn Collective) -> Result<Scores> {
-        let last = coll.size() - 1;
-        let scores = Stage::score(self, &mut Mailbox::new(coll), data)?;
+        let last = coll.size() / self.replicas() - 1;
+        let mut mail = self.mailbox(coll)?;
+        let scores = Stage::score(self, &mut mail, data)?;
+        drop(mail);
         let mine = json!(scores.iter().map(|(name, v)| json!([name, v])).collect::<Vec<_>>());
         let all = share_from(coll, last, mine)?;
         let rows = all.as_array().ok_or_else(|| Error::Worker { rank: last, msg: format!("sent the scores {all}") })?;
@@ -130,12 +132,17 @@ impl<B: Backend> Learned for Stage<B> {
     }
 
     fn replica(&self) -> Result<Self> {
-        let mut stage = Stage::on(self.backend().replica()?, self.part().clone(), self.plan);
+        let mut stage =
+            Stage::on(self.backend().replica()?, self.part().clone(), self.plan).replicated(self.replicas());
         stage.version = self.version;
         Ok(stage)
     }
 
     fn parted(&self) -> bool {
         true
+    }
+
+    fn replicas(&self) -> usize {
+        Stage::replicas(self)
     }
 }

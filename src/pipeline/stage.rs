@@ -1,9 +1,9 @@
 //! A pipeline stage: its engines per micro-batch in flight, the passes of a schedule over a
 //! window of minibatches, and the updates of its part.
 
-use super::{Part, PipeSettings};
+use super::{Layer, Part, PipeSettings};
 use crate::dist::collective::{Collective, Mailbox};
-use crate::dist::data_parallel::{merge, shard};
+use crate::dist::data_parallel::{merge, shard, Pending};
 use crate::dist::schedule::{self, Kind, MicroPass};
 use crate::engine::{Engine, Pass, Planned, Planner, Pull, SparseGrad};
 use crate::head::Head;
@@ -113,6 +113,8 @@ pub struct Stage<B: Backend = CpuBackend> {
     push_grads: Vec<Vec<Vec<f32>>>,
     acc: Option<Accum>,
     pending: VecDeque<Accum>,
+    /// Data-parallel replicas of the pipeline (see [`Stage::replicated`]).
+    replicas: usize,
 }
 
 impl Stage {
@@ -137,7 +139,28 @@ impl<B: Backend> Stage<B> {
             push_grads: Vec::new(),
             acc: None,
             pending: VecDeque::new(),
+            replicas: 1,
         }
+    }
+
+    /// This stage as one of `replicas` data-parallel copies of its pipeline: the workers of a
+    /// group of `P × replicas` (`P` stages) hold stage `s` of replica `r` at rank `r·P + s`;
+    /// each replica runs its share of every minibatch (balanced by vertex count), and a stage's
+    /// replicas sum their gradients before the update, so a step equals one pipeline's on the
+    /// whole minibatch up to the order of the sums.
+    pub fn replicated(mut self, replicas: usize) -> Stage<B> {
+        self.replicas = replicas.max(1);
+        self
+    }
+
+    /// Data-parallel replicas of this stage's pipeline (1: one pipeline).
+    pub fn replicas(&self) -> usize {
+        self.replicas
+    }
+
+    /// Tagged messages over `coll` among this stage's pipeline (its replica's stages).
+    pub(super) fn mailbox<'c>(&self, coll: &'c mut dyn Collective) -> Result<Mailbox<'c>> {
+        Mailbox::grid(coll, self.replicas)
     }
 
     /// The part of the model this stage holds, with the newest weights.
@@ -232,20 +255,26 @@ impl<B: Backend> Stage<B> {
         model::layout(batch, self.part.graphs, self.part.readout, fed, f)
     }
 
-    /// The micro-batches of `minibatches` (the first numbered `step`), `m` per minibatch
-    /// (balanced by vertex count; some may be empty when a minibatch has few examples).
+    /// The micro-batches of replica `replica`'s share (of `replicas`) of `minibatches` (the
+    /// first numbered `step`), `m` per minibatch (balanced by vertex count; some may be empty
+    /// when a minibatch has few examples).
     fn micro_batches<'a, E: AsExample>(
         &self,
         minibatches: &[Vec<&'a E>],
         m: usize,
         step: u64,
+        (replica, replicas): (usize, usize),
     ) -> Result<Vec<Micro<'a>>> {
         let mut out = Vec::with_capacity(minibatches.len() * m);
         for (t, batch) in minibatches.iter().enumerate() {
             let examples: Vec<Example<'a>> = batch.iter().map(|e| e.example()).collect();
             let denom = batch.iter().map(|e| e.terms()).sum();
             let weights: Vec<usize> = examples.iter().map(|e| e.graphs().map(InputGraph::len).sum()).collect();
-            let parts = shard(&weights, m);
+            let share = shard(&weights, replicas).get(replica).cloned().unwrap_or_default();
+            let parts: Vec<_> = shard(&weights[share.clone()], m)
+                .into_iter()
+                .map(|r| share.start + r.start..share.start + r.end)
+                .collect();
             for (i, r) in parts.iter().enumerate() {
                 let mine = &examples[r.clone()];
                 out.push(Micro {
@@ -397,6 +426,9 @@ impl<B: Backend> Stage<B> {
         if let Some((e, _)) = &self.part.input {
             acc.embedding = merge(&acc.parts, e.dim());
         }
+        if mail.replica_count() > 1 {
+            sum_replicas(&mut acc, &self.part, mail)?;
+        }
         if clip {
             share_norm(&mut acc, mail)?;
         }
@@ -467,13 +499,13 @@ impl<B: Backend> Stage<B> {
         done: &mut dyn FnMut(usize, StepStats),
     ) -> Result<()> {
         let mut up = Updates { opt: Some(opt), clip, updated: &mut |_| Ok(()) };
-        self.window(&mut Mailbox::new(coll), minibatches, &mut up, done)
+        self.window(&mut self.mailbox(coll)?, minibatches, &mut up, done)
     }
 
     /// The gradients of one minibatch at the current weights, cut into micro-batches as the
     /// stage's plan says and summed, without applying them (every stage must call it).
     pub fn gradients<E: AsExample>(&mut self, minibatch: &[&E], coll: &mut dyn Collective) -> Result<MinibatchGrads> {
-        let mut mail = Mailbox::new(coll);
+        let mut mail = self.mailbox(coll)?;
         let kind = std::mem::replace(&mut self.plan.kind, Kind::OneFOneBFlush);
         let mut up = Updates { opt: None, clip: None, updated: &mut |_| Ok(()) };
         let ran = self.run_ops(&mut mail, &[minibatch.to_vec()], &mut up, &mut |_, _| {});
@@ -495,7 +527,7 @@ impl<B: Backend> Stage<B> {
         clip: Option<f32>,
         coll: &mut dyn Collective,
     ) -> Result<()> {
-        let mut mail = Mailbox::new(coll);
+        let mut mail = self.mailbox(coll)?;
         let mut acc = g.0;
         if clip.is_some() {
             share_norm(&mut acc, &mut mail)?;
@@ -537,7 +569,7 @@ impl<B: Backend> Stage<B> {
             self.make_slots(slots)?;
         }
         let base = self.version;
-        let micro = self.micro_batches(minibatches, m, base)?;
+        let micro = self.micro_batches(minibatches, m, base, (mail.replica(), mail.replica_count()))?;
         let ops = schedule::ops(plan.kind, rank, stages, minibatches.len(), m);
         // The steps of the loop: each forward pass with the backward passes after it (and any
         // backward passes before the first forward), its micro-batch scheduled ahead.
@@ -608,5 +640,39 @@ fn share_norm(acc: &mut Accum, mail: &mut Mailbox<'_>) -> Result<()> {
     for to in (0..mail.size()).filter(|&r| r != me) {
         mail.send(to, NORM, acc.squares.to_le_bytes().to_vec())?;
     }
+    Ok(())
+}
+
+/// Sums a finished minibatch's gradients and numbers over the replicas of this stage (in
+/// replica order, so every replica gets the same bits): the layers' and the head's as dense
+/// buckets (zeros where a replica's share ran nothing), the word vectors' rows merged.
+fn sum_replicas(acc: &mut Accum, part: &Part, mail: &mut Mailbox<'_>) -> Result<()> {
+    let zeros = |l: &Layer| l.params.iter().map(|p| vec![0.0; p.len()]).collect::<Vec<_>>();
+    acc.cells.resize_with(part.layers.len(), Vec::new);
+    for (cell, layer) in acc.cells.iter_mut().zip(&part.layers) {
+        if cell.is_empty() {
+            *cell = zeros(layer);
+        }
+    }
+    if let (true, Some(head)) = (acc.head.is_empty(), &part.head) {
+        acc.head = zeros(head);
+    }
+    let counts: Vec<usize> = acc.cells.iter().map(Vec::len).collect();
+    let s = acc.stats;
+    let mut dense: Vec<Vec<f32>> = std::mem::take(&mut acc.cells).into_iter().flatten().collect();
+    dense.append(&mut acc.head);
+    dense.push(vec![s.loss, s.correct as f32, s.count as f32, s.vertices as f32]);
+    let (vocab, dim) = part.input.as_ref().map_or((0, 1), |(e, _)| (e.vocab(), e.dim()));
+    let mut coll = mail.replicas();
+    let pending = Pending::start(&mut coll, dense, std::mem::take(&mut acc.embedding))?;
+    let (dense, embedding) = pending.finish(&mut coll, vocab, dim)?;
+    let mut dense = dense.into_iter();
+    acc.cells = counts.iter().map(|&n| dense.by_ref().take(n).collect()).collect();
+    acc.head = dense.by_ref().take(part.head.as_ref().map_or(0, |h| h.params.len())).collect();
+    let n = dense.next().unwrap_or_default();
+    if let [loss, correct, count, vertices] = n[..] {
+        acc.stats = StepStats { loss, correct: correct as usize, count: count as usize, vertices: vertices as usize };
+    }
+    acc.embedding = embedding;
     Ok(())
 }

@@ -66,15 +66,20 @@ impl Reader<'_> {
     }
 }
 
-/// The checkpoint of a parted model on worker 0 (`None` elsewhere): worker 0's `mine` with every
-/// other worker's tensors after its own, in rank order. Every worker calls it.
-pub(crate) fn gather_parts(coll: &mut dyn Collective, mine: Checkpoint) -> Result<Option<Checkpoint>> {
-    if coll.rank() != 0 {
-        coll.send(0, encode(&mine.tensors))?;
-        return Ok(None);
+/// The checkpoint of a parted model of `parts` parts on worker 0 (`None` elsewhere): worker 0's
+/// `mine` with the tensors of workers `1..parts` after its own, in rank order (the workers
+/// after them hold copies of those parts). Every worker calls it.
+pub(crate) fn gather_parts(coll: &mut dyn Collective, parts: usize, mine: Checkpoint) -> Result<Option<Checkpoint>> {
+    match coll.rank() {
+        0 => {}
+        r if r < parts => {
+            coll.send(0, encode(&mine.tensors))?;
+            return Ok(None);
+        }
+        _ => return Ok(None),
     }
     let mut ck = mine;
-    for from in 1..coll.size() {
+    for from in 1..parts {
         let bytes = coll.recv(from)?;
         ck.tensors.extend(Reader { bytes: &bytes, from }.tensors()?);
     }

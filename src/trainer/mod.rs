@@ -204,6 +204,13 @@ pub trait Learned: Sized {
     fn parted(&self) -> bool {
         false
     }
+
+    /// Workers holding each part of a [parted](Learned::parted) model: a pipeline replicated for
+    /// data parallelism (its workers `r·P + s`, `P` stages), where only the first replica's
+    /// parts make a checkpoint and its last stage reports. 1 by default.
+    fn replicas(&self) -> usize {
+        1
+    }
 }
 
 /// What a run reports as it goes (the reporting worker: worker 0 of a data-parallel run, the
@@ -716,7 +723,8 @@ impl<L> Run<L> {
         L: Learned,
     {
         let ck = if self.model.parted() {
-            gather_parts(coll, self.snapshot(meta, with_optimizer)?)?
+            let parts = coll.size() / self.model.replicas().max(1);
+            gather_parts(coll, parts, self.snapshot(meta, with_optimizer)?)?
         } else {
             (coll.rank() == 0).then(|| self.snapshot(meta, with_optimizer)).transpose()?
         };

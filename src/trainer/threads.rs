@@ -96,9 +96,10 @@ where
 }
 
 /// Trains `runs` together, one thread each, as the workers of one run: replicas of one model
-/// (data-parallel), or the stages of a pipeline in order ([`Learned::parted`](super::Learned::parted)). Returns the
-/// summary of the worker that reports (worker 0, or a pipeline's last stage, which knows the
-/// losses), `events` hearing what it reports.
+/// (data-parallel), or the stages of a pipeline in order ([`Learned::parted`](super::Learned::parted)), replica after
+/// replica where the pipeline is replicated. Returns the summary of the worker that reports
+/// (worker 0, or the first pipeline's last stage, which knows the losses), `events` hearing
+/// what it reports.
 pub fn fit_together<L: Learner<E>, E: Sync>(
     runs: Vec<&mut Run<L>>,
     timeout: Duration,
@@ -109,7 +110,8 @@ pub fn fit_together<L: Learner<E>, E: Sync>(
 where
     Run<L>: Send,
 {
-    let reporter = if runs.first().is_some_and(|r| r.model.parted()) { runs.len() - 1 } else { 0 };
+    let parts = |r: &&mut Run<L>| r.model.parted().then(|| runs.len() / r.model.replicas().max(1));
+    let reporter = runs.first().and_then(parts).map_or(0, |p| p.saturating_sub(1));
     let summaries = on_threads(runs, timeout, reporter, events, |run, coll, report| run.fit(data, plan, coll, report))?;
     Ok(summaries.into_iter().nth(reporter).unwrap_or_default())
 }

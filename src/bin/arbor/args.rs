@@ -340,7 +340,8 @@ pub(crate) struct TrainArgs {
     /// Multiply the learning rate by this factor after every epoch (one stage; not ggnn).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) lr_decay: Option<f32>,
-    /// Data-parallel workers (threads of this process), each with a share of every minibatch.
+    /// Data-parallel workers (threads of this process), each with a share of every minibatch
+    /// (with --stages P: replicas of each stage, P × W workers in all).
     #[arg(long, default_value_t = 1)]
     pub(crate) workers: usize,
     /// Where the vertex functions and heads run, for every model (`cuda`: the first GPU).
@@ -354,11 +355,12 @@ pub(crate) struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     pub(crate) layers: usize,
     /// Pipeline stages (threads, or MPI ranks), each holding a contiguous share of the layers;
-    /// trained by the same loop as one stage (checkpoints, --resume, --average), one worker each
-    /// (--workers stays 1). `auto`: the layers are timed on a few minibatches and the planner
-    /// chooses the stages, their boundaries and the micro-batches that give the shortest
-    /// predicted step within --memory-budget (threads; the plan is printed and kept in the
-    /// checkpoint).
+    /// trained by the same loop as one stage (checkpoints, --resume, --average). With --workers
+    /// W, each stage is replicated on W workers (P × W threads, or MPI ranks), each replica
+    /// taking a share of every minibatch. `auto`: the layers are timed on a few minibatches and
+    /// the planner chooses the stages, their boundaries, the replicas and the micro-batches that
+    /// give the shortest predicted step within --memory-budget (threads; the plan is printed and
+    /// kept in the checkpoint).
     #[arg(long, value_parser = stages, default_value = "1")]
     pub(crate) stages: Stages,
     /// Megabytes of memory a worker may use, for `--stages auto` (default: the memory available,

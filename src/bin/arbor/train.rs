@@ -240,7 +240,7 @@ impl Setup<'_> {
             "--hidden, --embed, --layers, --stages and --workers",
             floats * 16 * replicas as u128
                 + engines * arbor::memory::ENGINE_BYTES
-                + args.most_stages() as u128 * arbor::memory::STAGE_BYTES,
+                + (args.most_stages() * replicas) as u128 * arbor::memory::STAGE_BYTES,
             "parameters, gradients, optimizer state and the layers' engines",
         )?;
         let cells = (0..args.layers).map(cell).collect::<Result<Vec<_>>>()?;
@@ -319,11 +319,14 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     if let Some(d) = args.average.filter(|d| !(0.0..1.0).contains(d)) {
         return bad("--average", "a decay in [0, 1)", d.to_string());
     }
-    if args.most_stages() > 1 && args.workers > 1 {
-        let expected = "1 with --stages above 1 or auto (each stage is one worker; stages replicated over data-parallel workers are not built yet)";
-        return bad("--workers", expected, args.workers.to_string());
-    }
     if args.stages == Stages::Auto {
+        if args.workers > 1 {
+            return bad(
+                "--workers",
+                "1 with --stages auto (the planner chooses the replicas)",
+                args.workers.to_string(),
+            );
+        }
         if args.micro_batches.is_some() {
             return bad("--micro-batches", "none with --stages auto (the planner chooses them)", "given".into());
         }
@@ -567,34 +570,48 @@ fn train_model_on<B: Backend<Buffer: Send, Index: Send> + Send>(
     let [train, dev, test] = setup.labelled();
     let data = Splits { train: &train, dev: &dev, test: &test };
     let kind = args.schedule().kind();
-    // The stages: as many as --stages, as even as the layers allow, or as the planner cut them.
-    let (count, boundaries, plan, chosen) = match args.stages {
+    // The stages: as many as --stages, as even as the layers allow, or as the planner cut them;
+    // each replicated on --workers workers, or on as many as the planner chose.
+    let (count, boundaries, pipe, replicas, chosen) = match args.stages {
         Stages::Auto => {
             let (plan, chosen) = plan_stages(&model, &train, &setup)?;
             let pipe = PipeSettings { kind, micro_batches: plan.micro_batches };
-            (plan.stages.len(), Some(plan.stages), pipe, Some(chosen))
+            (plan.stages.len(), Some(plan.stages), pipe, plan.replicas, Some(chosen))
         }
-        Stages::Count(n) => (n, None, PipeSettings { kind, micro_batches: args.micro_batches() }, None),
+        Stages::Count(n) => (n, None, PipeSettings { kind, micro_batches: args.micro_batches() }, args.workers, None),
     };
     if count == 1 {
-        return fit_runs(vec![model], &setup, data, events, (None, chosen));
+        let spread = Parallel { pipe: None, replicas, chosen };
+        return fit_runs(vec![model], &setup, data, events, spread);
     }
-    plan.check(count, args.batch)?;
+    pipe.check(count, args.batch.div_ceil(replicas))?;
     let parts = match boundaries {
         Some(sizes) => Part::split_at(&model, &sizes)?,
         None => Part::split(&model, count)?,
     };
-    let stages: Vec<Stage<B>> =
-        parts.into_iter().map(|part| Ok(Stage::on(backend.replica()?, part, plan))).collect::<Result<_>>()?;
     drop(model);
-    fit_runs(stages, &setup, data, events, (Some(plan), chosen))
+    // Threads: every replica's stages, replica after replica. MPI ranks: one replica's stages,
+    // each rank taking its own.
+    let copies = if args.distributed.is_some() { 1 } else { replicas };
+    let stage = |part: &Part| Ok(Stage::on(backend.replica()?, part.clone(), pipe).replicated(replicas));
+    let stages: Vec<Stage<B>> = (0..copies).flat_map(|_| parts.iter().map(stage)).collect::<Result<_>>()?;
+    fit_runs(stages, &setup, data, events, Parallel { pipe: Some(pipe), replicas, chosen })
 }
 
-/// `--stages auto`: for every number of stages `P` up to the layers and the cores, times
-/// `model`'s layers on a few training minibatches of `train` with the threads each stage would
-/// have (the cores shared among the stages; `Model::layer_costs`) and plans `P` threads with
-/// one replica a stage (`arbor::dist::planner`) within `--memory-budget`; prints the plan with
-/// the shortest predicted step and returns it, with what the checkpoint records of it.
+/// How a run spreads over its workers: a pipeline's settings (none: one model, data-parallel),
+/// the replicas of the model or of each stage, and what `--stages auto` chose (for the
+/// checkpoint).
+struct Parallel {
+    pipe: Option<PipeSettings>,
+    replicas: usize,
+    chosen: Option<Value>,
+}
+
+/// `--stages auto`: for every number of workers up to the cores, times `model`'s layers on a few
+/// training minibatches of `train` with the threads each worker would have (the cores shared
+/// among them; `Model::layer_costs`) and plans stages × replicas on those workers
+/// (`arbor::dist::planner`) within `--memory-budget`; prints the plan with the shortest
+/// predicted step and returns it, with what the checkpoint records of it.
 fn plan_stages<B: Backend>(
     model: &model::Model<B>,
     train: &[Labelled<'_>],
@@ -611,14 +628,14 @@ fn plan_stages<B: Backend>(
     };
     let mut best: Option<(TrainPlan, Vec<LayerCost>)> = None;
     let mut refused = None;
-    for p in 1..=args.layers.min(cores) {
-        let threads = (cores / p).max(1);
+    for workers in 1..=cores.min(args.batch) {
+        let threads = (cores / workers).max(1);
         let costs = arbor::with_cpu_threads(threads, || {
             model.layer_costs(&batches, config, (args.clip > 0.0).then_some(args.clip))
         })?;
         // Threads of one process: rows pass through shared memory, a hand-off costs a wake-up.
-        let machine = Machine { workers: p, memory, bandwidth: 1e10, latency: 2e-5 };
-        match planner::plan(&costs, args.batch, args.schedule().kind(), &machine, Some(1)) {
+        let machine = Machine { workers, memory, bandwidth: 1e10, latency: 2e-5 };
+        match planner::plan(&costs, args.batch, args.schedule().kind(), &machine, None) {
             Ok(plan) if best.as_ref().is_none_or(|(b, _)| plan.step_seconds < b.step_seconds) => {
                 best = Some((plan, costs));
             }
@@ -633,17 +650,19 @@ fn plan_stages<B: Backend>(
     let layers: Vec<String> =
         costs.iter().map(|c| format!("{:.0} + {:.1}", c.pass_seconds * 1e6, c.seconds * 1e6)).collect();
     eprintln!(
-        "arbor: --stages auto: {} ({} layers a stage), {}, predicted {predicted:.2} ms a step \
+        "arbor: --stages auto: {} ({} layers a stage) × {}, {}, predicted {predicted:.2} ms a step \
          (layers measured at {} µs a pass + an example; {:.0} MB a worker at most of {:.0})",
         plural(plan.stages.len(), "stage"),
         plan.stages.iter().map(usize::to_string).collect::<Vec<_>>().join("+"),
+        plural(plan.replicas, "replica"),
         plural(plan.micro_batches, "micro-batch"),
         layers.join(", "),
         plan.memory / 1e6,
         memory / 1e6,
     );
     let chosen = json!({
-        "stages": plan.stages, "micro_batches": plan.micro_batches, "predicted_ms": predicted,
+        "stages": plan.stages, "replicas": plan.replicas, "micro_batches": plan.micro_batches,
+        "predicted_ms": predicted,
         "layer_us": costs.iter().map(|c| [c.pass_seconds * 1e6, c.seconds * 1e6]).collect::<Vec<_>>(),
     });
     Ok((plan, chosen))
@@ -657,7 +676,7 @@ fn fit_runs<L, E>(
     setup: &Setup<'_>,
     data: Splits<'_, E>,
     events: &mut dyn FnMut(Event),
-    (pipe, chosen): (Option<PipeSettings>, Option<Value>),
+    Parallel { pipe, replicas, chosen }: Parallel,
 ) -> Result<Option<Value>>
 where
     L: Learner<E> + Learned,
@@ -684,7 +703,7 @@ where
         }),
     );
     record_optional_flags(args, &mut plan.meta);
-    let stages = runs.len();
+    let stages = if pipe.is_some() { runs.len() / if args.distributed.is_some() { 1 } else { replicas } } else { 1 };
     let micro_batches = pipe.map_or(1, |p| p.micro_batches);
     if stages > 1 && args.schedule() == ScheduleArg::TwoBw {
         // 2BW decides which weights each minibatch sees (one step stale): a resume keeps it. A
@@ -703,8 +722,9 @@ where
     let how = |on: &str, workers: usize| match stages {
         1 => format!("{layers}{}", plural(workers, on)),
         _ => format!(
-            "{layers}in {} on {on}s, {} schedule, {}",
+            "{layers}in {}{} on {on}s, {} schedule, {}",
             plural(stages, "stage"),
+            if replicas > 1 { format!(" × {}", plural(replicas, "replica")) } else { String::new() },
             args.schedule().name(),
             plural(micro_batches, "micro-batch")
         ),
@@ -712,24 +732,24 @@ where
     let reporter = stages - 1;
     let (summary, at, workers) = match args.distributed {
         None if stages == 1 => {
-            setup.announce(&how("worker", args.workers));
-            (fit_threads(&mut runs[0], args.workers, setup.timeout, data, &plan, events)?, Some(0), args.workers)
+            setup.announce(&how("worker", replicas));
+            (fit_threads(&mut runs[0], replicas, setup.timeout, data, &plan, events)?, Some(0), replicas)
         }
         None => {
-            setup.announce(&how("thread", stages));
+            setup.announce(&how("thread", stages * replicas));
             let summary = fit_together(runs.iter_mut().collect(), setup.timeout, data, &plan, events)?;
-            (summary, Some(reporter), stages)
+            (summary, Some(reporter), stages * replicas)
         }
         Some(Distributed::Mpi) => on_mpi(setup.timeout, |coll| {
             let (rank, size) = (coll.rank(), coll.size());
-            if stages > 1 && size != stages {
+            if stages > 1 && size != stages * replicas {
                 return Err(Error::input(
                     "--distributed mpi with --stages",
-                    format!("one MPI rank per stage ({stages})"),
+                    format!("one MPI rank per stage and replica ({stages} × {replicas}: --stages × --workers)"),
                     plural(size, "rank"),
                 ));
             }
-            let (mine, reports) = if stages > 1 { (rank, rank == reporter) } else { (0, rank == 0) };
+            let (mine, reports) = if stages > 1 { (rank % stages, rank == reporter) } else { (0, rank == 0) };
             if reports {
                 setup.announce(&how("MPI rank", size));
             }
@@ -743,12 +763,12 @@ where
     if args.layers > 1 {
         report["layers"] = json!(args.layers);
     }
+    report["workers"] = json!(workers);
     if stages > 1 {
         report["stages"] = json!(stages);
+        report["replicas"] = json!(replicas);
         report["schedule"] = json!(args.schedule().name());
         report["micro_batches"] = json!(micro_batches);
-    } else {
-        report["workers"] = json!(workers);
     }
     Ok(Some(report))
 }
