@@ -289,7 +289,7 @@ impl<'a> Mailbox<'a> {
     /// `r·P + s` is stage `s` of replica `r`); an error unless `replicas` divides the workers.
     pub fn grid(coll: &'a mut dyn Collective, replicas: usize) -> Result<Mailbox<'a>> {
         let size = coll.size();
-        if replicas == 0 || size % replicas != 0 {
+        if replicas == 0 || !size.is_multiple_of(replicas) {
             return Err(Error::input(
                 "pipeline replicas",
                 format!("a number that divides the {size} workers (stages × replicas)"),
