@@ -23,7 +23,7 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    let bad: [&[&str]; 18] = [
+    let bad: [&[&str]; 22] = [
         &["train", "--data", "/no/such/dir"],
         &["train", "--average", "1"],
         &["train", "--layers", "2", "--stages", "auto", "--workers", "2"],
@@ -39,6 +39,10 @@ fn bad_input_gives_one_line_and_a_failure() {
         &["train", "--hidden", "x"],
         &["train", "--checkpoint-every", "soon"],
         &["train", "--checkpoint-overhead", "0"],
+        &["train", "--batch", "soon"],
+        &["train", "--batch", "auto", "--workers", "2"],
+        &["train", "--batch", "auto", "--layers", "2", "--stages", "2"],
+        &["train", "--model", "gin", "--batch", "auto"],
         &["bench", "--precision", "bf16"],
         &["bench", "--precision", "f8"],
         &["bench", "--workers", "0"],
@@ -228,6 +232,38 @@ fn pipeline_flags() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
         assert!(err.starts_with("arbor: ") && err.contains(says) && err.lines().count() == 1, "{extra:?}: {err}");
+    }
+}
+
+/// `--batch auto` times a step, says how, and trains with a batch chosen as it goes: the summary
+/// reports the trajectory from 25, the checkpoint records `batch` as `auto` and the state of the
+/// choice; what it cannot measure one model's noise in is refused by name.
+#[test]
+fn batch_auto_reports_its_trajectory() {
+    let dir = std::env::temp_dir().join(format!("arbor-cli-batch-auto-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let ck = dir.to_str().unwrap();
+    let out = arbor(&["train", "--hidden", "8", "--embed", "8", "--epochs", "2", "--batch", "auto", "--checkpoint", ck]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("--batch auto: from 25") && err.contains("ms an example"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    let trajectory = v["batch_trajectory"].as_array().unwrap_or_else(|| panic!("no trajectory: {v}"));
+    assert_eq!(trajectory[0], serde_json::json!([0, 25]), "{v}");
+    assert!(trajectory.iter().all(|p| p[1].as_u64().is_some_and(|b| (3..=400).contains(&b))), "{v}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("last").join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["batch"], "auto");
+    assert_eq!(meta["batch_size"]["trajectory"].as_array().map(Vec::len), Some(trajectory.len()), "{meta}");
+    std::fs::remove_dir_all(&dir).ok();
+    for (extra, says) in [
+        (&["--workers", "2"][..], "--workers: expected one worker and one stage with --batch auto"),
+        (&["--layers", "2", "--stages", "2"], "--stages: expected one worker and one stage"),
+        (&["--model", "sick"], "--batch auto: expected a model that uses it"),
+    ] {
+        let out = arbor(&[&["train", "--batch", "auto"][..], extra].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{extra:?}: {err}");
     }
 }
 

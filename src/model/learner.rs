@@ -6,7 +6,7 @@ use crate::checkpoint::{Checkpoint, Lent, Named};
 use crate::dist::Collective;
 use crate::engine::{Planned, Planner};
 use crate::optim::Optimizer;
-use crate::trainer::{Learned, Learner, Scores, Settings, StepStats};
+use crate::trainer::{Learned, Learner, Scores, Settings, StepStats, MEASURE_EVERY};
 use crate::{Backend, InputGraph};
 use arbor_core::error::Result;
 
@@ -31,6 +31,10 @@ impl<B: Backend, E: AsExample> Learner<E> for Model<B> {
         planned: Option<Planned<'_>>,
     ) -> Result<StepStats> {
         let examples: Vec<Example<'_>> = batch.iter().map(|e| e.example()).collect();
+        if plan.batch_auto.is_some() && coll.size() == 1 && step.is_multiple_of(MEASURE_EVERY) {
+            let terms: Vec<usize> = batch.iter().map(|e| e.terms()).collect();
+            return self.step_measured(&examples, &terms, opt, plan.clip, step);
+        }
         let denom = batch.iter().map(|e| e.terms()).sum();
         self.step_shared(coll, &examples, denom, opt, plan.clip, step, planned)
     }

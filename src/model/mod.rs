@@ -29,6 +29,7 @@ mod costs;
 mod example;
 mod layout;
 mod learner;
+mod noise;
 mod passes;
 mod spec;
 mod tensors;
@@ -635,17 +636,7 @@ impl<B: Backend> Model<B> {
         planned: Option<Planned<'_>>,
     ) -> Result<StepStats> {
         let share = Model::<B>::share(batch, coll.rank(), coll.size());
-        let k = self.graphs_per_example();
-        for engine in &mut self.cells {
-            engine.set_dropout_key(DropoutKey { step, first: share.start * k, ..engine.dropout_key() });
-        }
-        // The head's examples are the examples, or with a per-vertex readout their vertices.
-        let first = match self.readout {
-            Readout::Vertices => batch[..share.start].iter().flat_map(Example::graphs).map(InputGraph::len).sum(),
-            _ => share.start,
-        };
-        let head = self.head.engine();
-        head.set_dropout_key(DropoutKey { step, first, ..head.dropout_key() });
+        self.key_share(batch, share.start, step);
         let mine = &batch[share];
         let (count, vertices) = (mine.len(), mine.iter().flat_map(Example::graphs).map(InputGraph::len).sum::<usize>());
         let loss_at = self.head.loss_output();
@@ -697,10 +688,27 @@ impl<B: Backend> Model<B> {
                 at += len;
             }
             let n = &bucket[at..];
-            summed = Some(StepStats { loss: n[0], count: n[1] as usize, vertices: n[2] as usize, correct: 0 });
+            summed =
+                Some(StepStats { loss: n[0], count: n[1] as usize, vertices: n[2] as usize, ..StepStats::default() });
         }
         self.apply(&mut grads, opt, clip)?;
-        Ok(summed.unwrap_or(StepStats { loss: loss_of(&grads.outputs), count, vertices, correct: 0 }))
+        Ok(summed.unwrap_or(StepStats { loss: loss_of(&grads.outputs), count, vertices, ..StepStats::default() }))
+    }
+
+    /// Keys the dropout masks of step `step` for the share of `batch` that starts at example
+    /// `start`, so that a share draws the masks it draws within the whole minibatch.
+    fn key_share(&mut self, batch: &[Example<'_>], start: usize, step: u64) {
+        let k = self.graphs_per_example();
+        for engine in &mut self.cells {
+            engine.set_dropout_key(DropoutKey { step, first: start * k, ..engine.dropout_key() });
+        }
+        // The head's examples are the examples, or with a per-vertex readout their vertices.
+        let first = match self.readout {
+            Readout::Vertices => batch[..start].iter().flat_map(Example::graphs).map(InputGraph::len).sum(),
+            _ => start,
+        };
+        let head = self.head.engine();
+        head.set_dropout_key(DropoutKey { step, first, ..head.dropout_key() });
     }
 
     /// Worker `rank`'s share (of `size` workers) of `batch`: contiguous examples, balanced by

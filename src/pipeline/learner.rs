@@ -74,6 +74,7 @@ impl<B: Backend, E: AsExample> Learner<E> for Stage<B> {
                 correct: r[1].as_u64().unwrap_or(0) as usize,
                 count: r[2].as_u64().unwrap_or(0) as usize,
                 vertices: r[3].as_u64().unwrap_or(0) as usize,
+                noise: None,
             })
             .collect())
     }

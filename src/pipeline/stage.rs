@@ -671,7 +671,13 @@ fn sum_replicas(acc: &mut Accum, part: &Part, mail: &mut Mailbox<'_>) -> Result<
     acc.head = dense.by_ref().take(part.head.as_ref().map_or(0, |h| h.params.len())).collect();
     let n = dense.next().unwrap_or_default();
     if let [loss, correct, count, vertices] = n[..] {
-        acc.stats = StepStats { loss, correct: correct as usize, count: count as usize, vertices: vertices as usize };
+        acc.stats = StepStats {
+            loss,
+            correct: correct as usize,
+            count: count as usize,
+            vertices: vertices as usize,
+            noise: None,
+        };
     }
     acc.embedding = embedding;
     Ok(())

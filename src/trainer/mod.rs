@@ -15,19 +15,22 @@ use crate::optim::Optimizer;
 use crate::InputGraph;
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::borrow::Cow;
 use std::time::Instant;
 
 mod ahead;
 mod averaging;
+mod batch_size;
 mod cadence;
 mod folds;
 mod gather;
 mod settings;
+mod state;
 pub(crate) mod step;
 mod threads;
 pub use ahead::{each_step, plan_each};
+pub use batch_size::{AutoBatch, BatchSize, Noise, MEASURE_EVERY};
 pub use cadence::Every;
 use cadence::{Cadence, Tuned};
 pub use folds::{cross_validate, fold_dir, fold_indices, CvResult};
@@ -44,6 +47,9 @@ pub struct Position {
     pub epoch: usize,
     /// Minibatches of this epoch already trained on.
     pub step_in_epoch: usize,
+    /// Examples of this epoch already trained on (`None` where a checkpoint written before
+    /// they were counted did not say: `step_in_epoch` minibatches of the run's batch size).
+    pub examples_in_epoch: Option<usize>,
     /// The RNG state this epoch's order is drawn from.
     pub epoch_rng: [u64; 4],
     /// Optimizer steps taken since the start of training.
@@ -259,6 +265,9 @@ pub struct Summary {
     /// Seconds this worker spent taking those snapshots (their overhead is this over
     /// `train_seconds`).
     pub checkpoint_seconds: f64,
+    /// With an automatic batch size ([`Settings::batch_auto`]): `(step, batch)` at the start
+    /// of training and at every change since.
+    pub batch_trajectory: Vec<(u64, usize)>,
 }
 
 /// Everything a run carries from step to step, and so everything a checkpoint holds; the model
@@ -291,10 +300,8 @@ pub struct Run<L> {
     /// What an automatic checkpoint cadence had chosen at its last snapshot (kept in
     /// checkpoints; a resumed run's cadence goes on from it).
     tuned: Option<Tuned>,
-}
-
-fn meta_error(key: &str, got: &Value) -> Error {
-    Error::input("checkpoint metadata", format!("`{key}`"), got.to_string())
+    /// Where an automatic batch size stands ([`Settings::batch_auto`]; kept in checkpoints).
+    batch_size: Option<BatchSize>,
 }
 
 impl<L> Run<L> {
@@ -362,7 +369,7 @@ impl<L> Run<L> {
 
     /// A fresh run whose first epoch's order is drawn from `rng`.
     pub fn new(model: L, opt: Optimizer, rng: &Rng) -> Run<L> {
-        let pos = Position { epoch: 1, step_in_epoch: 0, epoch_rng: rng.state(), steps: 0 };
+        let pos = Position { epoch: 1, step_in_epoch: 0, examples_in_epoch: Some(0), epoch_rng: rng.state(), steps: 0 };
         let (best_dev, test_acc) = (f64::NEG_INFINITY, f64::NAN);
         let test_scores = Scores::new();
         Run {
@@ -377,7 +384,20 @@ impl<L> Run<L> {
             best_epoch: 0,
             last_epoch: None,
             tuned: None,
+            batch_size: None,
         }
+    }
+
+    /// The batch size now: `--batch auto`'s, or `batch`.
+    fn batch_now(&self, batch: usize) -> usize {
+        self.batch_size.as_ref().map_or(batch, |b| b.batch).max(1)
+    }
+
+    /// The learning-rate factor now: the epoch's in `plan`'s schedule, times the automatic
+    /// batch size's ([`BatchSize::lr_factor`]).
+    fn lr_factor(&self, plan: &Settings) -> f32 {
+        let scheduled = plan.lr_schedule.as_ref().map_or(1.0, |f| f(self.pos.epoch));
+        scheduled * self.batch_size.as_ref().map_or(1.0, BatchSize::lr_factor)
     }
 
     /// [`Run::fit`] with one worker on this thread, telling `events` nothing.
@@ -408,130 +428,9 @@ impl<L> Run<L> {
             opt: self.opt.clone(),
             test_scores: self.test_scores.clone(),
             average: self.average.clone(),
+            batch_size: self.batch_size.clone(),
             ..*self
         })
-    }
-
-    /// The run's state as a checkpoint (phase one of CheckFreq: an in-memory copy); `meta` says
-    /// what the model and data are.
-    pub fn snapshot(&self, meta: &Value, with_optimizer: bool) -> Result<Checkpoint>
-    where
-        L: Learned,
-    {
-        let mut tensors = self.model.tensors()?;
-        // A checkpoint is never written of a model that is not finite.
-        let values = tensors.iter().map(|(n, _, v)| (n.as_str(), v.as_slice()));
-        crate::optim::check_finite(self.pos.steps, "the value of", values)?;
-        if with_optimizer {
-            tensors.extend(self.model.optimizer_tensors()?);
-            tensors.extend(self.opt.tensors());
-            if let Some(avg) = &self.average {
-                tensors.extend(Average::named(&self.averages(avg)?));
-            }
-        }
-        // The run's state goes beside what `meta` records (nothing, where it is not an object).
-        let mut meta = if meta.is_object() { meta.clone() } else { json!({}) };
-        if let Some(spec) = self.model.spec() {
-            meta["model_spec"] = spec;
-        }
-        let p = self.pos;
-        let state = json!({
-            "epoch": p.epoch - usize::from(p.step_in_epoch == 0),
-            "steps": p.steps,
-            "position": {
-                "epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "epoch_rng": p.epoch_rng, "epoch_loss": self.epoch_loss,
-            },
-            "best_dev_acc": self.best_dev,
-            "best_epoch": self.best_epoch,
-            // Its best score and epoch are the run's (`best_dev_acc`, `best_epoch`).
-            "last_epoch": self.last_epoch.map(|e| json!({"epoch": e.epoch, "loss": e.loss, "dev": e.dev})),
-            "test_acc": self.test_acc,
-            "test_scores": self.test_scores.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
-            "checkpoint_cadence": self.tuned.map(Tuned::to_json),
-        });
-        if let (Some(m), Value::Object(s)) = (meta.as_object_mut(), state) {
-            m.extend(s);
-        }
-        Ok(Checkpoint { tensors, meta })
-    }
-
-    /// Restores parameters, optimizer state, position and accuracies from a checkpoint written
-    /// by a run (its `last/` folder). Every setting in `settings` (what [`Settings::meta`] records:
-    /// model, sizes, data, seed, batch, …) must be what the checkpoint recorded, or the position
-    /// would mean another place in another order.
-    pub fn resume(&mut self, ck: &Checkpoint, settings: &Value) -> Result<()>
-    where
-        L: Learned,
-    {
-        let m = &ck.meta;
-        if settings.get("model").is_some_and(|want| &m["model"] != want) {
-            return Err(Error::input(
-                "--resume",
-                format!("a checkpoint of this run's model {}", settings["model"]),
-                format!("one of model {}", m["model"]),
-            ));
-        }
-        for (key, want) in settings.as_object().into_iter().flatten() {
-            if &m[key] != want {
-                let (had, asked) = differing(&as_typed(&m[key]).to_string(), &as_typed(want).to_string());
-                return Err(Error::input(
-                    format!("resuming from a checkpoint with `{key}` = {had}"),
-                    "the same setting in this run",
-                    asked,
-                ));
-            }
-        }
-        if !ck.tensors.iter().any(|(name, _, _)| name.starts_with("opt.")) && m["steps"].as_u64() != Some(0) {
-            return Err(Error::input(
-                "resuming from a checkpoint",
-                "one with optimizer state (a `last/` folder)",
-                "parameters only (a `best/` folder is for `arbor eval`)",
-            ));
-        }
-        let p = &m["position"];
-        let num = |v: &Value, key: &str| v[key].as_u64().ok_or_else(|| meta_error(key, &v[key]));
-        let rng: Vec<u64> =
-            p["epoch_rng"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
-        let [a, b, c, d] = rng[..] else { return Err(meta_error("position.epoch_rng", &p["epoch_rng"])) };
-        let epoch = num(p, "epoch")? as usize;
-        if epoch == 0 {
-            return Err(meta_error("position.epoch (from 1)", &p["epoch"]));
-        }
-        let pos = Position {
-            epoch,
-            step_in_epoch: num(p, "step_in_epoch")? as usize,
-            epoch_rng: [a, b, c, d],
-            steps: num(m, "steps")?,
-        };
-        self.model.restore(ck)?;
-        self.opt.restore(ck, pos.steps)?;
-        self.model.adopt_optimizer_state(&mut self.opt)?;
-        // A part of a model keeps the optimizer state of its own tensors only.
-        let own: std::collections::BTreeSet<String> = self.model.tensors()?.into_iter().map(|t| t.0).collect();
-        self.opt.slots.retain(|name, _| own.contains(name));
-        self.restore_average(ck)?;
-        self.pos = pos;
-        // Written by arbor before the epoch's loss was kept: the epoch's mean from here on.
-        self.epoch_loss = p["epoch_loss"].as_f64().unwrap_or(0.0);
-        // No epoch evaluated yet: recorded as null.
-        self.best_dev = m["best_dev_acc"].as_f64().unwrap_or(f64::NEG_INFINITY);
-        self.best_epoch = m["best_epoch"].as_u64().unwrap_or(0) as usize;
-        let e = &m["last_epoch"];
-        let num = |key: &str| e[key].as_f64().unwrap_or(f64::NAN);
-        self.last_epoch = e["epoch"].as_u64().map(|epoch| EpochEnd {
-            epoch: epoch as usize,
-            loss: num("loss"),
-            dev: num("dev"),
-            best_dev: self.best_dev,
-            best_epoch: self.best_epoch,
-        });
-        self.test_acc = m["test_acc"].as_f64().unwrap_or(f64::NAN);
-        self.tuned = Tuned::from_json(&m["checkpoint_cadence"]);
-        self.test_scores = m["test_scores"]
-            .as_object()
-            .map(|s| s.iter().filter_map(|(k, v)| Some((k.clone(), v.as_f64()?))).collect())
-            .unwrap_or_default();
-        Ok(())
     }
 
     /// Trains until `plan.epochs` epochs (or `plan.max_steps` steps) are done, as worker
@@ -550,6 +449,17 @@ impl<L> Run<L> {
             return Err(Error::input("the training split", "at least one example", "none"));
         }
         let batch = plan.batch.max(1);
+        if plan.batch_auto.is_some() && (coll.size() > 1 || self.model.parted()) {
+            let got = if self.model.parted() { "a pipeline" } else { "several workers" };
+            return Err(Error::input("an automatic batch size", "one worker (one model, unpipelined)", got));
+        }
+        // A resumed run goes on with the batch size it had, and the step-time model it was
+        // chosen by; a run without `batch_auto` has none.
+        self.batch_size = match (plan.batch_auto, self.batch_size.take()) {
+            (Some(_), Some(b)) => Some(b),
+            (Some(auto), None) => Some(BatchSize::new(auto)),
+            (None, _) => None,
+        };
         let mut persister = Persister::paced(plan.persist_pause);
         let mut cadence = Cadence::new(plan.checkpoint_every, self.pos.steps, self.tuned)?;
         let mut summary = Summary::default();
@@ -562,91 +472,112 @@ impl<L> Run<L> {
         // A run resumed at the end of the epoch its hook stopped at trains no further.
         let mut finished = self.pos.step_in_epoch == 0 && stop_asked(&self.last_epoch);
         while self.pos.epoch <= plan.epochs && !stopped && !finished {
-            self.opt.lr_factor = plan.lr_schedule.as_ref().map_or(1.0, |f| f(self.pos.epoch));
+            self.opt.lr_factor = self.lr_factor(plan);
             let mut rng = Rng::from_state(self.pos.epoch_rng);
             let order = epoch_order(data.train.len(), &mut rng);
             let total = data.train.len();
-            events(Event::EpochStart {
-                epoch: self.pos.epoch,
-                done: (self.pos.step_in_epoch * batch).min(total),
-                total,
-            });
-            let batches: Vec<Vec<&E>> = order
-                .chunks(batch)
-                .skip(self.pos.step_in_epoch)
-                .map(|chunk| chunk.iter().map(|&i| &data.train[i]).collect())
-                .collect();
-            if !batches.is_empty() && done(self.pos.steps) {
-                stopped = true;
-            }
-            let count = if stopped { 0 } else { batches.len() };
-            let windows = if self.model.parted() { self.windows(count, plan, &cadence) } else { Vec::new() };
-            let mut account = |run: &mut Self,
-                               coll: &mut dyn Collective,
-                               first: usize,
-                               all: Vec<StepStats>,
-                               seconds: f64|
-             -> Result<bool> {
-                summary.train_seconds += seconds;
-                cadence.stepped(all.len(), seconds);
-                let end = first + all.len();
-                for (examples, stats) in batches[first..].iter().zip(all) {
-                    summary.sentences += examples.len();
-                    run.epoch_loss += f64::from(stats.loss);
-                    run.pos.step_in_epoch += 1;
-                    run.pos.steps += 1;
+            let start = self.pos.examples_in_epoch.unwrap_or(self.pos.step_in_epoch * batch).min(total);
+            events(Event::EpochStart { epoch: self.pos.epoch, done: start, total });
+            self.pos.examples_in_epoch = Some(start);
+            // The epoch's minibatches from where it stands, cut again where `--batch auto`
+            // changes the batch size.
+            let mut rebatch = true;
+            while rebatch && !stopped {
+                rebatch = false;
+                let (at, size) = (self.pos.examples_in_epoch.unwrap_or(total).min(total), self.batch_now(batch));
+                let batches: Vec<Vec<&E>> =
+                    order[at..].chunks(size).map(|chunk| chunk.iter().map(|&i| &data.train[i]).collect()).collect();
+                if batches.is_empty() {
+                    break;
                 }
-                trained = true;
-                if let (true, Some(dir)) = (cadence.due(run.pos.steps), &plan.checkpoint) {
-                    let start = Instant::now();
-                    run.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
-                    // The snapshot's cost: the steps' stall, and the last background write,
-                    // which shared the cores with the steps since.
-                    let cost = start.elapsed() + persister.last_write();
-                    cadence.snapshotted(coll, run.pos.steps, cost.as_secs_f64())?;
-                    run.tuned = cadence.tuned();
-                }
-                if end < batches.len() && done(run.pos.steps) {
+                if !batches.is_empty() && done(self.pos.steps) {
                     stopped = true;
                 }
-                Ok(!stopped)
-            };
-            if self.model.parted() {
-                for w in windows {
-                    let start = Instant::now();
-                    let (first, mut step) = (self.pos.steps, self.pos.steps);
-                    let Run { model, opt, average, .. } = &mut *self;
-                    let mut hooks = WindowHooks {
-                        trained: &mut |n| events(Event::Trees(n)),
-                        updated: &mut |m: &L| {
-                            step += 1;
-                            average.as_mut().map_or(Ok(()), |avg| avg.update(step - 1, &m.tensors_lent()?))
-                        },
-                    };
-                    let all = model.steps(coll, &batches[w.clone()], opt, plan, first, &mut hooks)?;
-                    if !account(self, coll, w.start, all, start.elapsed().as_secs_f64())? {
-                        break;
+                let count = if stopped { 0 } else { batches.len() };
+                let windows = if self.model.parted() { self.windows(count, plan, &cadence) } else { Vec::new() };
+                let mut account = |run: &mut Self,
+                                   coll: &mut dyn Collective,
+                                   first: usize,
+                                   all: Vec<StepStats>,
+                                   seconds: f64|
+                 -> Result<bool> {
+                    summary.train_seconds += seconds;
+                    cadence.stepped(all.len(), seconds);
+                    let end = first + all.len();
+                    for (examples, stats) in batches[first..].iter().zip(all) {
+                        summary.sentences += examples.len();
+                        run.epoch_loss += f64::from(stats.loss);
+                        run.pos.step_in_epoch += 1;
+                        run.pos.examples_in_epoch = Some(run.pos.examples_in_epoch.unwrap_or(0) + examples.len());
+                        run.pos.steps += 1;
+                        if let (Some(b), Some(noise)) = (&mut run.batch_size, stats.noise) {
+                            b.observe(&noise);
+                        }
                     }
+                    trained = true;
+                    if let (true, Some(dir)) = (cadence.due(run.pos.steps), &plan.checkpoint) {
+                        let start = Instant::now();
+                        run.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
+                        // The snapshot's cost: the steps' stall, and the last background write,
+                        // which shared the cores with the steps since.
+                        let cost = start.elapsed() + persister.last_write();
+                        cadence.snapshotted(coll, run.pos.steps, cost.as_secs_f64())?;
+                        run.tuned = cadence.tuned();
+                    }
+                    if end < batches.len() && done(run.pos.steps) {
+                        stopped = true;
+                    }
+                    Ok(!stopped)
+                };
+                if self.model.parted() {
+                    for w in windows {
+                        let start = Instant::now();
+                        let (first, mut step) = (self.pos.steps, self.pos.steps);
+                        let Run { model, opt, average, .. } = &mut *self;
+                        let mut hooks = WindowHooks {
+                            trained: &mut |n| events(Event::Trees(n)),
+                            updated: &mut |m: &L| {
+                                step += 1;
+                                average.as_mut().map_or(Ok(()), |avg| avg.update(step - 1, &m.tensors_lent()?))
+                            },
+                        };
+                        let all = model.steps(coll, &batches[w.clone()], opt, plan, first, &mut hooks)?;
+                        if !account(self, coll, w.start, all, start.elapsed().as_secs_f64())? {
+                            break;
+                        }
+                    }
+                } else {
+                    let (rank, size) = (coll.rank(), coll.size());
+                    let graphs = |k: usize| L::share_graphs(&batches[k], rank, size, plan);
+                    let planner = self.model.planner();
+                    let prepare = |k: usize| planner.as_ref().map(|p| p.plan(&graphs(k)?)).transpose();
+                    each_step(count, &prepare, &mut |k, planned| {
+                        let start = Instant::now();
+                        let stats = self.model.step(coll, &batches[k], &mut self.opt, plan, self.pos.steps, planned)?;
+                        self.average_step()?;
+                        events(Event::Trees(batches[k].len()));
+                        let go_on = account(self, coll, k, vec![stats], start.elapsed().as_secs_f64())?;
+                        // A new batch size cuts the rest of the epoch again.
+                        rebatch = self.batch_size.as_mut().is_some_and(|b| b.decide(self.pos.steps));
+                        if rebatch {
+                            self.opt.lr_factor = self.lr_factor(plan);
+                        }
+                        Ok(go_on && !rebatch)
+                    })?;
                 }
-            } else {
-                let (rank, size) = (coll.rank(), coll.size());
-                let graphs = |k: usize| L::share_graphs(&batches[k], rank, size, plan);
-                let planner = self.model.planner();
-                let prepare = |k: usize| planner.as_ref().map(|p| p.plan(&graphs(k)?)).transpose();
-                each_step(count, &prepare, &mut |k, planned| {
-                    let start = Instant::now();
-                    let stats = self.model.step(coll, &batches[k], &mut self.opt, plan, self.pos.steps, planned)?;
-                    self.average_step()?;
-                    events(Event::Trees(batches[k].len()));
-                    account(self, coll, k, vec![stats], start.elapsed().as_secs_f64())
-                })?;
             }
             if stopped {
                 break;
             }
             let loss = self.epoch_loss / self.pos.step_in_epoch.max(1) as f64;
             self.epoch_loss = 0.0;
-            self.pos = Position { epoch: self.pos.epoch + 1, step_in_epoch: 0, epoch_rng: rng.state(), ..self.pos };
+            self.pos = Position {
+                epoch: self.pos.epoch + 1,
+                step_in_epoch: 0,
+                examples_in_epoch: Some(0),
+                epoch_rng: rng.state(),
+                ..self.pos
+            };
             let epoch = self.pos.epoch - 1;
             let dev = self.evaluate(data, plan, coll, &mut persister)?;
             ended = true;
@@ -677,6 +608,7 @@ impl<L> Run<L> {
         }
         persister.wait()?;
         (summary.checkpoint_interval, summary.checkpoint_seconds) = (cadence.interval(), cadence.spent);
+        summary.batch_trajectory = self.batch_size.as_ref().map(|b| b.trajectory.clone()).unwrap_or_default();
         Ok(summary)
     }
 
@@ -751,43 +683,6 @@ impl<L> Run<L> {
         }
         out
     }
-}
-
-/// `v` with every number that a flag typed as `f32` recorded (`0.10000000149011612`) shown as
-/// typed (`0.1`).
-fn as_typed(v: &Value) -> Value {
-    match v {
-        Value::Number(n) => match n.as_f64() {
-            Some(x) if n.is_f64() && f64::from(x as f32) == x => {
-                (x as f32).to_string().parse::<f64>().map_or_else(|_| v.clone(), |x| json!(x))
-            }
-            _ => v.clone(),
-        },
-        Value::Array(items) => Value::Array(items.iter().map(as_typed).collect()),
-        Value::Object(fields) => Value::Object(fields.iter().map(|(k, x)| (k.clone(), as_typed(x))).collect()),
-        _ => v.clone(),
-    }
-}
-
-/// Two settings as a message shows them: whole when short, else only the fields that differ
-/// (`…lr: 0.05…` against `…lr: 0.01…` for two optimizer descriptions, or a vocabulary's
-/// first differing words).
-fn differing(a: &str, b: &str) -> (String, String) {
-    if a.len().max(b.len()) <= 60 {
-        return (a.to_string(), b.to_string());
-    }
-    fn fields(s: &str) -> Vec<&str> {
-        s.split([',', '{', '}', '[', ']']).map(str::trim).collect()
-    }
-    let (fa, fb) = (fields(a), fields(b));
-    let start = fa.iter().zip(&fb).take_while(|(x, y)| x == y).count();
-    let end = fa[start..].iter().rev().zip(fb[start..].iter().rev()).take_while(|(x, y)| x == y).count();
-    let part = |f: &[&str]| {
-        let middle = f[start..f.len() - end].join(", ");
-        let cut: String = middle.chars().take(60).collect();
-        format!("…{cut}…")
-    };
-    (part(&fa), part(&fb))
 }
 
 /// The order of an epoch over `len` examples, drawn from `rng`.

@@ -65,6 +65,9 @@ pub struct Settings {
     pub on_epoch: Option<EpochHook>,
     /// The learning-rate factor of each epoch (none: 1).
     pub lr_schedule: Option<LrSchedule>,
+    /// Choose the batch size as training goes, for the most goodput (`batch` is then unused;
+    /// see [`AutoBatch`](super::AutoBatch)); none: `batch` throughout.
+    pub batch_auto: Option<super::AutoBatch>,
 }
 
 impl fmt::Debug for Settings {
@@ -79,6 +82,7 @@ impl fmt::Debug for Settings {
             .field("meta", &self.meta)
             .field("on_epoch", &self.on_epoch.is_some())
             .field("lr_schedule", &self.lr_schedule.is_some())
+            .field("batch_auto", &self.batch_auto)
             .finish_non_exhaustive()
     }
 }
@@ -99,6 +103,7 @@ impl Settings {
             meta: Value::Object(Default::default()),
             on_epoch: None,
             lr_schedule: None,
+            batch_auto: None,
         }
     }
 

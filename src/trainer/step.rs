@@ -17,6 +17,8 @@ pub struct StepStats {
     pub count: usize,
     /// Vertices processed.
     pub vertices: usize,
+    /// The gradient noise, where the step measured it (`--batch auto`).
+    pub noise: Option<super::batch_size::Noise>,
 }
 
 /// A tensor's name in checkpoints and optimizer state: `cell.W`, `head.bias`, ….

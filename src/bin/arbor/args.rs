@@ -194,6 +194,36 @@ fn stages(text: &str) -> Result<Stages, String> {
     }
 }
 
+/// `--batch`: examples per minibatch, or `auto` (chosen as training goes,
+/// `arbor::trainer::BatchSize`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Batch {
+    /// This many examples.
+    Count(usize),
+    /// Chosen as training goes, from [`AUTO_BATCH`].
+    Auto,
+}
+
+/// The batch `--batch auto` starts at, and sets the learning rate for.
+pub(crate) const AUTO_BATCH: usize = 25;
+
+impl Batch {
+    /// As a checkpoint records it: the number, or `"auto"`.
+    pub(crate) fn to_json(self) -> serde_json::Value {
+        match self {
+            Batch::Count(n) => serde_json::json!(n),
+            Batch::Auto => serde_json::json!("auto"),
+        }
+    }
+}
+
+fn batch_size(text: &str) -> Result<Batch, String> {
+    match text {
+        "auto" => Ok(Batch::Auto),
+        n => n.parse().map(Batch::Count).map_err(|_| format!("`{n}` is neither `auto` nor a number of examples")),
+    }
+}
+
 fn every(text: &str) -> Result<Every, String> {
     match text {
         "auto" => Ok(Every::Auto(f64::NAN)),
@@ -244,9 +274,12 @@ pub(crate) struct TrainArgs {
     /// jumping knowledge, as GIN reads out).
     #[arg(long)]
     pub(crate) every_step: bool,
-    /// Trees per minibatch.
-    #[arg(long, default_value_t = 25)]
-    pub(crate) batch: usize,
+    /// Trees per minibatch; `auto`: chosen as training goes for the most goodput (Pollux: the
+    /// gradient noise scale measured every few steps against a step-time model timed at the
+    /// start; the learning rate scaled by √(batch / 25)), starting at 25 (tree and sequence
+    /// models, one worker, one stage).
+    #[arg(long = "batch", value_parser = batch_size, default_value = "25")]
+    pub(crate) batch_arg: Batch,
     /// Hidden state width (default 64; 32 for ggnn).
     #[arg(long)]
     pub(crate) hidden: Option<usize>,
@@ -415,6 +448,14 @@ impl TrainArgs {
         match self.stages {
             Stages::Count(n) => n,
             Stages::Auto => self.layers,
+        }
+    }
+
+    /// Examples per minibatch: `--batch`, or where it is `auto` the batch it starts at.
+    pub(crate) fn batch(&self) -> usize {
+        match self.batch_arg {
+            Batch::Count(n) => n,
+            Batch::Auto => AUTO_BATCH,
         }
     }
 

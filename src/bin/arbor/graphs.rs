@@ -79,7 +79,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         every_step: args.every_step,
         dropout: args.dropout,
         epochs,
-        batch: args.batch,
+        batch: args.batch(),
         folds: args.folds(),
         seed: args.seed,
         optimizer: optimizer(args, sizes.lr),

@@ -91,7 +91,7 @@ fn train_on<B: Backend<Buffer: Send, Index: Send> + Send>(
         epochs,
         json!({
             "model": "sick", "embed": embed, "hidden": hidden, "units": UNITS, "seed": args.seed,
-            "lowercase": args.lowercase, "data": dir_name(args), "vocab": data.vocab.words(), "batch": args.batch,
+            "lowercase": args.lowercase, "data": dir_name(args), "vocab": data.vocab.words(), "batch": args.batch(),
             "optimizer": format!("{:?}", optimizer(args, lr)), "clip": args.clip,
         }),
     );
@@ -140,7 +140,7 @@ fn train_on<B: Backend<Buffer: Send, Index: Send> + Send>(
     println!(
         "{}",
         json!({
-            "model": "sick", "data": dir_name(args), "epochs": epochs, "batch": args.batch, "hidden": hidden,
+            "model": "sick", "data": dir_name(args), "epochs": epochs, "batch": args.batch(), "hidden": hidden,
             "embed": embed, "workers": args.workers, "steps": run.position().steps, "train_seconds": (seconds * 1000.0).round() / 1000.0,
             "pairs_per_s": (summary.sentences as f64 / seconds.max(1e-9)).round(), "dev_pearson": dev,
             "test_pearson": test("pearson"), "test_spearman": test("spearman"), "test_mse": test("mse"),

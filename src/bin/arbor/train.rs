@@ -17,7 +17,9 @@ use arbor::optim::{Config, Optimizer, Rule};
 use arbor::pipeline::{Part, PipeSettings, Stage};
 use arbor::plot::{self, Series};
 use arbor::rng::Rng;
-use arbor::trainer::{fit_threads, fit_together, Event, Every, Learned, Learner, Run, Settings, Splits, Summary};
+use arbor::trainer::{
+    fit_threads, fit_together, AutoBatch, Event, Every, Learned, Learner, Run, Settings, Splits, Summary, MEASURE_EVERY,
+};
 use arbor::{Backend, Error, Result};
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
@@ -305,8 +307,8 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             return bad(flag, "a rate in [0, 1)", rate.to_string());
         }
     }
-    if args.workers == 0 || args.workers > args.batch {
-        let expected = format!("between 1 and the examples of a minibatch (--batch {})", args.batch);
+    if args.workers == 0 || args.workers > args.batch() {
+        let expected = format!("between 1 and the examples of a minibatch (--batch {})", args.batch());
         return bad("--workers", &expected, args.workers.to_string());
     }
     if args.checkpoint_every.is_some() && checkpoint_dir(args).is_none() {
@@ -374,8 +376,10 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             ("--patience", args.patience.is_some(), "every model but ggnn, which trains --epochs per fold"),
             ("--lr-decay", args.lr_decay.is_some(), "every model but ggnn, which trains --epochs per fold"),
             ("--freeze", !args.freeze.is_empty(), "every model but ggnn, which trains --epochs per fold"),
+            ("--batch auto", args.batch_arg == Batch::Auto, trees),
         ],
         ModelArg::Sick => &[
+            ("--batch auto", args.batch_arg == Batch::Auto, trees),
             ("--loss", args.loss.is_some(), trees),
             ("--folds", args.folds.is_some(), "ggnn"),
             ("--steps", args.steps.is_some(), "ggnn"),
@@ -387,6 +391,20 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         ],
         _ => &[("--folds", args.folds.is_some(), "ggnn"), ("--steps", args.steps.is_some(), "ggnn")],
     };
+    if args.batch_arg == Batch::Auto {
+        let spread = [
+            ("--workers", args.workers > 1, args.workers.to_string()),
+            ("--stages", args.stages != Stages::Count(1), args.stages.to_string()),
+            ("--distributed", args.distributed.is_some(), "mpi".to_string()),
+        ];
+        if let Some((flag, _, got)) = spread.into_iter().find(|(_, set, _)| *set) {
+            return bad(
+                flag,
+                "one worker and one stage with --batch auto (it measures the noise of one model's gradients)",
+                got,
+            );
+        }
+    }
     if let Some((flag, _, users)) = ignored.iter().find(|(_, set, _)| *set) {
         return bad(flag, &format!("a model that uses it ({users})"), format!("--model {}", args.model.name()));
     }
@@ -419,11 +437,11 @@ pub(crate) fn plural(n: usize, what: &str) -> String {
 pub(crate) fn train(args: &TrainArgs) -> Result<()> {
     let sizes = Sizes::of(args);
     let Sizes { epochs, hidden, embed, .. } = sizes;
-    if args.batch == 0 || epochs == 0 || hidden == 0 || embed == 0 || args.layers == 0 || args.most_stages() == 0 {
+    if args.batch() == 0 || epochs == 0 || hidden == 0 || embed == 0 || args.layers == 0 || args.most_stages() == 0 {
         return Err(Error::input(
             "arguments",
             "--batch, --epochs, --hidden, --embed, --layers and --stages above 0",
-            format!("{} {epochs} {hidden} {embed} {} {}", args.batch, args.layers, args.stages),
+            format!("{} {epochs} {hidden} {embed} {} {}", args.batch(), args.layers, args.stages),
         ));
     }
     check_flags(args, &sizes)?;
@@ -473,7 +491,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
             "model": kind.name(),
             "data": load_name(args),
             "epochs": epochs,
-            "batch": args.batch,
+            "batch": args.batch_arg.to_json(),
             "hidden": hidden,
             "embed": embed,
         });
@@ -519,6 +537,9 @@ pub(crate) fn outcome(summary: &Summary, steps: u64, best_dev: f64, test_acc: f6
         v["checkpoint_every"] = json!(summary.checkpoint_interval);
         v["checkpoint_overhead"] = json!(summary.checkpoint_seconds / summary.train_seconds.max(1e-9));
     }
+    if !summary.batch_trajectory.is_empty() {
+        v["batch_trajectory"] = json!(summary.batch_trajectory);
+    }
     v
 }
 
@@ -534,7 +555,7 @@ pub(crate) fn settings(args: &TrainArgs, epochs: usize, meta: Value) -> Settings
         max_steps: args.max_steps,
         persist_pause: Duration::from_millis(args.persist_pause_ms),
         meta,
-        ..Settings::new(epochs, args.batch)
+        ..Settings::new(epochs, args.batch())
     };
     if let Some(patience) = args.patience {
         plan = plan.patience(patience);
@@ -581,10 +602,14 @@ fn train_model_on<B: Backend<Buffer: Send, Index: Send> + Send>(
         Stages::Count(n) => (n, None, PipeSettings { kind, micro_batches: args.micro_batches() }, args.workers, None),
     };
     if count == 1 {
-        let spread = Parallel { pipe: None, replicas, chosen };
+        let batch_auto = match args.batch_arg {
+            Batch::Auto => Some(auto_batch(&model, &train, &setup)?),
+            Batch::Count(_) => None,
+        };
+        let spread = Parallel { pipe: None, replicas, chosen, batch_auto };
         return fit_runs(vec![model], &setup, data, events, spread);
     }
-    pipe.check(count, args.batch.div_ceil(replicas))?;
+    pipe.check(count, args.batch().div_ceil(replicas))?;
     let parts = match boundaries {
         Some(sizes) => Part::split_at(&model, &sizes)?,
         None => Part::split(&model, count)?,
@@ -595,7 +620,7 @@ fn train_model_on<B: Backend<Buffer: Send, Index: Send> + Send>(
     let copies = if args.distributed.is_some() { 1 } else { replicas };
     let stage = |part: &Part| Ok(Stage::on(backend.replica()?, part.clone(), pipe).replicated(replicas));
     let stages: Vec<Stage<B>> = (0..copies).flat_map(|_| parts.iter().map(stage)).collect::<Result<_>>()?;
-    fit_runs(stages, &setup, data, events, Parallel { pipe: Some(pipe), replicas, chosen })
+    fit_runs(stages, &setup, data, events, Parallel { pipe: Some(pipe), replicas, chosen, batch_auto: None })
 }
 
 /// How a run spreads over its workers: a pipeline's settings (none: one model, data-parallel),
@@ -605,7 +630,39 @@ struct Parallel {
     pipe: Option<PipeSettings>,
     replicas: usize,
     chosen: Option<Value>,
+    batch_auto: Option<AutoBatch>,
 }
+
+/// `--batch auto`'s settings: its step-time model from `model`'s layers timed on a few training
+/// minibatches of `train` at the batch it starts at ([`AUTO_BATCH`]; `Model::layer_costs`), and
+/// its bounds (an eighth of that batch to sixteen times it); printed.
+fn auto_batch<B: Backend>(model: &model::Model<B>, train: &[Labelled<'_>], setup: &Setup<'_>) -> Result<AutoBatch> {
+    let args = setup.args;
+    let batches: Vec<Vec<Example<'_>>> =
+        train.chunks(AUTO_BATCH).take(9).map(|c| c.iter().map(AsExample::example).collect()).collect();
+    let costs = model.layer_costs(&batches, optimizer(args, setup.sizes.lr), (args.clip > 0.0).then_some(args.clip))?;
+    let auto = AutoBatch {
+        base: AUTO_BATCH,
+        min: (AUTO_BATCH / 8).max(1),
+        max: AUTO_BATCH * 16,
+        pass_seconds: costs.iter().map(|c| c.pass_seconds).sum(),
+        example_seconds: costs.iter().map(|c| c.seconds).sum(),
+        every: AUTO_EVERY,
+    };
+    eprintln!(
+        "arbor: --batch auto: from {} (between {} and {}), a step timed at {:.2} ms + {:.3} ms an example; \
+         the noise measured every {MEASURE_EVERY} steps, the batch chosen every {AUTO_EVERY}",
+        auto.base,
+        auto.min,
+        auto.max,
+        auto.pass_seconds * 1e3,
+        auto.example_seconds * 1e3,
+    );
+    Ok(auto)
+}
+
+/// Steps between `--batch auto`'s decisions.
+const AUTO_EVERY: u64 = 25;
 
 /// `--stages auto`: for every number of workers up to the cores, times `model`'s layers on a few
 /// training minibatches of `train` with the threads each worker would have (the cores shared
@@ -619,7 +676,7 @@ fn plan_stages<B: Backend>(
 ) -> Result<(TrainPlan, Value)> {
     let args = setup.args;
     let batches: Vec<Vec<Example<'_>>> =
-        train.chunks(args.batch).take(4).map(|c| c.iter().map(AsExample::example).collect()).collect();
+        train.chunks(args.batch()).take(4).map(|c| c.iter().map(AsExample::example).collect()).collect();
     let config = optimizer(args, setup.sizes.lr);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let memory = match args.memory_budget {
@@ -628,14 +685,14 @@ fn plan_stages<B: Backend>(
     };
     let mut best: Option<(TrainPlan, Vec<LayerCost>)> = None;
     let mut refused = None;
-    for workers in 1..=cores.min(args.batch) {
+    for workers in 1..=cores.min(args.batch()) {
         let threads = (cores / workers).max(1);
         let costs = arbor::with_cpu_threads(threads, || {
             model.layer_costs(&batches, config, (args.clip > 0.0).then_some(args.clip))
         })?;
         // Threads of one process: rows pass through shared memory, a hand-off costs a wake-up.
         let machine = Machine { workers, memory, bandwidth: 1e10, latency: 2e-5 };
-        match planner::plan(&costs, args.batch, args.schedule().kind(), &machine, None) {
+        match planner::plan(&costs, args.batch(), args.schedule().kind(), &machine, None) {
             Ok(plan) if best.as_ref().is_none_or(|(b, _)| plan.step_seconds < b.step_seconds) => {
                 best = Some((plan, costs));
             }
@@ -676,7 +733,7 @@ fn fit_runs<L, E>(
     setup: &Setup<'_>,
     data: Splits<'_, E>,
     events: &mut dyn FnMut(Event),
-    Parallel { pipe, replicas, chosen }: Parallel,
+    Parallel { pipe, replicas, chosen, batch_auto }: Parallel,
 ) -> Result<Option<Value>>
 where
     L: Learner<E> + Learned,
@@ -698,11 +755,12 @@ where
         json!({
             "model": setup.kind.name(), "embed": embed, "hidden": hidden, "classes": d.classes,
             "data": d.name, "seed": args.seed, "lowercase": args.lowercase, "vocab": d.vocab.words(),
-            "batch": args.batch, "loss": args.loss().name(), "optimizer": format!("{:?}", optimizer(args, lr)),
+            "batch": args.batch_arg.to_json(), "loss": args.loss().name(), "optimizer": format!("{:?}", optimizer(args, lr)),
             "clip": args.clip, "embeddings": args.embeddings.as_ref().map(|f| f.display().to_string()),
         }),
     );
     record_optional_flags(args, &mut plan.meta);
+    plan.batch_auto = batch_auto;
     let stages = if pipe.is_some() { runs.len() / if args.distributed.is_some() { 1 } else { replicas } } else { 1 };
     let micro_batches = pipe.map_or(1, |p| p.micro_batches);
     if stages > 1 && args.schedule() == ScheduleArg::TwoBw {
