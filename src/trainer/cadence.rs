@@ -69,6 +69,10 @@ pub(crate) struct Cadence {
     snapshot_seconds: Option<f64>,
     /// Seconds spent in snapshots between epochs' ends.
     pub(crate) spent: f64,
+    /// Seconds of training steps, and of the other checkpoints written meanwhile (`best/`),
+    /// whose share of the bound the snapshots leave them.
+    trained: f64,
+    others: f64,
 }
 
 impl Cadence {
@@ -89,6 +93,8 @@ impl Cadence {
             step_seconds: None,
             snapshot_seconds: None,
             spent: 0.0,
+            trained: 0.0,
+            others: 0.0,
         };
         if let (Some(Every::Auto(_)), Some(t)) = (every, tuned) {
             c.next = steps + t.interval;
@@ -118,6 +124,15 @@ impl Cadence {
         }
     }
 
+    /// Whether `last/` is written at an epoch's end after `steps` steps: always, but under an
+    /// automatic cadence only where its next snapshot is due.
+    pub(crate) fn due_at_epoch_end(&self, steps: u64) -> bool {
+        match self.every {
+            Some(Every::Auto(_)) => steps >= self.next,
+            _ => true,
+        }
+    }
+
     /// Whether a window of steps planned ahead (a pipeline's) ends after `steps` steps: where a
     /// snapshot is due, or where the automatic cadence's next is planned now.
     pub(crate) fn boundary(&self, steps: u64) -> bool {
@@ -131,7 +146,14 @@ impl Cadence {
     pub(crate) fn stepped(&mut self, steps: usize, seconds: f64) {
         if steps > 0 {
             self.step_seconds = Some(blend(self.step_seconds, seconds / steps as f64));
+            self.trained += seconds;
         }
+    }
+
+    /// Records another checkpoint's write (`best/`) that took `seconds`: an automatic cadence
+    /// leaves such writes their share of the bound, snapshotting less often.
+    pub(crate) fn charged(&mut self, seconds: f64) {
+        self.others += seconds;
     }
 
     /// Records a snapshot after `steps` steps that took `seconds` on this worker, and for an
@@ -140,13 +162,17 @@ impl Cadence {
     pub(crate) fn snapshotted(&mut self, coll: &mut dyn Collective, steps: u64, seconds: f64) -> Result<()> {
         self.spent += seconds;
         let Some(Every::Auto(bound)) = self.every else { return Ok(()) };
-        // Summed over workers: the snapshots' cost as a whole, the mean step time.
-        let mut times = [seconds as f32, self.step_seconds.unwrap_or(0.0) as f32];
+        // Summed over workers: the snapshots' cost as a whole, the mean step time, the mean
+        // share of the other checkpoints' writes.
+        let others = if self.trained > 0.0 { self.others / self.trained } else { 0.0 };
+        let mut times = [seconds as f32, self.step_seconds.unwrap_or(0.0) as f32, others as f32];
         coll.all_reduce_sum(&mut times)?;
         let size = coll.size().max(1) as f64;
         self.snapshot_seconds = Some(blend(self.snapshot_seconds, f64::from(times[0])));
         let step = f64::from(times[1]) / size;
-        let interval = interval(self.snapshot_seconds.unwrap_or(0.0), step, bound);
+        // What the other writes leave of the bound, a quarter of it at least.
+        let left = (bound - f64::from(times[2]) / size).max(bound / 4.0);
+        let interval = interval(self.snapshot_seconds.unwrap_or(0.0), step, left);
         self.interval = Some(interval);
         self.next = steps + interval;
         Ok(())
@@ -181,6 +207,16 @@ mod tests {
     use super::*;
     use crate::dist::ThreadCollective;
     use std::time::Duration;
+
+    #[test]
+    fn an_automatic_cadence_writes_an_epochs_end_only_when_due() {
+        let mut c = Cadence::new(Some(Every::Auto(0.05)), 100, None).expect("a bound");
+        assert!(!c.due_at_epoch_end(103) && c.due_at_epoch_end(105), "the first snapshot comes 5 steps in");
+        c.next = 300;
+        assert!(!c.due_at_epoch_end(299) && c.due_at_epoch_end(300));
+        let fixed = Cadence::new(Some(Every::Steps(7)), 0, None).expect("fixed");
+        assert!(fixed.due_at_epoch_end(3) && Cadence::new(None, 0, None).expect("none").due_at_epoch_end(3));
+    }
 
     #[test]
     fn the_interval_keeps_the_overhead_within_the_bound() {

@@ -579,12 +579,21 @@ impl<L> Run<L> {
                 ..self.pos
             };
             let epoch = self.pos.epoch - 1;
-            let dev = self.evaluate(data, plan, coll, &mut persister)?;
+            let dev = self.evaluate(data, plan, coll, (&mut persister, &mut cadence))?;
             ended = true;
             self.last_epoch = Some(EpochEnd { epoch, loss, dev, best_dev: self.best_dev, best_epoch: self.best_epoch });
             finished = stop_asked(&self.last_epoch);
-            if let Some(dir) = &plan.checkpoint {
+            // `last/` after every epoch; under an automatic cadence only where its snapshot is
+            // due (counted as one) and after the last epoch, so its overhead stays bounded.
+            let last = self.pos.epoch > plan.epochs || finished;
+            if let (Some(dir), true) = (&plan.checkpoint, last || cadence.due_at_epoch_end(self.pos.steps)) {
+                let start = Instant::now();
                 self.save(coll, &plan.meta, true, dir.join("last"), &mut persister)?;
+                if matches!(plan.checkpoint_every, Some(Every::Auto(_))) && cadence.due(self.pos.steps) {
+                    let cost = start.elapsed() + persister.last_write();
+                    cadence.snapshotted(coll, self.pos.steps, cost.as_secs_f64())?;
+                    self.tuned = cadence.tuned();
+                }
             }
             summary.loss_curve.push(loss);
             summary.dev_curve.push(dev);
@@ -613,15 +622,15 @@ impl<L> Run<L> {
     }
 
     /// Scores the model on dev at an epoch's end, and on test when dev improves on the best so
-    /// far, then writes `best/`. Every worker evaluates (replicas are identical, and a pipeline's
-    /// stages score together), so none waits for another under the peer timeout. Returns the dev
-    /// score.
+    /// far, then writes `best/` (its cost charged to `cadence`). Every worker evaluates (replicas
+    /// are identical, and a pipeline's stages score together), so none waits for another under
+    /// the peer timeout. Returns the dev score.
     fn evaluate<E>(
         &mut self,
         data: Splits<'_, E>,
         plan: &Settings,
         coll: &mut dyn Collective,
-        persister: &mut Persister,
+        (persister, cadence): (&mut Persister, &mut Cadence),
     ) -> Result<f64>
     where
         L: Learner<E>,
@@ -634,7 +643,9 @@ impl<L> Run<L> {
                 run.test_scores = run.model.score(data.test, coll)?;
                 run.test_acc = main_score(&run.test_scores);
                 if let Some(dir) = &plan.checkpoint {
+                    let start = Instant::now();
                     run.save(coll, &plan.meta, false, dir.join("best"), persister)?;
+                    cadence.charged((start.elapsed() + persister.last_write()).as_secs_f64());
                 }
             }
             Ok(dev)
