@@ -243,11 +243,13 @@ fn batch_auto_reports_its_trajectory() {
     let dir = std::env::temp_dir().join(format!("arbor-cli-batch-auto-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     let ck = dir.to_str().unwrap();
-    let out = arbor(&["train", "--hidden", "8", "--embed", "8", "--epochs", "2", "--batch", "auto", "--checkpoint", ck]);
+    let out =
+        arbor(&["train", "--hidden", "8", "--embed", "8", "--epochs", "2", "--batch", "auto", "--checkpoint", ck]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("--batch auto: from 25") && err.contains("ms an example"), "{err}");
-    let v: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
     let trajectory = v["batch_trajectory"].as_array().unwrap_or_else(|| panic!("no trajectory: {v}"));
     assert_eq!(trajectory[0], serde_json::json!([0, 25]), "{v}");
     assert!(trajectory.iter().all(|p| p[1].as_u64().is_some_and(|b| (3..=400).contains(&b))), "{v}");
