@@ -57,7 +57,7 @@ impl AutoBatch {
 }
 
 /// One measurement of the gradient noise: squared gradient norms at two batch sizes (in loss
-/// terms: the examples' [`AsExample::terms`](crate::model::AsExample::terms)).
+/// terms: what each example's loss sums over, as a model counts them).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Noise {
     /// The mean over the micro-batches of their mean gradient's squared norm.

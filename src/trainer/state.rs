@@ -58,9 +58,10 @@ impl<L> Run<L> {
     }
 
     /// Restores parameters, optimizer state, position and accuracies from a checkpoint written
-    /// by a run (its `last/` folder). Every setting in `settings` (what [`Settings::meta`] records:
-    /// model, sizes, data, seed, batch, …) must be what the checkpoint recorded, or the position
-    /// would mean another place in another order.
+    /// by a run (its `last/` folder). Every setting in `settings` (what
+    /// [`Settings::meta`](super::Settings::meta) records: model, sizes, data, seed, batch, …)
+    /// must be what the checkpoint recorded, or the position would mean another place in another
+    /// order.
     pub fn resume(&mut self, ck: &Checkpoint, settings: &Value) -> Result<()>
     where
         L: Learned,

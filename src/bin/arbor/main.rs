@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod decide;
 mod eval;
 mod graphs;
 mod predict;

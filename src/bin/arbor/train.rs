@@ -2,23 +2,23 @@
 
 use crate::args::PrecisionArg;
 use crate::args::*;
+use crate::decide::{auto_batch, plan_stages};
 use crate::resume::{checkpoint_dir, prepare_run};
 use crate::{bar, load, Data};
 use crate::{on_device, OnDevice};
 use arbor::data::labelled::Labelled;
 use arbor::data::{glove, PAD, UNK};
-use arbor::dist::planner::{self, LayerCost, Machine, TrainPlan};
 use arbor::dist::Collective;
 use arbor::layers::LossOn;
 use arbor::layers::{Embedding, WordDropout};
-use arbor::model::{self, AsExample, Example};
+use arbor::model;
 use arbor::nn::CellKind;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::pipeline::{Part, PipeSettings, Stage};
 use arbor::plot::{self, Series};
 use arbor::rng::Rng;
 use arbor::trainer::{
-    fit_threads, fit_together, AutoBatch, Event, Every, Learned, Learner, Run, Settings, Splits, Summary, MEASURE_EVERY,
+    fit_threads, fit_together, AutoBatch, Event, Every, Learned, Learner, Run, Settings, Splits, Summary,
 };
 use arbor::{Backend, Error, Result};
 use indicatif::ProgressBar;
@@ -631,98 +631,6 @@ struct Parallel {
     replicas: usize,
     chosen: Option<Value>,
     batch_auto: Option<AutoBatch>,
-}
-
-/// `--batch auto`'s settings: its step-time model from `model`'s layers timed on a few training
-/// minibatches of `train` at the batch it starts at ([`AUTO_BATCH`]; `Model::layer_costs`), and
-/// its bounds (an eighth of that batch to sixteen times it); printed.
-fn auto_batch<B: Backend>(model: &model::Model<B>, train: &[Labelled<'_>], setup: &Setup<'_>) -> Result<AutoBatch> {
-    let args = setup.args;
-    let batches: Vec<Vec<Example<'_>>> =
-        train.chunks(AUTO_BATCH).take(9).map(|c| c.iter().map(AsExample::example).collect()).collect();
-    let costs = model.layer_costs(&batches, optimizer(args, setup.sizes.lr), (args.clip > 0.0).then_some(args.clip))?;
-    let auto = AutoBatch {
-        base: AUTO_BATCH,
-        min: (AUTO_BATCH / 8).max(1),
-        max: AUTO_BATCH * 16,
-        pass_seconds: costs.iter().map(|c| c.pass_seconds).sum(),
-        example_seconds: costs.iter().map(|c| c.seconds).sum(),
-        every: AUTO_EVERY,
-    };
-    eprintln!(
-        "arbor: --batch auto: from {} (between {} and {}), a step timed at {:.2} ms + {:.3} ms an example; \
-         the noise measured every {MEASURE_EVERY} steps, the batch chosen every {AUTO_EVERY}",
-        auto.base,
-        auto.min,
-        auto.max,
-        auto.pass_seconds * 1e3,
-        auto.example_seconds * 1e3,
-    );
-    Ok(auto)
-}
-
-/// Steps between `--batch auto`'s decisions.
-const AUTO_EVERY: u64 = 25;
-
-/// `--stages auto`: for every number of workers up to the cores, times `model`'s layers on a few
-/// training minibatches of `train` with the threads each worker would have (the cores shared
-/// among them; `Model::layer_costs`) and plans stages × replicas on those workers
-/// (`arbor::dist::planner`) within `--memory-budget`; prints the plan with the shortest
-/// predicted step and returns it, with what the checkpoint records of it.
-fn plan_stages<B: Backend>(
-    model: &model::Model<B>,
-    train: &[Labelled<'_>],
-    setup: &Setup<'_>,
-) -> Result<(TrainPlan, Value)> {
-    let args = setup.args;
-    let batches: Vec<Vec<Example<'_>>> =
-        train.chunks(args.batch()).take(4).map(|c| c.iter().map(AsExample::example).collect()).collect();
-    let config = optimizer(args, setup.sizes.lr);
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let memory = match args.memory_budget {
-        Some(mb) => mb * 1e6,
-        None => arbor::memory::available().map_or(f64::INFINITY, |b| b as f64 / cores as f64),
-    };
-    let mut best: Option<(TrainPlan, Vec<LayerCost>)> = None;
-    let mut refused = None;
-    for workers in 1..=cores.min(args.batch()) {
-        let threads = (cores / workers).max(1);
-        let costs = arbor::with_cpu_threads(threads, || {
-            model.layer_costs(&batches, config, (args.clip > 0.0).then_some(args.clip))
-        })?;
-        // Threads of one process: rows pass through shared memory, a hand-off costs a wake-up.
-        let machine = Machine { workers, memory, bandwidth: 1e10, latency: 2e-5 };
-        match planner::plan(&costs, args.batch(), args.schedule().kind(), &machine, None) {
-            Ok(plan) if best.as_ref().is_none_or(|(b, _)| plan.step_seconds < b.step_seconds) => {
-                best = Some((plan, costs));
-            }
-            Ok(_) => {}
-            Err(e) => refused = Some(e),
-        }
-    }
-    let Some((plan, costs)) = best else {
-        return Err(refused.unwrap_or_else(|| Error::input("--stages auto", "a plan", "none")));
-    };
-    let predicted = plan.step_seconds * 1e3;
-    let layers: Vec<String> =
-        costs.iter().map(|c| format!("{:.0} + {:.1}", c.pass_seconds * 1e6, c.seconds * 1e6)).collect();
-    eprintln!(
-        "arbor: --stages auto: {} ({} layers a stage) × {}, {}, predicted {predicted:.2} ms a step \
-         (layers measured at {} µs a pass + an example; {:.0} MB a worker at most of {:.0})",
-        plural(plan.stages.len(), "stage"),
-        plan.stages.iter().map(usize::to_string).collect::<Vec<_>>().join("+"),
-        plural(plan.replicas, "replica"),
-        plural(plan.micro_batches, "micro-batch"),
-        layers.join(", "),
-        plan.memory / 1e6,
-        memory / 1e6,
-    );
-    let chosen = json!({
-        "stages": plan.stages, "replicas": plan.replicas, "micro_batches": plan.micro_batches,
-        "predicted_ms": predicted,
-        "layer_us": costs.iter().map(|c| [c.pass_seconds * 1e6, c.seconds * 1e6]).collect::<Vec<_>>(),
-    });
-    Ok((plan, chosen))
 }
 
 /// Trains `models` on `data` in the one loop, with checkpoints and `--resume`: one model
