@@ -74,6 +74,9 @@ fn a_measured_step_updates_as_a_plain_step_and_measures_both_sizes() {
     assert!((noise.small - small).abs() <= 1e-4 * small, "{} vs {small}", noise.small);
     assert!((noise.inv_small - inv).abs() < 1e-12 && noise.terms == denom as f64);
     assert!(noise.small > noise.big, "two micro-batches' gradients are noisier than their sum's");
+    // Loss terms that do not match the examples are refused, not indexed past.
+    let short = measured.step_measured(&examples, &terms[..3], &mut Optimizer::new(config), None, 1);
+    assert!(short.is_err_and(|e| e.to_string().contains("one count per example")));
     // One example: stepped whole, nothing measured.
     let one = measured.step_measured(&examples[..1], &terms[..1], &mut Optimizer::new(config), None, 1);
     assert_eq!(one.expect("a step").noise, None);

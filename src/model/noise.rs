@@ -7,7 +7,7 @@ use crate::dist::data_parallel::merge;
 use crate::optim::{sum_squares, Optimizer};
 use crate::trainer::{Noise, StepStats};
 use crate::{Backend, InputGraph};
-use arbor_core::error::Result;
+use arbor_core::error::{Error, Result};
 
 /// Adds every gradient of `g` to `into` (the first taken as it is).
 fn add(into: &mut Option<ModelGrads>, g: ModelGrads, dim: usize) {
@@ -44,6 +44,13 @@ impl<B: Backend> Model<B> {
         clip: Option<f32>,
         step: u64,
     ) -> Result<StepStats> {
+        if terms.len() != batch.len() {
+            let got = format!("{} for {} examples", terms.len(), batch.len());
+            return Err(Error::input("a measured step's loss terms", "one count per example", got));
+        }
+        if batch.is_empty() {
+            return Ok(StepStats::default());
+        }
         let denom: usize = terms.iter().sum();
         let loss_at = self.head.loss_output();
         let dim = self.embedding.dim();

@@ -17,6 +17,7 @@
 //! - **The learning rate** follows the square-root rule: `lr·√(M/M₀)` (for Adam and Adagrad,
 //!   whose steps do not grow with the gradient's scale as SGD's do).
 
+use arbor_core::error::{Error, Result};
 use serde_json::{json, Value};
 
 /// Steps between two measurements of the gradient noise (each runs the minibatch as two
@@ -47,6 +48,25 @@ pub struct AutoBatch {
 }
 
 impl AutoBatch {
+    /// Checks the settings: `1 ≤ min ≤ base ≤ max`, a decision every step or more seldom, and
+    /// step times that are finite and not negative.
+    pub fn check(&self) -> Result<()> {
+        let times = [self.pass_seconds, self.example_seconds];
+        if self.min == 0 || self.min > self.base || self.base > self.max || self.every == 0 {
+            let got = format!("min {}, base {}, max {}, every {}", self.min, self.base, self.max, self.every);
+            return Err(Error::input(
+                "an automatic batch size",
+                "1 ≤ min ≤ base ≤ max and a decision every ≥ 1 steps",
+                got,
+            ));
+        }
+        if times.iter().any(|t| !(t.is_finite() && *t >= 0.0)) {
+            let got = format!("{} s a step and {} s an example", self.pass_seconds, self.example_seconds);
+            return Err(Error::input("an automatic batch size's step times", "finite seconds, 0 or more", got));
+        }
+        Ok(())
+    }
+
     /// As a checkpoint records it.
     fn to_json(self) -> Value {
         json!({
@@ -255,6 +275,21 @@ mod tests {
             small.decide(10 * k);
         }
         assert_eq!(small.batch, 4, "{:?}", small.trajectory);
+    }
+
+    #[test]
+    fn settings_that_cannot_hold_are_refused() {
+        assert!(auto().check().is_ok());
+        for bad in [
+            AutoBatch { min: 0, ..auto() },
+            AutoBatch { min: 40, ..auto() },
+            AutoBatch { max: 16, ..auto() },
+            AutoBatch { every: 0, ..auto() },
+            AutoBatch { pass_seconds: f64::NAN, ..auto() },
+            AutoBatch { example_seconds: -1.0, ..auto() },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -449,6 +449,9 @@ impl<L> Run<L> {
             return Err(Error::input("the training split", "at least one example", "none"));
         }
         let batch = plan.batch.max(1);
+        if let Some(auto) = &plan.batch_auto {
+            auto.check()?;
+        }
         if plan.batch_auto.is_some() && (coll.size() > 1 || self.model.parted()) {
             let got = if self.model.parted() { "a pipeline" } else { "several workers" };
             return Err(Error::input("an automatic batch size", "one worker (one model, unpipelined)", got));

@@ -609,7 +609,7 @@ fn train_model_on<B: Backend<Buffer: Send, Index: Send> + Send>(
         let spread = Parallel { pipe: None, replicas, chosen, batch_auto };
         return fit_runs(vec![model], &setup, data, events, spread);
     }
-    pipe.check(count, args.batch().div_ceil(replicas))?;
+    pipe.check(count, args.batch())?;
     let parts = match boundaries {
         Some(sizes) => Part::split_at(&model, &sizes)?,
         None => Part::split(&model, count)?,
