@@ -252,6 +252,13 @@ fn tree_file_errors_name_the_line_and_odd_text_is_read() {
     refused(&[&["train", "--data", tmp.path()][..], &SMALL[..]].concat(), &["train.txt:2:", "UTF-8"]);
     split("\u{feff}(3\t(2 a)\t(3 b))\n".as_bytes());
     summary(&run());
+    // Too few trees to time a step on: `--batch auto` and `--stages auto` say so.
+    for (flags, flag) in
+        [(&["--batch", "auto"][..], "--batch auto"), (&["--layers", "2", "--stages", "auto"], "--stages auto")]
+    {
+        let args = [&["train", "--data", tmp.path()][..], &SMALL[..], flags].concat();
+        refused(&args, &[flag, "two minibatches", "got 1 example"]);
+    }
     let huge = format!("(3 (2 a) ({} b))\n", "x".repeat(1 << 20));
     split(huge.as_bytes());
     let out = run();

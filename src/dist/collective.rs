@@ -267,9 +267,10 @@ impl Collective for ThreadCollective {
 /// independent conversations (a pipeline's activations and its gradient norms) can share one
 /// channel.
 ///
-/// The pipeline may be one of several replicas ([`Mailbox::grid`]): worker `r·P + s` of a group
-/// of `P × W` workers is stage `s` of replica `r`. Its ranks are then the stages of its own
-/// replica, and [`Mailbox::replicas`] reaches the workers holding the same stage in the others.
+/// The pipeline may be one of several replicas ([`Mailbox::grid`], one replica: every worker a
+/// stage): worker `r·P + s` of a group of `P × W` workers is stage `s` of replica `r`. Its ranks
+/// are then the stages of its own replica, and [`Mailbox::replicas`] reaches the workers holding
+/// the same stage in the others.
 /// The two never share a pair of workers, so their messages never meet on one channel.
 pub struct Mailbox<'a> {
     coll: &'a mut dyn Collective,
@@ -279,12 +280,6 @@ pub struct Mailbox<'a> {
 }
 
 impl<'a> Mailbox<'a> {
-    /// Tagged messages over `coll`, every worker a stage of one pipeline.
-    pub fn new(coll: &'a mut dyn Collective) -> Mailbox<'a> {
-        let stages = coll.size();
-        Mailbox { coll, stash: Default::default(), stages }
-    }
-
     /// Tagged messages over `coll`, whose workers are `replicas` copies of a pipeline (worker
     /// `r·P + s` is stage `s` of replica `r`); an error unless `replicas` divides the workers.
     pub fn grid(coll: &'a mut dyn Collective, replicas: usize) -> Result<Mailbox<'a>> {

@@ -55,13 +55,16 @@ impl<B: Backend, E: AsExample> Learner<E> for Stage<B> {
     ) -> Result<Vec<StepStats>> {
         // Dropout masks are keyed by the run's step; the engines load the part at the new count.
         self.version = first;
-        let last = coll.size() / self.replicas() - 1;
         let mut stats = Vec::with_capacity(batches.len());
         let mut up = Updates { opt: Some(opt), clip: plan.clip, updated: &mut *hooks.updated };
-        self.window(&mut self.mailbox(coll)?, batches, &mut up, &mut |examples, s| {
+        let mut mail = self.mailbox(coll)?;
+        // The first replica's last stage (the mailbox has checked the group's shape).
+        let last = mail.size() - 1;
+        self.window(&mut mail, batches, &mut up, &mut |examples, s| {
             (hooks.trained)(examples);
             stats.push(s);
         })?;
+        drop(mail);
         // The last stage alone knows the losses: every stage keeps the same account of the run.
         let mine = json!(stats.iter().map(|s| json!([s.loss, s.correct, s.count, s.vertices])).collect::<Vec<_>>());
         let all = share_from(coll, last, mine)?;
@@ -81,8 +84,8 @@ impl<B: Backend, E: AsExample> Learner<E> for Stage<B> {
 
     /// Every stage runs its layers over `data`; the last stage's scores reach every stage.
     fn score(&mut self, data: &[E], coll: &mut dyn Collective) -> Result<Scores> {
-        let last = coll.size() / self.replicas() - 1;
         let mut mail = self.mailbox(coll)?;
+        let last = mail.size() - 1;
         let scores = Stage::score(self, &mut mail, data)?;
         drop(mail);
         let mine = json!(scores.iter().map(|(name, v)| json!([name, v])).collect::<Vec<_>>());

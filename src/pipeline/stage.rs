@@ -487,7 +487,8 @@ impl<B: Backend> Stage<B> {
         Ok(())
     }
 
-    /// Trains on `minibatches` (examples, in order) as stage `coll.rank()` of `coll.size()`,
+    /// Trains on `minibatches` (examples, in order) as its stage of `coll`'s workers (worker
+    /// `r·P + s` is stage `s` of replica `r`, [`Stage::replicated`]),
     /// updating with `opt` and bounding the joint gradient norm of all stages by `clip`; the
     /// last stage reports every finished minibatch to `done` with its numbers.
     pub fn train<E: AsExample>(

@@ -14,8 +14,8 @@
 //!   decides as the uninterrupted one did): `T(M) = M/(a + b·M)`.
 //! - The goodput `T(M)·E(M)` is largest at `M* = √(B_noise·a/b)`; every [`AutoBatch::every`]
 //!   steps the batch moves towards it, by at most a factor of 2, within `[min, max]`.
-//! - **The learning rate** follows the square-root rule: `lr·√(M/M₀)` (for Adam and Adagrad,
-//!   whose steps do not grow with the gradient's scale as SGD's do).
+//! - **The learning rate** follows the square-root rule, `lr·√(M/M₀)`, for every optimizer
+//!   (Pollux's choice for Adam; AdaScale's gain, its choice for SGD, is not built).
 
 use arbor_core::error::{Error, Result};
 use serde_json::{json, Value};
@@ -194,8 +194,8 @@ impl BatchSize {
         })
     }
 
-    /// As a checkpoint recorded it, going on with `auto`'s settings; `None` for a checkpoint
-    /// without one (the run starts afresh at the base).
+    /// As a checkpoint recorded it; `None` for a checkpoint without one, or with settings that
+    /// do not hold ([`AutoBatch::check`]): the run then starts afresh at the base.
     pub(crate) fn from_json(v: &Value) -> Option<BatchSize> {
         let s = &v["settings"];
         let count = |v: &Value| v.as_u64().map(|n| n as usize);
@@ -207,6 +207,7 @@ impl BatchSize {
             example_seconds: s["example_seconds"].as_f64()?,
             every: s["every"].as_u64()?,
         };
+        auto.check().ok()?;
         let trajectory = v["trajectory"]
             .as_array()?
             .iter()

@@ -127,10 +127,7 @@ impl Cadence {
     /// Whether `last/` is written at an epoch's end after `steps` steps: always, but under an
     /// automatic cadence only where its next snapshot is due.
     pub(crate) fn due_at_epoch_end(&self, steps: u64) -> bool {
-        match self.every {
-            Some(Every::Auto(_)) => steps >= self.next,
-            _ => true,
-        }
+        !matches!(self.every, Some(Every::Auto(_))) || self.due(steps)
     }
 
     /// Whether a window of steps planned ahead (a pipeline's) ends after `steps` steps: where a
@@ -162,16 +159,17 @@ impl Cadence {
     pub(crate) fn snapshotted(&mut self, coll: &mut dyn Collective, steps: u64, seconds: f64) -> Result<()> {
         self.spent += seconds;
         let Some(Every::Auto(bound)) = self.every else { return Ok(()) };
-        // Summed over workers: the snapshots' cost as a whole, the mean step time, the mean
-        // share of the other checkpoints' writes.
+        // Summed over workers: the snapshots' cost as a whole, the mean step time, the other
+        // checkpoints' writes' share.
         let others = if self.trained > 0.0 { self.others / self.trained } else { 0.0 };
         let mut times = [seconds as f32, self.step_seconds.unwrap_or(0.0) as f32, others as f32];
         coll.all_reduce_sum(&mut times)?;
         let size = coll.size().max(1) as f64;
         self.snapshot_seconds = Some(blend(self.snapshot_seconds, f64::from(times[0])));
         let step = f64::from(times[1]) / size;
-        // What the other writes leave of the bound, a quarter of it at least.
-        let left = (bound - f64::from(times[2]) / size).max(bound / 4.0);
+        // What the other writes leave of the bound (their shares summed over the workers, as
+        // one of them writes them), a quarter of it at least.
+        let left = (bound - f64::from(times[2])).max(bound / 4.0);
         let interval = interval(self.snapshot_seconds.unwrap_or(0.0), step, left);
         self.interval = Some(interval);
         self.next = steps + interval;

@@ -517,6 +517,11 @@ impl<L> Run<L> {
                             b.observe(&noise);
                         }
                     }
+                    // A new batch size (and its learning rate) is decided before a snapshot
+                    // records the run, so a resumed run goes on with it as this one does.
+                    if run.batch_size.as_mut().is_some_and(|b| b.decide(run.pos.steps)) {
+                        run.opt.lr_factor = run.lr_factor(plan);
+                    }
                     trained = true;
                     if let (true, Some(dir)) = (cadence.due(run.pos.steps), &plan.checkpoint) {
                         let start = Instant::now();
@@ -561,10 +566,7 @@ impl<L> Run<L> {
                         events(Event::Trees(batches[k].len()));
                         let go_on = account(self, coll, k, vec![stats], start.elapsed().as_secs_f64())?;
                         // A new batch size cuts the rest of the epoch again.
-                        rebatch = self.batch_size.as_mut().is_some_and(|b| b.decide(self.pos.steps));
-                        if rebatch {
-                            self.opt.lr_factor = self.lr_factor(plan);
-                        }
+                        rebatch = self.batch_now(batch) != size;
                         Ok(go_on && !rebatch)
                     })?;
                 }

@@ -53,7 +53,8 @@ pub struct Settings {
     /// Keep checkpoints here: `last/` (latest) and `best/` (best dev accuracy).
     pub checkpoint: Option<PathBuf>,
     /// Also snapshot to `last/` between epochs' ends: every so many steps, or as often as a
-    /// bound on the snapshots' overhead allows ([`Every`](super::Every)).
+    /// bound on the snapshots' overhead allows ([`Every`](super::Every)), which then also
+    /// decides whether an epoch's end writes it (the last epoch's always does).
     pub checkpoint_every: Option<super::Every>,
     /// Stop after this many steps in all (a checkpoint is written there).
     pub max_steps: Option<u64>,

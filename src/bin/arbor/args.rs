@@ -357,7 +357,8 @@ pub(crate) struct TrainArgs {
     pub(crate) plot: Option<PathBuf>,
     /// Also write `last/` between epochs' ends: every N steps, or `auto` — as often as keeps the
     /// snapshots within --checkpoint-overhead of the training time, measured as it trains
-    /// (CheckFreq: snapshot in memory, persist in the background).
+    /// (CheckFreq: snapshot in memory, persist in the background); with `auto` an epoch's end
+    /// writes `last/` only where a snapshot is due, and `best/` writes count against the bound.
     #[arg(long, value_parser = every)]
     pub(crate) checkpoint_every: Option<Every>,
     /// The bound of `--checkpoint-every auto`: the snapshots' share of the training time.

@@ -21,7 +21,8 @@ pub(crate) fn auto_batch<B: Backend>(
 ) -> Result<AutoBatch> {
     let args = setup.args;
     let batches: Vec<Vec<Example<'_>>> =
-        train.chunks(AUTO_BATCH).take(9).map(|c| c.iter().map(AsExample::example).collect()).collect();
+        train.chunks_exact(AUTO_BATCH).take(9).map(|c| c.iter().map(AsExample::example).collect()).collect();
+    too_few("--batch auto", &batches, AUTO_BATCH, train.len())?;
     let costs = model.layer_costs(&batches, optimizer(args, setup.sizes.lr), (args.clip > 0.0).then_some(args.clip))?;
     let auto = AutoBatch {
         base: AUTO_BATCH,
@@ -58,7 +59,8 @@ pub(crate) fn plan_stages<B: Backend>(
 ) -> Result<(TrainPlan, Value)> {
     let args = setup.args;
     let batches: Vec<Vec<Example<'_>>> =
-        train.chunks(args.batch()).take(4).map(|c| c.iter().map(AsExample::example).collect()).collect();
+        train.chunks_exact(args.batch()).take(4).map(|c| c.iter().map(AsExample::example).collect()).collect();
+    too_few("--stages auto", &batches, args.batch(), train.len())?;
     let config = optimizer(args, setup.sizes.lr);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let memory = match args.memory_budget {
@@ -113,4 +115,14 @@ pub(crate) fn plan_stages<B: Backend>(
         "layer_us": costs.iter().map(|c| [c.pass_seconds * 1e6, c.seconds * 1e6]).collect::<Vec<_>>(),
     });
     Ok((plan, chosen))
+}
+
+/// The error for a training split too small to time: fewer than two whole minibatches of `batch`
+/// (of 4 examples or more) in `batches`, cut from `examples` examples.
+fn too_few(flag: &str, batches: &[Vec<Example<'_>>], batch: usize, examples: usize) -> Result<()> {
+    if batches.len() >= 2 && batch >= 4 {
+        return Ok(());
+    }
+    let expected = format!("a training split of two minibatches of 4 examples or more to time (--batch {batch})");
+    Err(Error::input(flag, expected, plural(examples, "example")))
 }
