@@ -175,6 +175,32 @@ fn resumes_elsewhere(name: &str, before: &[&str], after: &[&str]) {
     assert!(worst < 1e-4, "{before:?} then {after:?} against {after:?} throughout: {worst:e} at {at}");
 }
 
+/// A checkpoint written before a run counted its epoch's examples (no
+/// `position.examples_in_epoch`) resumes where its minibatches say — `step_in_epoch` of the run's
+/// batch — bitwise as an uninterrupted run.
+#[test]
+fn a_checkpoint_without_the_examples_counted_resumes_exactly() {
+    let tmp = Temp::new("old-position");
+    let (a, b) = (tmp.join("a"), tmp.join("b"));
+    let run = |dir: &Path, max_steps: &str, resume: bool| {
+        let mut args = vec!["--epochs", "2", "--max-steps", max_steps, "--checkpoint", s(dir)];
+        if resume {
+            args.extend(["--resume", s(dir)]);
+        }
+        train(&args)
+    };
+    run(&a, "200", false);
+    run(&b, "100", false);
+    let mut halfway = load(&b.join("last"));
+    let position = halfway.meta["position"].as_object_mut().expect("a position");
+    assert_eq!(position.remove("examples_in_epoch"), Some(serde_json::json!(100 * 25)), "{position:?}");
+    halfway.save(&b.join("last")).expect("the older checkpoint written");
+    run(&b, "200", true);
+    let (ca, cb) = (load(&a.join("last")), load(&b.join("last")));
+    assert_eq!(steps_of(&cb), 200);
+    assert!(ca.tensors == cb.tensors, "the resumed run ends elsewhere");
+}
+
 /// A checkpoint of two data-parallel workers resumes on one, and one of one on three.
 #[test]
 fn resume_on_another_number_of_workers() {
