@@ -87,32 +87,37 @@ fn merge_parts<R: AsRef<[u32]>>(parts: &[(R, &[f32])], dim: usize) -> SparseGrad
 /// the table's rows and their values) and summed out of place, with no copies to share them.
 pub(crate) struct Pending {
     dense: Vec<Values>,
+    /// Tensors per layer, to hand the sums back as they came.
+    counts: Vec<usize>,
     rows: Vec<f32>,
     values: Values,
 }
 
 impl Pending {
-    /// Starts the sums (collectives started before finish before these).
-    pub(crate) fn start(coll: &mut dyn Collective, dense: Vec<Vec<f32>>, sparse: SparseGrad) -> Result<Pending> {
-        let dense: Vec<Values> = dense.into_iter().map(Arc::new).collect();
+    /// Starts the sums of `layers` (each a layer's dense tensors) and of `sparse` (collectives
+    /// started before finish before these).
+    pub(crate) fn start(coll: &mut dyn Collective, layers: Vec<Vec<Vec<f32>>>, sparse: SparseGrad) -> Result<Pending> {
+        let counts = layers.iter().map(Vec::len).collect();
+        let dense: Vec<Values> = layers.into_iter().flatten().map(Arc::new).collect();
         for g in &dense {
             coll.start_all_gather_shared(Arc::clone(g))?;
         }
         let (rows, values) = (encode(&sparse.rows), Arc::new(sparse.values));
         coll.start_all_gather_values(&rows)?;
         coll.start_all_gather_shared(Arc::clone(&values))?;
-        Ok(Pending { dense, rows, values })
+        Ok(Pending { dense, counts, rows, values })
     }
 
-    /// The sums over every worker (added in rank order): of each dense gradient, and of the
-    /// sparse gradients of a `vocab × dim` table.
+    /// The sums over every worker (added in rank order): of each layer's dense gradients, by
+    /// layer as they were started, and of the sparse gradients of a `vocab × dim` table.
     pub(crate) fn finish(
         self,
         coll: &mut dyn Collective,
         vocab: usize,
         dim: usize,
-    ) -> Result<(Vec<Vec<f32>>, SparseGrad)> {
-        let dense = self.dense.iter().map(|g| coll.finish_sum(g)).collect::<Result<Vec<_>>>()?;
+    ) -> Result<(Vec<Vec<Vec<f32>>>, SparseGrad)> {
+        let mut dense = self.dense.iter().map(|g| coll.finish_sum(g)).collect::<Result<Vec<_>>>()?.into_iter();
+        let layers = self.counts.iter().map(|&n| dense.by_ref().take(n).collect()).collect();
         let me = coll.rank();
         let (peer_rows, peer_values) = (coll.finish_gather_values()?, coll.finish_gather_values()?);
         let parts = (0..coll.size())
@@ -122,6 +127,6 @@ impl Pending {
                 Ok((decode(r, v, vocab, dim, me, from)?, v.as_slice()))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok((dense, merge_parts(&parts, dim)))
+        Ok((layers, merge_parts(&parts, dim)))
     }
 }

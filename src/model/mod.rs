@@ -673,14 +673,9 @@ impl<B: Backend> Model<B> {
         };
         let mut summed = None;
         if let Some(mut bucket) = first_bucket {
-            let counts: Vec<usize> = grads.cells.iter().map(Vec::len).collect();
-            let dense = std::mem::take(&mut grads.cells).into_iter().flatten().collect();
-            let pending = Pending::start(coll, dense, std::mem::take(&mut grads.words))?;
+            let pending = Pending::start(coll, std::mem::take(&mut grads.cells), std::mem::take(&mut grads.words))?;
             coll.finish_all_reduce(&mut bucket)?;
-            let (dense, words) = pending.finish(coll, self.embedding.vocab(), self.embedding.dim())?;
-            let mut dense = dense.into_iter();
-            grads.cells = counts.iter().map(|&n| dense.by_ref().take(n).collect()).collect();
-            grads.words = words;
+            (grads.cells, grads.words) = pending.finish(coll, self.embedding.vocab(), self.embedding.dim())?;
             let mut at = 0;
             for g in &mut grads.head {
                 let len = g.len();

@@ -5,6 +5,7 @@
 use super::{Example, Model, ModelGrads};
 use crate::dist::data_parallel::merge;
 use crate::optim::{sum_squares, Optimizer};
+use crate::trainer::step::{add_all, all_values};
 use crate::trainer::{Noise, StepStats};
 use crate::{Backend, InputGraph};
 use arbor_core::error::{Error, Result};
@@ -15,19 +16,14 @@ fn add(into: &mut Option<ModelGrads>, g: ModelGrads, dim: usize) {
         *into = Some(g);
         return;
     };
-    let tensors = sum.cells.iter_mut().flatten().chain(&mut sum.head);
-    for (a, b) in tensors.zip(g.cells.iter().flatten().chain(&g.head)) {
-        a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-    }
+    sum.cells.iter_mut().zip(g.cells).for_each(|(a, b)| add_all(a, b));
+    add_all(&mut sum.head, g.head);
     sum.words = merge(&[std::mem::take(&mut sum.words), g.words], dim);
 }
 
 /// The squared norm of every gradient in `g`.
 fn squares(g: &mut ModelGrads) -> f64 {
-    let mut all: Vec<&mut [f32]> = g.cells.iter_mut().flatten().map(Vec::as_mut_slice).collect();
-    all.extend(g.head.iter_mut().map(Vec::as_mut_slice));
-    all.push(&mut g.words.values);
-    sum_squares(&all)
+    sum_squares(&all_values(&mut g.cells, &mut g.head, &mut g.words))
 }
 
 impl<B: Backend> Model<B> {

@@ -10,7 +10,7 @@ use crate::head::Head;
 use crate::model::{self, layer_prefix, AsExample, Example, Layout, Outputs};
 use crate::optim::{check_finite, clip_to, sum_squares, Optimizer};
 use crate::readout::Readout;
-use crate::trainer::step::{names, update};
+use crate::trainer::step::{add_all, all_values, names, update};
 use crate::trainer::{each_step, Scores, StepStats};
 use crate::{Backend, CpuBackend, DropoutKey, InputGraph};
 use arbor_core::error::{Error, Result};
@@ -59,25 +59,10 @@ struct Accum {
     squares: f64,
 }
 
-/// Adds every gradient of `src` to `dst` (taking `src` where `dst` is still empty).
-fn add_all(dst: &mut Vec<Vec<f32>>, src: Vec<Vec<f32>>) {
-    dst.resize_with(src.len(), Vec::new);
-    for (d, s) in dst.iter_mut().zip(src) {
-        if d.is_empty() {
-            *d = s;
-        } else {
-            d.iter_mut().zip(&s).for_each(|(d, s)| *d += s);
-        }
-    }
-}
-
 impl Accum {
     /// Every dense and sparse gradient value, for clipping.
     fn all_mut(&mut self) -> Vec<&mut [f32]> {
-        let mut all: Vec<&mut [f32]> = self.cells.iter_mut().flatten().map(Vec::as_mut_slice).collect();
-        all.extend(self.head.iter_mut().map(Vec::as_mut_slice));
-        all.push(&mut self.embedding.values);
-        all
+        all_values(&mut self.cells, &mut self.head, &mut self.embedding)
     }
 }
 
@@ -658,20 +643,19 @@ fn sum_replicas(acc: &mut Accum, part: &Part, mail: &mut Mailbox<'_>) -> Result<
     if let (true, Some(head)) = (acc.head.is_empty(), &part.head) {
         acc.head = zeros(head);
     }
-    let counts: Vec<usize> = acc.cells.iter().map(Vec::len).collect();
+    // The layers, the head and the numbers, each as one layer of buckets.
     let s = acc.stats;
-    let mut dense: Vec<Vec<f32>> = std::mem::take(&mut acc.cells).into_iter().flatten().collect();
-    dense.append(&mut acc.head);
-    dense.push(vec![s.loss, s.correct as f32, s.count as f32, s.vertices as f32]);
+    let mut layers = std::mem::take(&mut acc.cells);
+    layers.push(std::mem::take(&mut acc.head));
+    layers.push(vec![vec![s.loss, s.correct as f32, s.count as f32, s.vertices as f32]]);
     let (vocab, dim) = part.input.as_ref().map_or((0, 1), |(e, _)| (e.vocab(), e.dim()));
     let mut coll = mail.replicas();
-    let pending = Pending::start(&mut coll, dense, std::mem::take(&mut acc.embedding))?;
-    let (dense, embedding) = pending.finish(&mut coll, vocab, dim)?;
-    let mut dense = dense.into_iter();
-    acc.cells = counts.iter().map(|&n| dense.by_ref().take(n).collect()).collect();
-    acc.head = dense.by_ref().take(part.head.as_ref().map_or(0, |h| h.params.len())).collect();
-    let n = dense.next().unwrap_or_default();
-    if let [loss, correct, count, vertices] = n[..] {
+    let pending = Pending::start(&mut coll, layers, std::mem::take(&mut acc.embedding))?;
+    let (mut layers, embedding) = pending.finish(&mut coll, vocab, dim)?;
+    let numbers = layers.pop().and_then(|mut n| n.pop()).unwrap_or_default();
+    acc.head = layers.pop().unwrap_or_default();
+    acc.cells = layers;
+    if let [loss, correct, count, vertices] = numbers[..] {
         acc.stats = StepStats {
             loss,
             correct: correct as usize,

@@ -239,6 +239,15 @@ mod tests {
         Noise { small: g + s / b, inv_small: 1.0 / b, big: g + s / (2.0 * b), terms: 2.0 * b, examples: 2.0 * b }
     }
 
+    /// A batch size that has measured `|G|² = g`, `tr(Σ) = s` enough times to decide.
+    fn warmed(g: f64, s: f64) -> BatchSize {
+        let mut b = BatchSize::new(auto());
+        for _ in 0..WARM {
+            b.observe(&exact(g, s, 16.0));
+        }
+        b
+    }
+
     #[test]
     fn the_noise_scale_is_recovered_from_two_sizes() {
         let mut b = BatchSize::new(auto());
@@ -252,11 +261,8 @@ mod tests {
 
     #[test]
     fn the_batch_moves_towards_the_goodput_optimum_by_at_most_two() {
-        let mut b = BatchSize::new(auto());
         // Noise scale 2,000 examples, a/b = 10: the optimum is √20,000 ≈ 141.
-        for _ in 0..WARM {
-            b.observe(&exact(0.05, 100.0, 16.0));
-        }
+        let mut b = warmed(0.05, 100.0);
         assert!(!b.decide(5), "not a decision step");
         assert!(b.decide(10));
         assert_eq!(b.batch, 64, "at most twice the batch");
@@ -268,10 +274,7 @@ mod tests {
         assert_eq!(b.trajectory, vec![(0, 32), (10, 64), (20, 128), (30, 141)]);
         assert!((b.lr_factor() - (141.0f32 / 32.0).sqrt()).abs() < 1e-6);
         // A small noise scale shrinks it, to the bound at most.
-        let mut small = BatchSize::new(auto());
-        for _ in 0..WARM {
-            small.observe(&exact(1.0, 1.0, 16.0));
-        }
+        let mut small = warmed(1.0, 1.0);
         for k in 1..=4 {
             small.decide(10 * k);
         }
@@ -303,10 +306,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_keeps_it_whole() {
-        let mut b = BatchSize::new(auto());
-        for _ in 0..WARM {
-            b.observe(&exact(0.05, 100.0, 16.0));
-        }
+        let mut b = warmed(0.05, 100.0);
         b.decide(10);
         assert_eq!(BatchSize::from_json(&b.to_json()), Some(b));
         assert_eq!(BatchSize::from_json(&json!(null)), None);

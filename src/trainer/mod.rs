@@ -493,9 +493,7 @@ impl<L> Run<L> {
                 if batches.is_empty() {
                     break;
                 }
-                if !batches.is_empty() && done(self.pos.steps) {
-                    stopped = true;
-                }
+                stopped = done(self.pos.steps);
                 let count = if stopped { 0 } else { batches.len() };
                 let windows = if self.model.parted() { self.windows(count, plan, &cadence) } else { Vec::new() };
                 let mut account = |run: &mut Self,

@@ -21,6 +21,31 @@ pub struct StepStats {
     pub noise: Option<super::batch_size::Noise>,
 }
 
+/// Adds every gradient of `src` to `dst` (taking `src` where `dst` is still empty).
+pub(crate) fn add_all(dst: &mut Vec<Vec<f32>>, src: Vec<Vec<f32>>) {
+    dst.resize_with(src.len(), Vec::new);
+    for (d, s) in dst.iter_mut().zip(src) {
+        if d.is_empty() {
+            *d = s;
+        } else {
+            d.iter_mut().zip(&s).for_each(|(d, s)| *d += s);
+        }
+    }
+}
+
+/// Every gradient value of the layers' tensors, the head's and a table's rows, as one list (for
+/// a joint norm).
+pub(crate) fn all_values<'a>(
+    cells: &'a mut [Vec<Vec<f32>>],
+    head: &'a mut [Vec<f32>],
+    words: &'a mut SparseGrad,
+) -> Vec<&'a mut [f32]> {
+    let mut all: Vec<&mut [f32]> = cells.iter_mut().flatten().map(Vec::as_mut_slice).collect();
+    all.extend(head.iter_mut().map(Vec::as_mut_slice));
+    all.push(&mut words.values);
+    all
+}
+
 /// A tensor's name in checkpoints and optimizer state: `cell.W`, `head.bias`, ….
 pub(crate) fn tensor_name(of: &str, param: &str) -> String {
     format!("{of}.{param}")
