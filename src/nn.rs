@@ -268,15 +268,33 @@ pub fn ggnn_scored(features: usize, hidden: usize, scores: usize) -> Result<Vert
 /// neighbours' summed, and the node's features, through a two-layer perceptron with ReLUs. With
 /// `edge_labels` above 0 (bond types), each label's neighbours are summed through a matrix of
 /// their own (`gather_labelled`, as R-GCN weighs edge types); without, all of them alike
-/// (`gather_sum` minus the own previous state). Every step shares the weights.
+/// (`gather_sum` minus the own previous state). Every step shares the weights (see
+/// [`gin_per_step`]).
 pub fn gin(features: usize, hidden: usize, edge_labels: u32) -> Result<VertexFn> {
-    gin_scored(features, hidden, edge_labels, 0)
+    gin_scored(features, hidden, edge_labels, None, 0)
 }
 
-/// [`gin`], pushing also `scores` attention scores per vertex (see [`push_scored`]).
-pub fn gin_scored(features: usize, hidden: usize, edge_labels: u32, scores: usize) -> Result<VertexFn> {
+/// [`gin`] with a perceptron and an `ε` of its own for each of the `steps + 1` steps of a graph
+/// unrolled `steps` times, as GIN's layers are: the cell pulls its step as a second input, the
+/// one-hot row of [`Feed::Height`](crate::model::Feed::Height)`(steps + 1)`, and keeps the
+/// perceptron of its step (each step's computed at every vertex and masked, so the cell costs
+/// `steps + 1` perceptrons a vertex).
+pub fn gin_per_step(features: usize, hidden: usize, edge_labels: u32, steps: usize) -> Result<VertexFn> {
+    gin_scored(features, hidden, edge_labels, Some(steps), 0)
+}
+
+/// [`gin`] (with `steps`: [`gin_per_step`]), pushing also `scores` attention scores per vertex
+/// (see [`push_scored`]).
+pub fn gin_scored(
+    features: usize,
+    hidden: usize,
+    edge_labels: u32,
+    steps: Option<usize>,
+    scores: usize,
+) -> Result<VertexFn> {
     let f = Builder::new("gin", 1);
     let x = f.pull("x", features);
+    let step = steps.map(|s| f.pull("step", s + 1));
     let prev = f.gather(0, "h", hidden);
     let neighbours = match edge_labels {
         0 => f.gather_sum("h", hidden) - prev,
@@ -288,13 +306,27 @@ pub fn gin_scored(features: usize, hidden: usize, edge_labels: u32, scores: usiz
             .reduce(|a, b| a + b)
             .unwrap_or(prev),
     };
-    let own = prev * f.param("one_plus_eps", [1, hidden], Init::Const(1.0));
-    let input = own + neighbours + x.matmul(f.param("V", [features, hidden], Init::Xavier));
-    let mut h = input;
-    for k in 1..=2 {
-        let w = f.param(&format!("W{k}"), [hidden, hidden], Init::Xavier);
-        h = (h.matmul(w) + f.param(&format!("b{k}"), [1, hidden], Init::Zeros)).relu();
-    }
+    let one_plus_eps = match step {
+        // One row per step, the step's picked by its one-hot row.
+        Some(k) => k.matmul(f.param("one_plus_eps", [k.shape().numel(), hidden], Init::Const(1.0))),
+        None => f.param("one_plus_eps", [1, hidden], Init::Const(1.0)),
+    };
+    let input = prev * one_plus_eps + neighbours + x.matmul(f.param("V", [features, hidden], Init::Xavier));
+    let perceptron = |tag: &str| {
+        let mut h = input;
+        for k in 1..=2 {
+            let w = f.param(&format!("W{k}{tag}"), [hidden, hidden], Init::Xavier);
+            h = (h.matmul(w) + f.param(&format!("b{k}{tag}"), [1, hidden], Init::Zeros)).relu();
+        }
+        h
+    };
+    let h = match step {
+        Some(k) => (0..k.shape().numel())
+            .map(|t| k.slice(t, 1).broadcast_cols(hidden) * perceptron(&format!("_{t}")))
+            .reduce(|a, b| a + b)
+            .unwrap_or(input),
+        None => perceptron(""),
+    };
     f.scatter("h", h);
     push_scored(&f, h, scores);
     f.build()

@@ -105,13 +105,23 @@ impl GraphCell {
     /// Its vertex function over `features`-wide node vectors and `hidden`-wide states, on
     /// graphs of `edge_labels` edge labels (0: unlabelled; GIN weighs each label's neighbours
     /// apart, the others read every edge alike), pushing also a score per vertex for
-    /// [`Readout::Attention`].
-    pub fn function(self, features: usize, hidden: usize, edge_labels: usize, readout: Readout) -> Result<VertexFn> {
+    /// [`Readout::Attention`]; with `per_step`, weights of its own for each step of graphs
+    /// unrolled that many steps (GIN only, [`crate::nn::gin_per_step`]: it pulls
+    /// [`Feed::Height`] as a second input).
+    pub fn function(
+        self,
+        features: usize,
+        hidden: usize,
+        edge_labels: usize,
+        readout: Readout,
+        per_step: Option<usize>,
+    ) -> Result<VertexFn> {
         let scores = usize::from(readout == Readout::Attention);
-        match self {
-            GraphCell::Ggnn => crate::nn::ggnn_scored(features, hidden, scores),
-            GraphCell::Gin => crate::nn::gin_scored(features, hidden, edge_labels as u32, scores),
-            GraphCell::Gat => crate::nn::gat_scored(features, hidden, scores),
+        match (self, per_step) {
+            (GraphCell::Gin, _) => crate::nn::gin_scored(features, hidden, edge_labels as u32, per_step, scores),
+            (_, Some(_)) => Err(Error::input("weights per message-passing step", "the gin cell", self.name())),
+            (GraphCell::Ggnn, None) => crate::nn::ggnn_scored(features, hidden, scores),
+            (GraphCell::Gat, None) => crate::nn::gat_scored(features, hidden, scores),
         }
     }
 
@@ -143,6 +153,9 @@ pub struct GraphTraining {
     /// for the classifier (jumping knowledge, as GIN reads out; the unrolled graph still runs
     /// once).
     pub every_step: bool,
+    /// Weights of their own for each message-passing step (GIN's layers), not one cell shared
+    /// by every step (gin only).
+    pub per_step: bool,
     /// Dropout on the classifier's input.
     pub dropout: f32,
     /// Passes over each fold's training graphs.
@@ -157,6 +170,9 @@ pub struct GraphTraining {
     pub optimizer: Config,
     /// Gradient-norm bound.
     pub clip: Option<f32>,
+    /// Multiply the learning rate by this factor after every epoch ([`Settings::lr_decay`]);
+    /// none by default.
+    pub lr_decay: Option<f32>,
     /// Score each fold with an exponential moving average of the weights of this decay per
     /// step ([`Run::with_average`]); none by default.
     pub average: Option<f32>,
@@ -180,6 +196,7 @@ impl GraphTraining {
             hidden: 32,
             readout: cell.readout(),
             every_step: false,
+            per_step: false,
             dropout: 0.0,
             epochs: 100,
             batch: 25,
@@ -187,10 +204,24 @@ impl GraphTraining {
             seed: 1,
             optimizer: Config::new(crate::optim::Rule::Adam, 0.005),
             clip: Some(5.0),
+            lr_decay: None,
             average: None,
             checkpoint: None,
             meta: Value::Null,
         }
+    }
+
+    /// The cell's vertex function on graphs of `edge_labels` edge labels.
+    fn function(&self, edge_labels: usize) -> Result<VertexFn> {
+        let per_step = self.per_step.then_some(self.steps);
+        self.cell.function(self.features, self.hidden, edge_labels, self.readout, per_step)
+    }
+
+    /// What the cell pulls: the node-label vectors, and the step's one-hot row for weights per
+    /// step.
+    fn feeds(&self) -> Vec<Feed> {
+        let step = self.per_step.then_some(Feed::Height(self.steps + 1));
+        [Feed::Words].into_iter().chain(step).collect()
     }
 
     /// The steps whose nodes the classifier reads: every step, or the last.
@@ -213,16 +244,16 @@ pub fn graph_classifier<B: Backend>(
     rng: &mut Rng,
 ) -> Result<Model<B>> {
     let labels = Embedding::new(data.node_label_count, cfg.features, 0.1, rng);
-    let f = cfg.cell.function(cfg.features, cfg.hidden, data.edge_label_count, cfg.readout)?;
+    let f = cfg.function(data.edge_label_count)?;
     let head = crate::head::pooled_classifier(cfg.hidden, cfg.steps_read(), data.classes, cfg.dropout)?;
-    Ok(Model::init(backend, labels, f, vec![Feed::Words], head, rng)?.with_readout(cfg.readout))
+    Ok(Model::init(backend, labels, f, cfg.feeds(), head, rng)?.with_readout(cfg.readout))
 }
 
 /// Refuses graph training that would not fit in memory, before anything is allocated: the
 /// model (node-label vectors, cell, classifier), every graph unrolled over `cfg.steps` and the
 /// values of the largest minibatch.
 fn check_graph_training(data: &TuDataset, cfg: &GraphTraining) -> Result<()> {
-    let cell = cfg.cell.function(cfg.features, cfg.hidden, data.edge_label_count, cfg.readout)?;
+    let cell = cfg.function(data.edge_label_count)?;
     let labels = (data.node_label_count * cfg.features) as u128 + (cfg.hidden * data.classes) as u128;
     crate::memory::check_model("--hidden and --embed", crate::memory::param_floats(&cell) + labels, 1)?;
     let steps = cfg.steps as u128 + 1;
@@ -267,6 +298,10 @@ where
     meta["every_step"] = json!(cfg.every_step);
     let checkpoint = cfg.checkpoint.clone();
     let plan = Settings { clip: cfg.clip, checkpoint, meta, ..Settings::new(cfg.epochs, cfg.batch) };
+    let plan = match cfg.lr_decay {
+        Some(decay) => plan.lr_decay(decay),
+        None => plan,
+    };
     let mut rng = Rng::new(cfg.seed);
     let mut new_run = |_fold: usize| {
         let model = graph_classifier(backend, data, cfg, &mut rng)?;

@@ -23,7 +23,7 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    let bad: [&[&str]; 22] = [
+    let bad: [&[&str]; 24] = [
         &["train", "--data", "/no/such/dir"],
         &["train", "--average", "1"],
         &["train", "--layers", "2", "--stages", "auto", "--workers", "2"],
@@ -43,6 +43,8 @@ fn bad_input_gives_one_line_and_a_failure() {
         &["train", "--batch", "auto", "--workers", "2"],
         &["train", "--batch", "auto", "--layers", "2", "--stages", "2"],
         &["train", "--model", "gin", "--batch", "auto"],
+        &["train", "--per-step"],
+        &["train", "--model", "ggnn", "--per-step"],
         &["bench", "--precision", "bf16"],
         &["bench", "--precision", "f8"],
         &["bench", "--workers", "0"],
@@ -62,6 +64,8 @@ fn bad_input_gives_one_line_and_a_failure() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--data DIR with a TU data set"));
     let out = arbor(&["train", "--every-step"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--every-step: expected a graph model"));
+    let out = arbor(&["train", "--model", "gat", "--data", ".", "--per-step"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--per-step: expected --model gin"));
     let out = arbor(&["train", "--model", "ggnn", "--data", ".", "--plot", "x.svg"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--plot, which applies to tree and sequence models only"));
     if !arbor::cuda::is_available() {

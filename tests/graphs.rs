@@ -45,6 +45,9 @@ fn mutag_reads_as_documented() {
     // The own previous state's edge carries a label of its own, the neighbours' their bond type.
     assert_eq!(unrolled.edge_label(v, 0), 4);
     assert_eq!(unrolled.edge_label(v, 1), g.edge_labels[2][0]);
+    // A vertex's height is its step (what `Feed::Height` hands a cell with weights per step).
+    let n = g.node_labels.len();
+    assert_eq!(unrolled.heights(), (0..4).flat_map(|t| vec![t; n]).collect::<Vec<u32>>());
 }
 
 #[test]
@@ -202,17 +205,18 @@ fn ggnn_learns_mutag() {
     }
     // Stated bar for this short 3-fold run; always answering the majority class gives 0.665.
     assert!(r.mean >= 0.75, "cross-validated accuracy {} ({:?})", r.mean, r.fold_scores);
-    // GIN reading every step by attention pooling, dropout on the classifier's input, the
-    // weights averaged: the same bar.
+    // GIN with weights per step, reading every step by attention pooling, dropout on the
+    // classifier's input, the weights averaged: the same bar.
     let cfg = GraphTraining {
         readout: arbor::readout::Readout::Attention,
         every_step: true,
+        per_step: true,
         dropout: 0.5,
         average: Some(0.99),
         ..GraphTraining { cell: GraphCell::Gin, ..cfg }
     };
     let r = cross_validate_graphs(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
-    assert!(r.mean >= 0.75, "GIN, every step by attention: {} ({:?})", r.mean, r.fold_scores);
+    assert!(r.mean >= 0.75, "GIN per step, every step by attention: {} ({:?})", r.mean, r.fold_scores);
 }
 
 mod fuzz {
@@ -265,14 +269,15 @@ mod fuzz {
     }
 }
 
-/// GIN (without and with three edge labels) and GAT: finite-difference gradients of one vertex
-/// of 0 to 50 children (labels cycling), and batched == one graph at a time on unrolled random
-/// graphs of up to 150 nodes with a random label on every edge.
+/// GIN (without and with three edge labels, one cell for every step or one per step) and GAT:
+/// finite-difference gradients of one vertex of 0 to 50 children (labels cycling), and batched
+/// == one graph at a time on unrolled random graphs of up to 150 nodes with a random label on
+/// every edge.
 #[test]
 fn graph_cells_check_and_batch_at_any_degree() {
-    for cell in [GraphCell::Gin, GraphCell::Gat] {
+    for (cell, per_step) in [(GraphCell::Gin, None), (GraphCell::Gin, Some(2)), (GraphCell::Gat, None)] {
         for labels in [0, 3] {
-            let f = cell.function(4, 5, labels, cell.readout()).unwrap();
+            let f = cell.function(4, 5, labels, cell.readout(), per_step).unwrap();
             // A ReLU's kink between two central-difference points fails a check now and then:
             // of five random vertices, three must check (a wrong gradient fails them all).
             for kids in [0, 1, 7, 50] {
@@ -280,6 +285,10 @@ fn graph_cells_check_and_batch_at_any_degree() {
                     .filter_map(|seed| {
                         let mut case = VertexCase::random(&f, 100 * seed + kids as u64, &vec![true; kids]);
                         case.labels = (0..kids).map(|k| (k % 4) as u32).collect();
+                        // Per step: the step's one-hot row, as `Feed::Height` hands it.
+                        if let Some(steps) = per_step {
+                            case.pulls[1] = (0..=steps).map(|t| f32::from(u8::from(t as u64 == seed % 3))).collect();
+                        }
                         // Zero-initialised biases moved off zero, where a ReLU has its kink.
                         let mut rng = Rng::new(seed);
                         case.params.iter_mut().flatten().for_each(|p| *p += rng.range(-0.3, 0.3));
@@ -305,9 +314,32 @@ fn graph_cells_check_and_batch_at_any_degree() {
             assert!(graphs.iter().any(|g| (0..g.len()).any(|v| g.children(v).len() > 40)), "a wide vertex");
             check_batched_with(&f, &graphs, &Batched::new(3)).unwrap_or_else(|e| panic!("{}: {e}", f.name()));
             // Pushing a score per node too (for an attention readout) batches alike.
-            let scored = cell.function(4, 5, labels, arbor::readout::Readout::Attention).unwrap();
+            let scored = cell.function(4, 5, labels, arbor::readout::Readout::Attention, per_step).unwrap();
             assert_eq!(scored.outputs().len(), 2);
             check_batched_with(&scored, &graphs, &Batched::new(3)).unwrap_or_else(|e| panic!("{}: {e}", f.name()));
         }
     }
+}
+
+/// Cross-validation trains each fold at the learning rate `lr_decay` schedules: decayed by 1e-9
+/// after the first epoch, later epochs move no weight (Adam's steps fall below an f32's
+/// rounding), so one epoch and three score alike; undecayed, three epochs score otherwise.
+#[test]
+fn graph_folds_follow_the_learning_rate_decay() {
+    let d = tu::read(&mutag(), "MUTAG").unwrap();
+    let cfg = |epochs, lr_decay| GraphTraining {
+        steps: 2,
+        features: 4,
+        hidden: 8,
+        epochs,
+        folds: 3,
+        lr_decay,
+        ..GraphTraining::new(GraphCell::Gin)
+    };
+    let scores = |epochs, decay| {
+        cross_validate_graphs(&CpuBackend::new(), &d, &cfg(epochs, decay), &mut |_, _| {}).unwrap().fold_scores
+    };
+    let one = scores(1, None);
+    assert_eq!(scores(3, Some(1e-9)), one);
+    assert_ne!(scores(3, None), one);
 }

@@ -179,6 +179,18 @@ impl InputGraph {
         &self.order
     }
 
+    /// Each vertex's height: 0 at a leaf, one above its highest child (in a graph unrolled for
+    /// message passing, the step; in a parse tree, the level a height schedule runs it at).
+    pub fn heights(&self) -> Vec<u32> {
+        let mut height = vec![0u32; self.len()];
+        for &v in &self.order {
+            let v = v as usize;
+            height[v] =
+                self.children[v].iter().filter(|&&c| c != NO_CHILD).map(|&c| height[c as usize] + 1).max().unwrap_or(0);
+        }
+        height
+    }
+
     /// A graph of `n` vertices from `(parent, child)` edges; each parent's children take slots in
     /// edge order. With `root`, every vertex must be reachable from it.
     pub fn from_edges(n: usize, edges: &[(usize, usize)], root: Option<usize>) -> Result<InputGraph> {
@@ -373,6 +385,21 @@ fn graph_error(reason: String) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heights_count_up_from_the_leaves() {
+        // (a (b c)) with an empty slot at the root, vertices listed parents first.
+        let g = InputGraph::from_children(vec![
+            vec![Some(1), None, Some(4)],
+            vec![Some(2), Some(3)],
+            vec![],
+            vec![],
+            vec![],
+        ])
+        .expect("a tree");
+        assert_eq!(g.heights(), [2, 1, 0, 0, 0]);
+        assert_eq!(InputGraph::chain(4).heights(), [0, 1, 2, 3]);
+    }
 
     #[test]
     fn edge_features_follow_the_child_slots() {

@@ -23,6 +23,11 @@ pub enum Feed {
     /// the [`Reduce`] says (zeros at a leaf): what bonds or relations a vertex has, for a cell to
     /// map with a product (`e · W`).
     ChildEdges(usize, Reduce),
+    /// The vertex's height ([`InputGraph::heights`]: 0 at a leaf, one above its highest child) as
+    /// a one-hot row of this many columns (a height past the last column counts as the last): in
+    /// a graph unrolled for message passing, the step, for a cell to weigh each step apart (as
+    /// GIN's layers do not share weights, see [`gin_per_step`](crate::nn::gin_per_step)).
+    Height(usize),
 }
 
 /// One graph of an example: its structure, a word per vertex, and the vertex the head reads.

@@ -14,12 +14,13 @@ use std::borrow::Cow;
 
 /// What a minibatch lays out besides the words, as the feeds ask: each vertex's parent's word
 /// (with the padding id for roots), the one-hot rows of its parent edge's label (so wide), its
-/// child edges' feature rows reduced (so wide, so reduced).
+/// child edges' feature rows reduced (so wide, so reduced), its height's one-hot row (so wide).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Fed {
     pub(crate) parents: Option<u32>,
     pub(crate) edges: Option<usize>,
     pub(crate) child_edges: Option<(usize, Reduce)>,
+    pub(crate) heights: Option<usize>,
 }
 
 impl Fed {
@@ -28,7 +29,8 @@ impl Fed {
         let parents = feeds.contains(&Feed::ParentWords).then(|| embedding.padding().unwrap_or(0));
         let edges = feeds.iter().find_map(|f| if let Feed::ParentEdge(n) = f { Some(*n) } else { None });
         let child_edges = feeds.iter().find_map(|f| if let Feed::ChildEdges(n, r) = f { Some((*n, *r)) } else { None });
-        Fed { parents, edges, child_edges }
+        let heights = feeds.iter().find_map(|f| if let Feed::Height(n) = f { Some(*n) } else { None });
+        Fed { parents, edges, child_edges, heights }
     }
 }
 
@@ -42,6 +44,8 @@ pub(crate) struct Layout<'a> {
     pub(crate) parent_edges: Vec<f32>,
     /// Per vertex, its child edges' feature rows reduced ([`Feed::ChildEdges`]), if fed.
     pub(crate) child_edges: Vec<f32>,
+    /// Per vertex, the one-hot row of its height ([`Feed::Height`]), if fed.
+    pub(crate) heights: Vec<f32>,
     /// Per example, per graph: the merged index of the vertex read out.
     pub(crate) roots: Vec<usize>,
     /// Per example, per graph: the merged vertices a pooling readout reads.
@@ -158,6 +162,7 @@ pub(crate) fn layout<'a>(
         parent_words: Vec::new(),
         parent_edges: Vec::new(),
         child_edges: Vec::new(),
+        heights: Vec::new(),
         roots: Vec::new(),
         pools: Groups::default(),
     };
@@ -207,7 +212,26 @@ pub(crate) fn layout<'a>(
     if let Some((width, reduce)) = fed.child_edges {
         l.child_edges = child_edges(&l.graphs, width, reduce)?;
     }
+    if let Some(width) = fed.heights {
+        l.heights = heights(&l.graphs, width);
+    }
     Ok(l)
+}
+
+/// Per vertex of `graphs` (merged order), its height as a one-hot row of `width` columns (the
+/// last for every height past it; no columns, no rows).
+fn heights(graphs: &[&InputGraph], width: usize) -> Vec<f32> {
+    let mut out = Vec::new();
+    for g in graphs {
+        for h in g.heights() {
+            let mut row = vec![0.0; width];
+            if let Some(last) = width.checked_sub(1) {
+                row[(h as usize).min(last)] = 1.0;
+            }
+            out.extend(row);
+        }
+    }
+    out
 }
 
 /// Per vertex of `graphs` (merged order), the label of the edge from its parent as a one-hot row
@@ -297,6 +321,7 @@ pub(crate) fn with_words_dropped<'a>(embedding: &Embedding, key: DropoutKey, l: 
         parent_words,
         parent_edges: l.parent_edges.clone(),
         child_edges: l.child_edges.clone(),
+        heights: l.heights.clone(),
         roots: l.roots.clone(),
         pools: l.pools.clone(),
     })
@@ -313,6 +338,24 @@ pub(crate) fn pulls<'a>(embedding: &'a Embedding, feeds: &[Feed], l: &'a Layout<
             Feed::ParentWords => pull(&l.parent_words),
             Feed::ParentEdge(_) => Pull::Rows(&l.parent_edges),
             Feed::ChildEdges(..) => Pull::Rows(&l.child_edges),
+            Feed::Height(_) => Pull::Rows(&l.heights),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A height's one-hot row per vertex, graph after graph; heights past the last column count
+    /// as the last, and no columns give no rows.
+    #[test]
+    fn heights_are_one_hot_rows_clamped_to_the_last_column() {
+        let chain = InputGraph::chain(4);
+        let leaf = InputGraph::isolated(1);
+        let rows = heights(&[&chain, &leaf], 3);
+        let expected = [[1., 0., 0.], [0., 1., 0.], [0., 0., 1.], [0., 0., 1.], [1., 0., 0.]];
+        assert_eq!(rows, expected.concat());
+        assert!(heights(&[&chain], 0).is_empty());
+    }
 }

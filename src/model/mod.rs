@@ -299,7 +299,7 @@ impl<B: Backend> Model<B> {
         let what = |w: &str| format!("model over `{}` with head `{}`: {w}", f.name(), head.function().name());
         let width = |feed: &Feed| match feed {
             Feed::Words | Feed::ParentWords => embedding.dim(),
-            Feed::ParentEdge(width) | Feed::ChildEdges(width, _) => *width,
+            Feed::ParentEdge(width) | Feed::ChildEdges(width, _) | Feed::Height(width) => *width,
         };
         if feeds.len() != f.inputs().len()
             || f.inputs().iter().zip(&feeds).any(|(p, feed)| p.shape.numel() != width(feed))
@@ -371,7 +371,7 @@ impl<B: Backend> Model<B> {
         let targets = self.graphs_per_example();
         self.head.engine().skip_input_grads(&[targets]);
         let edges: Vec<usize> = (0..self.feeds.len())
-            .filter(|&i| matches!(self.feeds[i], Feed::ParentEdge(_) | Feed::ChildEdges(..)))
+            .filter(|&i| matches!(self.feeds[i], Feed::ParentEdge(_) | Feed::ChildEdges(..) | Feed::Height(_)))
             .collect();
         self.cells[0].skip_input_grads(&edges);
     }

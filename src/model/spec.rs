@@ -72,6 +72,7 @@ impl ModelSpec {
                 Feed::ParentWords => json!("parent_words"),
                 Feed::ParentEdge(labels) => json!(["parent_edge", labels]),
                 Feed::ChildEdges(width, reduce) => json!(["child_edges", width, reduce.name()]),
+                Feed::Height(width) => json!(["height", width]),
             }).collect::<Vec<_>>(),
             "head": function_to_json(&self.head),
             "readout": self.readout.name(),
@@ -100,6 +101,9 @@ impl ModelSpec {
                 _ => match f.as_array().map(Vec::as_slice) {
                     Some([name, labels]) if name == "parent_edge" => {
                         labels.as_u64().map(|n| Feed::ParentEdge(n as usize)).ok_or_else(|| bad("feeds", f))
+                    }
+                    Some([name, width]) if name == "height" => {
+                        width.as_u64().map(|n| Feed::Height(n as usize)).ok_or_else(|| bad("feeds", f))
                     }
                     Some([name, width, reduce]) if name == "child_edges" => {
                         let reduce = Reduce::ALL.into_iter().find(|r| reduce.as_str() == Some(r.name()));
@@ -354,7 +358,7 @@ mod tests {
     fn feeds_and_readouts_round_trip() {
         let f = crate::nn::tree_lstm(2, 3).expect("a cell");
         let head = crate::head::softmax_classifier(3, 2).expect("a head");
-        let feeds = vec![Feed::Words, Feed::ParentWords, Feed::ParentEdge(4)]
+        let feeds = vec![Feed::Words, Feed::ParentWords, Feed::ParentEdge(4), Feed::Height(3)]
             .into_iter()
             .chain(Reduce::ALL.map(|r| Feed::ChildEdges(5, r)))
             .collect::<Vec<_>>();

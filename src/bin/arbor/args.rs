@@ -274,6 +274,10 @@ pub(crate) struct TrainArgs {
     /// jumping knowledge, as GIN reads out).
     #[arg(long)]
     pub(crate) every_step: bool,
+    /// Weights of their own for each message-passing step, as GIN's layers have, not one cell
+    /// shared by every step (gin).
+    #[arg(long)]
+    pub(crate) per_step: bool,
     /// Trees per minibatch; `auto`: chosen as training goes for the most goodput (Pollux: the
     /// gradient noise scale measured every few steps against a step-time model timed at the
     /// start; the learning rate scaled by √(batch / 25)), starting at 25 (tree and sequence

@@ -77,6 +77,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         hidden: sizes.hidden,
         readout: args.readout(cell),
         every_step: args.every_step,
+        per_step: args.per_step,
         dropout: args.dropout,
         epochs,
         batch: args.batch(),
@@ -84,6 +85,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         seed: args.seed,
         optimizer: optimizer(args, sizes.lr),
         clip: (args.clip > 0.0).then_some(args.clip),
+        lr_decay: args.lr_decay,
         average: args.average,
         checkpoint: args.checkpoint.clone(),
         // Where the graphs are, so that `arbor eval` scores each fold's held-out graphs again.
@@ -122,6 +124,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         json!({
             "model": cell.name(), "data": dir.display().to_string(), "folds": result.fold_scores.len(), "epochs": epochs,
             "steps": args.steps(), "hidden": sizes.hidden, "embed": sizes.embed, "readout": cfg.readout.name(), "every_step": cfg.every_step,
+            "per_step": cfg.per_step,
             "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
             "graphs_per_s": result.examples_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
         })

@@ -374,7 +374,6 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             ("--lowercase", args.lowercase, "the models over words"),
             ("--loss", args.loss.is_some(), trees),
             ("--patience", args.patience.is_some(), "every model but ggnn, which trains --epochs per fold"),
-            ("--lr-decay", args.lr_decay.is_some(), "every model but ggnn, which trains --epochs per fold"),
             ("--freeze", !args.freeze.is_empty(), "every model but ggnn, which trains --epochs per fold"),
             ("--batch auto", args.batch_arg == Batch::Auto, trees),
         ],
@@ -457,9 +456,13 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
             ));
         }
     }
-    let graph_flags = [("--readout", args.readout.is_some()), ("--every-step", args.every_step)];
+    let graph_flags =
+        [("--readout", args.readout.is_some()), ("--every-step", args.every_step), ("--per-step", args.per_step)];
     if let Some((flag, _)) = graph_flags.iter().find(|(_, set)| *set && !graph) {
         return Err(Error::input(*flag, "a graph model (ggnn, gin, gat)", format!("--model {}", args.model.name())));
+    }
+    if args.per_step && args.model != ModelArg::Gin {
+        return Err(Error::input("--per-step", "--model gin", format!("--model {}", args.model.name())));
     }
     let timeout = Duration::try_from_secs_f64(args.timeout).map_err(|_| {
         Error::input("--timeout", "a number of seconds above 0, to about 1.8e19", args.timeout.to_string())
