@@ -261,6 +261,12 @@ pub trait Backend {
     fn device(&self) -> String {
         self.name().to_string()
     }
+    /// Bytes of memory this backend's buffers may still take (a GPU's free memory); the system's
+    /// available memory ([`memory::available`](crate::memory::available)) by default, `None`
+    /// where it is not known.
+    fn memory_available(&self) -> Option<u128> {
+        crate::memory::available()
+    }
     /// Another backend like this one (same device, same settings) with no buffers yet: the
     /// backend of a replica for another worker.
     fn replica(&self) -> Result<Self>

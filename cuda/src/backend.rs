@@ -392,6 +392,10 @@ impl Backend for CudaBackend {
         self.description.clone()
     }
 
+    fn memory_available(&self) -> Option<u128> {
+        self.ctx.mem_get_info().ok().map(|(free, _)| free as u128)
+    }
+
     fn replica(&self) -> Result<CudaBackend> {
         let other = CudaBackend::new(self.ctx.ordinal())?;
         other.precision.set(self.precision.get());

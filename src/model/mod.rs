@@ -577,6 +577,12 @@ impl<B: Backend> Model<B> {
         self.cells.iter().map(Engine::calls).sum::<u64>() + self.head.engine().calls()
     }
 
+    /// The backend of the bottom cells' engine (every engine's is a replica of it: the same
+    /// device).
+    pub fn backend(&self) -> &B {
+        self.cells[0].backend()
+    }
+
     /// Kernel launches and library calls the engines' backends gave their device so far, where
     /// they count them ([`Backend::launches`]: a GPU's).
     pub fn launches(&mut self) -> Option<u64> {

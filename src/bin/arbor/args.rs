@@ -401,8 +401,9 @@ pub(crate) struct TrainArgs {
     /// kept in the checkpoint).
     #[arg(long, value_parser = stages, default_value = "1")]
     pub(crate) stages: Stages,
-    /// Megabytes of memory a worker may use, for `--stages auto` (default: the memory available,
-    /// shared among the cores).
+    /// Megabytes of memory a worker may use, for `--stages auto` (default: the memory available
+    /// where the model runs — the system's, or the GPU's free memory with --device cuda — shared
+    /// among the plan's workers).
     #[arg(long)]
     pub(crate) memory_budget: Option<f64>,
     /// The pipeline schedule (default 1f1b; with --stages above 1).

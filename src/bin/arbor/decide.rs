@@ -63,10 +63,10 @@ pub(crate) fn plan_stages<B: Backend>(
     too_few("--stages auto", &batches, args.batch(), train.len())?;
     let config = optimizer(args, setup.sizes.lr);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let memory = match args.memory_budget {
-        Some(mb) => mb * 1e6,
-        None => arbor::memory::available().map_or(f64::INFINITY, |b| b as f64 / cores as f64),
-    };
+    // What a worker may use: the budget, or the memory of the device the model runs on (the
+    // system's, a GPU's free memory) shared among the plan's workers.
+    let available = model.backend().memory_available().map_or(f64::INFINITY, |b| b as f64);
+    let memory = |workers: usize| args.memory_budget.map_or(available / workers as f64, |mb| mb * 1e6);
     let mut best: Option<(TrainPlan, Vec<LayerCost>)> = None;
     let mut refused = None;
     // The layers timed once for each number of threads a worker may have.
@@ -83,7 +83,7 @@ pub(crate) fn plan_stages<B: Backend>(
             }
         };
         // Threads of one process: rows pass through shared memory, a hand-off costs a wake-up.
-        let machine = Machine { workers, memory, bandwidth: 1e10, latency: 2e-5 };
+        let machine = Machine { workers, memory: memory(workers), bandwidth: 1e10, latency: 2e-5 };
         match planner::plan(&costs, args.batch(), args.schedule().kind(), &machine, None) {
             Ok(plan) if best.as_ref().is_none_or(|(b, _)| plan.step_seconds < b.step_seconds) => {
                 best = Some((plan, costs));
@@ -107,7 +107,7 @@ pub(crate) fn plan_stages<B: Backend>(
         plural(plan.micro_batches, "micro-batch"),
         layers.join(", "),
         plan.memory / 1e6,
-        memory / 1e6,
+        memory(plan.stages.len() * plan.replicas) / 1e6,
     );
     let chosen = json!({
         "stages": plan.stages, "replicas": plan.replicas, "micro_batches": plan.micro_batches,
