@@ -476,8 +476,9 @@ fn frozen_tensors_stay_as_they_were() {
 }
 
 /// `arbor eval --checkpoint DIR`, with no other flag, gives back every model's training scores:
-/// the tree models on the synthetic treebank, and `ggnn`'s cross-validation (each fold's model
-/// scored on the graphs it held out; their mean the training's `cv_acc_mean`).
+/// the tree models on the synthetic treebank, and `ggnn`'s and a per-step `gin`'s
+/// cross-validation (each fold's model scored on the graphs it held out; their mean the
+/// training's `cv_acc_mean`).
 #[test]
 fn eval_reproduces_every_models_training_scores() {
     let ck = temp("every-model");
@@ -513,5 +514,11 @@ fn eval_reproduces_every_models_training_scores() {
     // One fold's folder scores that fold alone.
     let fold = last_json(&arbor(&["eval", "--checkpoint", ck.join("fold-1").to_str().unwrap()]));
     assert_eq!(fold["fold_scores"][0], evaluated["fold_scores"][1], "{fold}");
+    // GIN with weights per step: its cell pulls the step, which the checkpoint's model keeps.
+    std::fs::remove_dir_all(&ck).ok();
+    let per_step = [&graphs[..2], &["gin", "--per-step", "--every-step"], &graphs[3..]].concat();
+    let trained = last_json(&arbor(&per_step));
+    let evaluated = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
+    assert_eq!((trained["per_step"].as_bool(), &trained["cv_acc_mean"]), (Some(true), &evaluated["cv_acc_mean"]));
     std::fs::remove_dir_all(&ck).ok();
 }
