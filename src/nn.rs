@@ -271,27 +271,37 @@ pub fn ggnn_scored(features: usize, hidden: usize, scores: usize) -> Result<Vert
 /// (`gather_sum` minus the own previous state). Every step shares the weights (see
 /// [`gin_per_step`]).
 pub fn gin(features: usize, hidden: usize, edge_labels: u32) -> Result<VertexFn> {
-    gin_scored(features, hidden, edge_labels, None, 0)
+    gin_with(features, hidden, edge_labels, None, 0)
 }
 
 /// [`gin`] with a perceptron and an `ε` of its own for each of the `steps + 1` steps of a graph
 /// unrolled `steps` times, as GIN's layers are: the cell pulls its step as a second input, the
-/// one-hot row of [`Feed::Height`](crate::model::Feed::Height)`(steps + 1)`, and keeps the
+/// one-hot row of `Feed::Height(steps + 1)` (a model's feed), and keeps the
 /// perceptron of its step (each step's computed at every vertex and masked, so the cell costs
-/// `steps + 1` perceptrons a vertex).
+/// `steps + 1` perceptrons a vertex). On a graph unrolled for more steps than `steps`, the later
+/// steps use the last step's weights (their heights count as the last column).
 pub fn gin_per_step(features: usize, hidden: usize, edge_labels: u32, steps: usize) -> Result<VertexFn> {
-    gin_scored(features, hidden, edge_labels, Some(steps), 0)
+    gin_with(features, hidden, edge_labels, Some(steps), 0)
 }
 
-/// [`gin`] (with `steps`: [`gin_per_step`]), pushing also `scores` attention scores per vertex
-/// (see [`push_scored`]).
-pub fn gin_scored(
+/// [`gin`], pushing also `scores` attention scores per vertex (see [`push_scored`]).
+pub fn gin_scored(features: usize, hidden: usize, edge_labels: u32, scores: usize) -> Result<VertexFn> {
+    gin_with(features, hidden, edge_labels, None, scores)
+}
+
+/// [`gin_per_step`], pushing also `scores` attention scores per vertex (see [`push_scored`]).
+pub fn gin_per_step_scored(
     features: usize,
     hidden: usize,
     edge_labels: u32,
-    steps: Option<usize>,
+    steps: usize,
     scores: usize,
 ) -> Result<VertexFn> {
+    gin_with(features, hidden, edge_labels, Some(steps), scores)
+}
+
+/// GIN with one set of weights (`steps` none) or one per step of `steps`.
+fn gin_with(features: usize, hidden: usize, edge_labels: u32, steps: Option<usize>, scores: usize) -> Result<VertexFn> {
     let f = Builder::new("gin", 1);
     let x = f.pull("x", features);
     let step = steps.map(|s| f.pull("step", s + 1));

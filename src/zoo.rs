@@ -105,23 +105,13 @@ impl GraphCell {
     /// Its vertex function over `features`-wide node vectors and `hidden`-wide states, on
     /// graphs of `edge_labels` edge labels (0: unlabelled; GIN weighs each label's neighbours
     /// apart, the others read every edge alike), pushing also a score per vertex for
-    /// [`Readout::Attention`]; with `per_step`, weights of its own for each step of graphs
-    /// unrolled that many steps (GIN only, [`crate::nn::gin_per_step`]: it pulls
-    /// [`Feed::Height`] as a second input).
-    pub fn function(
-        self,
-        features: usize,
-        hidden: usize,
-        edge_labels: usize,
-        readout: Readout,
-        per_step: Option<usize>,
-    ) -> Result<VertexFn> {
+    /// [`Readout::Attention`].
+    pub fn function(self, features: usize, hidden: usize, edge_labels: usize, readout: Readout) -> Result<VertexFn> {
         let scores = usize::from(readout == Readout::Attention);
-        match (self, per_step) {
-            (GraphCell::Gin, _) => crate::nn::gin_scored(features, hidden, edge_labels as u32, per_step, scores),
-            (_, Some(_)) => Err(Error::input("weights per message-passing step", "the gin cell", self.name())),
-            (GraphCell::Ggnn, None) => crate::nn::ggnn_scored(features, hidden, scores),
-            (GraphCell::Gat, None) => crate::nn::gat_scored(features, hidden, scores),
+        match self {
+            GraphCell::Ggnn => crate::nn::ggnn_scored(features, hidden, scores),
+            GraphCell::Gin => crate::nn::gin_scored(features, hidden, edge_labels as u32, scores),
+            GraphCell::Gat => crate::nn::gat_scored(features, hidden, scores),
         }
     }
 
@@ -211,10 +201,18 @@ impl GraphTraining {
         }
     }
 
-    /// The cell's vertex function on graphs of `edge_labels` edge labels.
+    /// The cell's vertex function on graphs of `edge_labels` edge labels (with weights per step,
+    /// [`crate::nn::gin_per_step_scored`], which pulls [`Feed::Height`] as a second input).
     fn function(&self, edge_labels: usize) -> Result<VertexFn> {
-        let per_step = self.per_step.then_some(self.steps);
-        self.cell.function(self.features, self.hidden, edge_labels, self.readout, per_step)
+        let (features, hidden, labels) = (self.features, self.hidden, edge_labels as u32);
+        match (self.per_step, self.cell) {
+            (false, cell) => cell.function(features, hidden, edge_labels, self.readout),
+            (true, GraphCell::Gin) => {
+                let scores = usize::from(self.readout == Readout::Attention);
+                crate::nn::gin_per_step_scored(features, hidden, labels, self.steps, scores)
+            }
+            (true, cell) => Err(Error::input("weights per message-passing step", "the gin cell", cell.name())),
+        }
     }
 
     /// What the cell pulls: the node-label vectors, and the step's one-hot row for weights per
@@ -291,11 +289,15 @@ where
         let expected = format!("between 2 and the number of graphs ({n})");
         return Err(Error::input("cross-validation folds", expected, cfg.folds.to_string()));
     }
+    if let Some(d) = cfg.lr_decay.filter(|d| !(d.is_finite() && *d > 0.0 && *d <= 1.0)) {
+        return Err(Error::input("learning-rate decay", "a factor above 0 and at most 1", d.to_string()));
+    }
     check_graph_training(data, cfg)?;
     let graphs = Unrolled::all(data, cfg.steps, cfg.every_step)?;
     let mut meta = if cfg.meta.is_object() { cfg.meta.clone() } else { json!({}) };
     (meta["model"], meta["message_steps"], meta["seed"]) = (json!(cfg.cell.name()), json!(cfg.steps), json!(cfg.seed));
-    meta["every_step"] = json!(cfg.every_step);
+    (meta["every_step"], meta["per_step"], meta["lr_decay"]) =
+        (json!(cfg.every_step), json!(cfg.per_step), json!(cfg.lr_decay));
     let checkpoint = cfg.checkpoint.clone();
     let plan = Settings { clip: cfg.clip, checkpoint, meta, ..Settings::new(cfg.epochs, cfg.batch) };
     let plan = match cfg.lr_decay {

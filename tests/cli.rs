@@ -44,7 +44,7 @@ fn bad_input_gives_one_line_and_a_failure() {
         &["train", "--batch", "auto", "--layers", "2", "--stages", "2"],
         &["train", "--model", "gin", "--batch", "auto"],
         &["train", "--per-step"],
-        &["train", "--model", "ggnn", "--per-step"],
+        &["train", "--model", "ggnn", "--data", ".", "--per-step"],
         &["bench", "--precision", "bf16"],
         &["bench", "--precision", "f8"],
         &["bench", "--workers", "0"],
@@ -64,8 +64,10 @@ fn bad_input_gives_one_line_and_a_failure() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--data DIR with a TU data set"));
     let out = arbor(&["train", "--every-step"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--every-step: expected a graph model"));
-    let out = arbor(&["train", "--model", "gat", "--data", ".", "--per-step"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--per-step: expected --model gin"));
+    for model in ["gat", "tree-lstm"] {
+        let out = arbor(&["train", "--model", model, "--data", ".", "--per-step"]);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--per-step: expected --model gin"), "{model}");
+    }
     let out = arbor(&["train", "--model", "ggnn", "--data", ".", "--plot", "x.svg"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--plot, which applies to tree and sequence models only"));
     if !arbor::cuda::is_available() {

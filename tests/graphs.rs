@@ -277,7 +277,16 @@ mod fuzz {
 fn graph_cells_check_and_batch_at_any_degree() {
     for (cell, per_step) in [(GraphCell::Gin, None), (GraphCell::Gin, Some(2)), (GraphCell::Gat, None)] {
         for labels in [0, 3] {
-            let f = cell.function(4, 5, labels, cell.readout(), per_step).unwrap();
+            let build = |readout| match per_step {
+                Some(steps) => arbor::nn::gin_per_step_scored(4, 5, labels as u32, steps, usize::from(readout)),
+                None => cell.function(
+                    4,
+                    5,
+                    labels,
+                    if readout { arbor::readout::Readout::Attention } else { cell.readout() },
+                ),
+            };
+            let f = build(false).unwrap();
             // A ReLU's kink between two central-difference points fails a check now and then:
             // of five random vertices, three must check (a wrong gradient fails them all).
             for kids in [0, 1, 7, 50] {
@@ -314,7 +323,7 @@ fn graph_cells_check_and_batch_at_any_degree() {
             assert!(graphs.iter().any(|g| (0..g.len()).any(|v| g.children(v).len() > 40)), "a wide vertex");
             check_batched_with(&f, &graphs, &Batched::new(3)).unwrap_or_else(|e| panic!("{}: {e}", f.name()));
             // Pushing a score per node too (for an attention readout) batches alike.
-            let scored = cell.function(4, 5, labels, arbor::readout::Readout::Attention, per_step).unwrap();
+            let scored = build(true).unwrap();
             assert_eq!(scored.outputs().len(), 2);
             check_batched_with(&scored, &graphs, &Batched::new(3)).unwrap_or_else(|e| panic!("{}: {e}", f.name()));
         }
@@ -342,4 +351,52 @@ fn graph_folds_follow_the_learning_rate_decay() {
     let one = scores(1, None);
     assert_eq!(scores(3, Some(1e-9)), one);
     assert_ne!(scores(3, None), one);
+    let refused = cross_validate_graphs(&CpuBackend::new(), &d, &cfg(1, Some(0.0)), &mut |_, _| {}).unwrap_err();
+    assert!(refused.to_string().contains("learning-rate decay"), "{refused}");
+}
+
+/// A per-step GIN at step `t` (every vertex's step row one-hot at `t`) computes what the shared
+/// GIN computes with step `t`'s weights: its `1 + ε` row and its perceptron, the other steps'
+/// weights left out.
+#[test]
+fn a_per_step_gin_runs_its_steps_own_weights() {
+    use arbor::{Engine, Pass, Pull};
+    let (features, hidden, labels, steps) = (3, 4, 2, 2);
+    let per_step = arbor::nn::gin_per_step(features, hidden, labels, steps).unwrap();
+    let shared = arbor::nn::gin(features, hidden, labels).unwrap();
+    let params = per_step.init_params(&mut Rng::new(3));
+    let mut rng = Rng::new(4);
+    // Biases and ε moved off their initial values, so every step's weights differ.
+    let params: Vec<Vec<f32>> =
+        params.into_iter().map(|p| p.into_iter().map(|x| x + rng.range(-0.5, 0.5)).collect()).collect();
+    let named = |name: &str| {
+        let k = per_step.params().iter().position(|p| p.name == name).unwrap_or_else(|| panic!("{name}"));
+        params[k].clone()
+    };
+    // Vertex 2 over 0 and 1 (bond types 0 and 1), vertex 3 over 2.
+    let graph = InputGraph::from_children(vec![vec![], vec![], vec![Some(0), Some(1)], vec![Some(2)]])
+        .unwrap()
+        .with_edge_labels(vec![vec![], vec![], vec![0, 1], vec![1]])
+        .unwrap();
+    let x: Vec<f32> = (0..4 * features).map(|i| (i as f32 * 0.37).sin()).collect();
+    for t in 0..=steps {
+        let step: Vec<f32> = (0..4).flat_map(|_| (0..=steps).map(move |s| f32::from(u8::from(s == t)))).collect();
+        let mut engine = Engine::new(CpuBackend::new(), per_step.clone(), &params).unwrap();
+        let got = engine.run(Pass::infer(&[&graph], &[Pull::Rows(&x), Pull::Rows(&step)])).unwrap().remove(0);
+        let own: Vec<Vec<f32>> = shared
+            .params()
+            .iter()
+            .map(|p| match p.name.as_str() {
+                "one_plus_eps" => named("one_plus_eps")[t * hidden..][..hidden].to_vec(),
+                w if w.starts_with('W') || w.starts_with('b') => named(&format!("{w}_{t}")),
+                other => named(other),
+            })
+            .collect();
+        let mut engine = Engine::new(CpuBackend::new(), shared.clone(), &own).unwrap();
+        let want = engine.run(Pass::infer(&[&graph], &[Pull::Rows(&x)])).unwrap().remove(0);
+        assert!(want.iter().any(|&w| w != 0.0), "step {t}: some unit is active");
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "step {t}: {got:?} against {want:?}");
+        }
+    }
 }

@@ -221,15 +221,15 @@ pub(crate) fn layout<'a>(
 /// Per vertex of `graphs` (merged order), its height as a one-hot row of `width` columns (the
 /// last for every height past it; no columns, no rows).
 fn heights(graphs: &[&InputGraph], width: usize) -> Vec<f32> {
-    let mut out = Vec::new();
+    let vertices: usize = graphs.iter().map(|g| g.len()).sum();
+    let mut out = vec![0.0; vertices * width];
+    let Some(last) = width.checked_sub(1) else { return out };
+    let mut start = 0;
     for g in graphs {
-        for h in g.heights() {
-            let mut row = vec![0.0; width];
-            if let Some(last) = width.checked_sub(1) {
-                row[(h as usize).min(last)] = 1.0;
-            }
-            out.extend(row);
+        for (v, h) in g.heights().into_iter().enumerate() {
+            out[(start + v) * width + (h as usize).min(last)] = 1.0;
         }
+        start += g.len();
     }
     out
 }

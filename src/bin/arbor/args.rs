@@ -375,7 +375,8 @@ pub(crate) struct TrainArgs {
     /// ggnn).
     #[arg(long)]
     pub(crate) patience: Option<usize>,
-    /// Multiply the learning rate by this factor after every epoch (one stage; not ggnn).
+    /// Multiply the learning rate by this factor after every epoch (one stage; graph models: in
+    /// every fold).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) lr_decay: Option<f32>,
     /// Data-parallel workers (threads of this process), each with a share of every minibatch

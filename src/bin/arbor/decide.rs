@@ -67,7 +67,7 @@ pub(crate) fn plan_stages<B: Backend>(
     // system's, a GPU's free memory) shared among the plan's workers.
     let available = model.backend().memory_available().map_or(f64::INFINITY, |b| b as f64);
     let memory = |workers: usize| args.memory_budget.map_or(available / workers as f64, |mb| mb * 1e6);
-    let mut best: Option<(TrainPlan, Vec<LayerCost>)> = None;
+    let mut best: Option<(TrainPlan, Vec<LayerCost>, f64)> = None;
     let mut refused = None;
     // The layers timed once for each number of threads a worker may have.
     let mut timed: std::collections::HashMap<usize, Vec<LayerCost>> = Default::default();
@@ -85,14 +85,14 @@ pub(crate) fn plan_stages<B: Backend>(
         // Threads of one process: rows pass through shared memory, a hand-off costs a wake-up.
         let machine = Machine { workers, memory: memory(workers), bandwidth: 1e10, latency: 2e-5 };
         match planner::plan(&costs, args.batch(), args.schedule().kind(), &machine, None) {
-            Ok(plan) if best.as_ref().is_none_or(|(b, _)| plan.step_seconds < b.step_seconds) => {
-                best = Some((plan, costs));
+            Ok(plan) if best.as_ref().is_none_or(|(b, ..)| plan.step_seconds < b.step_seconds) => {
+                best = Some((plan, costs, machine.memory));
             }
             Ok(_) => {}
             Err(e) => refused = Some(e),
         }
     }
-    let Some((plan, costs)) = best else {
+    let Some((plan, costs, budget)) = best else {
         return Err(refused.unwrap_or_else(|| Error::input("--stages auto", "a plan", "none")));
     };
     let predicted = plan.step_seconds * 1e3;
@@ -107,7 +107,7 @@ pub(crate) fn plan_stages<B: Backend>(
         plural(plan.micro_batches, "micro-batch"),
         layers.join(", "),
         plan.memory / 1e6,
-        memory(plan.stages.len() * plan.replicas) / 1e6,
+        budget / 1e6,
     );
     let chosen = json!({
         "stages": plan.stages, "replicas": plan.replicas, "micro_batches": plan.micro_batches,

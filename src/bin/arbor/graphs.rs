@@ -124,7 +124,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         json!({
             "model": cell.name(), "data": dir.display().to_string(), "folds": result.fold_scores.len(), "epochs": epochs,
             "steps": args.steps(), "hidden": sizes.hidden, "embed": sizes.embed, "readout": cfg.readout.name(), "every_step": cfg.every_step,
-            "per_step": cfg.per_step,
+            "per_step": cfg.per_step, "lr_decay": cfg.lr_decay,
             "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
             "graphs_per_s": result.examples_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
         })

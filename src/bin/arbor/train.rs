@@ -456,8 +456,7 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
             ));
         }
     }
-    let graph_flags =
-        [("--readout", args.readout.is_some()), ("--every-step", args.every_step), ("--per-step", args.per_step)];
+    let graph_flags = [("--readout", args.readout.is_some()), ("--every-step", args.every_step)];
     if let Some((flag, _)) = graph_flags.iter().find(|(_, set)| *set && !graph) {
         return Err(Error::input(*flag, "a graph model (ggnn, gin, gat)", format!("--model {}", args.model.name())));
     }
