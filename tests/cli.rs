@@ -243,7 +243,8 @@ fn pipeline_flags() {
 
 /// `--batch auto` times a step, says how, and trains with a batch chosen as it goes: the summary
 /// reports the trajectory from 25, the checkpoint records `batch` as `auto` and the state of the
-/// choice; what it cannot measure one model's noise in is refused by name.
+/// choice, a resumed run takes the checkpoint's timing instead of timing again; what it cannot
+/// measure one model's noise in is refused by name.
 #[test]
 fn batch_auto_reports_its_trajectory() {
     let dir = std::env::temp_dir().join(format!("arbor-cli-batch-auto-{}", std::process::id()));
@@ -263,6 +264,12 @@ fn batch_auto_reports_its_trajectory() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("last").join("meta.json")).unwrap()).unwrap();
     assert_eq!(meta["batch"], "auto");
     assert_eq!(meta["batch_size"]["trajectory"].as_array().map(Vec::len), Some(trajectory.len()), "{meta}");
+    // Resumed, it goes on with the checkpoint's step-time model and times nothing.
+    let out = arbor(&["train", "--hidden", "8", "--embed", "8", "--epochs", "3", "--batch", "auto", "--resume", ck]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("a step timed at"), "{err}");
+    let ms = meta["batch_size"]["settings"]["pass_seconds"].as_f64().unwrap() * 1e3;
+    assert!(err.contains(&format!("the checkpoint's step-time model ({ms:.2} ms")), "{err}");
     std::fs::remove_dir_all(&dir).ok();
     for (extra, says) in [
         (&["--workers", "2"][..], "--workers: expected one worker and one stage with --batch auto"),

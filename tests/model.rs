@@ -68,6 +68,15 @@ fn a_model_that_does_not_fit_together_is_refused() {
     assert!(e.contains("feeds") && e.contains("1 feeds"), "{e}");
     let e = err(Model::new(words(&mut rng), cells(), vec![Feed::Words, Feed::ParentWords], head_for(3, &mut rng)));
     assert!(e.contains("padding row"), "{e}");
+    // Two heights of different widths: a minibatch lays out one set of height rows.
+    let f = arbor::Builder::new("heights", 0);
+    let h = (f.pull("x", 4).slice(0, 3) + f.pull("a", 3) + f.pull("b", 5).slice(0, 3)).tanh();
+    f.push("h", h);
+    let (two, params) = (f.build().unwrap(), Vec::new());
+    let two = Engine::new(CpuBackend::new(), two, &params).unwrap();
+    let feeds = vec![Feed::Words, Feed::Height(3), Feed::Height(5)];
+    let e = err(Model::new(words(&mut rng), two, feeds, head_for(3, &mut rng)));
+    assert!(e.contains("one width per kind of feed") && e.contains("Height(3) and Height(5)"), "{e}");
     let e = err(Model::new(
         words(&mut rng).with_padding(PAD),
         cells(),

@@ -277,9 +277,10 @@ impl<B: Backend> Model<B> {
         self.readout
     }
 
-    /// A model; checks that the feeds match the vertex function's inputs (each as wide as a word
-    /// vector), that [`Feed::ParentWords`] has a padding row, and that the head reads rows as
-    /// wide as the cell pushes, then a target.
+    /// A model; checks that the feeds match the vertex function's inputs (each as wide as its
+    /// feed: a word vector, or the width a row feed names, one width per kind of row feed), that
+    /// [`Feed::ParentWords`] has a padding row, and that the head reads rows as wide as the cell
+    /// pushes, then a target.
     pub fn new(embedding: Embedding, cells: Engine<B>, feeds: Vec<Feed>, head: Head<B>) -> Result<Model<B>> {
         Model::assemble(embedding, vec![cells], feeds, head, Readout::Root)
     }
@@ -313,6 +314,15 @@ impl<B: Backend> Model<B> {
                     f.inputs().iter().map(|p| p.shape.numel()).collect::<Vec<_>>()
                 ),
             ));
+        }
+        // A minibatch lays out one set of rows per kind of row feed.
+        let kind = |feed: &Feed| std::mem::discriminant(feed);
+        if let Some((a, b)) = feeds
+            .iter()
+            .enumerate()
+            .find_map(|(i, a)| feeds[i + 1..].iter().find(|b| kind(a) == kind(b) && a != *b).map(|b| (a, b)))
+        {
+            return Err(Error::input(what("feeds"), "one width per kind of feed", format!("{a:?} and {b:?}")));
         }
         if feeds.contains(&Feed::ParentWords) && embedding.padding().is_none() {
             return Err(Error::input(what("parent words"), "word vectors with a padding row (for roots)", "none"));

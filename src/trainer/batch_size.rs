@@ -67,6 +67,27 @@ impl AutoBatch {
         Ok(())
     }
 
+    /// The settings a checkpoint's metadata `meta` records of an automatic batch size (its
+    /// step-time model among them), if it has them and they hold: what a resumed run goes on
+    /// with, so it need not time a step again.
+    pub fn recorded(meta: &Value) -> Option<AutoBatch> {
+        AutoBatch::from_json(&meta["batch_size"]["settings"])
+    }
+
+    /// As [`AutoBatch::to_json`] wrote it, if the settings hold.
+    fn from_json(s: &Value) -> Option<AutoBatch> {
+        let count = |v: &Value| v.as_u64().map(|n| n as usize);
+        let auto = AutoBatch {
+            base: count(&s["base"])?,
+            min: count(&s["min"])?,
+            max: count(&s["max"])?,
+            pass_seconds: s["pass_seconds"].as_f64()?,
+            example_seconds: s["example_seconds"].as_f64()?,
+            every: s["every"].as_u64()?,
+        };
+        auto.check().ok().map(|()| auto)
+    }
+
     /// As a checkpoint records it.
     fn to_json(self) -> Value {
         json!({
@@ -197,17 +218,8 @@ impl BatchSize {
     /// As a checkpoint recorded it; `None` for a checkpoint without one, or with settings that
     /// do not hold ([`AutoBatch::check`]): the run then starts afresh at the base.
     pub(crate) fn from_json(v: &Value) -> Option<BatchSize> {
-        let s = &v["settings"];
         let count = |v: &Value| v.as_u64().map(|n| n as usize);
-        let auto = AutoBatch {
-            base: count(&s["base"])?,
-            min: count(&s["min"])?,
-            max: count(&s["max"])?,
-            pass_seconds: s["pass_seconds"].as_f64()?,
-            example_seconds: s["example_seconds"].as_f64()?,
-            every: s["every"].as_u64()?,
-        };
-        auto.check().ok()?;
+        let auto = AutoBatch::from_json(&v["settings"])?;
         let trajectory = v["trajectory"]
             .as_array()?
             .iter()

@@ -13,13 +13,22 @@ use serde_json::{json, Value};
 
 /// `--batch auto`'s settings: its step-time model from `model`'s layers timed on a few training
 /// minibatches of `train` at the batch it starts at ([`AUTO_BATCH`]; `Model::layer_costs`), and
-/// its bounds (an eighth of that batch to sixteen times it); printed.
+/// its bounds (an eighth of that batch to sixteen times it); printed. A run resumed from a
+/// checkpoint that recorded them goes on with those, timing nothing.
 pub(crate) fn auto_batch<B: Backend>(
     model: &model::Model<B>,
     train: &[Labelled<'_>],
     setup: &Setup<'_>,
 ) -> Result<AutoBatch> {
     let args = setup.args;
+    if let Some(auto) = crate::resume::resumed_batch_settings(args) {
+        eprintln!(
+            "arbor: --batch auto: the checkpoint's step-time model ({:.2} ms + {:.3} ms an example)",
+            auto.pass_seconds * 1e3,
+            auto.example_seconds * 1e3
+        );
+        return Ok(auto);
+    }
     let batches: Vec<Vec<Example<'_>>> =
         train.chunks_exact(AUTO_BATCH).take(9).map(|c| c.iter().map(AsExample::example).collect()).collect();
     too_few("--batch auto", &batches, AUTO_BATCH, train.len())?;

@@ -4,7 +4,7 @@
 use crate::args::TrainArgs;
 use arbor::checkpoint::Checkpoint;
 use arbor::run_folder::{Existing, RunFolder};
-use arbor::trainer::{Learned, Next, Run, Settings};
+use arbor::trainer::{AutoBatch, Learned, Next, Run, Settings};
 use arbor::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -29,6 +29,14 @@ fn resume_source(dir: &Path) -> (PathBuf, Option<PathBuf>) {
 /// `--resume` continues (so a resumed run keeps saving where it was saving).
 pub(crate) fn checkpoint_dir(args: &TrainArgs) -> Option<PathBuf> {
     args.checkpoint.clone().or_else(|| args.resume.as_deref().and_then(|dir| resume_source(dir).1))
+}
+
+/// The automatic batch size's settings (its step-time model among them) that the checkpoint
+/// `--resume` continues recorded, if any: the resumed run goes on with them, untimed.
+pub(crate) fn resumed_batch_settings(args: &TrainArgs) -> Option<AutoBatch> {
+    let (dir, _) = resume_source(args.resume.as_deref()?);
+    let meta = serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).ok()?).ok()?;
+    AutoBatch::recorded(&meta)
 }
 
 /// Whether `a` and `b` name the same folder (compared as canonical paths where they exist).
