@@ -92,6 +92,12 @@ fn read_meta(dir: &Path) -> Result<(Value, PathBuf)> {
 }
 
 impl Checkpoint {
+    /// The metadata of the checkpoint in `dir`, checked against its checksum, without reading
+    /// its tensors.
+    pub fn meta(dir: &Path) -> Result<Value> {
+        read_meta(dir).map(|(meta, _)| meta)
+    }
+
     /// The tensor named `name`.
     pub fn tensor(&self, name: &str) -> Result<&[f32]> {
         self.tensors

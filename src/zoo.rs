@@ -289,8 +289,8 @@ where
         let expected = format!("between 2 and the number of graphs ({n})");
         return Err(Error::input("cross-validation folds", expected, cfg.folds.to_string()));
     }
-    if let Some(d) = cfg.lr_decay.filter(|d| !(d.is_finite() && *d > 0.0 && *d <= 1.0)) {
-        return Err(Error::input("learning-rate decay", "a factor above 0 and at most 1", d.to_string()));
+    if let Some(d) = cfg.lr_decay {
+        Settings::check_lr_decay("learning-rate decay", d)?;
     }
     check_graph_training(data, cfg)?;
     let graphs = Unrolled::all(data, cfg.steps, cfg.every_step)?;

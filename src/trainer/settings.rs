@@ -2,6 +2,7 @@
 //! built with defaults ([`Settings::new`]) and per-epoch hooks that stop a run early or set
 //! its learning rate.
 
+use arbor_core::error::{Error, Result};
 use serde_json::Value;
 use std::fmt;
 use std::path::PathBuf;
@@ -127,8 +128,18 @@ impl Settings {
         self
     }
 
+    /// Checks a learning-rate decay (see [`Settings::lr_decay`]): a factor above 0 and at most 1;
+    /// an error names it as `what` (a flag, a setting).
+    pub fn check_lr_decay(what: &str, decay: f32) -> Result<()> {
+        if decay.is_finite() && decay > 0.0 && decay <= 1.0 {
+            return Ok(());
+        }
+        Err(Error::input(what, "a factor above 0 and at most 1", decay.to_string()))
+    }
+
     /// Multiplies the learning rate by `decay` after every epoch: epoch `e` trains at
-    /// `decay^(e − 1)` times the optimizer's rates.
+    /// `decay^(e − 1)` times the optimizer's rates ([`Settings::check_lr_decay`] says which
+    /// factors make sense).
     pub fn lr_decay(mut self, decay: f32) -> Settings {
         self.lr_schedule = Some(Arc::new(move |epoch| decay.powi(epoch.saturating_sub(1) as i32)));
         self

@@ -38,6 +38,7 @@ pub fn cells() -> Vec<VertexFn> {
         nn::tree_fc(5, 4).unwrap(),
         nn::ggnn(3, 4).unwrap(),
         nn::gin(3, 4, 2).unwrap(),
+        nn::gin_per_step(3, 4, 2, 2).unwrap(),
         nn::gat(3, 4).unwrap(),
         nn::child_sum_tree_lstm_nary(5, 4).unwrap(),
         nn::relatedness_head(4, 3, 5).unwrap(),

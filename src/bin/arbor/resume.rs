@@ -35,8 +35,7 @@ pub(crate) fn checkpoint_dir(args: &TrainArgs) -> Option<PathBuf> {
 /// `--resume` continues recorded, if any: the resumed run goes on with them, untimed.
 pub(crate) fn resumed_batch_settings(args: &TrainArgs) -> Option<AutoBatch> {
     let (dir, _) = resume_source(args.resume.as_deref()?);
-    let meta = serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).ok()?).ok()?;
-    AutoBatch::recorded(&meta)
+    AutoBatch::recorded(&Checkpoint::meta(&dir).ok()?)
 }
 
 /// Whether `a` and `b` name the same folder (compared as canonical paths where they exist).

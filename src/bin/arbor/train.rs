@@ -356,8 +356,8 @@ fn check_flags(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             return bad(flag, "--stages above 1 (a pipeline)", "--stages 1".into());
         }
     }
-    if let Some(d) = args.lr_decay.filter(|d| !(d.is_finite() && *d > 0.0 && *d <= 1.0)) {
-        return bad("--lr-decay", "a factor above 0 and at most 1", d.to_string());
+    if let Some(d) = args.lr_decay {
+        Settings::check_lr_decay("--lr-decay", d)?;
     }
     if args.patience == Some(0) {
         return bad("--patience", "at least 1 epoch", "0".into());
