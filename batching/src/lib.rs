@@ -9,7 +9,7 @@ mod merged;
 mod policy;
 mod schedule;
 
-pub use memory::{MemoryPlan, Region};
+pub use memory::{Lifetime, MemoryLayout, MemoryPlan, Region};
 pub use merged::Merged;
 pub use policy::{Agenda, ByDepth, ByHeight, Policy};
 pub use schedule::{Schedule, Scheduler, Stats};

@@ -10,6 +10,7 @@
 use arbor_core::fusion::{Phase, Plan, Step};
 use arbor_core::ir::{Func, Op, ParamGrad, Reduce, ValueId, VertexFn};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Offsets are rounded up to this many elements (64 bytes of f32).
 const ALIGN: usize = 16;
@@ -35,8 +36,8 @@ impl Region {
 /// One buffer of the plan with its lifetime, for inspection and tests.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lifetime {
-    /// What the buffer holds, e.g. `forward %9` or `state_grad 0`.
-    pub what: String,
+    /// What the buffer holds, e.g. `Forward(9)` or `StateGrad(0)`.
+    pub what: Arc<str>,
     /// Its range of f32 elements in the arena.
     pub elems: Range<usize>,
     /// First and last step (inclusive) of the timeline that touch it.
@@ -232,10 +233,35 @@ impl Timeline<'_> {
     }
 }
 
-impl MemoryPlan {
-    /// Plans the arena for `f` over `vertices` vertices whose largest task has `max_task`
-    /// vertices; `train` adds the backward pass (otherwise the inference plan is used).
-    pub fn new(f: &VertexFn, vertices: usize, max_task: usize, train: bool) -> MemoryPlan {
+/// The part of a memory plan that depends only on the vertex function and the pass (training or
+/// inference): every buffer's size per vertex, whether it holds one task's rows, its lifetime,
+/// the order buffers are placed in and, per buffer, the buffers placed before it that live at
+/// the same time. Made once per function ([`MemoryLayout::new`]); each minibatch then only sizes
+/// and places the buffers ([`MemoryLayout::plan`]).
+#[derive(Clone, Debug)]
+pub struct MemoryLayout {
+    /// The buffers in the order they are placed.
+    bufs: Vec<Placed>,
+    /// Regions per kind of buffer (its length per kind).
+    counts: [usize; 5],
+}
+
+/// One buffer of a [`MemoryLayout`].
+#[derive(Clone, Debug)]
+struct Placed {
+    buf: Buf,
+    block: usize,
+    per_task: bool,
+    live: Range<usize>,
+    what: Arc<str>,
+    /// Positions (in placing order) of the earlier buffers live at the same time.
+    conflicts: Vec<usize>,
+}
+
+impl MemoryLayout {
+    /// The layout of `f`'s arena; `train` adds the backward pass (otherwise the inference plan
+    /// is used).
+    pub fn new(f: &VertexFn, train: bool) -> MemoryLayout {
         let mut tl = Timeline { f, bufs: Vec::new(), uses: Vec::new(), time: 0, sections: Vec::new() };
         let fwd_plan = if train { f.forward_plan() } else { f.inference_plan() };
         tl.touch_all((0..f.all_inputs().len()).map(|i| Some(Buf::Pull(i))), false);
@@ -293,11 +319,6 @@ impl MemoryPlan {
             let pulls: Vec<_> = b.pull_grads.iter().flatten().map(|&g| tl.resolve(Pass::Backward, g)).collect();
             tl.touch_all(pulls, false);
         }
-        MemoryPlan::place(f, &tl, vertices, max_task)
-    }
-
-    /// Gives every buffer the lowest aligned offset free of the buffers live at the same time.
-    fn place(f: &VertexFn, tl: &Timeline<'_>, vertices: usize, max_task: usize) -> MemoryPlan {
         let block = |b: Buf| match b {
             Buf::Pull(i) => f.all_inputs()[i].shape.numel(),
             Buf::Forward(v) => f.forward().nodes[v].shape.numel(),
@@ -307,26 +328,45 @@ impl MemoryPlan {
         };
         let mut order: Vec<usize> = (0..tl.bufs.len()).collect();
         order.sort_by_key(|&i| (tl.uses[i].first, std::cmp::Reverse(block(tl.bufs[i]))));
-        let mut placed: Vec<(Range<usize>, Range<usize>)> = Vec::new();
-        let mut plan = MemoryPlan {
-            forward: vec![None; f.forward().nodes.len()],
-            backward: vec![None; f.backward().func.nodes.len()],
-            ..MemoryPlan::default()
-        };
-        let mut pulls = vec![None; f.all_inputs().len()];
-        let mut push_grads = vec![None; f.outputs().len()];
-        let mut state_grads = vec![None; f.states().len()];
+        let mut bufs: Vec<Placed> = Vec::with_capacity(order.len());
         for i in order {
-            let b = tl.bufs[i];
             let (per_task, live) = tl.lifetime(i);
-            let rows = if per_task { max_task } else { vertices };
-            let size = (rows * block(b)).div_ceil(ALIGN) * ALIGN;
-            let mut busy: Vec<Range<usize>> = placed
-                .iter()
-                .filter(|(steps, _)| steps.start < live.end && live.start < steps.end)
-                .map(|(_, elems)| elems.clone())
-                .collect();
-            busy.sort_by_key(|r| r.start);
+            let conflicts =
+                (0..bufs.len()).filter(|&j| bufs[j].live.start < live.end && live.start < bufs[j].live.end).collect();
+            let (buf, what) = (tl.bufs[i], format!("{:?}", tl.bufs[i]).into());
+            bufs.push(Placed { buf, block: block(buf), per_task, live, what, conflicts });
+        }
+        let counts = [
+            f.all_inputs().len(),
+            f.forward().nodes.len(),
+            f.backward().func.nodes.len(),
+            f.outputs().len(),
+            f.states().len(),
+        ];
+        MemoryLayout { bufs, counts }
+    }
+
+    /// Gives every buffer, for a minibatch of `vertices` vertices whose largest task has
+    /// `max_task`, the lowest aligned offset free of the buffers live at the same time.
+    pub fn plan(&self, vertices: usize, max_task: usize) -> MemoryPlan {
+        let [pulls, forward, backward, outputs, states] = self.counts;
+        let unused = Region { offset: 0, block: 0, per_task: false };
+        let mut plan = MemoryPlan {
+            pulls: vec![unused; pulls],
+            forward: vec![None; forward],
+            backward: vec![None; backward],
+            push_grads: vec![unused; outputs],
+            state_grads: vec![unused; states],
+            len: 0,
+            lifetimes: Vec::with_capacity(self.bufs.len()),
+        };
+        let mut busy: Vec<Range<usize>> = Vec::new();
+        for p in &self.bufs {
+            let rows = if p.per_task { max_task } else { vertices };
+            let size = (rows * p.block).div_ceil(ALIGN) * ALIGN;
+            busy.clear();
+            busy.extend(p.conflicts.iter().map(|&j| plan.lifetimes[j].elems.clone()));
+            busy.sort_unstable_by_key(|r| r.start);
             let mut offset = 0;
             for r in &busy {
                 if offset + size <= r.start {
@@ -336,28 +376,32 @@ impl MemoryPlan {
             }
             let elems = offset..offset + size;
             plan.len = plan.len.max(elems.end);
-            placed.push((live.clone(), elems.clone()));
-            plan.lifetimes.push(Lifetime { what: format!("{b:?}"), elems, steps: live });
-            let region = Region { offset, block: block(b), per_task };
-            match b {
-                Buf::Pull(i) => pulls[i] = Some(region),
+            plan.lifetimes.push(Lifetime { what: Arc::clone(&p.what), elems, steps: p.live.clone() });
+            let region = Region { offset, block: p.block, per_task: p.per_task };
+            match p.buf {
+                Buf::Pull(i) => plan.pulls[i] = region,
                 Buf::Forward(v) => plan.forward[v] = Some(region),
                 Buf::Backward(v) => plan.backward[v] = Some(region),
-                Buf::PushGrad(o) => push_grads[o] = Some(region),
-                Buf::StateGrad(s) => state_grads[s] = Some(region),
+                Buf::PushGrad(o) => plan.push_grads[o] = region,
+                Buf::StateGrad(s) => plan.state_grads[s] = region,
             }
         }
-        let unused = Region { offset: 0, block: 0, per_task: false };
-        plan.pulls = pulls.into_iter().map(|r| r.unwrap_or(unused)).collect();
-        plan.push_grads = push_grads.into_iter().map(|r| r.unwrap_or(unused)).collect();
-        plan.state_grads = state_grads.into_iter().map(|r| r.unwrap_or(unused)).collect();
         plan
+    }
+}
+
+impl MemoryPlan {
+    /// Plans the arena for `f` over `vertices` vertices whose largest task has `max_task`
+    /// vertices; `train` adds the backward pass (otherwise the inference plan is used). A
+    /// caller planning many minibatches keeps the [`MemoryLayout`] and calls its `plan`.
+    pub fn new(f: &VertexFn, vertices: usize, max_task: usize, train: bool) -> MemoryPlan {
+        MemoryLayout::new(f, train).plan(vertices, max_task)
     }
 
     /// Places a buffer of `len` elements after every other, live for the whole minibatch (the
     /// engine's distinct pulled rows, and the products and gradients over them); returns its
     /// offset.
-    pub fn append(&mut self, what: impl Into<String>, len: usize) -> usize {
+    pub fn append(&mut self, what: impl Into<Arc<str>>, len: usize) -> usize {
         let offset = self.len.next_multiple_of(ALIGN);
         self.len = offset + len;
         self.lifetimes.push(Lifetime { what: what.into(), elems: offset..self.len, steps: 0..usize::MAX });

@@ -1,6 +1,6 @@
 //! Properties of schedules and memory plans on random forests and DAGs, for every policy.
 
-use arbor_batching::{Agenda, ByDepth, ByHeight, MemoryPlan, Policy, Schedule, Scheduler};
+use arbor_batching::{Agenda, ByDepth, ByHeight, Lifetime, MemoryLayout, MemoryPlan, Policy, Schedule, Scheduler};
 use arbor_core::backend::NO_ROW;
 use arbor_core::graph::InputGraph;
 use arbor_core::ir::{Builder, Init};
@@ -103,6 +103,18 @@ proptest! {
         prop_assert!(plan.overlap().is_none(), "{:?}", plan.overlap());
         prop_assert!(plan.lifetimes.iter().all(|l| l.elems.end <= plan.len));
         prop_assert_eq!(plan.bytes(), plan.len * 4);
+        // One layout kept across minibatches of other sizes: no live bytes shared, and every
+        // buffer as low as it can go (at 0, or right after a buffer live at the same time).
+        let layout = MemoryLayout::new(&f, train);
+        for (n, m) in [(vertices * 3, max_task * 2), (1, 1), (vertices, max_task)] {
+            let plan = layout.plan(n, m.min(n));
+            prop_assert!(plan.overlap().is_none(), "{:?}", plan.overlap());
+            let live = |a: &Lifetime, b: &Lifetime| a.steps.start < b.steps.end && b.steps.start < a.steps.end;
+            for l in &plan.lifetimes {
+                let tight = l.elems.start == 0 || plan.lifetimes.iter().any(|o| live(o, l) && o.elems.end == l.elems.start);
+                prop_assert!(tight, "{l:?} could go lower in {:?}", plan.lifetimes);
+            }
+        }
     }
 }
 

@@ -9,9 +9,10 @@ use super::dedup;
 use super::facts;
 use super::fnv::FnvMap;
 use super::sums::Sums;
+use arbor_batching::MemoryLayout;
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::ir::{Op, ParamGrad, ValueId, VertexFn};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Which plan of the vertex function a fused kernel comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -85,6 +86,8 @@ pub(super) struct Analysis {
     pub shared_width: usize,
     /// The edge labels F gathers children by (`gather_labelled`), ascending.
     pub edge_labels: Vec<u32>,
+    /// The arena's layout for inference and for training, made on first use.
+    layouts: [OnceLock<MemoryLayout>; 2],
 }
 
 impl Analysis {
@@ -136,8 +139,14 @@ impl Analysis {
             table_grad_via: (0..f.all_inputs().len()).map(|i| table_grad_via(&f, i)).collect(),
             shared_width,
             edge_labels: edge_labels(&f),
+            layouts: Default::default(),
             f,
         }
+    }
+
+    /// The arena's layout for a training (`train`) or inference minibatch.
+    pub fn layout(&self, train: bool) -> &MemoryLayout {
+        self.layouts[usize::from(train)].get_or_init(|| MemoryLayout::new(&self.f, train))
     }
 }
 

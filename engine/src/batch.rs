@@ -232,7 +232,7 @@ impl Batch {
         let n = schedule.len();
         let labelled = labelled_sets(&a.edge_labels, &schedule);
         let mut b = Batch {
-            memory: MemoryPlan::new(f, n, schedule.max_task(), train),
+            memory: a.layout(train).plan(n, schedule.max_task()),
             index: IndexLayout::new(f.arity(), &schedule, &labelled),
             labelled,
             schedule,

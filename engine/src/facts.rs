@@ -19,6 +19,11 @@ pub(crate) struct Facts {
     pub(crate) need: Vec<Cols>,
     /// Per value, whether any value of the function reads it.
     read: Vec<bool>,
+    /// Per value, whether it is all zeros, and whether no column of it is needed.
+    all_zero: Vec<bool>,
+    none_needed: Vec<bool>,
+    /// Per value, its columns not known to be zero, as runs.
+    nonzero: Vec<Vec<Range<usize>>>,
     /// Per value, how it runs if it is a matrix product ([`Cut::Full`] for other values).
     cuts: Vec<Cut>,
 }
@@ -26,25 +31,33 @@ pub(crate) struct Facts {
 impl Facts {
     fn new(func: &Func, zero: Vec<Cols>, need: Vec<Cols>) -> Facts {
         let read = func.users().iter().map(|u| !u.is_empty()).collect();
-        let mut facts = Facts { zero, need, read, cuts: Vec::new() };
+        let all_zero = zero.iter().map(Cols::is_full).collect();
+        let none_needed = need.iter().map(Cols::is_empty).collect();
+        let nonzero = zero.iter().map(|z| z.complement().ranges()).collect();
+        let mut facts = Facts { zero, need, read, all_zero, none_needed, nonzero, cuts: Vec::new() };
         facts.cuts = (0..func.nodes.len()).map(|v| facts.find_cut(func, ValueId(v as u32))).collect();
         facts
     }
 
     /// Whether value `v` is all zeros.
     pub(crate) fn is_zero(&self, v: ValueId) -> bool {
-        self.zero[v.index()].is_full()
+        self.all_zero[v.index()]
     }
 
     /// Whether value `v` can be read as zeros: it is zero, or no column of it is needed (what
     /// reads it then either is not needed or multiplies it by zeros).
     pub(crate) fn reads_as_zero(&self, v: ValueId) -> bool {
-        self.is_zero(v) || self.need[v.index()].is_empty()
+        self.is_zero(v) || self.none_needed[v.index()]
     }
 
     /// Whether nothing needs value `v` (no column of it, and no value reads it).
     pub(crate) fn unused(&self, v: ValueId) -> bool {
-        self.need[v.index()].is_empty() && !self.read[v.index()]
+        self.none_needed[v.index()] && !self.read[v.index()]
+    }
+
+    /// The columns of value `v` not known to be zero, as runs (empty: all zero).
+    pub(crate) fn nonzero(&self, v: ValueId) -> &[Range<usize>] {
+        &self.nonzero[v.index()]
     }
 
     /// How the product `v` runs on this task.

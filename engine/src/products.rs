@@ -295,8 +295,8 @@ impl Lowering {
                     // Per task, the non-zero columns of x (rows of the gradient) and of dy.
                     let blocks = |t: usize| {
                         let f = &self.b.bwd_facts[t];
-                        let (rows, cols) = (f.zero[x.index()].complement(), f.zero[dy.index()].complement());
-                        (!rows.is_empty() && !cols.is_empty()).then(|| (rows.ranges(), cols.ranges()))
+                        let (rows, cols) = (f.nonzero(x), f.nonzero(dy));
+                        (!rows.is_empty() && !cols.is_empty()).then(|| (rows.to_vec(), cols.to_vec()))
                     };
                     for (run, blocks) in self.runs(tasks.clone(), blocks) {
                         let Some((rows, cols)) = blocks else { continue };

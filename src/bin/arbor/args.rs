@@ -253,11 +253,11 @@ pub(crate) struct TrainArgs {
     /// The model.
     #[arg(long, value_enum, default_value = "tree-lstm")]
     pub(crate) model: ModelArg,
-    /// An SST directory (train.txt, dev.txt, test.txt), a TU data set folder (ggnn) or the SICK
-    /// folder (sick); without it, the synthetic treebank.
+    /// An SST directory (train.txt, dev.txt, test.txt), a TU data set folder (ggnn, gin, gat) or the
+    /// SICK folder (sick); without it, the synthetic treebank.
     #[arg(long)]
     pub(crate) data: Option<PathBuf>,
-    /// Passes over the training set (default 5; 100 per fold for ggnn).
+    /// Passes over the training set (default 5; 100 per fold for the graph models, 10 for sick).
     #[arg(long)]
     pub(crate) epochs: Option<usize>,
     /// Cross-validation folds (ggnn; default 10).
@@ -284,10 +284,10 @@ pub(crate) struct TrainArgs {
     /// models, one worker, one stage).
     #[arg(long = "batch", value_parser = batch_size, default_value = "25")]
     pub(crate) batch_arg: Batch,
-    /// Hidden state width (default 64; 32 for ggnn).
+    /// Hidden state width (default 64; 32 for the graph models, 150 for sick).
     #[arg(long)]
     pub(crate) hidden: Option<usize>,
-    /// Word vector (or node-label vector) width (default 32; 16 for ggnn).
+    /// Word vector (or node-label vector) width (default 32; 16 for the graph models, 300 for sick).
     #[arg(long)]
     pub(crate) embed: Option<usize>,
     /// Where the loss is taken (tree and sequence models; default all).
@@ -296,7 +296,7 @@ pub(crate) struct TrainArgs {
     /// The optimizer.
     #[arg(long, value_enum, default_value = "adam")]
     pub(crate) optimizer: Opt,
-    /// Learning rate (default 0.01; 0.005 for ggnn).
+    /// Learning rate (default 0.01; 0.005 for the graph models).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) lr: Option<f32>,
     /// Learning rate of the word vectors (default: --lr; not ggnn). A rare word's vector is
