@@ -95,6 +95,26 @@ fn a_tree_lstm_minibatch_lowers_to_the_expected_launches() {
     let merged = launches.iter().filter(|k| matches!(k, Launch::ScatterAdds { parts, .. } if parts.len() == 4)).count();
     assert_eq!(merged, 2, "{text}");
     assert!(launches[..3].iter().all(|k| matches!(k, Launch::Fill { .. })), "{text}");
+    // The parameters' gradients are not zeroed where their first write covers them whole (the
+    // child weights' products, the bias's row sum): only the input weight is, whose first write
+    // (the leaves' three gates) covers part of it.
+    let grad_fills: Vec<(usize, usize)> = launches
+        .iter()
+        .filter_map(|k| match k {
+            Launch::Fill { dst, len } if dst.buf == arbor::engine::GRADS => Some((dst.offset, *len)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(grad_fills, [(0, 4 * 30)], "{text}");
+    let writes: Vec<bool> = launches
+        .iter()
+        .filter_map(|k| match k {
+            Launch::Gemm(g) if g.c.buf == arbor::engine::GRADS => Some(!g.accumulate),
+            Launch::SumRows { dst, accumulate, .. } if dst.buf == arbor::engine::GRADS => Some(!accumulate),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(writes, [true, true, true, false], "bias, U₁, U₀ written; W added to: {text}");
     let input_grad = products(&launches).last().copied().unwrap();
     assert_eq!((input_grad.m, input_grad.n, input_grad.k), (4, 18, 1), "summed per distinct word: k = 1");
 }

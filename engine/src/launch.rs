@@ -100,7 +100,8 @@ pub enum Launch {
         /// Where the outputs' gradients are and the others go.
         grads: AttentionGrads,
     },
-    /// Adds the sum of `rows` rows of `cols` values at `src` to the `cols` values at `dst`.
+    /// Adds the sum of `rows` rows of `cols` values at `src` to the `cols` values at `dst` (or
+    /// writes it there, unless `accumulate`).
     SumRows {
         /// The rows.
         src: Loc,
@@ -108,8 +109,10 @@ pub enum Launch {
         rows: usize,
         /// Values per row.
         cols: usize,
-        /// The sum is added here.
+        /// The sum goes here.
         dst: Loc,
+        /// Whether the sum is added to what `dst` holds.
+        accumulate: bool,
     },
 }
 
@@ -272,7 +275,9 @@ fn run<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, now: &[Launch]) -> Result<
         }
         Launch::ScatterAdd { src, block, n, dst } => backend.scatter_add(mem, *src, *block, *n, dst)?,
         Launch::ScatterAdds { block, n, parts } => backend.scatter_add_many(mem, *block, *n, parts)?,
-        Launch::SumRows { src, rows, cols, dst } => backend.sum_rows(mem, *src, *rows, *cols, *dst, true)?,
+        Launch::SumRows { src, rows, cols, dst, accumulate } => {
+            backend.sum_rows(mem, *src, *rows, *cols, *dst, *accumulate)?
+        }
         Launch::Attend { attention, out } => backend.attend(mem, attention, *out)?,
         Launch::AttendGrad { attention, grads } => backend.attend_grad(mem, attention, grads)?,
     }
@@ -363,8 +368,9 @@ impl fmt::Display for Launch {
                 }
                 Ok(())
             }
-            Launch::SumRows { src, rows, cols, dst } => {
-                write!(f, "sum     {} += Σ rows of {} ({rows} rows of {cols})", At(*dst), At(*src))
+            Launch::SumRows { src, rows, cols, dst, accumulate } => {
+                let op = if *accumulate { "+=" } else { "=" };
+                write!(f, "sum     {} {op} Σ rows of {} ({rows} rows of {cols})", At(*dst), At(*src))
             }
             Launch::Attend { attention: a, out } => write!(
                 f,

@@ -47,7 +47,7 @@ pub struct Lowering {
     /// The rows of the table the engine holds, if it holds one.
     held_rows: Option<usize>,
     pub(super) b: Batch,
-    launches: Vec<Launch>,
+    pub(super) launches: Vec<Launch>,
     /// Emptied vectors of earlier launches, reused by the next pass's (no allocation per pass).
     spare: Spare,
     pub(super) uploads: Uploads,
@@ -224,7 +224,8 @@ impl Lowering {
             let dst = Loc { buf: ARENA, offset: self.b.memory.state_grads[s].offset };
             self.launches.push(Launch::Fill { dst, len: n * st.shape.numel() });
         }
-        self.launches.push(Launch::Fill { dst: Loc { buf: super::launch::GRADS, offset: 0 }, len: self.a.params_len });
+        // The parameters' gradients are zeroed here where their first write adds to them.
+        let grads_zeroed_at = self.launches.len();
         for (i, at) in self.b.table_grad_at.iter().enumerate() {
             if let (Some(at), Some(s)) = (at, &self.b.shared[i]) {
                 let len = s.unique * f.all_inputs()[i].shape.numel();
@@ -241,7 +242,9 @@ impl Lowering {
             self.send_child_grads(plan, Phase::Recurrent, t..t + 1)?;
         }
         self.phase(Pass::Backward, kind, plan, Phase::Epilogue, 0..tasks)?;
+        let param_grads_from = self.launches.len();
         self.param_grads()?;
+        self.overwrite_first_grads(grads_zeroed_at, param_grads_from);
         self.sum_held_grads()?;
         Ok(&self.launches)
     }

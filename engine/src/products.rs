@@ -346,11 +346,50 @@ impl Lowering {
                     let zero = |t: usize| self.b.bwd_facts[t].is_zero(dy);
                     for (run, _) in self.runs(tasks.clone(), zero).into_iter().filter(|(_, z)| !z) {
                         let src = self.loc(Pass::Backward, dy, run.start, 0)?;
-                        self.push(Launch::SumRows { src, rows: run.len() * block / period, cols: period, dst });
+                        let rows = run.len() * block / period;
+                        self.push(Launch::SumRows { src, rows, cols: period, dst, accumulate: true });
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Lets the first of the launches from `from` on that writes a parameter's gradient write
+    /// it instead of adding to it, where that launch covers the whole tensor; the gradients of
+    /// the other parameters (runs of them) are zeroed by fills put at `at`, before the pass
+    /// writes any of them.
+    pub(super) fn overwrite_first_grads(&mut self, at: usize, from: usize) {
+        let f = Arc::clone(&self.a.f);
+        let mut zero: Vec<Range<usize>> = Vec::new();
+        for (p, decl) in f.params().iter().enumerate() {
+            let (start, len) = (self.a.param_at[p], decl.shape.numel());
+            let region = Loc { buf: GRADS, offset: start };
+            let writes = |l: &Launch| match l {
+                Launch::Gemm(g) => g.c.buf == GRADS && (start..start + len).contains(&g.c.offset),
+                Launch::SumRows { dst, .. } => dst.buf == GRADS && (start..start + len).contains(&dst.offset),
+                _ => false,
+            };
+            let whole = match self.launches[from..].iter_mut().find(|l| writes(l)) {
+                Some(Launch::Gemm(g))
+                    if g.c == region && g.m * g.n == len && g.ldc == g.n && g.batch == 1 && g.k > 0 =>
+                {
+                    g.accumulate = false;
+                    true
+                }
+                Some(Launch::SumRows { dst, cols, accumulate, .. }) if *dst == region && *cols == len => {
+                    *accumulate = false;
+                    true
+                }
+                _ => false,
+            };
+            match zero.last_mut() {
+                _ if whole || len == 0 => {}
+                Some(r) if r.end == start => r.end = start + len,
+                _ => zero.push(start..start + len),
+            }
+        }
+        let fills = zero.into_iter().map(|r| Launch::Fill { dst: Loc { buf: GRADS, offset: r.start }, len: r.len() });
+        self.launches.splice(at..at, fills);
     }
 }
