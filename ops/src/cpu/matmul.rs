@@ -1,13 +1,15 @@
 //! Matrix products. Every call is split by output columns between the threads of the
 //! [team] (or by batch entries, for batched products), so each core reads only its
 //! share of B and keeps it in its own cache from one task to the next. Products run on the
-//! [direct] kernel, reading B in place or, when B is a transposed parameter, a
-//! row-major copy of its transpose made once between parameter writes — except products of a
-//! few rows with a transposed parameter, which run as [dots] over its rows as stored (making the
-//! copy would cost more than they do). Transposed products of
-//! other values, products of many rows below AVX-512 ([`direct::suits`]) and every product on an
-//! x86-64 CPU (or [level](super::isa::active)) without AVX2 run on the `gemm` crate.
+//! [direct] kernel, reading B in place or, when B is a transposed parameter and the CPU has
+//! AVX-512, a row-major copy of its transpose made once between parameter writes — except
+//! products of a few rows with a transposed parameter, which run as [dots] over its rows as
+//! stored (making the copy would cost more than they do). Transposed products of other values,
+//! other products with a transposed parameter below AVX-512, products of many rows below AVX-512
+//! ([`direct::suits`]) and every product on an x86-64 CPU (or [level](super::isa::active))
+//! without AVX2 run on the `gemm` crate.
 
+use super::isa::Isa;
 use super::memory::{Raw, Span};
 use super::{bad, direct, dots, team};
 use arbor_core::backend::{Gemm, Loc};
@@ -166,10 +168,15 @@ pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) ->
     }
     let mut paths = Vec::with_capacity(gs.len());
     for g in gs {
-        paths.push(if !direct::suits(super::isa::active(), g.m) || (g.tb && !g.b_fixed) {
+        let level = super::isa::active();
+        paths.push(if !direct::suits(level, g.m) || (g.tb && !g.b_fixed) {
             Path::Crate
-        } else if g.tb && !g.ta && dots::suits(super::isa::active(), g.m) {
+        } else if g.tb && !g.ta && dots::suits(level, g.m) {
             Path::Dots
+        } else if g.tb && level != Isa::Avx512 {
+            // Below AVX-512 the crate's packing of B as stored costs less than a transposed copy
+            // made again after every update (1.1–1.6× for batch 1's input gradients, AVX2).
+            Path::Crate
         } else if g.tb {
             // SAFETY: range checked above; parameters are not written by compute calls.
             let b = unsafe { raw.get("gemm", g.b, extent(g.n, g.k, g.ldb))? };
