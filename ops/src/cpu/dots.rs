@@ -203,14 +203,22 @@ mod x86 {
         unsafe { columns::<V16, 1, 4>(ops, cols) }
     }
 
-    /// [`columns`] over two 8-lane vectors per step.
+    /// [`columns`] over two 8-lane vectors per step: four columns at a time for one row of A,
+    /// two for two rows (each vector of A loaded once for them; ~2× and ~1.5× for batch 1's
+    /// `dG·Uᵀ`), one for more rows (whose accumulators fill the registers).
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA; as [`columns`].
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dots_avx2(ops: Dots, cols: std::ops::Range<usize>) {
         // SAFETY: this function is compiled for V8's instructions; the rest is its contract.
-        unsafe { columns::<V8, 2, 1>(ops, cols) }
+        unsafe {
+            match ops.m {
+                1 => columns::<V8, 2, 4>(ops, cols),
+                2 => columns::<V8, 2, 2>(ops, cols),
+                _ => columns::<V8, 2, 1>(ops, cols),
+            }
+        }
     }
 }
 
