@@ -365,9 +365,11 @@ impl Lowering {
         for (p, decl) in f.params().iter().enumerate() {
             let (start, len) = (self.a.param_at[p], decl.shape.numel());
             let region = Loc { buf: GRADS, offset: start };
+            let inside = |c: &Loc| c.buf == GRADS && (start..start + len).contains(&c.offset);
             let writes = |l: &Launch| match l {
-                Launch::Gemm(g) => g.c.buf == GRADS && (start..start + len).contains(&g.c.offset),
-                Launch::SumRows { dst, .. } => dst.buf == GRADS && (start..start + len).contains(&dst.offset),
+                Launch::Gemm(g) => inside(&g.c),
+                Launch::Gemms(gs) | Launch::GemmSum(gs) => gs.iter().any(|g| inside(&g.c)),
+                Launch::SumRows { dst, .. } | Launch::Fill { dst, .. } => inside(dst),
                 _ => false,
             };
             let whole = match self.launches[from..].iter_mut().find(|l| writes(l)) {

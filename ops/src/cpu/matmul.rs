@@ -1,13 +1,13 @@
 //! Matrix products. Every call is split by output columns between the threads of the
 //! [team] (or by batch entries, for batched products), so each core reads only its
 //! share of B and keeps it in its own cache from one task to the next. Products run on the
-//! [direct] kernel, reading B in place or, when B is a transposed parameter and the CPU has
-//! AVX-512, a row-major copy of its transpose made once between parameter writes — except
-//! products of a few rows with a transposed parameter, which run as [dots] over its rows as
-//! stored (making the copy would cost more than they do). Transposed products of other values,
-//! other products with a transposed parameter below AVX-512, products of many rows below AVX-512
-//! ([`direct::suits`]) and every product on an x86-64 CPU (or [level](super::isa::active))
-//! without AVX2 run on the `gemm` crate.
+//! [direct] kernel, reading B in place or, when B is a transposed parameter (AVX-512 and NEON),
+//! a row-major copy of its transpose made once between parameter writes — except products of a
+//! few rows with a transposed parameter, which run as [dots] over its rows as stored (making the
+//! copy would cost more than they do). Transposed products of other values, other products with
+//! a transposed parameter at AVX2, products of many rows below AVX-512 ([`direct::suits`]) and
+//! every product on an x86-64 CPU (or [level](super::isa::active)) without AVX2 run on the
+//! `gemm` crate.
 
 use super::isa::Isa;
 use super::memory::{Raw, Span};
@@ -173,9 +173,9 @@ pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) ->
             Path::Crate
         } else if g.tb && !g.ta && dots::suits(level, g.m) {
             Path::Dots
-        } else if g.tb && level != Isa::Avx512 {
-            // Below AVX-512 the crate's packing of B as stored costs less than a transposed copy
-            // made again after every update (1.1–1.6× for batch 1's input gradients, AVX2).
+        } else if g.tb && level == Isa::Avx2 {
+            // With AVX2 the crate's packing of B as stored costs less than a transposed copy
+            // made again after every update (1.1–1.6× for batch 1's input gradients).
             Path::Crate
         } else if g.tb {
             // SAFETY: range checked above; parameters are not written by compute calls.
