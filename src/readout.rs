@@ -63,6 +63,11 @@ impl Readout {
     pub fn pools(self) -> bool {
         matches!(self, Readout::Sum | Readout::Mean | Readout::Max | Readout::Attention)
     }
+
+    /// Attention scores a cell pushes per vertex for this readout (one for attention pooling).
+    pub fn scores(self) -> usize {
+        usize::from(self == Readout::Attention)
+    }
 }
 
 /// The vertices of a graph a pooling readout reads.

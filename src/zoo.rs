@@ -107,7 +107,7 @@ impl GraphCell {
     /// apart, the others read every edge alike), pushing also a score per vertex for
     /// [`Readout::Attention`].
     pub fn function(self, features: usize, hidden: usize, edge_labels: usize, readout: Readout) -> Result<VertexFn> {
-        let scores = usize::from(readout == Readout::Attention);
+        let scores = readout.scores();
         match self {
             GraphCell::Ggnn => crate::nn::ggnn_scored(features, hidden, scores),
             GraphCell::Gin => crate::nn::gin_scored(features, hidden, edge_labels as u32, scores),
@@ -208,8 +208,7 @@ impl GraphTraining {
         match (self.per_step, self.cell) {
             (false, cell) => cell.function(features, hidden, edge_labels, self.readout),
             (true, GraphCell::Gin) => {
-                let scores = usize::from(self.readout == Readout::Attention);
-                crate::nn::gin_per_step_scored(features, hidden, labels, self.steps, scores)
+                crate::nn::gin_per_step_scored(features, hidden, labels, self.steps, self.readout.scores())
             }
             (true, cell) => Err(Error::input("weights per message-passing step", "the gin cell", cell.name())),
         }

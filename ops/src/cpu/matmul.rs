@@ -167,8 +167,8 @@ pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) ->
         }
     }
     let mut paths = Vec::with_capacity(gs.len());
+    let level = super::isa::active();
     for g in gs {
-        let level = super::isa::active();
         paths.push(if !direct::suits(level, g.m) || (g.tb && !g.b_fixed) {
             Path::Crate
         } else if g.tb && !g.ta && dots::suits(level, g.m) {
