@@ -1,6 +1,8 @@
-//! Matrix products. Every call is split by output columns between the threads of the
-//! [team] (or by batch entries, for batched products), so each core reads only its
-//! share of B and keeps it in its own cache from one task to the next. Products run on the
+//! Matrix products. A call's products on the direct kernel and dot products are split by output
+//! columns between the threads of the [team] (batched products by entries), so each core reads
+//! only its share of B and keeps it in its own cache from one task to the next; products on the
+//! `gemm` crate are cut into units of rows and columns that the threads claim as they come free,
+//! so an uneven cut (150 columns in blocks of 64) leaves no core waiting. Products run on the
 //! [direct] kernel, reading B in place or, when B is a transposed parameter (AVX-512 and NEON),
 //! a row-major copy of its transpose made once between parameter writes — except products of a
 //! few rows with a transposed parameter, which run as [dots] over its rows as stored (making the
@@ -16,6 +18,7 @@ use arbor_core::backend::{Gemm, Loc};
 use arbor_core::error::Result;
 use gemm::Parallelism;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Calls with fewer multiply-adds than this (over all their products) run on one thread: handing
@@ -186,35 +189,113 @@ pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) ->
         });
     }
     let macs: usize = gs.iter().map(|g| g.m * g.n * g.k * g.batch).sum();
+    let claims = Claims::new(team::size());
     let max = if macs < PARALLEL_MACS { 1 } else { usize::MAX };
-    team::split(max, |part, parts| run_part(raw, gs, &paths, part, parts))
+    team::split(max, |part, parts| run_part(raw, gs, &paths, (part, parts), &claims))
 }
 
-/// Part `part` of `parts` of [`gemm_batch`]: its share of every product's columns (of its batch
-/// entries, for batched products, each run whole).
-fn run_part(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path], part: usize, parts: usize) -> Result<()> {
+/// Part `part` of `parts` of [`gemm_batch`]: its share of the columns of every product on the
+/// direct kernel or dot products (of its batch entries, for batched products, each run whole),
+/// then units of the products on the `gemm` crate ([`CrateGrid`]) as they are left ([`Claims`]).
+fn run_part(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path], (part, parts): (usize, usize), claims: &Claims) -> Result<()> {
     for (g, path) in gs.iter().zip(paths) {
         if g.batch != 1 {
             for i in team::share(g.batch, part, parts) {
-                run(raw, g, path, i, 0..g.n)?;
+                run(raw, g, path, i, (0..g.m, 0..g.n))?;
             }
-            continue;
-        }
-        match path {
+        } else if let Path::Direct(_) | Path::Dots = path {
             // Every element of the direct kernel is one chain of multiply-adds, wherever the
             // columns are cut: one call over the part's units.
-            Path::Direct(_) | Path::Dots => {
-                let units = team::share(g.n.div_ceil(UNIT), part, parts);
-                run(raw, g, path, 0, units.start * UNIT..(units.end * UNIT).min(g.n))?;
+            let units = team::share(g.n.div_ceil(UNIT), part, parts);
+            run(raw, g, path, 0, (0..g.m, units.start * UNIT..(units.end * UNIT).min(g.n)))?;
+        }
+    }
+    let crate_products = || gs.iter().zip(paths).filter(|(g, p)| g.batch == 1 && matches!(p, Path::Crate));
+    let units = crate_products().map(|(g, _)| CrateGrid::of(g.m, g.n).units()).sum();
+    while let Some(mut unit) = claims.next(units, part, parts) {
+        for (g, path) in crate_products() {
+            let grid = CrateGrid::of(g.m, g.n);
+            if unit < grid.units() {
+                run(raw, g, path, 0, grid.unit(unit))?;
+                break;
             }
-            Path::Crate => {
-                for block in team::share(g.n.div_ceil(CRATE_COLS), part, parts) {
-                    run(raw, g, path, 0, block * CRATE_COLS..((block + 1) * CRATE_COLS).min(g.n))?;
-                }
-            }
+            unit -= grid.units();
         }
     }
     Ok(())
+}
+
+/// Who has taken which units of a call's products on the `gemm` crate. The units are shared out
+/// as runs, one a part ([`team::share`]); a part takes its own run from the front, then the
+/// others' from the back: each thread writes its own stretch of C (two threads writing beside
+/// each other share cache lines at every border), and none waits while another has work left.
+struct Claims(smallvec::SmallVec<[AtomicU64; 8]>);
+
+impl Claims {
+    /// Claims for calls split into at most `parts` parts.
+    fn new(parts: usize) -> Self {
+        Claims((0..parts).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// The next unit of `units` for part `part` of `parts`, if any is left.
+    fn next(&self, units: usize, part: usize, parts: usize) -> Option<usize> {
+        for q in (0..parts).map(|i| (part + i) % parts) {
+            let stretch = team::share(units, q, parts);
+            // Units taken from the front (by its owner) in the high half, from the back below.
+            let taken = &self.0[q];
+            let mut now = taken.load(Ordering::Acquire);
+            loop {
+                let (front, back) = ((now >> 32) as usize, (now & 0xffff_ffff) as usize);
+                if stretch.start + front + back >= stretch.end {
+                    break;
+                }
+                let (then, unit) = if q == part {
+                    (now + (1 << 32), stretch.start + front)
+                } else {
+                    (now + 1, stretch.end - 1 - back)
+                };
+                match taken.compare_exchange_weak(now, then, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Some(unit),
+                    Err(seen) => now = seen,
+                }
+            }
+        }
+        None
+    }
+}
+
+/// How a product on the `gemm` crate is cut into units of work: blocks of [`CRATE_COLS`]
+/// columns, and of rows too where a product has too few column blocks to share well. The cut
+/// depends on the shape alone, so a product's bits never depend on how many threads ran it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct CrateGrid {
+    m: usize,
+    n: usize,
+    /// Rows per unit.
+    rows: usize,
+}
+
+impl CrateGrid {
+    /// Units a product is cut into at least, where it has the rows.
+    const UNITS: usize = 8;
+    /// Rows a unit has at least when rows are cut (each unit packs B again).
+    const MIN_ROWS: usize = 64;
+
+    fn of(m: usize, n: usize) -> Self {
+        let across = n.div_ceil(CRATE_COLS).max(1);
+        let down = Self::UNITS.div_ceil(across).min(m / Self::MIN_ROWS).max(1);
+        CrateGrid { m, n, rows: m.div_ceil(down).next_multiple_of(8).max(1) }
+    }
+
+    fn units(&self) -> usize {
+        self.m.div_ceil(self.rows) * self.n.div_ceil(CRATE_COLS)
+    }
+
+    /// The rows and columns of unit `u` (row blocks by column blocks, row-major).
+    fn unit(&self, u: usize) -> (Range<usize>, Range<usize>) {
+        let (r, c) = (u / self.n.div_ceil(CRATE_COLS), u % self.n.div_ceil(CRATE_COLS));
+        (r * self.rows..((r + 1) * self.rows).min(self.m), c * CRATE_COLS..((c + 1) * CRATE_COLS).min(self.n))
+    }
 }
 
 /// The operands of a call's products (a call has a few).
@@ -294,9 +375,10 @@ fn check(raw: &Raw<'_>, g: &Gemm) -> Result<()> {
     Ok(())
 }
 
-/// Columns `cols` of batch entry `i` of a product.
-fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Result<()> {
-    if cols.is_empty() || g.m == 0 {
+/// Rows `rows` and columns `cols` of batch entry `i` of a product (every row, on the direct
+/// kernel and dot products).
+fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, (rows, cols): (Range<usize>, Range<usize>)) -> Result<()> {
+    if cols.is_empty() || rows.is_empty() {
         return Ok(());
     }
     let (a_rows, a_cols) = if g.ta { (g.k, g.m) } else { (g.m, g.k) };
@@ -306,7 +388,7 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Re
     let c = unsafe { raw.get_mut("gemm", g.c.offset_by(i.saturating_mul(g.stride_c)), extent(g.m, g.n, g.ldc))? };
     if g.k == 0 {
         if !g.accumulate {
-            for r in 0..g.m {
+            for r in rows {
                 c[r * g.ldc + cols.start..r * g.ldc + cols.end].fill(0.0);
             }
         }
@@ -338,17 +420,18 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, cols: Range<usize>) -> Re
     let (a_rs, a_cs) = if g.ta { (1, g.lda as isize) } else { (g.lda as isize, 1) };
     let (b_rs, b_cs) = if g.tb { (1, g.ldb as isize) } else { (g.ldb as isize, 1) };
     let b_at = if g.tb { cols.start * g.ldb } else { cols.start };
+    let a_at = if g.ta { rows.start } else { rows.start * g.lda };
     // SAFETY: every element the product touches lies in the checked slices above.
     unsafe {
         gemm::gemm(
-            g.m,
+            rows.len(),
             cols.len(),
             g.k,
-            c.as_mut_ptr().add(cols.start),
+            c.as_mut_ptr().add(rows.start * g.ldc + cols.start),
             1,
             g.ldc as isize,
             g.accumulate,
-            a.as_ptr(),
+            a.as_ptr().add(a_at),
             a_cs,
             a_rs,
             b.as_ptr().add(b_at),
@@ -392,14 +475,34 @@ mod tests {
         let (x, y) = (Stored { at: at(0), rows: 3, cols: 2, ld: 5 }, Stored { at: at(2), rows: 2, cols: 2, ld: 6 });
         assert!(x.meets(&y), "other strides: by the elements between first and last");
     }
-    use super::{run_part, Path, Raw};
+    use super::{run_part, Claims, CrateGrid, Path, Raw};
     use crate::cpu::{CpuBackend, HostBuffer};
     use arbor_core::backend::{Backend, Gemm, Loc, Mem};
+
+    /// Each unit of a product on the `gemm` crate is its own rows and columns: together they
+    /// cover every element once; rows are cut only where columns are too few to share.
+    #[test]
+    fn crate_units_cover_every_element_once() {
+        for (m, n) in [(1, 1), (1, 300), (63, 150), (64, 150), (338, 150), (1200, 300), (150, 750), (700, 64)] {
+            let grid = CrateGrid::of(m, n);
+            let mut hits = vec![0u8; m * n];
+            for u in 0..grid.units() {
+                let (rows, cols) = grid.unit(u);
+                assert!(!rows.is_empty() && !cols.is_empty(), "{m} × {n}: unit {u} is empty");
+                for (i, j) in rows.flat_map(|i| cols.clone().map(move |j| (i, j))) {
+                    hits[i * n + j] += 1;
+                }
+            }
+            assert!(hits.iter().all(|&h| h == 1), "{m} × {n}: {grid:?}");
+            let across = n.div_ceil(super::CRATE_COLS);
+            assert_eq!(grid.rows < m, across < CrateGrid::UNITS && m >= 2 * CrateGrid::MIN_ROWS, "{m} × {n}");
+        }
+    }
 
     /// A product's bits do not depend on how many parts compute it, on the `gemm` crate (whose
     /// algorithm changes with a call's shape: dot products below 256 outputs, a matrix-vector loop
     /// for one column) and on the direct kernel: every shape, transposition and accumulation, cut
-    /// into 1 to 4 parts.
+    /// into 1 to 4 parts, each equal to the product summed in order to rounding.
     #[test]
     fn products_do_not_depend_on_the_number_of_parts() {
         let value = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 25.0;
@@ -407,7 +510,17 @@ mod tests {
         if crate::cpu::direct::has_kernel(crate::cpu::isa::active()) {
             paths.push(Path::Direct(None));
         }
-        for (m, n, k) in [(1, 17, 150), (3, 33, 9), (12, 40, 150), (7, 130, 5), (40, 750, 150), (2, 65, 300)] {
+        let shapes = [
+            (1, 17, 150),
+            (3, 33, 9),
+            (12, 40, 150),
+            (7, 130, 5),
+            (40, 750, 150),
+            (2, 65, 300),
+            (300, 150, 20),
+            (131, 70, 9),
+        ];
+        for (m, n, k) in shapes {
             for (ta, tb, accumulate) in (0..8).map(|b| (b & 1 != 0, b & 2 != 0, b & 4 != 0)) {
                 let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
                 let a: Vec<f32> = (0..m * k).map(value).collect();
@@ -426,12 +539,25 @@ mod tests {
                             [&a, &b, &c].into_iter().map(|x| HostBuffer::from(x.clone())).collect();
                         let mut mem = Mem { data: &mut data, index: &[] };
                         let raw = Raw::new(&mut mem, [2]).unwrap();
+                        let (claims, gs, paths) =
+                            (Claims::new(parts), std::slice::from_ref(&g), std::slice::from_ref(path));
                         for part in 0..parts {
-                            run_part(&raw, std::slice::from_ref(&g), std::slice::from_ref(path), part, parts).unwrap();
+                            run_part(&raw, gs, paths, (part, parts), &claims).unwrap();
                         }
                         data.pop().unwrap().into_vec()
                     };
                     let whole = product(1);
+                    for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
+                        let at = |x: &[f32], ld: usize, t: bool, (r, c): (usize, usize)| {
+                            x[if t { c * ld + r } else { r * ld + c }]
+                        };
+                        let dot: f32 = (0..k).map(|p| at(&a, lda, ta, (i, p)) * at(&b, ldb, tb, (p, j))).sum();
+                        let want = dot + if accumulate { c[i * n + j] } else { 0.0 };
+                        assert!(
+                            (whole[i * n + j] - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "C[{i}][{j}] of {m} × {n} × {k}"
+                        );
+                    }
                     for parts in 2..=4 {
                         let kind = if matches!(path, Path::Crate) { "crate" } else { "direct" };
                         assert!(

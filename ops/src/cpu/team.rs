@@ -173,6 +173,11 @@ pub fn budget() -> usize {
     }
 }
 
+/// Threads in the team: no call is split into more parts.
+pub(crate) fn size() -> usize {
+    team().helpers.len() + 1
+}
+
 /// Threads a call made now could use: the thread's budget, at most the team's size, and 1 while
 /// another call holds the team.
 pub(crate) fn threads() -> usize {
