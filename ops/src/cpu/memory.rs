@@ -308,21 +308,12 @@ pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: 
 const AHEAD: usize = 4;
 
 /// Asks the cache for the `len` elements at `at`, to be written soon; nothing where they lie
-/// outside their buffer (the write checks them) or on other architectures.
+/// outside their buffer (the write checks them).
 fn prefetch_row(raw: &Raw<'_>, at: Loc, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: only the range is checked; nothing is read or written through the slice.
-        if let Ok(row) = unsafe { raw.get("prefetch", at, len) } {
-            for line in row.chunks(16) {
-                // SAFETY: a prefetch reads nothing and cannot fault.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
-            }
-        }
+    // SAFETY: only the range is checked; nothing is read or written through the slice.
+    if let Ok(row) = unsafe { raw.get("prefetch", at, len) } {
+        super::simd::prefetch(row);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (raw, at, len);
 }
 
 #[cfg(test)]

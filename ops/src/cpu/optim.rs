@@ -163,6 +163,22 @@ mod tests {
         rows(&u, (&mut table, 2), &[1, 3], &[1.0, 2.0, 3.0, 4.0], &mut m, &mut v);
         assert_eq!(table, [1.0, 1.0, 0.0, -1.0, 1.0, 1.0, -2.0, -3.0]);
         assert!(rows_in_order(&[0, 2], 3) && !rows_in_order(&[2, 2], 3) && !rows_in_order(&[3], 3));
+        // Every third row of 300 (Adagrad, with state): the others untouched.
+        let u = Update::new(Config::new(Rule::Adagrad, 0.5), 1);
+        let (dim, vocab) = (3, 300);
+        let named: Vec<u32> = (0..vocab as u32).step_by(3).collect();
+        let g: Vec<f32> = (0..named.len() * dim).map(|i| (i % 7) as f32 - 3.0).collect();
+        let (mut table, mut m, mut v) = (vec![1.0f32; dim * vocab], vec![0.5; dim * vocab], vec![]);
+        rows(&u, (&mut table, dim), &named, &g, &mut m, &mut v);
+        for r in 0..vocab {
+            for c in 0..dim {
+                let (mut p, mut s) = ([1.0f32], [0.5f32]);
+                if let Some(k) = named.iter().position(|&n| n as usize == r) {
+                    apply(&u, &mut p, &g[k * dim + c..][..1], &mut s, &mut []);
+                }
+                assert_eq!((table[r * dim + c], m[r * dim + c]), (p[0], s[0]), "row {r}, column {c}");
+            }
+        }
     }
 
     #[test]
