@@ -37,23 +37,33 @@ pub fn each_step<P: Send>(
             })
             .transpose()
             .map_err(|e| planner_error(&format!("no thread: {e}")))?;
-        for k in 0..count {
-            let ahead = helper.is_some() && k + 1 < count;
-            if ahead {
-                ask.send(k + 1).map_err(|_| planner_error("a panic"))?;
+        let mut steps = || -> Result<()> {
+            for k in 0..count {
+                let ahead = helper.is_some() && k + 1 < count;
+                if ahead {
+                    ask.send(k + 1).map_err(|_| planner_error("a panic"))?;
+                }
+                let planned = next.take().ok_or_else(|| planner_error("no plan"))?;
+                let go = step(k, planned)?;
+                next = match ahead {
+                    true => Some(given.recv().map_err(|_| planner_error("a panic"))??),
+                    false if go && k + 1 < count => Some(prepare(k + 1)?),
+                    false => None,
+                };
+                if !go {
+                    break;
+                }
             }
-            let planned = next.take().ok_or_else(|| planner_error("no plan"))?;
-            let go = step(k, planned)?;
-            next = match ahead {
-                true => Some(given.recv().map_err(|_| planner_error("a panic"))??),
-                false if go && k + 1 < count => Some(prepare(k + 1)?),
-                false => None,
-            };
-            if !go {
-                break;
-            }
+            Ok(())
+        };
+        let done = steps();
+        // The helper ends when no more is asked; a panic of its own is this loop's error (joined
+        // here, it does not reach the scope).
+        drop(ask);
+        match helper.map(|h| h.join()) {
+            Some(Err(_)) => done.and(Err(planner_error("a panic"))),
+            _ => done,
         }
-        Ok(())
     })
 }
 
@@ -104,5 +114,11 @@ mod tests {
                 assert!(e.to_string().contains("a failure"), "{threads} threads: {e}");
             });
         }
+        // A preparation that panics on the helper is the loop's error, not a panic.
+        let e = crate::with_cpu_threads(2, || {
+            each_step(5, &|k| if k == 3 { panic!("a planner bug") } else { Ok(k) }, &mut |_, _| Ok(true))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("a panic"), "{e}");
     }
 }
