@@ -332,6 +332,21 @@ fn bench_runs_on_workers_in_both_modes() {
     }
 }
 
+/// `bench --profile` splits a training step's time by activity, each launch kind apart: a
+/// Tree-LSTM step runs products, fused kernels, fills, scatters and row sums, each timed.
+#[test]
+fn bench_profiles_each_kind_of_launch() {
+    let args = ["bench", "--mode", "train", "--sentences", "32", "--batch", "8", "--profile"];
+    let v = last_json(&arbor(&[&args[..], &SMALL[..4]].concat()));
+    let spent = &v["profile_ms_per_step"];
+    for key in ["products", "fused", "fills", "scatters", "row_sums", "update", "step"] {
+        assert!(spent[key].as_f64().is_some_and(|ms| ms > 0.0), "{key} in {spent}");
+    }
+    for key in ["plan", "lower", "upload", "attention", "read"] {
+        assert!(spent[key].as_f64().is_some(), "{key} in {spent}");
+    }
+}
+
 /// `ARBOR_CPU_ISA` with a value that names no instruction set is refused before anything runs;
 /// a level below the CPU's is what `bench` reports using.
 #[test]

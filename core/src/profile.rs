@@ -20,8 +20,14 @@ pub enum Activity {
     Products,
     /// Issuing a pass's fused kernels and row copies.
     Fused,
-    /// Issuing a pass's other launches: fills, scatters, row sums, attention.
-    Launch,
+    /// Issuing a pass's zero fills (gradients before they are added into).
+    Fill,
+    /// Issuing a pass's scatter-adds (children's gradients into their rows).
+    Scatter,
+    /// Issuing a pass's row sums (the gradients of parameters added to every row: biases).
+    RowSums,
+    /// Issuing a pass's attention over children and its gradients.
+    Attention,
     /// Reading values back (on a GPU: waiting for the work queued before).
     Read,
     /// The update outside the above: tests, clipping and the optimizer's calls.
@@ -29,13 +35,16 @@ pub enum Activity {
 }
 
 /// Every activity, in report order.
-pub const ACTIVITIES: [Activity; 8] = [
+pub const ACTIVITIES: [Activity; 11] = [
     Activity::Plan,
     Activity::Lower,
     Activity::Upload,
     Activity::Products,
     Activity::Fused,
-    Activity::Launch,
+    Activity::Fill,
+    Activity::Scatter,
+    Activity::RowSums,
+    Activity::Attention,
     Activity::Read,
     Activity::Update,
 ];
@@ -49,7 +58,10 @@ impl Activity {
             Activity::Upload => "upload",
             Activity::Products => "products",
             Activity::Fused => "fused",
-            Activity::Launch => "other_launches",
+            Activity::Fill => "fills",
+            Activity::Scatter => "scatters",
+            Activity::RowSums => "row_sums",
+            Activity::Attention => "attention",
             Activity::Read => "read",
             Activity::Update => "update",
         }

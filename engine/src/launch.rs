@@ -244,7 +244,10 @@ pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &
         let activity = match l {
             Launch::Gemm(_) | Launch::Gemms(_) | Launch::GemmSum(_) => Activity::Products,
             Launch::Fused { .. } | Launch::Copy { .. } => Activity::Fused,
-            _ => Activity::Launch,
+            Launch::Fill { .. } => Activity::Fill,
+            Launch::ScatterAdd { .. } | Launch::ScatterAdds { .. } => Activity::Scatter,
+            Launch::SumRows { .. } => Activity::RowSums,
+            Launch::Attend { .. } | Launch::AttendGrad { .. } => Activity::Attention,
         };
         profile::time(activity, || run(backend, mem, now))?;
         rest = later;

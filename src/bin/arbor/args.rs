@@ -94,7 +94,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 32)]
     pub(crate) leaves: usize,
     /// Also report the host's time per step by activity (`profile_ms_per_step`: planning, lowering,
-    /// uploads, issuing launches, reads, the update; on a GPU, reads include waiting for it).
+    /// uploads, issuing products, fused kernels, fills, scatters, row sums and attention, reads,
+    /// the update; on a GPU, reads include waiting for it).
     #[arg(long)]
     pub(crate) profile: bool,
 }

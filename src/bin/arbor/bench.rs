@@ -272,9 +272,9 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
         report["device_launches_per_step"] = json!(launches.round());
     }
     if args.profile {
-        // Milliseconds a step, each activity summed over the workers' threads.
+        // Milliseconds a step (to the microsecond), each activity summed over the workers' threads.
         let steps = args.sentences.div_ceil(args.batch) as f64;
-        let ms = |s: f64| (s / steps * 1e5).round() / 100.0;
+        let ms = |s: f64| (s / steps * 1e6).round() / 1000.0;
         let mut spent: serde_json::Map<String, serde_json::Value> =
             profile::totals().into_iter().map(|(p, s)| (p.name().to_string(), json!(ms(s)))).collect();
         spent.insert("step".into(), json!(ms(seconds)));
