@@ -13,12 +13,12 @@
 
 use super::isa::Isa;
 use super::memory::{Raw, Span};
-use super::{bad, direct, dots, team};
+use super::team::{self, Claims};
+use super::{bad, direct, dots};
 use arbor_core::backend::{Gemm, Loc};
 use arbor_core::error::Result;
 use gemm::Parallelism;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Calls with fewer multiply-adds than this (over all their products) run on one thread: handing
@@ -210,11 +210,16 @@ fn run_part(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path], (part, parts): (usize, u
             run(raw, g, path, 0, (0..g.m, units.start * UNIT..(units.end * UNIT).min(g.n)))?;
         }
     }
-    let crate_products = || gs.iter().zip(paths).filter(|(g, p)| g.batch == 1 && matches!(p, Path::Crate));
-    let units = crate_products().map(|(g, _)| CrateGrid::of(g.m, g.n).units()).sum();
+    // Each product on the crate with its grid, once; a unit numbers the products' units in turn.
+    let grids: smallvec::SmallVec<[(&Gemm, &Path, CrateGrid); 4]> = gs
+        .iter()
+        .zip(paths)
+        .filter(|(g, p)| g.batch == 1 && matches!(p, Path::Crate))
+        .map(|(g, p)| (g, p, CrateGrid::of(g.m, g.n)))
+        .collect();
+    let units = grids.iter().map(|(.., grid)| grid.units()).sum();
     while let Some(mut unit) = claims.next(units, part, parts) {
-        for (g, path) in crate_products() {
-            let grid = CrateGrid::of(g.m, g.n);
+        for (g, path, grid) in &grids {
             if unit < grid.units() {
                 run(raw, g, path, 0, grid.unit(unit))?;
                 break;
@@ -223,45 +228,6 @@ fn run_part(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path], (part, parts): (usize, u
         }
     }
     Ok(())
-}
-
-/// Who has taken which units of a call's products on the `gemm` crate. The units are shared out
-/// as runs, one a part ([`team::share`]); a part takes its own run from the front, then the
-/// others' from the back: each thread writes its own stretch of C (two threads writing beside
-/// each other share cache lines at every border), and none waits while another has work left.
-struct Claims(smallvec::SmallVec<[AtomicU64; 8]>);
-
-impl Claims {
-    /// Claims for calls split into at most `parts` parts.
-    fn new(parts: usize) -> Self {
-        Claims((0..parts).map(|_| AtomicU64::new(0)).collect())
-    }
-
-    /// The next unit of `units` for part `part` of `parts`, if any is left.
-    fn next(&self, units: usize, part: usize, parts: usize) -> Option<usize> {
-        for q in (0..parts).map(|i| (part + i) % parts) {
-            let stretch = team::share(units, q, parts);
-            // Units taken from the front (by its owner) in the high half, from the back below.
-            let taken = &self.0[q];
-            let mut now = taken.load(Ordering::Acquire);
-            loop {
-                let (front, back) = ((now >> 32) as usize, (now & 0xffff_ffff) as usize);
-                if stretch.start + front + back >= stretch.end {
-                    break;
-                }
-                let (then, unit) = if q == part {
-                    (now + (1 << 32), stretch.start + front)
-                } else {
-                    (now + 1, stretch.end - 1 - back)
-                };
-                match taken.compare_exchange_weak(now, then, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return Some(unit),
-                    Err(seen) => now = seen,
-                }
-            }
-        }
-        None
-    }
 }
 
 /// How a product on the `gemm` crate is cut into units of work: blocks of [`CRATE_COLS`]
@@ -273,6 +239,8 @@ struct CrateGrid {
     n: usize,
     /// Rows per unit.
     rows: usize,
+    /// Column blocks.
+    across: usize,
 }
 
 impl CrateGrid {
@@ -282,18 +250,18 @@ impl CrateGrid {
     const MIN_ROWS: usize = 64;
 
     fn of(m: usize, n: usize) -> Self {
-        let across = n.div_ceil(CRATE_COLS).max(1);
-        let down = Self::UNITS.div_ceil(across).min(m / Self::MIN_ROWS).max(1);
-        CrateGrid { m, n, rows: m.div_ceil(down).next_multiple_of(8).max(1) }
+        let across = n.div_ceil(CRATE_COLS);
+        let down = Self::UNITS.div_ceil(across.max(1)).min(m / Self::MIN_ROWS).max(1);
+        CrateGrid { m, n, rows: m.div_ceil(down).next_multiple_of(8).max(1), across }
     }
 
     fn units(&self) -> usize {
-        self.m.div_ceil(self.rows) * self.n.div_ceil(CRATE_COLS)
+        self.m.div_ceil(self.rows) * self.across
     }
 
     /// The rows and columns of unit `u` (row blocks by column blocks, row-major).
     fn unit(&self, u: usize) -> (Range<usize>, Range<usize>) {
-        let (r, c) = (u / self.n.div_ceil(CRATE_COLS), u % self.n.div_ceil(CRATE_COLS));
+        let (r, c) = (u / self.across, u % self.across);
         (r * self.rows..((r + 1) * self.rows).min(self.m), c * CRATE_COLS..((c + 1) * CRATE_COLS).min(self.n))
     }
 }

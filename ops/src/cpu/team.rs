@@ -257,6 +257,46 @@ pub(crate) fn share(units: usize, part: usize, parts: usize) -> std::ops::Range<
     units * part / parts..units * (part + 1) / parts
 }
 
+/// Who has taken which of a call's units of work. The units are shared out as runs, one a part
+/// ([`share`]); a part takes its own run from the front, then the others' from the back: each
+/// thread works on its own stretch (two threads writing beside each other share cache lines at
+/// every border), and none waits while another has work left. Sized for the team ([`size`]),
+/// which bounds every call's parts.
+pub(crate) struct Claims(smallvec::SmallVec<[AtomicU64; 8]>);
+
+impl Claims {
+    /// Claims for calls split into at most `parts` parts.
+    pub(crate) fn new(parts: usize) -> Self {
+        Claims((0..parts).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// The next unit of `units` for part `part` of `parts`, if any is left.
+    pub(crate) fn next(&self, units: usize, part: usize, parts: usize) -> Option<usize> {
+        for q in (0..parts).map(|i| (part + i) % parts) {
+            let stretch = share(units, q, parts);
+            // Units taken from the front (by its owner) in the high half, from the back below.
+            let taken = &self.0[q];
+            let mut now = taken.load(Ordering::Acquire);
+            loop {
+                let (front, back) = ((now >> 32) as usize, (now & 0xffff_ffff) as usize);
+                if stretch.start + front + back >= stretch.end {
+                    break;
+                }
+                let (then, unit) = if q == part {
+                    (now + (1 << 32), stretch.start + front)
+                } else {
+                    (now + 1, stretch.end - 1 - back)
+                };
+                match taken.compare_exchange_weak(now, then, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Some(unit),
+                    Err(seen) => now = seen,
+                }
+            }
+        }
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
