@@ -497,6 +497,55 @@ fn gathers_by_edge_label_on_a_fixed_forest_and_dag() {
     }
 }
 
+/// A cell weighing its children by their edges' features (an edge-conditioned sum: a matrix
+/// per feature), beside every child's plain sum.
+fn weighted_cell() -> VertexFn {
+    let f = Builder::new("weighted", 0);
+    let x = f.pull("x", 4);
+    let mut h = x.matmul(f.param("W", [4, 5], Init::Xavier)) + f.gather_sum("h", 5);
+    for feature in [0, 2] {
+        let u = f.param(&format!("U{feature}"), [5, 5], Init::Xavier);
+        h = h + f.gather_weighted(feature, "h", 5).matmul(u);
+    }
+    let h = h.tanh();
+    f.scatter("h", h);
+    f.push("y", h);
+    f.build().unwrap()
+}
+
+/// [`mixed_degree`] with a feature row of `width` values in [-1, 1) on every edge.
+fn featured(rng: &mut Rng, g: InputGraph, width: usize) -> InputGraph {
+    let rows = (0..g.len()).map(|v| (0..g.children(v).len() * width).map(|_| rng.range(-1.0, 1.0)).collect()).collect();
+    g.with_edge_features(width, rows).unwrap()
+}
+
+/// Children weighed by edge features, batched, equal the reference (which reads each edge's row
+/// from the graph), on graphs whose rows are wider than the cell reads.
+#[test]
+fn gathers_weighted_by_edge_features_on_a_fixed_forest_and_dag() {
+    for (seed, dag) in [(71, false), (72, true)] {
+        let mut rng = Rng::new(seed);
+        let gs: Vec<InputGraph> = (0..5)
+            .map(|_| {
+                let n = 1 + rng.below(120);
+                let g = mixed_degree(&mut rng, n, dag);
+                featured(&mut rng, g, 3 + seed as usize % 2)
+            })
+            .collect();
+        check_batched_with(&weighted_cell(), &gs, &Batched::new(seed)).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// A graph whose edges carry too few feature values for the cell is refused, naming both.
+#[test]
+fn gathers_weighted_by_a_feature_the_edges_lack_are_refused() {
+    let mut rng = Rng::new(73);
+    let g = mixed_degree(&mut rng, 20, false);
+    let g = featured(&mut rng, g, 2);
+    let e = check_batched_with(&weighted_cell(), &[g], &Batched::new(73)).unwrap_err().to_string();
+    assert!(e.contains("edge feature 2") && e.contains("2 feature values"), "{e}");
+}
+
 /// Sum, mean and max over 0 to 50 children, batched across vertices of different degrees.
 #[test]
 fn reductions_over_children_on_a_fixed_forest_and_dag() {
@@ -543,6 +592,13 @@ proptest! {
         let gs: Vec<InputGraph> = (0..graphs).map(|_| { let n = 1 + rng.below(max_v); mixed_degree(&mut rng, n, dag) }).collect();
         let slope = if seed % 2 == 0 { 1.0 } else { 0.2 };
         check_batched_with(&attention_cell(slope), &gs, &Batched::new(seed)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    }
+
+    #[test]
+    fn weighted_gathers_batched_equal_reference(seed in any::<u64>(), graphs in 1usize..=10, max_v in 1usize..=120, dag in any::<bool>()) {
+        let mut rng = Rng::new(seed);
+        let gs: Vec<InputGraph> = (0..graphs).map(|_| { let n = 1 + rng.below(max_v); let g = mixed_degree(&mut rng, n, dag); featured(&mut rng, g, 3) }).collect();
+        check_batched_with(&weighted_cell(), &gs, &Batched::new(seed)).map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
 
     #[test]

@@ -57,28 +57,32 @@ struct Bound {
     data: Vec<f32>,
     offsets: Vec<u32>,
     index: Vec<u32>,
+    /// A weighted set's weight per member.
+    weights: Vec<f32>,
 }
 
 fn bind(b: Binding, n: usize, block: usize, rng: &mut Rng) -> Bound {
     let source_rows = 6;
     let mut values = |len: usize| (0..len).map(|_| rng.range(-1.5, 1.5)).collect::<Vec<f32>>();
     match b {
-        Binding::Contiguous => Bound { data: values(n * block), offsets: vec![], index: vec![] },
-        Binding::Broadcast => Bound { data: values(block), offsets: vec![], index: vec![] },
-        Binding::Zeros => Bound { data: vec![], offsets: vec![], index: vec![] },
+        Binding::Contiguous => Bound { data: values(n * block), offsets: vec![], index: vec![], weights: vec![] },
+        Binding::Broadcast => Bound { data: values(block), offsets: vec![], index: vec![], weights: vec![] },
+        Binding::Zeros => Bound { data: vec![], offsets: vec![], index: vec![], weights: vec![] },
         Binding::Indexed => Bound {
             data: values(source_rows * block),
             offsets: vec![],
             index: (0..n).map(|v| if v % 3 == 1 { NO_ROW } else { ((v * 5) % source_rows) as u32 }).collect(),
+            weights: vec![],
         },
-        Binding::IndexedSet(_) => {
+        Binding::IndexedSet(reduce) => {
             let mut offsets = vec![0u32];
             let mut index = Vec::new();
             for v in 0..n {
                 index.extend((0..v % 4).map(|c| ((v + 2 * c) % source_rows) as u32));
                 offsets.push(index.len() as u32);
             }
-            Bound { data: values(source_rows * block), offsets, index }
+            let weights = if reduce.feature().is_some() { values(index.len()) } else { vec![] };
+            Bound { data: values(source_rows * block), offsets, index, weights }
         }
     }
 }
@@ -92,6 +96,8 @@ fn on_cpu(k: &Kernel, bindings: &[Binding], bound: &[Bound], n: usize) -> Vec<Ve
     for (b, x) in bindings.iter().zip(bound) {
         let at = Loc { buf: 0, offset: data.len() };
         data.extend(&x.data);
+        let weights = Loc { buf: 0, offset: data.len() };
+        data.extend(&x.weights);
         let mut idx = |v: &[u32]| {
             let at = IndexLoc { buf: 0, offset: index.len() };
             index.extend(v);
@@ -104,7 +110,7 @@ fn on_cpu(k: &Kernel, bindings: &[Binding], bound: &[Bound], n: usize) -> Vec<Ve
             Binding::Indexed => Rows::Indexed { data: at, index: idx(&x.index) },
             Binding::IndexedSet(reduce) => {
                 let offsets = idx(&x.offsets);
-                Rows::IndexedSet { data: at, offsets, index: idx(&x.index), combine: Combine::of(*reduce, at) }
+                Rows::IndexedSet { data: at, offsets, index: idx(&x.index), combine: Combine::of(*reduce, at, weights) }
             }
         });
     }
@@ -148,6 +154,7 @@ fn host_program(g: &Generated) -> String {
             Param::Data(k) => ("const float*", format!("L{k}")),
             Param::Offsets(k) => ("const unsigned*", format!("O{k}")),
             Param::Index(k) => ("const unsigned*", format!("I{k}")),
+            Param::Weights(k) => ("const float*", format!("W{k}")),
             Param::Store(k) => ("float*", format!("S{k}")),
             Param::Rows(k) => {
                 main.push_str(&format!("    long long R{k};\n    if (fread(&R{k}, 8, 1, stdin) != 1) return 1;\n"));
@@ -192,6 +199,7 @@ fn host_input(k: &Kernel, g: &Generated, bound: &[Bound], n: usize) -> Vec<u8> {
             Param::Data(j) => put(&mut input, bound[j].data.iter().map(|x| x.to_le_bytes()).collect()),
             Param::Offsets(j) => put(&mut input, bound[j].offsets.iter().map(|x| x.to_le_bytes()).collect()),
             Param::Index(j) => put(&mut input, bound[j].index.iter().map(|x| x.to_le_bytes()).collect()),
+            Param::Weights(j) => put(&mut input, bound[j].weights.iter().map(|x| x.to_le_bytes()).collect()),
             Param::Store(s) => put(&mut input, vec![[0; 4]; n * k.nodes[k.stores[s]].shape.numel()]),
         }
     }
@@ -316,8 +324,8 @@ fn a_scatter_past_its_rows_stops_the_kernel() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The backend's own kernels (scatter-adds by index and by index set, several by index in one
-/// call, row sums with and without accumulation, fill), compiled for the host, compute what the
+/// The backend's own kernels (scatter-adds by index and by index set — summed, averaged, to the
+/// largest, weighted —, several by index in one call, row sums with and without accumulation, fill), compiled for the host, compute what the
 /// CPU backend does.
 #[test]
 fn helper_kernels_compute_what_the_cpu_backend_does() {
@@ -330,12 +338,14 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
     let index: Vec<u32> = vec![2, NO_ROW, 0, 2, 3];
     let (offsets, set): (Vec<u32>, Vec<u32>) = (vec![0, 2, 2, 3, 5, 6], vec![1, 3, 0, 2, 1, 3]);
     let sums_in = values(rows * block);
-    // The rows a max's gradient is routed by.
+    // The rows a max's gradient is routed by, and a weighted sum's weight per member.
     let compared = values(rows * block);
+    let weights = values(set.len());
     let mut c = format!("#define ARBOR_HOST 1\n{PRELUDE}{HELPER_BODIES}#include <stdio.h>\n");
     c += &c_array("const float", "src", &src);
     c += &c_array("const float", "by", &compared);
-    for name in ["a", "b", "a2", "a3", "bm", "bx"] {
+    c += &c_array("const float", "w", &weights);
+    for name in ["a", "b", "a2", "a3", "bm", "bx", "bw"] {
         c += &c_array("float", name, &data);
     }
     c += &c_array("const unsigned", "index", &index);
@@ -350,14 +360,15 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
          for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, b, {rows}, offsets, set, {sets}, 0, b);\n\
          for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, bm, {rows}, offsets, set, {sets}, 1, bm);\n\
          for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, bx, {rows}, offsets, set, {sets}, 2, by);\n\
+         for (long long t = 0; t < {nb}; ++t) arbor_scatter_set_body(t, src, {block}, {n}, bw, {rows}, offsets, set, {sets}, 3, w);\n\
          for (long long t = 0; t < {block}; ++t) arbor_sum_rows_body(t, s, {rows}, {block}, d0, 0);\n\
          for (long long t = 0; t < {block}; ++t) arbor_sum_rows_body(t, s, {rows}, {block}, d1, 1);\n\
          for (long long t = 0; t < {rb}; ++t) arbor_fill_body(t, s, {rb}, 2.5f);\n\
          for (long long t = 0; t < 2 * {nb}; ++t) arbor_scatter_indexed4_body(t, {block}, {n}, 2, src, a2, {rows}, index, \
              src, a3, {rows}, index, 0, 0, 0, 0, 0, 0, 0, 0);\n\
-         float* out[] = {{a, b, d0, d1, s, a2, a3, bm, bx}};\n\
-         int len[] = {{{rb}, {rb}, {block}, {block}, {rb}, {rb}, {rb}, {rb}, {rb}}};\n\
-         for (int k = 0; k < 9; ++k) for (int i = 0; i < len[k]; ++i) printf(\"%.9g\\n\", out[k][i]);\n\
+         float* out[] = {{a, b, d0, d1, s, a2, a3, bm, bx, bw}};\n\
+         int len[] = {{{rb}, {rb}, {block}, {block}, {rb}, {rb}, {rb}, {rb}, {rb}, {rb}}};\n\
+         for (int k = 0; k < 10; ++k) for (int i = 0; i < len[k]; ++i) printf(\"%.9g\\n\", out[k][i]);\n\
          return 0;\n}}\n",
         nb = n * block,
         rb = rows * block,
@@ -365,10 +376,10 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
     );
     let got = run_on_host("helpers", &c);
 
-    // The same on the CPU backend: one data buffer [src | a | b | s | d0 | d1 | bm | bx | by], one
-    // index buffer.
+    // The same on the CPU backend: one data buffer [src | a | b | s | d0 | d1 | bm | bx | by | bw
+    // | w], one index buffer.
     let cpu = CpuBackend::new();
-    let parts = [&src, &data, &data, &sums_in, &vec![0.5; 3], &vec![0.5; 3], &data, &data, &compared];
+    let parts = [&src, &data, &data, &sums_in, &vec![0.5; 3], &vec![0.5; 3], &data, &data, &compared, &data, &weights];
     let at: Vec<usize> = parts.iter().scan(0, |end, p| Some(std::mem::replace(end, *end + p.len()))).collect();
     let mut all: Vec<f32> = parts.iter().flat_map(|p| p.iter().copied()).collect();
     let mut buf = cpu.alloc(all.len()).unwrap();
@@ -391,6 +402,8 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
     cpu.scatter_add(&mut mem, loc(0), block, n, &set_rows(2, Combine::Sum)).unwrap();
     cpu.scatter_add(&mut mem, loc(0), block, n, &set_rows(6, Combine::Mean)).unwrap();
     cpu.scatter_add(&mut mem, loc(0), block, n, &set_rows(7, Combine::Max { by: loc(8) })).unwrap();
+    cpu.scatter_add(&mut mem, loc(0), block, n, &set_rows(9, Combine::Weighted { weights: loc(10), feature: 0 }))
+        .unwrap();
     cpu.sum_rows(&mut mem, loc(3), rows, block, loc(4), false).unwrap();
     cpu.sum_rows(&mut mem, loc(3), rows, block, loc(5), true).unwrap();
     cpu.fill(&mut mem, loc(3), rows * block, 2.5).unwrap();
@@ -404,9 +417,10 @@ fn helper_kernels_compute_what_the_cpu_backend_does() {
         // Two scatters in one call of the four-way kernel: each as the scatter by index.
         &all[at[1]..at[1] + rows * block],
         &all[at[1]..at[1] + rows * block],
-        // A mean's and a max's gradient sent to the sets.
+        // A mean's, a max's and a weighted sum's gradient sent to the sets.
         &all[at[6]..at[6] + rows * block],
         &all[at[7]..at[7] + rows * block],
+        &all[at[9]..at[9] + rows * block],
     ]
     .concat();
     assert_eq!(got.len(), want.len());

@@ -33,14 +33,15 @@ fn cells() -> Vec<(VertexFn, bool)> {
     ]
 }
 
-/// A cell reading its children by sum, mean, max and attention (a leaky one, over `h` as keys
-/// and values both).
+/// A cell reading its children by sum, mean, max, weighted by an edge feature, and attention
+/// (a leaky one, over `h` as keys and values both).
 fn over_children() -> VertexFn {
     let f = Builder::new("over-children", 0);
     let x = f.pull("x", 6);
     let q = x.matmul(f.param("Wq", [6, 5], Init::Xavier)).tanh();
     let att = f.gather_softmax_leaky(q, "h", "h", 5, 0.2);
-    let pooled = f.gather_sum("h", 5).scale(0.1) + f.gather_mean("h", 5) + f.gather_max("h", 5) + att;
+    let pooled = f.gather_sum("h", 5).scale(0.1) + f.gather_mean("h", 5) + f.gather_max("h", 5) + att
+        - f.gather_weighted(1, "h", 5);
     let h = (pooled + x.matmul(f.param("W", [6, 5], Init::Xavier))).tanh();
     f.scatter("h", h);
     f.push("h", h);
@@ -72,7 +73,16 @@ fn cells_match(precision: Precision, tolerance: f32) {
         let mut gpu = Engine::new(backend, f.clone(), &params).unwrap();
         let mut cpu = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
         let arity = f.arity();
-        let graphs: Vec<InputGraph> = (0..12).map(|k| InputGraph::random(&mut rng, 3 + 7 * k, arity, dag)).collect();
+        let width = f.edge_feature_width();
+        let graphs: Vec<InputGraph> = (0..12)
+            .map(|k| {
+                let g = InputGraph::random(&mut rng, 3 + 7 * k, arity, dag);
+                let rows: Vec<Vec<f32>> = (0..g.len())
+                    .map(|v| (0..g.children(v).len() * width).map(|_| rng.range(-1.0, 1.0)).collect())
+                    .collect();
+                g.with_edge_features(width, rows).unwrap()
+            })
+            .collect();
         let refs: Vec<&InputGraph> = graphs.iter().collect();
         let vertices: usize = graphs.iter().map(InputGraph::len).sum();
         let width = f.inputs()[0].shape.numel();

@@ -21,12 +21,14 @@ fn temp(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// A cell reading its children by every reduction and by attention.
+/// A cell reading its children by every reduction (one weighted by edge feature 3) and by
+/// attention.
 fn over_children() -> VertexFn {
     let f = Builder::new("over-children", 0);
     let x = f.pull("x", 4);
     let att = f.gather_softmax_leaky(x.tanh(), "h", "h", 4, 0.2);
-    let h = (f.gather_sum("h", 4) + f.gather_mean("h", 4) * f.gather_max("h", 4) + att + x).tanh();
+    let weighted = f.gather_weighted(3, "h", 4);
+    let h = (f.gather_sum("h", 4) + f.gather_mean("h", 4) * f.gather_max("h", 4) + att + weighted + x).tanh();
     f.scatter("h", h);
     f.push("h", h);
     f.build().unwrap()

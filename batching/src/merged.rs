@@ -45,6 +45,13 @@ impl<'a> Merged<'a> {
         self.graphs[g].edge_labels(v - base)
     }
 
+    /// The feature rows of the edges to merged vertex `v`'s child slots, one after another, and
+    /// how many values each holds (empty, 0, when its graph's edges carry none).
+    pub fn features(&self, v: usize) -> (&'a [f32], usize) {
+        let (g, base) = self.locate(v);
+        (self.graphs[g].edge_features(v - base), self.graphs[g].edge_feature_width())
+    }
+
     /// The children of merged vertex `v` (empty slots skipped).
     pub fn children(&self, v: usize) -> impl Iterator<Item = usize> + '_ {
         self.slots(v).filter(|&c| c != NO_CHILD).map(|c| c as usize)

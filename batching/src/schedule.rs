@@ -13,7 +13,7 @@ use std::ops::Range;
 ///
 /// Every vertex gets a *row*: rows are ordered by task, so every task is a contiguous row range
 /// and every per-vertex value of a task is one contiguous block of memory.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Schedule {
     /// Row ranges of the forward tasks, in execution order (backward runs them in reverse).
     pub tasks: Vec<Range<usize>>,
@@ -33,6 +33,9 @@ pub struct Schedule {
     pub child_list: Vec<u32>,
     /// The label of the edge to each child of `child_list` (0 when edges carry none).
     pub child_labels: Vec<u32>,
+    /// The first [`Scheduler::set_edge_features`] values of the feature row of the edge to each
+    /// child of `child_list`, one row after another (empty unless asked for).
+    pub child_features: Vec<f32>,
 }
 
 /// Summary numbers of a schedule.
@@ -90,6 +93,8 @@ impl Schedule {
 pub struct Scheduler {
     policy: Box<dyn Policy>,
     bump: Bump,
+    /// Values of each edge's feature row laid out beside the child list.
+    edge_features: usize,
 }
 
 impl Default for Scheduler {
@@ -101,7 +106,14 @@ impl Default for Scheduler {
 impl Scheduler {
     /// A scheduler using `policy`.
     pub fn new(policy: Box<dyn Policy>) -> Scheduler {
-        Scheduler { policy, bump: Bump::new() }
+        Scheduler { policy, bump: Bump::new(), edge_features: 0 }
+    }
+
+    /// Lays out the first `width` values of the feature row of the edge to every child beside
+    /// the child list ([`Schedule::child_features`]; the graphs' rows must hold them, or zeros
+    /// are laid out instead).
+    pub fn set_edge_features(&mut self, width: usize) {
+        self.edge_features = width;
     }
 
     /// The policy's name.
@@ -157,9 +169,12 @@ impl Scheduler {
         out.child_offsets.push(0);
         out.child_list.clear();
         out.child_labels.clear();
+        out.child_features.clear();
+        let width = self.edge_features;
         for r in 0..n {
             let v = out.vertex_of_row[r] as usize;
             let labels = merged.labels(v);
+            let (features, has) = merged.features(v);
             for (k, c) in merged.slots(v).enumerate() {
                 if c != NO_CHILD {
                     let cr = out.row_of_vertex[c as usize];
@@ -168,6 +183,10 @@ impl Scheduler {
                     }
                     out.child_list.push(cr);
                     out.child_labels.push(labels.get(k).copied().unwrap_or(0));
+                    if width > 0 {
+                        let row = features.get(k * has..k * has + width.min(has)).unwrap_or_default();
+                        out.child_features.extend(row.iter().copied().chain(std::iter::repeat(0.0)).take(width));
+                    }
                 }
             }
             out.child_offsets.push(out.child_list.len() as u32);

@@ -85,6 +85,15 @@ pub enum Combine {
         /// The rows compared.
         by: Loc,
     },
+    /// Read: the sum of the members' blocks each times its weight, member `j`'s (position `j`
+    /// of the list `index` points into) at `weights + j`. Added to: each gets the block times
+    /// its weight. `feature` is the edge feature the weights are (`gather_weighted`).
+    Weighted {
+        /// One weight per position of the list.
+        weights: Loc,
+        /// The edge feature they are.
+        feature: u32,
+    },
 }
 
 impl Combine {
@@ -94,15 +103,18 @@ impl Combine {
             Combine::Sum => Reduce::Sum,
             Combine::Mean => Reduce::Mean,
             Combine::Max { .. } => Reduce::Max,
+            Combine::Weighted { feature, .. } => Reduce::Weighted { feature },
         }
     }
 
-    /// Combining by `reduce`, a max comparing the rows at `by`.
-    pub fn of(reduce: Reduce, by: Loc) -> Combine {
+    /// Combining by `reduce`, a max comparing the rows at `by`, a weighted sum with the weights
+    /// at `weights`.
+    pub fn of(reduce: Reduce, by: Loc, weights: Loc) -> Combine {
         match reduce {
             Reduce::Sum => Combine::Sum,
             Reduce::Mean => Combine::Mean,
             Reduce::Max => Combine::Max { by },
+            Reduce::Weighted { feature } => Combine::Weighted { weights, feature },
         }
     }
 }

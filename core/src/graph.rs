@@ -274,8 +274,19 @@ impl InputGraph {
     }
 
     /// Checks that every vertex fits `f`: no more children than its arity (unless it uses
-    /// `gather_sum`).
+    /// `gather_sum`), and edge feature rows as wide as `gather_weighted` reads.
     pub fn check_for(&self, f: &VertexFn) -> Result<()> {
+        let width = f.edge_feature_width();
+        let has_edges = self.children.iter().any(|cs| cs.iter().any(|&c| c != NO_CHILD));
+        if width > self.features.width && has_edges {
+            return Err(graph_error(format!(
+                "`{}` weighs children by edge feature {} (gather_weighted), but the edges carry {} \
+                 feature values each (InputGraph::with_edge_features)",
+                f.name(),
+                width - 1,
+                self.features.width
+            )));
+        }
         if let Some(max) = f.max_children() {
             if let Some((v, cs)) = self.children.iter().enumerate().find(|(_, cs)| cs.len() > max) {
                 return Err(graph_error(format!(

@@ -136,6 +136,44 @@ fn gather_softmax_weights_are_a_softmax_over_the_children() {
     assert_close(output(&f, &single.forward(&f), "y"), &[v]);
 }
 
+/// Children weighed by an edge feature: each child's state times that value of its edge's
+/// feature row, the gradient reaching each child times the same value; a weight per feature
+/// through a matrix each (an edge-conditioned sum).
+#[test]
+fn gather_weighted_weighs_each_child_by_its_edge() {
+    let f = Builder::new("weighted", 0);
+    let x = f.pull("x", 3);
+    let first = f.gather_weighted(0, "h", 3);
+    let second = f.gather_weighted(2, "h", 3);
+    let h =
+        (x + first.matmul(f.param("U0", [3, 3], Init::Xavier)) + second.matmul(f.param("U2", [3, 3], Init::Xavier)))
+            .tanh();
+    f.scatter("h", h);
+    f.push("y", f.concat(&[first, second]));
+    let f = f.build().unwrap();
+    assert_eq!(f.edge_feature_width(), 3, "feature 2 is read: three values an edge");
+    let mut case = VertexCase::random(&f, 28, &[true, false, true, true]);
+    assert_eq!(case.features.len(), 4 * 3, "a row per child slot");
+    case.features = vec![0.5, 9.0, -1.0, 7.0, 7.0, 7.0, 2.0, 9.0, 0.25, -3.0, 9.0, 4.0];
+    let kids: Vec<&[f32]> = case.children.iter().map(|c| c.as_ref().map_or(&[][..], |c| c[0].as_slice())).collect();
+    let weighed = |col: usize| -> Vec<f32> {
+        (0..3).map(|e| [0, 2, 3].iter().map(|&k| case.features[k * 3 + col] * kids[k][e]).sum()).collect()
+    };
+    let want: Vec<f32> = weighed(0).into_iter().chain(weighed(2)).collect();
+    assert_close(output(&f, &case.forward(&f), "y"), &want);
+    assert_gradients(&f, &case);
+}
+
+/// `gather_weighted` reads all children: by label it is refused, naming both.
+#[test]
+fn gather_weighted_by_label_is_refused() {
+    let f = Builder::new("both", 0);
+    let x = f.pull("x", 3);
+    f.scatter("h", x + f.gather_labelled(Reduce::Weighted { feature: 0 }, 1, "h", 3));
+    let e = f.build().unwrap_err().to_string();
+    assert!(e.contains("gather_labelled") && e.contains("gather_weighted"), "{e}");
+}
+
 /// Children gathered by edge label: only those whose edge carries it, their gradients only to
 /// them.
 #[test]

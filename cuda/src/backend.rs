@@ -632,6 +632,12 @@ impl Backend for CudaBackend {
                     Rows::IndexedSet { offsets, .. } => self.index(mem, "fused gather", offsets, n + 1)?,
                     _ => return Err(fail("fused", "offsets for a load without index sets")),
                 },
+                Param::Weights(k) => match loads[k] {
+                    Rows::IndexedSet { combine: Combine::Weighted { weights, .. }, .. } => {
+                        self.data(mem, "fused weights", weights, 0)?
+                    }
+                    _ => return Err(fail("fused", "weights for a load without weighted sets")),
+                },
                 Param::Store(s) => {
                     let block = kernel.nodes[kernel.stores[s]].shape.numel();
                     self.data(mem, "fused store", stores[s], n * block)?
@@ -666,8 +672,10 @@ impl Backend for CudaBackend {
                     Combine::Sum => (0, data),
                     Combine::Mean => (1, data),
                     Combine::Max { by } => (2, by),
+                    Combine::Weighted { weights, .. } => (3, weights),
                 };
-                if self.rows_held(mem, by, block) < self.rows_held(mem, data, block) {
+                let members = mem.index.get(index.buf).map_or(0, |b| self.index_len(b).saturating_sub(index.offset));
+                if mode == 2 && self.rows_held(mem, by, block) < self.rows_held(mem, data, block) {
                     return Err(fail("scatter_add", "the compared rows (`by`) hold fewer rows than the destination"));
                 }
                 (
@@ -677,12 +685,9 @@ impl Backend for CudaBackend {
                         Arg::I64(self.rows_held(mem, data, block)),
                         Arg::Ptr(self.index(mem, "scatter_add", offsets, n + 1)?),
                         Arg::Ptr(self.index(mem, "scatter_add", index, 0)?),
-                        Arg::I64(
-                            mem.index.get(index.buf).map_or(0, |b| self.index_len(b).saturating_sub(index.offset))
-                                as i64,
-                        ),
+                        Arg::I64(members as i64),
                         Arg::I32(mode),
-                        Arg::Ptr(self.data(mem, "scatter_add", by, block)?),
+                        Arg::Ptr(self.data(mem, "scatter_add", by, if mode == 3 { 0 } else { block })?),
                     ],
                 )
             }

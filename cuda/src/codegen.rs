@@ -10,7 +10,7 @@
 //! The generated body is plain C (`ARBOR_HOST` compiles it for the host), which lets the CPU-only
 //! test suite run it against the CPU backend.
 
-use arbor_core::backend::Rows;
+use arbor_core::backend::{Combine, Rows};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
 use arbor_core::ir::{Op, Reduce};
@@ -26,7 +26,8 @@ pub enum Binding {
     Broadcast,
     /// A row number per vertex (or none: zeros).
     Indexed,
-    /// A set of rows per vertex, combined by the reduction (sum, mean or max).
+    /// A set of rows per vertex, combined by the reduction (sum, mean, max, or weighted by
+    /// one value per member: which edge feature those are is data, so it is always 0 here).
     IndexedSet(Reduce),
     /// Zeros.
     Zeros,
@@ -39,6 +40,9 @@ impl Binding {
             Rows::Contiguous(_) => Binding::Contiguous,
             Rows::Broadcast(_) => Binding::Broadcast,
             Rows::Indexed { .. } => Binding::Indexed,
+            Rows::IndexedSet { combine: Combine::Weighted { .. }, .. } => {
+                Binding::IndexedSet(Reduce::Weighted { feature: 0 })
+            }
             Rows::IndexedSet { combine, .. } => Binding::IndexedSet(combine.reduce()),
             Rows::Zeros => Binding::Zeros,
         }
@@ -58,6 +62,9 @@ pub enum Param {
     Rows(usize),
     /// Where store `k` writes (`float*`).
     Store(usize),
+    /// The weight of every member of load `k`'s sets, by position in its row numbers
+    /// (`const float*`; a weighted set's).
+    Weights(usize),
 }
 
 /// A generated kernel.
@@ -213,6 +220,7 @@ impl Emitter<'_> {
                         // A later row must be larger to replace an earlier one (as on the CPU).
                         self.line(&match reduce {
                             Reduce::Sum | Reduce::Mean => format!("    {t} += {x};"),
+                            Reduce::Weighted { .. } => format!("    {t} += W{n}[q] * {x};"),
                             Reduce::Max => format!("    const float xq = {x}; if (q == O{n}[v] || xq > {t}) {t} = xq;"),
                         });
                         self.line("}");
@@ -327,6 +335,10 @@ pub fn generate(kernel: &Kernel, bindings: &[Binding]) -> Result<Generated> {
             decl.push(format!("const unsigned* ARBOR_RESTRICT I{n}"));
             params.push(Param::Rows(n));
             decl.push(format!("long long R{n}"));
+        }
+        if matches!(b, Binding::IndexedSet(Reduce::Weighted { .. })) {
+            params.push(Param::Weights(n));
+            decl.push(format!("const float* ARBOR_RESTRICT W{n}"));
         }
     }
     for s in 0..kernel.stores.len() {

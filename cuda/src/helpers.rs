@@ -50,7 +50,8 @@ ARBOR_DEVICE void arbor_scatter_indexed4_body(long long t, long long block, long
 }
 /* Into every row of vertex `t / block`'s set: `mode` 0 adds the value to each (a sum's
    gradient), 1 the value divided by their number (a mean's), 2 only to the first row whose
-   element in `by` is largest (a max's; a later row must be larger to replace an earlier one). */
+   element in `by` is largest (a max's; a later row must be larger to replace an earlier one),
+   3 the value times the member's weight, `by[q]` for position `q` of the list (a weighted sum's). */
 ARBOR_DEVICE void arbor_scatter_set_body(long long t, const float* src, long long block, long long n, float* data,
                                          long long rows, const unsigned* offsets, const unsigned* index,
                                          long long len, int mode, const float* by) {
@@ -73,7 +74,7 @@ ARBOR_DEVICE void arbor_scatter_set_body(long long t, const float* src, long lon
     float x = mode == 1 && end > first ? src[t] / (float)(end - first) : src[t];
     for (unsigned q = first; q < end; ++q) {
         unsigned i = index[arbor_row(q, len)];
-        if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)arbor_row(i, rows) * block + j], x);
+        if (i != ARBOR_NO_ROW) atomicAdd(&data[(long long)arbor_row(i, rows) * block + j], mode == 3 ? x * by[q] : x);
     }
 }
 /* Attention over the children (arbor_core::attention, operation for operation): thread `t` does

@@ -11,7 +11,7 @@ use super::fnv::FnvMap;
 use super::sums::Sums;
 use arbor_batching::MemoryLayout;
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
-use arbor_core::ir::{Op, ParamGrad, ValueId, VertexFn};
+use arbor_core::ir::{Op, ParamGrad, Reduce, ValueId, VertexFn};
 use std::sync::{Arc, OnceLock};
 
 /// Which plan of the vertex function a fused kernel comes from.
@@ -86,6 +86,8 @@ pub(super) struct Analysis {
     pub shared_width: usize,
     /// The edge labels F gathers children by (`gather_labelled`), ascending.
     pub edge_labels: Vec<u32>,
+    /// The edge features F weighs children by (`gather_weighted`), ascending.
+    pub edge_features: Vec<u32>,
     /// The arena's layout for inference and for training, made on first use.
     layouts: [OnceLock<MemoryLayout>; 2],
 }
@@ -138,7 +140,8 @@ impl Analysis {
             rows_read: (0..f.all_inputs().len()).map(|i| dedup::rows_read(&f, i)).collect(),
             table_grad_via: (0..f.all_inputs().len()).map(|i| table_grad_via(&f, i)).collect(),
             shared_width,
-            edge_labels: edge_labels(&f),
+            edge_labels: edge_keys(&f, |label, _| label),
+            edge_features: edge_keys(&f, |_, reduce| reduce.feature()),
             layouts: Default::default(),
             f,
         }
@@ -195,18 +198,19 @@ fn table_grad_via(f: &VertexFn, input: usize) -> Option<usize> {
     })
 }
 
-/// The edge labels `f` gathers children by, ascending, each once.
-fn edge_labels(f: &VertexFn) -> Vec<u32> {
-    let mut labels: Vec<u32> = f
+/// What `f`'s gathers over all children name of the edges (`part` of each: a label, a
+/// weighing feature), ascending, each once.
+fn edge_keys(f: &VertexFn, part: impl Fn(Option<u32>, Reduce) -> Option<u32>) -> Vec<u32> {
+    let mut keys: Vec<u32> = f
         .forward()
         .nodes
         .iter()
         .filter_map(|n| match n.op {
-            Op::GatherAll { label, .. } => label,
+            Op::GatherAll { label, reduce, .. } => part(label, reduce),
             _ => None,
         })
         .collect();
-    labels.sort_unstable();
-    labels.dedup();
-    labels
+    keys.sort_unstable();
+    keys.dedup();
+    keys
 }

@@ -12,7 +12,7 @@ use super::Pull;
 use arbor_batching::{MemoryPlan, Schedule};
 use arbor_core::backend::{Combine, IndexLoc, Loc, Rows, NO_ROW};
 use arbor_core::error::{Error, Result};
-use arbor_core::ir::{Op, Port, ValueId, VertexFn};
+use arbor_core::ir::{Op, Port, Reduce, ValueId, VertexFn};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -146,6 +146,9 @@ pub(super) struct Batch {
     pub linked: Vec<LinkedInput>,
     /// The child sets of the edge labels gathered by.
     labelled: Vec<LabelledSet>,
+    /// Per edge feature weighed by (`gather_weighted`): the feature and where, in the arena,
+    /// its value for every child of the child list is.
+    weights: Vec<(u32, usize)>,
 }
 
 /// An error unless `got` ports' worth of data came for `want` ports of `f`.
@@ -242,12 +245,48 @@ impl Batch {
         up.clear();
         b.pull_zero_rows = b.place_pulls(f, pulls, held_rows, up)?;
         b.share_pulls(a, pulls, up);
+        b.place_weights(a, up);
         b.held = HeldRows::of(&mut b, a, pulls);
         b.linked = b.link_pulls(pulls);
         b.index_contents(f, &mut up.index);
         b.loads = (0..b.schedule.tasks.len()).map(|t| b.zero_loads(f, t)).collect();
         b.fwd_facts = b.loads.iter().map(|l| facts.forward(f, l, train, skip_padding_grads)).collect();
         Ok(b)
+    }
+
+    /// Places, for every edge feature F weighs children by, its value for each child of the
+    /// child list in the arena, and adds them to the uploads.
+    fn place_weights(&mut self, a: &Analysis, up: &mut Uploads) {
+        let (s, width) = (&self.schedule, a.f.edge_feature_width());
+        self.weights = a
+            .edge_features
+            .iter()
+            .map(|&feature| {
+                let at = self.memory.append(format!("edge feature {feature} of every child"), s.child_list.len());
+                let column = s.child_features.iter().skip(feature as usize).step_by(width.max(1));
+                up.write_with(at, |data| data.extend(column.take(s.child_list.len())));
+                (feature, at)
+            })
+            .collect();
+    }
+
+    /// Where the values of edge feature `feature` for every child of the child list are.
+    pub fn weights(&self, feature: u32) -> Result<Loc> {
+        let &(_, at) = self
+            .weights
+            .iter()
+            .find(|w| w.0 == feature)
+            .ok_or_else(|| super::internal(format!("no weights laid out for edge feature {feature}")))?;
+        Ok(Loc { buf: super::launch::ARENA, offset: at })
+    }
+
+    /// The rows of the vertices from `row` on of every child's `data`, combined by `reduce`.
+    pub fn child_set(&self, reduce: Reduce, label: Option<u32>, data: Loc, by: Loc, row: usize) -> Result<Rows> {
+        let weights = match reduce.feature() {
+            Some(feature) => self.weights(feature)?,
+            None => data,
+        };
+        self.index.set(label, data, row, Combine::of(reduce, by, weights))
     }
 
     /// Which loads of F are all zeros on task `t`.

@@ -315,6 +315,9 @@ impl fmt::Display for RowsAt<'_> {
                 Combine::Sum => write!(f, "{}[set {}]", At(*data), ix(offsets)),
                 Combine::Mean => write!(f, "{}[mean of set {}]", At(*data), ix(offsets)),
                 Combine::Max { by } => write!(f, "{}[max by {} of set {}]", At(*data), At(*by), ix(offsets)),
+                Combine::Weighted { weights, .. } => {
+                    write!(f, "{}[set {} weighted by {}]", At(*data), ix(offsets), At(*weights))
+                }
             },
             Rows::Zeros => write!(f, "zeros"),
         }

@@ -10,9 +10,9 @@ use super::launch::{Launch, Uploads, ARENA, PARAMS, STAGED, STAGED_ROWS};
 use super::link::Given;
 use super::products::Waves;
 use super::{check_graphs, check_vertices, internal, lock, Planned, Planner, Pull};
-use arbor_batching::{Policy, Region, Schedule, Scheduler};
+use arbor_batching::{ByHeight, Policy, Region, Schedule, Scheduler};
 use arbor_core::attention::Widths;
-use arbor_core::backend::{Attention, AttentionGrads, Combine, Gemm, IndexLoc, Loc, Rows, SCATTERS};
+use arbor_core::backend::{Attention, AttentionGrads, Gemm, IndexLoc, Loc, Rows, SCATTERS};
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::{Kernel, Phase, Plan, Step};
 use arbor_core::graph::InputGraph;
@@ -66,6 +66,13 @@ struct Spare {
     waves: Waves,
 }
 
+/// A scheduler for `f` by `policy`, laying out the edge features `f` weighs children by.
+fn scheduler(f: &VertexFn, policy: Box<dyn Policy>) -> Scheduler {
+    let mut s = Scheduler::new(policy);
+    s.set_edge_features(f.edge_feature_width());
+    s
+}
+
 impl Lowering {
     /// A lowering for `f`, scheduling by height.
     pub fn new(f: VertexFn) -> Lowering {
@@ -74,8 +81,8 @@ impl Lowering {
 
     pub(super) fn with_function(f: Arc<VertexFn>) -> Lowering {
         Lowering {
+            scheduler: Arc::new(Mutex::new(scheduler(&f, Box::new(ByHeight)))),
             a: Analysis::new(f),
-            scheduler: Arc::default(),
             facts: FactCache::default(),
             pruned: FnvMap::default(),
             skip_padding_grads: false,
@@ -114,7 +121,7 @@ impl Lowering {
 
     /// Schedules later minibatches with `policy`.
     pub fn set_policy(&mut self, policy: Box<dyn Policy>) {
-        self.scheduler = Arc::new(Mutex::new(Scheduler::new(policy)));
+        self.scheduler = Arc::new(Mutex::new(scheduler(&self.a.f, policy)));
     }
 
     /// A handle that schedules minibatches for this lowering on any thread.
@@ -573,7 +580,7 @@ impl Lowering {
                 },
                 Op::GatherAll { state, reduce, label } => {
                     let data = self.loc(Pass::Forward, f.states()[state].value, 0, 0)?;
-                    ix.set(label, data, r0, Combine::of(reduce, data))?
+                    self.b.child_set(reduce, label, data, data, r0)?
                 }
                 Op::Param { .. } => Rows::Broadcast(self.loc(pass, v, 0, 0)?),
                 Op::Zeros => Rows::Zeros,
@@ -650,9 +657,9 @@ impl Lowering {
                     // A max's gradient goes where the children's forward rows are largest.
                     let by = match cg.reduce {
                         Reduce::Max => self.loc(Pass::Forward, f.states()[cg.state].value, 0, 0)?,
-                        Reduce::Sum | Reduce::Mean => data,
+                        _ => data,
                     };
-                    self.b.index.set(cg.label, data, r0, Combine::of(cg.reduce, by))?
+                    self.b.child_set(cg.reduce, cg.label, data, by, r0)?
                 }
             };
             let src = self.loc(Pass::Backward, cg.value, r0, r0)?;

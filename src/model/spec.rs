@@ -197,6 +197,9 @@ pub fn function_to_json(f: &VertexFn) -> Value {
     let op = |op: &Op| -> Value {
         match op {
             Op::Gather { slot, state } => json!(["gather", slot, state]),
+            Op::GatherAll { state, reduce: Reduce::Weighted { feature }, label: None } => {
+                json!([Reduce::Weighted { feature: *feature }.name(), state, null, feature])
+            }
             Op::GatherAll { state, reduce, label: None } => json!([reduce.name(), state]),
             Op::GatherAll { state, reduce, label: Some(l) } => json!([reduce.name(), state, l]),
             Op::Pull { input } => json!(["pull", input]),
@@ -264,12 +267,21 @@ pub fn function_from_json(v: &Value) -> Result<VertexFn> {
     let op = |x: &Value| -> Result<Op> {
         let e = entry(x, 1, "values")?;
         let arg = |k: usize| e.get(k).cloned().unwrap_or(Value::Null);
-        if let Some(reduce) = Reduce::ALL.into_iter().find(|r| e[0].as_str() == Some(r.name())) {
-            let label = match arg(2) {
-                Value::Null => None,
-                l => Some(u32::try_from(num(&l, "values")?).map_err(|_| bad(&field("values"), x))?),
-            };
-            return Ok(Op::GatherAll { state: num(&arg(1), "values")?, reduce, label });
+        let small = |v: Value| -> Result<Option<u32>> {
+            match v {
+                Value::Null => Ok(None),
+                v => Ok(Some(u32::try_from(num(&v, "values")?).map_err(|_| bad(&field("values"), x))?)),
+            }
+        };
+        let weighted = Reduce::Weighted { feature: 0 };
+        let reduce = match e[0].as_str() {
+            Some(name) if name == weighted.name() => {
+                Some(Reduce::Weighted { feature: small(arg(3))?.ok_or_else(|| bad(&field("values"), x))? })
+            }
+            name => Reduce::ALL.into_iter().find(|r| name == Some(r.name())),
+        };
+        if let Some(reduce) = reduce {
+            return Ok(Op::GatherAll { state: num(&arg(1), "values")?, reduce, label: small(arg(2))? });
         }
         Ok(match e[0].as_str().unwrap_or_default() {
             "gather" => Op::Gather { slot: num(&arg(1), "values")?, state: num(&arg(2), "values")? },

@@ -3,7 +3,7 @@
 
 use arbor::cuda::codegen::Binding;
 use arbor::fusion::{Kernel, Plan, Step};
-use arbor::ir::Op;
+use arbor::ir::{Op, Reduce};
 use arbor::{nn, Builder, Init, VertexFn};
 
 /// The fused kernels of a plan, in order.
@@ -49,8 +49,8 @@ pub fn cells() -> Vec<VertexFn> {
 }
 
 /// A cell that uses every element-wise op of one input (and, in its backward function, every
-/// backward-only op), every row reduction and broadcast, every reduction over children and
-/// attention, so each op's CUDA code is generated, compiled and run.
+/// backward-only op), every row reduction and broadcast, every reduction over children (one
+/// weighted by an edge feature) and attention, so each op's CUDA code is generated, compiled and run.
 fn every_op() -> VertexFn {
     let f = Builder::new("every-op", 2);
     let x = f.pull("x", 4);
@@ -64,6 +64,7 @@ fn every_op() -> VertexFn {
         + gate * a.log_softmax()
         + a.detach() * h1
         + f.gather_sum("h", 4) * f.gather_mean("h", 4) * f.gather_max("h", 4).tanh()
+        + f.gather_weighted(1, "h", 4)
         + f.gather_softmax(a.tanh(), "h", "h", 4);
     f.scatter("h", -y);
     f.push("y", y);
@@ -77,6 +78,9 @@ pub fn bindings(k: &Kernel, plain: bool) -> Vec<Binding> {
         .map(|i| match (&k.nodes[i].op, k.nodes[i].is_param, plain) {
             (_, true, _) => Binding::Broadcast,
             (Op::Gather { .. }, _, false) => Binding::Indexed,
+            (Op::GatherAll { reduce: Reduce::Weighted { .. }, .. }, _, false) => {
+                Binding::IndexedSet(Reduce::Weighted { feature: 0 })
+            }
             (Op::GatherAll { reduce, .. }, _, false) => Binding::IndexedSet(*reduce),
             (Op::Zeros, _, _) => Binding::Zeros,
             _ => Binding::Contiguous,

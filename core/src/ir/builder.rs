@@ -278,6 +278,18 @@ impl Builder {
         self.gather_all(Reduce::Max, state, shape)
     }
 
+    /// The sum over all children of the state `state` they scattered, each times value
+    /// `feature` of its edge's feature row ([`InputGraph::with_edge_features`](crate::graph::InputGraph::with_edge_features):
+    /// a bond length, a distance expanded in radial functions, a relation's one-hot row); zeros
+    /// for a leaf. A message that depends on the edge through a matrix of its own per feature,
+    /// `Σ_f Θ_f · Σ_j e_jf·h_j` (an edge-conditioned convolution whose edge network is linear),
+    /// is one `gather_weighted` per feature, each times its `Θ_f`. The graphs run must carry
+    /// more than `feature` values per edge; the values are data (no gradient reaches them).
+    #[track_caller]
+    pub fn gather_weighted(&self, feature: u32, state: &str, shape: impl Into<Shape>) -> Var<'_> {
+        self.gather_all(Reduce::Weighted { feature }, state, shape)
+    }
+
     /// Attention over all children (graph attention, attentive Tree-LSTMs): each child's state
     /// `key` is scored against `query` (this vertex's value, so it may read the vertex's pulled
     /// input or, in an unrolled graph, its own previous state), the scores are normalized over
@@ -323,7 +335,8 @@ impl Builder {
     }
 
     /// The state `state` of every child combined by `reduce` ([`gather_sum`](Builder::gather_sum),
-    /// [`gather_mean`](Builder::gather_mean), [`gather_max`](Builder::gather_max)).
+    /// [`gather_mean`](Builder::gather_mean), [`gather_max`](Builder::gather_max),
+    /// [`gather_weighted`](Builder::gather_weighted)).
     #[track_caller]
     pub fn gather_all(&self, reduce: Reduce, state: &str, shape: impl Into<Shape>) -> Var<'_> {
         self.inner.borrow_mut().variadic = true;
@@ -337,8 +350,14 @@ impl Builder {
     /// without labels every edge carries label 0.
     #[track_caller]
     pub fn gather_labelled(&self, reduce: Reduce, label: u32, state: &str, shape: impl Into<Shape>) -> Var<'_> {
+        let shape = shape.into();
+        if reduce.feature().is_some() {
+            let reason = "children are weighted by an edge feature over all of them (`gather_weighted`), not by label"
+                .to_string();
+            self.fail_shape(format!("gather_labelled(label {label}, {})", reduce.name()), &[], reason);
+        }
         self.inner.borrow_mut().variadic = true;
-        self.gather_op(None, reduce, Some(label), state, shape.into())
+        self.gather_op(None, reduce, Some(label), state, shape)
     }
 
     /// This vertex's row of the external input `name`, computed by the input layer.

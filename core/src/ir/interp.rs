@@ -14,12 +14,39 @@ pub struct BackwardIo<'a> {
     /// `gather(k)`, slot `k`; for `gather_sum` and its kin, all of them (`gather_max` routes its
     /// gradient by them).
     pub children: &'a [Option<&'a [Vec<f32>]>],
-    /// The label of the edge to each child slot (missing entries: 0), for `gather_labelled`.
-    pub labels: &'a [u32],
+    /// What the vertex knows of the edges to its child slots.
+    pub edges: Edges<'a>,
     /// Gradient of each scattered state, summed over the vertex's parents.
     pub state_grads: &'a [Vec<f32>],
     /// Gradient of each pushed output.
     pub push_grads: &'a [Vec<f32>],
+}
+
+/// What a vertex knows of the edges to its child slots: their labels (for `gather_labelled`)
+/// and feature rows (for `gather_weighted`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Edges<'a> {
+    /// The label of the edge to each child slot (missing entries: 0).
+    pub labels: &'a [u32],
+    /// The feature rows of the edges to the child slots, one after another, `width` values each
+    /// (missing entries: 0).
+    pub features: &'a [f32],
+    /// Values per feature row.
+    pub width: usize,
+}
+
+impl Edges<'_> {
+    /// What `reduce` weighs the child in slot `k` by: its edge's feature for `gather_weighted`,
+    /// else 1.
+    fn weight(&self, reduce: Reduce, k: usize) -> f32 {
+        match reduce.feature() {
+            Some(f) if (f as usize) < self.width => {
+                self.features.get(k * self.width + f as usize).copied().unwrap_or(0.0)
+            }
+            Some(_) => 0.0,
+            None => 1.0,
+        }
+    }
 }
 
 /// The gradients one vertex produces.
@@ -111,8 +138,9 @@ fn widths(query: &Shape, out: &Shape, slope: f32) -> attention::Widths {
     attention::Widths { heads: query.rows(), key: query.cols(), value: out.cols(), slope }
 }
 
-/// The children's `rows` combined by `reduce`, element by element (`len` zeros for none).
-fn combine(reduce: Reduce, rows: &[&[f32]], len: usize) -> Vec<f32> {
+/// The children's `rows` combined by `reduce` (`gather_weighted`'s each times its weight in
+/// `weights`), element by element (`len` zeros for none).
+fn combine(reduce: Reduce, rows: &[&[f32]], weights: &[f32], len: usize) -> Vec<f32> {
     let mut out = zeros(&Shape::from(len));
     if let Reduce::Max = reduce {
         for e in 0..len {
@@ -120,8 +148,11 @@ fn combine(reduce: Reduce, rows: &[&[f32]], len: usize) -> Vec<f32> {
         }
         return out;
     }
-    for row in rows {
-        out.iter_mut().zip(*row).for_each(|(s, x)| *s += x);
+    for (row, &w) in rows.iter().zip(weights) {
+        match reduce {
+            Reduce::Weighted { .. } => out.iter_mut().zip(*row).for_each(|(s, x)| *s += w * x),
+            _ => out.iter_mut().zip(*row).for_each(|(s, x)| *s += x),
+        }
     }
     if let (Reduce::Mean, count @ 1..) = (reduce, rows.len()) {
         out.iter_mut().for_each(|s| *s /= count as f32);
@@ -146,14 +177,14 @@ fn zeros(shape: &Shape) -> Vec<f32> {
 }
 
 /// Runs F on one vertex. `children[k]` holds the states the child in slot `k` scattered (indexed
-/// like [`VertexFn::states`]) or `None`, `labels[k]` the label of its edge (missing entries: 0);
+/// like [`VertexFn::states`]) or `None`, `edges` what it knows of the edges to them;
 /// `pulls` holds the vertex's row of each input. Returns every forward value of the vertex
 /// (parameters included), indexed by [`ValueId`].
 pub fn forward(
     f: &VertexFn,
     params: &[Vec<f32>],
     children: &[Option<&[Vec<f32>]>],
-    labels: &[u32],
+    edges: &Edges<'_>,
     pulls: &[&[f32]],
 ) -> Vec<Vec<f32>> {
     let func = f.forward();
@@ -165,11 +196,11 @@ pub fn forward(
                 None => zeros(&node.shape),
             },
             Op::GatherAll { state, reduce, label } => {
-                let rows: Vec<&[f32]> = chosen(children, labels, *label)
+                let (weights, rows): (Vec<f32>, Vec<&[f32]>) = chosen(children, edges.labels, *label)
                     .into_iter()
-                    .filter_map(|k| children[k].map(|s| s[*state].as_slice()))
-                    .collect();
-                combine(*reduce, &rows, node.shape.numel())
+                    .filter_map(|k| children[k].map(|s| (edges.weight(*reduce, k), s[*state].as_slice())))
+                    .unzip();
+                combine(*reduce, &rows, &weights, node.shape.numel())
             }
             Op::GatherSoftmax { query, key, value, slope } => {
                 let (keys, values) = child_rows(children, *key, *value);
@@ -228,7 +259,7 @@ pub fn backward(
     }
     for cg in &b.child_grads {
         let g = &vals[cg.value.index()];
-        let present = chosen(io.children, io.labels, cg.label);
+        let present = chosen(io.children, io.edges.labels, cg.label);
         let mut add = |k: usize, e: usize, x: f32| {
             if let Some(Some(states)) = children.get_mut(k) {
                 states[cg.state][e] += x;
@@ -237,6 +268,10 @@ pub fn backward(
         match (cg.slot, cg.reduce) {
             (Some(k), _) => g.iter().enumerate().for_each(|(e, &x)| add(k, e, x)),
             (None, Reduce::Sum) => present.iter().for_each(|&k| g.iter().enumerate().for_each(|(e, &x)| add(k, e, x))),
+            (None, reduce @ Reduce::Weighted { .. }) => present.iter().for_each(|&k| {
+                let w = io.edges.weight(reduce, k);
+                g.iter().enumerate().for_each(|(e, &x)| add(k, e, x * w))
+            }),
             (None, Reduce::Mean) => {
                 let count = present.len() as f32;
                 present.iter().for_each(|&k| g.iter().enumerate().for_each(|(e, &x)| add(k, e, x / count)))
@@ -317,7 +352,8 @@ pub fn run_graph(
         let rows: Vec<&[f32]> =
             f.all_inputs().iter().zip(pulls).map(|(p, x)| &x[v * block(&p.shape)..(v + 1) * block(&p.shape)]).collect();
         let labels: Vec<u32> = (0..kids.len()).map(|k| g.edge_label(v, k)).collect();
-        let vals = forward(f, params, &kids, &labels, &rows);
+        let edges = Edges { labels: &labels, features: g.edge_features(v), width: g.edge_feature_width() };
+        let vals = forward(f, params, &kids, &edges, &rows);
         states[v] = f.states().iter().map(|s| vals[s.value.index()].clone()).collect();
         values[v] = vals;
     }
@@ -340,7 +376,8 @@ pub fn run_graph(
             .map(|(o, x)| x[v * block(&o.shape)..(v + 1) * block(&o.shape)].to_vec())
             .collect();
         let labels: Vec<u32> = (0..kids.len()).map(|k| g.edge_label(v, k)).collect();
-        let io = BackwardIo { children: &kids, labels: &labels, state_grads: &state_grads[v], push_grads: &pg };
+        let edges = Edges { labels: &labels, features: g.edge_features(v), width: g.edge_feature_width() };
+        let io = BackwardIo { children: &kids, edges, state_grads: &state_grads[v], push_grads: &pg };
         let grads = backward(f, params, &values[v], &io, &mut param_grads);
         for (k, child) in grads.children.into_iter().enumerate() {
             if let Some(child) = child {

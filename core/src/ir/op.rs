@@ -18,18 +18,35 @@ pub enum Reduce {
     /// The largest (`gather_max`); its gradient reaches, in each column, the first child holding
     /// the largest value there.
     Max,
+    /// The sum with each child's row times value `feature` of its edge's feature row
+    /// (`gather_weighted`: [`InputGraph::with_edge_features`](crate::graph::InputGraph::with_edge_features));
+    /// its gradient reaches every child times the same value. The edge values are data: no
+    /// gradient reaches them.
+    Weighted {
+        /// Which value of an edge's feature row weighs its child.
+        feature: u32,
+    },
 }
 
 impl Reduce {
-    /// Every reduction.
+    /// Every reduction that reads nothing of the edges.
     pub const ALL: [Reduce; 3] = [Reduce::Sum, Reduce::Mean, Reduce::Max];
 
-    /// The builder method's name: `gather_sum`, `gather_mean` or `gather_max`.
+    /// The builder method's name: `gather_sum`, `gather_mean`, `gather_max` or `gather_weighted`.
     pub fn name(self) -> &'static str {
         match self {
             Reduce::Sum => "gather_sum",
             Reduce::Mean => "gather_mean",
             Reduce::Max => "gather_max",
+            Reduce::Weighted { .. } => "gather_weighted",
+        }
+    }
+
+    /// The edge feature this reduction weighs children by, if it does.
+    pub fn feature(self) -> Option<u32> {
+        match self {
+            Reduce::Weighted { feature } => Some(feature),
+            _ => None,
         }
     }
 }
@@ -259,6 +276,9 @@ impl Op {
     pub fn name(&self) -> String {
         match self {
             Op::Gather { slot, state } => format!("gather(slot {slot}, state {state})"),
+            Op::GatherAll { state, reduce: Reduce::Weighted { feature }, label: None } => {
+                format!("gather_weighted(state {state}, feature {feature})")
+            }
             Op::GatherAll { state, reduce, label: None } => format!("{}(state {state})", reduce.name()),
             Op::GatherAll { state, reduce, label: Some(l) } => format!("{}(state {state}, label {l})", reduce.name()),
             Op::Pull { input } => format!("pull({input})"),

@@ -155,6 +155,16 @@ impl VertexFn {
         (!self.decl.variadic).then_some(self.decl.arity)
     }
 
+    /// How many values each edge's feature row must hold at least for the graphs this function
+    /// runs on: one past the largest feature `gather_weighted` reads (0 when it reads none).
+    pub fn edge_feature_width(&self) -> usize {
+        let feature = |n: &Node| match n.op {
+            Op::GatherAll { reduce, .. } => reduce.feature().map(|f| f as usize + 1),
+            _ => None,
+        };
+        self.decl.forward.nodes.iter().filter_map(feature).max().unwrap_or(0)
+    }
+
     /// The forward IR.
     pub fn forward(&self) -> &Func {
         &self.decl.forward

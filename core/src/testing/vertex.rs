@@ -2,7 +2,7 @@
 
 use super::{signed, EntryKind, GradComparisons, GradReport, Mismatch, Tolerance};
 use crate::dropout::{self, DropoutKey};
-use crate::ir::interp::{self, BackwardIo, VertexGrads};
+use crate::ir::interp::{self, BackwardIo, Edges, VertexGrads};
 use crate::ir::VertexFn;
 use crate::rng::Rng;
 
@@ -23,12 +23,15 @@ pub struct VertexCase {
     pub state_grads: Vec<Vec<f32>>,
     /// The label of the edge to each child slot (empty: every edge 0), for `gather_labelled`.
     pub labels: Vec<u32>,
+    /// The feature rows of the edges to the child slots, one after another,
+    /// [`VertexFn::edge_feature_width`] values each, for `gather_weighted`.
+    pub features: Vec<f32>,
 }
 
 impl VertexCase {
     /// Random parameters (from the function's initialisers), child states and pulls of magnitude
-    /// in `[0.1, 1)` with random signs, one drawn dropout mask per dropout site, and objective
-    /// weights in `[-1, 1)`. `present[k]` says whether child slot `k` holds a child (for a
+    /// in `[0.1, 1)` with random signs, one drawn dropout mask per dropout site, edge feature
+    /// rows in `[-1, 1)` where the function reads them, and objective weights in `[-1, 1)`. `present[k]` says whether child slot `k` holds a child (for a
     /// function with any number of children, how many there are).
     pub fn random(f: &VertexFn, seed: u64, present: &[bool]) -> VertexCase {
         let mut rng = Rng::new(seed);
@@ -60,7 +63,13 @@ impl VertexCase {
             .iter()
             .map(|s| (0..s.shape.numel()).map(|_| if s.gathered { rng.range(-1.0, 1.0) } else { 0.0 }).collect())
             .collect();
-        VertexCase { params, children, pulls, push_grads, state_grads, labels: Vec::new() }
+        let features = (0..present.len() * f.edge_feature_width()).map(|_| rng.range(-1.0, 1.0)).collect();
+        VertexCase { params, children, pulls, push_grads, state_grads, labels: Vec::new(), features }
+    }
+
+    /// What the vertex knows of the edges to its child slots.
+    fn edges(&self, f: &VertexFn) -> Edges<'_> {
+        Edges { labels: &self.labels, features: &self.features, width: f.edge_feature_width() }
     }
 
     /// Which child slots hold a child.
@@ -72,7 +81,7 @@ impl VertexCase {
     pub fn forward(&self, f: &VertexFn) -> Vec<Vec<f32>> {
         let children: Vec<Option<&[Vec<f32>]>> = self.children.iter().map(|c| c.as_deref()).collect();
         let pulls: Vec<&[f32]> = self.pulls.iter().map(Vec::as_slice).collect();
-        interp::forward(f, &self.params, &children, &self.labels, &pulls)
+        interp::forward(f, &self.params, &children, &self.edges(f), &pulls)
     }
 
     /// The objective `L` and the magnitude `S = Σ|weight·value|` of its terms.
@@ -100,7 +109,7 @@ impl VertexCase {
         let children: Vec<Option<&[Vec<f32>]>> = self.children.iter().map(|c| c.as_deref()).collect();
         let io = BackwardIo {
             children: &children,
-            labels: &self.labels,
+            edges: self.edges(f),
             state_grads: &self.state_grads,
             push_grads: &self.push_grads,
         };

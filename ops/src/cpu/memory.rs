@@ -135,6 +135,7 @@ pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: us
             for (v, o) in out.chunks_exact_mut(block).enumerate() {
                 let (lo, hi) = (offs[v] as usize, offs[v + 1] as usize);
                 let rows = raw.index(op, IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?;
+                let weights = set_weights(raw, combine, lo, rows.len())?;
                 for (q, &i) in rows.iter().enumerate() {
                     // SAFETY: as above.
                     let x = unsafe { raw.row(op, data, i, block)? };
@@ -144,6 +145,7 @@ pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: us
                         // kernels and the interpreter compare).
                         Combine::Max { .. } => o.iter_mut().zip(x).filter(|(d, x)| *x > *d).for_each(|(d, x)| *d = *x),
                         Combine::Sum | Combine::Mean => o.iter_mut().zip(x).for_each(|(d, x)| *d += x),
+                        Combine::Weighted { .. } => o.iter_mut().zip(x).for_each(|(d, x)| *d += weights[q] * x),
                     }
                 }
                 if let (Combine::Mean, count @ 1..) = (combine, rows.len()) {
@@ -153,6 +155,16 @@ pub(crate) fn load(raw: &Raw<'_>, rows: &Rows, start: usize, m: usize, block: us
         }
     }
     Ok(())
+}
+
+/// The weights of the `n` members of a set from position `at` of its list on, for a
+/// [`Combine::Weighted`] set (empty for the others).
+fn set_weights<'r>(raw: &Raw<'r>, combine: Combine, at: usize, n: usize) -> Result<&'r [f32]> {
+    match combine {
+        // SAFETY: the weights are data of the minibatch, never written by the call reading them.
+        Combine::Weighted { weights, .. } => unsafe { raw.get("gather_weighted", weights.offset_by(at), n) },
+        _ => Ok(&[]),
+    }
 }
 
 /// The elements `start..end` of buffer `buf`, as one call reads or writes them.
@@ -203,9 +215,12 @@ pub(crate) fn apart_from_rows(raw: &Raw<'_>, op: &str, write: Span, rows: &Rows,
         Rows::Indexed { data, index } => {
             raw.index(op, index, n)?.iter().filter(|&&i| i != NO_ROW).try_for_each(|&i| apart(op, write, row(data, i)))
         }
-        Rows::IndexedSet { data, offsets, index, .. } => {
+        Rows::IndexedSet { data, offsets, index, combine } => {
             let offs = raw.index(op, offsets, n + 1)?;
             let (lo, hi) = (offs[0] as usize, offs[n] as usize);
+            if let Combine::Weighted { weights, .. } = combine {
+                apart(op, write, Span::at(weights.offset_by(lo), hi.saturating_sub(lo)))?;
+            }
             let rows = raw.index(op, IndexLoc { offset: index.offset + lo, ..index }, hi.saturating_sub(lo))?;
             rows.iter().filter(|&&i| i != NO_ROW).try_for_each(|&i| apart(op, write, row(data, i)))
         }
@@ -248,6 +263,12 @@ pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: 
         Rows::IndexedSet { combine, .. } => combine,
         _ => Combine::Sum,
     };
+    // A weighted set's weights, read beside the rows written: apart from them.
+    let first = offs.map_or(0, |o| o[0] as usize);
+    let weights = set_weights(raw, combine, first, index.len())?;
+    if let (Combine::Weighted { weights: at, .. }, Some(to)) = (combine, rows_span(index, data, block)) {
+        apart("scatter_add", to, Span::at(at.offset_by(first), index.len()))?;
+    }
     if let Combine::Max { by } = combine {
         // The compared rows are read while the destination rows are written: the spans of the
         // rows named, in each, apart, and the compared ones in bounds.
@@ -287,13 +308,19 @@ pub(crate) fn scatter_add(raw: &Raw<'_>, src: Loc, block: usize, n: usize, dst: 
                 }
             }
             let count = rows.len() as f32;
-            for &row in rows.iter().filter(|&&r| r != NO_ROW) {
+            // Where the vertex's members start among the weights (which start at the first's).
+            let from = offs.map_or(v, |o| (o[v] - o[0]) as usize);
+            for (q, &row) in rows.iter().enumerate().filter(|&(_, &r)| r != NO_ROW) {
                 let at = data.offset_by(row as usize * block + cols.start);
                 // SAFETY: each part writes only its own columns of a destination row, one row at
                 // a time.
                 let d = unsafe { raw.get_mut("scatter_add", at, cols.len())? };
                 match combine {
                     Combine::Mean => d.iter_mut().zip(&x[cols.clone()]).for_each(|(d, x)| *d += x / count),
+                    Combine::Weighted { .. } => {
+                        let w = weights[from + q];
+                        d.iter_mut().zip(&x[cols.clone()]).for_each(|(d, x)| *d += x * w)
+                    }
                     _ => d.iter_mut().zip(&x[cols.clone()]).for_each(|(d, x)| *d += x),
                 }
             }
