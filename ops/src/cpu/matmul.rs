@@ -154,20 +154,39 @@ enum Path {
 /// Runs independent products (none writes what another reads or writes), each split between
 /// the team's threads.
 pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) -> Result<()> {
+    products(raw, gs, transposes, false)
+}
+
+/// Runs products summed into one output, in order (`Backend::gemm_sum`: the first writes C as
+/// its `accumulate` says, each later one adds to it): where each runs on the direct kernel or
+/// dot products, all in one share-out of C's columns, each part adding its columns' products in
+/// the chain's order (the sums of running them one after another, one hand-off to the team
+/// instead of one a product); else one after another.
+pub(crate) fn gemm_sum(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) -> Result<()> {
+    products(raw, gs, transposes, true)
+}
+
+/// [`gemm_batch`], or [`gemm_sum`] where `chain`.
+fn products(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes, chain: bool) -> Result<()> {
     for g in gs {
         check(raw, g)?;
     }
-    // Each C is written: it shares no element with any operand of the call but itself.
+    // Each C is written: it shares no element with any operand of the call but itself (and, in
+    // a chain, the others' C, which is the same).
     let stored: SmallOperands = gs.iter().map(operands).collect();
     for (i, ops) in stored.iter().enumerate() {
         let c = &ops[2];
         for (j, other) in stored.iter().enumerate() {
             for (o, x) in other.iter().enumerate() {
-                if (i != j || o < 2) && c.meets(x) {
+                if (i != j && !(chain && o == 2) || o < 2) && c.meets(x) {
                     return Err(bad("gemm", format!("the product written ({c:?}) overlaps an operand ({x:?})")));
                 }
             }
         }
+    }
+    let same = |g: &Gemm| (g.c, g.m, g.n, g.ldc, g.batch) == (gs[0].c, gs[0].m, gs[0].n, gs[0].ldc, 1);
+    if chain && !gs.iter().all(same) {
+        return Err(bad("gemm_sum", "the products of a chain write one output of one shape, one batch entry"));
     }
     let mut paths = Vec::with_capacity(gs.len());
     let level = super::isa::active();
@@ -187,6 +206,10 @@ pub(crate) fn gemm_batch(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes) ->
         } else {
             Path::Direct(None)
         });
+    }
+    if chain && paths.iter().any(|p| matches!(p, Path::Crate)) {
+        // The crate's units are claimed in any order: one product after another.
+        return gs.iter().try_for_each(|g| products(raw, std::slice::from_ref(g), transposes, false));
     }
     let macs: usize = gs.iter().map(|g| g.m * g.n * g.k * g.batch).sum();
     let claims = Claims::new(team::size());
@@ -582,5 +605,45 @@ mod tests {
         let b: Vec<f32> = (0..n * k).map(|i| value(i + 3, 1.5)).collect();
         bufs[1] = HostBuffer::from(b.clone());
         check(&mut bufs, &b);
+    }
+
+    /// A chain (`h₀·U₀ + h₁·U₁`, the first writing or adding as it says) gives the bits of its
+    /// products run one after another — in one share-out of the columns on the direct kernel and
+    /// dot products, one product after another where one takes the crate — on 1 and 2 threads;
+    /// a chain whose products write different outputs is refused.
+    #[test]
+    fn a_chain_gives_the_bits_of_its_products_in_turn() {
+        let value = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 25.0;
+        // Rows 1 and 3 (direct kernel, dot products with a transposed parameter), 200 (the crate).
+        for (m, n, k, tb) in [(1, 750, 150, false), (3, 150, 750, true), (200, 70, 30, false)] {
+            for (first_adds, threads) in [(false, 1), (true, 2), (false, 2)] {
+                let cpu = CpuBackend::with_threads(threads);
+                let ldb = if tb { k } else { n };
+                let data: Vec<f32> = (0..3 * m * k + 2 * k * n + m * n).map(value).collect();
+                let at = |offset: usize| Loc { buf: 0, offset };
+                let (c, b0) = (3 * m * k, 3 * m * k + m * n);
+                let product = |a: usize, b: usize, accumulate: bool| Gemm {
+                    accumulate,
+                    ..Gemm::single((m, n, k), (at(a), k, false), (at(b), ldb, tb, true), (at(c), n))
+                };
+                let chain =
+                    [product(0, b0, first_adds), product(m * k, b0 + k * n, true), product(2 * m * k, b0, true)];
+                let run = |sum: bool| {
+                    let mut bufs = vec![HostBuffer::from(data.clone())];
+                    let mut mem = Mem { data: &mut bufs, index: &[] };
+                    if sum {
+                        cpu.gemm_sum(&mut mem, &chain).unwrap();
+                    } else {
+                        chain.iter().for_each(|g| cpu.gemm(&mut mem, g).unwrap());
+                    }
+                    bufs[0][c..c + m * n].to_vec()
+                };
+                assert!(run(true) == run(false), "{m} × {n} × {k}, tb {tb}, {threads} threads");
+                let mut other = chain;
+                other[1].c = at(c + 1);
+                let e = cpu.gemm_sum(&mut Mem { data: &mut [HostBuffer::from(data.clone())], index: &[] }, &other);
+                assert!(e.is_err(), "a chain of two outputs runs");
+            }
+        }
     }
 }

@@ -195,6 +195,11 @@ impl Backend for CpuBackend {
         self.within(|| matmul::gemm_batch(&raw, gs, &self.transposes))
     }
 
+    fn gemm_sum(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
+        let raw = Raw::new(mem, gs.iter().map(|g| g.c.buf))?;
+        self.within(|| matmul::gemm_sum(&raw, gs, &self.transposes))
+    }
+
     fn fused(&self, mem: &mut Mem<'_, Self>, kernel: &Kernel, n: usize, loads: &[Rows], stores: &[Loc]) -> Result<()> {
         let raw = Raw::new(mem, stores.iter().map(|s| s.buf))?;
         self.within(|| fused::run(&raw, kernel, n, loads, stores))
