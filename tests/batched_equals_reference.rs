@@ -4,6 +4,7 @@
 use arbor::ir::interp::run_graph;
 use arbor::ir::Reduce;
 use arbor::rng::Rng;
+use arbor::testing::strategy::with_edge_features;
 use arbor::testing::{check_batched_with, Batched};
 use arbor::Pass;
 use arbor::{nn, Builder, CpuBackend, Engine, Init, InputGraph, Pull, VertexFn};
@@ -513,14 +514,8 @@ fn weighted_cell() -> VertexFn {
     f.build().unwrap()
 }
 
-/// [`mixed_degree`] with a feature row of `width` values in [-1, 1) on every edge.
-fn featured(rng: &mut Rng, g: InputGraph, width: usize) -> InputGraph {
-    let rows = (0..g.len()).map(|v| (0..g.children(v).len() * width).map(|_| rng.range(-1.0, 1.0)).collect()).collect();
-    g.with_edge_features(width, rows).unwrap()
-}
-
 /// Children weighed by edge features, batched, equal the reference (which reads each edge's row
-/// from the graph), on graphs whose rows are wider than the cell reads.
+/// from the graph), on graphs of mixed degree whose rows are wider than the cell reads.
 #[test]
 fn gathers_weighted_by_edge_features_on_a_fixed_forest_and_dag() {
     for (seed, dag) in [(71, false), (72, true)] {
@@ -529,7 +524,7 @@ fn gathers_weighted_by_edge_features_on_a_fixed_forest_and_dag() {
             .map(|_| {
                 let n = 1 + rng.below(120);
                 let g = mixed_degree(&mut rng, n, dag);
-                featured(&mut rng, g, 3 + seed as usize % 2)
+                with_edge_features(g, 3 + seed as usize % 2, &mut rng)
             })
             .collect();
         check_batched_with(&weighted_cell(), &gs, &Batched::new(seed)).unwrap_or_else(|e| panic!("{e}"));
@@ -541,7 +536,7 @@ fn gathers_weighted_by_edge_features_on_a_fixed_forest_and_dag() {
 fn gathers_weighted_by_a_feature_the_edges_lack_are_refused() {
     let mut rng = Rng::new(73);
     let g = mixed_degree(&mut rng, 20, false);
-    let g = featured(&mut rng, g, 2);
+    let g = with_edge_features(g, 2, &mut rng);
     let e = check_batched_with(&weighted_cell(), &[g], &Batched::new(73)).unwrap_err().to_string();
     assert!(e.contains("edge feature 2") && e.contains("2 feature values"), "{e}");
 }
@@ -597,7 +592,7 @@ proptest! {
     #[test]
     fn weighted_gathers_batched_equal_reference(seed in any::<u64>(), graphs in 1usize..=10, max_v in 1usize..=120, dag in any::<bool>()) {
         let mut rng = Rng::new(seed);
-        let gs: Vec<InputGraph> = (0..graphs).map(|_| { let n = 1 + rng.below(max_v); let g = mixed_degree(&mut rng, n, dag); featured(&mut rng, g, 3) }).collect();
+        let gs: Vec<InputGraph> = (0..graphs).map(|_| { let n = 1 + rng.below(max_v); let g = mixed_degree(&mut rng, n, dag); with_edge_features(g, 3, &mut rng) }).collect();
         check_batched_with(&weighted_cell(), &gs, &Batched::new(seed)).map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
 

@@ -9,6 +9,7 @@ mod common;
 
 use arbor::cuda::{CudaBackend, Precision};
 use arbor::rng::Rng;
+use arbor::testing::strategy::with_edge_features;
 use arbor::Pass;
 use arbor::{nn, Backend, Builder, CpuBackend, Engine, Init, InputGraph, Pull, VertexFn};
 
@@ -77,10 +78,7 @@ fn cells_match(precision: Precision, tolerance: f32) {
         let graphs: Vec<InputGraph> = (0..12)
             .map(|k| {
                 let g = InputGraph::random(&mut rng, 3 + 7 * k, arity, dag);
-                let rows: Vec<Vec<f32>> = (0..g.len())
-                    .map(|v| (0..g.children(v).len() * width).map(|_| rng.range(-1.0, 1.0)).collect())
-                    .collect();
-                g.with_edge_features(width, rows).unwrap()
+                with_edge_features(g, width, &mut rng)
             })
             .collect();
         let refs: Vec<&InputGraph> = graphs.iter().collect();

@@ -51,14 +51,29 @@ pub fn forests(arity: usize, vertices: RangeInclusive<usize>) -> impl Strategy<V
 }
 
 /// Random trees that suit `f`: [`nary_trees`] (up to 4 children) when it takes any number of
-/// children, [`trees`] of its arity otherwise (chains for arity 1, isolated vertices for 0).
+/// children, [`trees`] of its arity otherwise (chains for arity 1, isolated vertices for 0);
+/// their edges carry feature rows as wide as `f` reads ([`with_edge_features`]).
 pub fn trees_for(f: &VertexFn, vertices: RangeInclusive<usize>) -> BoxedStrategy<InputGraph> {
-    match (f.max_children(), f.arity()) {
+    let graphs = match (f.max_children(), f.arity()) {
         (None, a) => nary_trees(a.max(4), vertices).boxed(),
         (Some(0), _) => vertices.prop_map(|n| InputGraph::isolated(n.max(1))).boxed(),
         (Some(1), _) => chains(vertices).boxed(),
         (Some(a), _) => trees(a, vertices).boxed(),
+    };
+    match f.edge_feature_width() {
+        0 => graphs,
+        width => {
+            (graphs, any::<u64>()).prop_map(move |(g, seed)| with_edge_features(g, width, &mut Rng::new(seed))).boxed()
+        }
     }
+}
+
+/// `g` with a feature row of `width` values in `[-1, 1)` on every edge, drawn from `rng`: what a
+/// function weighing its children by edge features (`gather_weighted`) reads.
+pub fn with_edge_features(g: InputGraph, width: usize, rng: &mut Rng) -> InputGraph {
+    let rows = (0..g.len()).map(|v| (0..g.children(v).len() * width).map(|_| rng.range(-1.0, 1.0)).collect()).collect();
+    // The rows match the slots and are finite, so the graph takes them.
+    g.clone().with_edge_features(width, rows).unwrap_or(g)
 }
 
 /// Minibatches: `count` graphs drawn from `graph`, e.g. `minibatches(trees(2, 1..=20), 1..=8)`.
@@ -116,4 +131,37 @@ fn sized(
     make: impl Fn(&mut Rng, usize) -> InputGraph + Clone,
 ) -> impl Strategy<Value = InputGraph> {
     (vertices, any::<u64>()).prop_map(move |(n, seed)| make(&mut Rng::new(seed), n.max(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Builder;
+    use proptest::test_runner::TestRunner;
+
+    /// A function weighing its children by edge feature 2 gets trees whose every edge carries
+    /// three values; one reading no edges gets trees whose edges carry none.
+    #[test]
+    fn trees_for_carry_the_edge_features_a_function_reads() {
+        let function = |weighted: bool| {
+            let f = Builder::new("f", 0);
+            let x = f.pull("x", 2);
+            let children = if weighted { f.gather_weighted(2, "h", 2) } else { f.gather_sum("h", 2) };
+            f.scatter("h", x + children);
+            f.build().expect("a function")
+        };
+        let mut runner = TestRunner::deterministic();
+        for (weighted, width) in [(true, 3), (false, 0)] {
+            let f = function(weighted);
+            let strategy = trees_for(&f, 1..=20);
+            for _ in 0..16 {
+                let g = strategy.new_tree(&mut runner).expect("a tree").current();
+                assert_eq!(g.edge_feature_width(), width);
+                assert!(g.check_for(&f).is_ok());
+                for v in 0..g.len() {
+                    assert_eq!(g.edge_features(v).len(), g.children(v).len() * width, "vertex {v}");
+                }
+            }
+        }
+    }
 }
