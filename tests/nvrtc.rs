@@ -17,6 +17,7 @@ use arbor::cuda::codegen::{generate, Binding};
 use arbor::cuda::nvrtc::{self, Usage};
 use arbor::fusion::Kernel;
 use arbor::rng::Rng;
+use arbor::testing::strategy::with_edge_features;
 use arbor::Pass;
 use arbor::{nn, Engine, InputGraph, Pull, VertexFn};
 use common::kernels::{bindings, cells, kernels};
@@ -87,7 +88,8 @@ fn engine_kernels(f: &VertexFn, seed: u64) -> Vec<(String, Kernel, Vec<Binding>)
             if f.max_children() == Some(0) {
                 InputGraph::isolated(n)
             } else {
-                InputGraph::random(&mut rng, n, arity, dag)
+                let g = InputGraph::random(&mut rng, n, arity, dag);
+                with_edge_features(g, f.edge_feature_width(), &mut rng)
             }
         })
         .collect();

@@ -21,7 +21,8 @@ pub enum Feed {
     /// The feature rows of the edges to the vertex's children
     /// ([`InputGraph::with_edge_features`], this many values each) reduced over the children as
     /// the [`Reduce`] says (zeros at a leaf): what bonds or relations a vertex has, for a cell to
-    /// map with a product (`e · W`).
+    /// map with a product (`e · W`). A cell that weighs each child's state by its own edge's
+    /// values reads them itself ([`Builder::gather_weighted`](crate::Builder::gather_weighted)).
     ChildEdges(usize, Reduce),
     /// The vertex's height ([`InputGraph::heights`]: 0 at a leaf, one above its highest child) as
     /// a one-hot row of this many columns (a height past the last column counts as the last): in
