@@ -10,7 +10,7 @@
 //! The generated body is plain C (`ARBOR_HOST` compiles it for the host), which lets the CPU-only
 //! test suite run it against the CPU backend.
 
-use arbor_core::backend::{Combine, Rows};
+use arbor_core::backend::Rows;
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
 use arbor_core::ir::{Op, Reduce};
@@ -40,11 +40,17 @@ impl Binding {
             Rows::Contiguous(_) => Binding::Contiguous,
             Rows::Broadcast(_) => Binding::Broadcast,
             Rows::Indexed { .. } => Binding::Indexed,
-            Rows::IndexedSet { combine: Combine::Weighted { .. }, .. } => {
-                Binding::IndexedSet(Reduce::Weighted { feature: 0 })
-            }
-            Rows::IndexedSet { combine, .. } => Binding::IndexedSet(combine.reduce()),
+            Rows::IndexedSet { combine, .. } => Binding::set(combine.reduce()),
             Rows::Zeros => Binding::Zeros,
+        }
+    }
+
+    /// The binding of a set of rows per vertex combined by `reduce` (one kernel for every edge
+    /// feature a weighted set reads: the weights are data).
+    pub fn set(reduce: Reduce) -> Binding {
+        match reduce {
+            Reduce::Weighted { .. } => Binding::IndexedSet(Reduce::Weighted { feature: 0 }),
+            reduce => Binding::IndexedSet(reduce),
         }
     }
 }

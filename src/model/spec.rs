@@ -197,8 +197,8 @@ pub fn function_to_json(f: &VertexFn) -> Value {
     let op = |op: &Op| -> Value {
         match op {
             Op::Gather { slot, state } => json!(["gather", slot, state]),
-            Op::GatherAll { state, reduce: Reduce::Weighted { feature }, label: None } => {
-                json!([Reduce::Weighted { feature: *feature }.name(), state, null, feature])
+            Op::GatherAll { state, reduce: reduce @ Reduce::Weighted { feature }, label: None } => {
+                json!([reduce.name(), state, null, feature])
             }
             Op::GatherAll { state, reduce, label: None } => json!([reduce.name(), state]),
             Op::GatherAll { state, reduce, label: Some(l) } => json!([reduce.name(), state, l]),

@@ -3,7 +3,7 @@
 
 use arbor::cuda::codegen::Binding;
 use arbor::fusion::{Kernel, Plan, Step};
-use arbor::ir::{Op, Reduce};
+use arbor::ir::Op;
 use arbor::{nn, Builder, Init, VertexFn};
 
 /// The fused kernels of a plan, in order.
@@ -78,10 +78,7 @@ pub fn bindings(k: &Kernel, plain: bool) -> Vec<Binding> {
         .map(|i| match (&k.nodes[i].op, k.nodes[i].is_param, plain) {
             (_, true, _) => Binding::Broadcast,
             (Op::Gather { .. }, _, false) => Binding::Indexed,
-            (Op::GatherAll { reduce: Reduce::Weighted { .. }, .. }, _, false) => {
-                Binding::IndexedSet(Reduce::Weighted { feature: 0 })
-            }
-            (Op::GatherAll { reduce, .. }, _, false) => Binding::IndexedSet(*reduce),
+            (Op::GatherAll { reduce, .. }, _, false) => Binding::set(*reduce),
             (Op::Zeros, _, _) => Binding::Zeros,
             _ => Binding::Contiguous,
         })

@@ -31,8 +31,9 @@ pub struct VertexCase {
 impl VertexCase {
     /// Random parameters (from the function's initialisers), child states and pulls of magnitude
     /// in `[0.1, 1)` with random signs, one drawn dropout mask per dropout site, edge feature
-    /// rows in `[-1, 1)` where the function reads them, and objective weights in `[-1, 1)`. `present[k]` says whether child slot `k` holds a child (for a
-    /// function with any number of children, how many there are).
+    /// rows in `[-1, 1)` where the function reads them, and objective weights in `[-1, 1)`.
+    /// `present[k]` says whether child slot `k` holds a child (for a function with any number of
+    /// children, how many there are).
     pub fn random(f: &VertexFn, seed: u64, present: &[bool]) -> VertexCase {
         let mut rng = Rng::new(seed);
         let params = f.init_params(&mut rng);

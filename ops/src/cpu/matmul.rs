@@ -209,12 +209,18 @@ fn products(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes, chain: bool) ->
     }
     if chain && paths.iter().any(|p| matches!(p, Path::Crate)) {
         // The crate's units are claimed in any order: one product after another.
-        return gs.iter().try_for_each(|g| products(raw, std::slice::from_ref(g), transposes, false));
+        return (0..gs.len()).try_for_each(|i| share_out(raw, &gs[i..=i], &paths[i..=i]));
     }
+    share_out(raw, gs, &paths)
+}
+
+/// Runs checked products on the paths chosen for them, shared out between the team's threads
+/// ([`run_part`]).
+fn share_out(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path]) -> Result<()> {
     let macs: usize = gs.iter().map(|g| g.m * g.n * g.k * g.batch).sum();
     let claims = Claims::new(team::size());
     let max = if macs < PARALLEL_MACS { 1 } else { usize::MAX };
-    team::split(max, |part, parts| run_part(raw, gs, &paths, (part, parts), &claims))
+    team::split(max, |part, parts| run_part(raw, gs, paths, (part, parts), &claims))
 }
 
 /// Part `part` of `parts` of [`gemm_batch`]: its share of the columns of every product on the
