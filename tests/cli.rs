@@ -64,6 +64,11 @@ fn bad_input_gives_one_line_and_a_failure() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--data DIR with a TU data set"));
     let out = arbor(&["train", "--every-step"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--every-step: expected a graph model"));
+    let out = arbor(&["train", "--cycles", "6"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cycles: expected a graph model"));
+    let mutag = arbor::data::data_dir().join("mutag");
+    let out = arbor(&["train", "--model", "gin", "--data", mutag.to_str().unwrap(), "--cycles", "2"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cycles: expected a cycle length of at least 3"));
     for model in ["gat", "tree-lstm"] {
         let out = arbor(&["train", "--model", model, "--data", ".", "--per-step"]);
         assert!(String::from_utf8_lossy(&out.stderr).contains("--per-step: expected --model gin"), "{model}");
@@ -538,11 +543,13 @@ fn eval_reproduces_every_models_training_scores() {
     // One fold's folder scores that fold alone.
     let fold = last_json(&arbor(&["eval", "--checkpoint", ck.join("fold-1").to_str().unwrap()]));
     assert_eq!(fold["fold_scores"][0], evaluated["fold_scores"][1], "{fold}");
-    // GIN with weights per step: its cell pulls the step, which the checkpoint's model keeps.
+    // GIN with weights per step: its cell pulls the step, which the checkpoint's model keeps;
+    // its nodes labelled by their rings too, which eval repeats from what the checkpoint records.
     std::fs::remove_dir_all(&ck).ok();
-    let per_step = [&graphs[..2], &["gin", "--per-step", "--every-step"], &graphs[3..]].concat();
+    let per_step = [&graphs[..2], &["gin", "--per-step", "--every-step", "--cycles", "6"], &graphs[3..]].concat();
     let trained = last_json(&arbor(&per_step));
     let evaluated = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
     assert_eq!((trained["per_step"].as_bool(), &trained["cv_acc_mean"]), (Some(true), &evaluated["cv_acc_mean"]));
+    assert_eq!(trained["cycles"], 6, "{trained}");
     std::fs::remove_dir_all(&ck).ok();
 }

@@ -1,6 +1,7 @@
 //! Data sets: vocabularies, tree examples, readers for SST, SICK, TU graph sets and GloVe, and the
 //! built-in synthetic treebank.
 
+pub mod cycles;
 pub mod glove;
 pub mod labelled;
 pub mod lines;

@@ -149,6 +149,36 @@ pub fn read(dir: &Path, name: &str) -> Result<TuDataset> {
     Ok(TuDataset { graphs, node_label_count, classes: class_count, edge_label_count, edge_feature_width: width })
 }
 
+impl TuDataset {
+    /// Relabels every node by its label and the number of simple cycles of each length
+    /// `3..=max_len` through it ([`cycle_counts`](super::cycles::cycle_counts), the substructure
+    /// counts of GSN), renumbered 0, 1, … in ascending order of (label, counts) over the whole set,
+    /// so that a ring atom and a chain atom, or a fused ring and a lone one, read different rows
+    /// of the input table. The same data relabels the same way (so `arbor eval` can repeat it).
+    /// An error names a graph too dense to count.
+    pub fn label_cycles(&mut self, max_len: usize) -> Result<()> {
+        let mut keys: Vec<Vec<u32>> = Vec::with_capacity(self.graphs.iter().map(|g| g.node_labels.len()).sum());
+        for (k, g) in self.graphs.iter().enumerate() {
+            let counts = super::cycles::cycle_counts(&g.neighbours, max_len).map_err(|e| match e {
+                Error::Graph { reason, .. } => {
+                    Error::Graph { graph: format!("graph {} of the data set", k + 1), reason }
+                }
+                e => e,
+            })?;
+            keys.extend(g.node_labels.iter().zip(counts).map(|(&l, c)| std::iter::once(l).chain(c).collect()));
+        }
+        let mut distinct = keys.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let mut relabelled = keys.iter().map(|key| distinct.partition_point(|d| d < key) as u32);
+        for label in self.graphs.iter_mut().flat_map(|g| g.node_labels.iter_mut()) {
+            *label = relabelled.next().unwrap_or(0);
+        }
+        self.node_label_count = distinct.len();
+        Ok(())
+    }
+}
+
 /// `values` renumbered 0, 1, … in ascending order of the distinct values, and how many there
 /// are (so a sparse or large label costs nothing).
 fn renumber(values: &[i64]) -> (Vec<u32>, usize) {

@@ -279,6 +279,10 @@ pub(crate) struct TrainArgs {
     /// shared by every step (gin).
     #[arg(long)]
     pub(crate) per_step: bool,
+    /// Label each node also by how many simple cycles of each length from 3 to N pass through it
+    /// (graph models: GSN's substructure counts; 6 covers a molecule's 5- and 6-rings).
+    #[arg(long, value_name = "N")]
+    pub(crate) cycles: Option<usize>,
     /// Trees per minibatch; `auto`: chosen as training goes for the most goodput (Pollux: the
     /// gradient noise scale measured every few steps against a step-time model timed at the
     /// start; the learning rate scaled by √(batch / 25)), starting at 25 (tree and sequence

@@ -34,6 +34,19 @@ fn tu_name(dir: &Path) -> Result<String> {
     }
 }
 
+/// TU data set `name` from `dir`, its nodes also labelled by the cycles of up to `cycles` nodes
+/// through them where given (`--cycles`).
+fn read_labelled(dir: &Path, name: &str, cycles: Option<usize>) -> Result<tu::TuDataset> {
+    let mut data = tu::read(dir, name)?;
+    if let Some(n) = cycles {
+        if n < 3 {
+            return Err(Error::input("--cycles", "a cycle length of at least 3", n.to_string()));
+        }
+        data.label_cycles(n)?;
+    }
+    Ok(data)
+}
+
 /// `arbor train --model ggnn|gin|gat`: cross-validation over the graphs of a TU data set.
 pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     let epochs = sizes.epochs;
@@ -55,7 +68,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         Error::input(&model_flag, "--data DIR with a TU data set (e.g. ../shared/data/mutag)", "no --data")
     })?;
     let name = tu_name(dir)?;
-    let data = tu::read(dir, &name)?;
+    let data = read_labelled(dir, &name, args.cycles)?;
     if data.classes < 2 {
         return Err(Error::input(
             format!("--data {} (TU set {name})", dir.display()),
@@ -89,7 +102,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         average: args.average,
         checkpoint: args.checkpoint.clone(),
         // Where the graphs are, so that `arbor eval` scores each fold's held-out graphs again.
-        meta: json!({"data": dir.display().to_string(), "name": name}),
+        meta: json!({"data": dir.display().to_string(), "name": name, "cycles": args.cycles}),
         ..GraphTraining::new(cell)
     };
     // The folder is this run's for its whole life (refused if another run's checkpoints are
@@ -124,7 +137,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         json!({
             "model": cell.name(), "data": dir.display().to_string(), "folds": result.fold_scores.len(), "epochs": epochs,
             "steps": args.steps(), "hidden": sizes.hidden, "embed": sizes.embed, "readout": cfg.readout.name(), "every_step": cfg.every_step,
-            "per_step": cfg.per_step, "lr_decay": cfg.lr_decay,
+            "per_step": cfg.per_step, "lr_decay": cfg.lr_decay, "cycles": args.cycles,
             "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
             "graphs_per_s": result.examples_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
         })
@@ -160,7 +173,9 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         if read.as_ref().is_none_or(|(d, _)| *d != data_dir) {
             let name = meta["name"].as_str().map_or_else(|| tu_name(&data_dir), |n| Ok(n.to_string()))?;
             let every_step = meta["every_step"].as_bool().unwrap_or(false);
-            read = Some((data_dir.clone(), Unrolled::all(&tu::read(&data_dir, &name)?, steps, every_step)?));
+            let cycles = meta["cycles"].as_u64().map(|n| n as usize);
+            read =
+                Some((data_dir.clone(), Unrolled::all(&read_labelled(&data_dir, &name, cycles)?, steps, every_step)?));
         }
         let graphs = read.as_ref().map(|(_, g)| g.as_slice()).unwrap_or_default();
         // Folds dealt by class (stratified), or, in checkpoints from before, by order alone.
