@@ -74,6 +74,10 @@ fn mutag_atoms_are_labelled_by_their_rings() {
     let mut again = d.clone();
     again.label_cycles(6).unwrap();
     assert_eq!(again, ringed);
+    // A graph whose labels and neighbour lists disagree is named, not relabelled in part.
+    again.graphs[4].node_labels.pop();
+    let e = again.label_cycles(6).unwrap_err().to_string();
+    assert!(e.contains("graph 5 of the data set") && e.contains("neighbour lists"), "{e}");
 }
 
 #[test]

@@ -155,14 +155,18 @@ impl TuDataset {
     /// counts of GSN), renumbered 0, 1, … in ascending order of (label, counts) over the whole set,
     /// so that a ring atom and a chain atom, or a fused ring and a lone one, read different rows
     /// of the input table. The same data relabels the same way (so `arbor eval` can repeat it).
-    /// An error names a graph too dense to count.
+    /// An error names a graph too dense to count, or whose node labels and neighbour lists differ
+    /// in number (the fields are public).
     pub fn label_cycles(&mut self, max_len: usize) -> Result<()> {
         let mut keys: Vec<Vec<u32>> = Vec::with_capacity(self.graphs.iter().map(|g| g.node_labels.len()).sum());
         for (k, g) in self.graphs.iter().enumerate() {
+            let graph = || format!("graph {} of the data set", k + 1);
+            if g.neighbours.len() != g.node_labels.len() {
+                let reason = format!("{} node labels but {} neighbour lists", g.node_labels.len(), g.neighbours.len());
+                return Err(Error::Graph { graph: graph(), reason });
+            }
             let counts = super::cycles::cycle_counts(&g.neighbours, max_len).map_err(|e| match e {
-                Error::Graph { reason, .. } => {
-                    Error::Graph { graph: format!("graph {} of the data set", k + 1), reason }
-                }
+                Error::Graph { reason, .. } => Error::Graph { graph: graph(), reason },
                 e => e,
             })?;
             keys.extend(g.node_labels.iter().zip(counts).map(|(&l, c)| std::iter::once(l).chain(c).collect()));
