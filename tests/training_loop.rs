@@ -242,6 +242,33 @@ fn a_model_reading_every_vertex_trains_on_the_mean_over_labelled_vertices() {
 /// Epoch hooks: a run stops after the epoch its hook says, `patience` stops after that many
 /// epochs without a better dev score, and a learning-rate schedule of 0 from epoch 2 leaves the
 /// weights of epoch 1; a resumed run asks the hook again and trains nothing after a stop.
+/// Targets that do not fit the readout are refused before anything runs, and a target per vertex
+/// under the root readout says which readout it needs; a batch size of 0 is refused, not taken
+/// as 1.
+#[test]
+fn targets_that_miss_the_readout_and_a_batch_of_zero_are_refused() {
+    let data = synthetic::generate(8, 6, 3);
+    let all = labelled(&data);
+    // A model reading the roots, given a target per vertex (`LossOn::All` examples).
+    let mut roots = model_on(3, LossOn::Root);
+    let before = params(&roots);
+    let mut opt = Optimizer::new(Config::new(Rule::Adam, 0.01));
+    let examples: Vec<Example<'_>> = all.iter().map(|e| e.example()).collect();
+    let e = roots.step(&examples, &mut opt, None).unwrap_err().to_string();
+    assert!(e.contains("target of example 0 of the minibatch") && e.contains("readout `root`"), "{e}");
+    assert!(e.contains("Model::with_readout(Readout::Vertices)"), "{e}");
+    assert_eq!(params(&roots), before, "nothing trained");
+    // A root target of the wrong width, without the hint.
+    let at_roots = Labelled::all(&data, LossOn::Root, synthetic::CLASSES);
+    let (fine, mut short) = (at_roots[0].example(), at_roots[1].example());
+    short.target.pop();
+    let e = roots.step(&[fine, short], &mut opt, None).unwrap_err().to_string();
+    assert!(e.contains("target of example 1") && !e.contains("with_readout"), "{e}");
+    let mut run = Run::new(model(3), Optimizer::new(Config::new(Rule::Adam, 0.01)), &Rng::new(3));
+    let e = run.fit_local(Splits { train: &all, dev: &all, test: &all }, &Settings::new(1, 0)).unwrap_err();
+    assert!(e.to_string().contains("batch size: expected at least 1 example, got 0"), "{e}");
+}
+
 #[test]
 fn epoch_hooks_stop_a_run_and_schedule_its_learning_rate() {
     use arbor::trainer::{EpochEnd, Next};

@@ -22,7 +22,8 @@ pub const NO_CHILD: u32 = u32::MAX;
 /// a cycle, which is refused:
 ///
 /// ```
-/// use arbor_core::graph::InputGraph;
+/// # use arbor_core as arbor; // as the `arbor` crate re-exports it
+/// use arbor::graph::InputGraph;
 ///
 /// // Leaves a, b, c are vertices 0, 1, 2; (b c) is 3; the root is 4.
 /// let tree = InputGraph::from_children(vec![vec![], vec![], vec![], vec![Some(1), Some(2)], vec![Some(0), Some(3)]])?;

@@ -430,17 +430,12 @@ impl<B: Backend> Model<B> {
     /// chunks): what serving a model needs. The head's target input reads zeros, so a loss it
     /// pushes means nothing here; read its other outputs (`logits`, a prediction).
     pub fn predict(&mut self, inputs: &[Vec<Tree<'_>>]) -> Result<Outputs> {
-        let width = self.head.function().inputs().last().map_or(0, |p| p.shape.numel());
-        let readout = self.readout;
-        let rows = |trees: &[Tree<'_>]| match readout {
-            Readout::Vertices => trees.iter().map(|t| t.graph.len()).sum(),
-            _ => 1,
-        };
+        let width = self.target_width();
         let mut out = Outputs::of(self.head.function());
         for chunk in inputs.chunks(256) {
             let batch: Vec<Example<'_>> = chunk
                 .iter()
-                .map(|trees| Example { trees: trees.clone(), target: vec![0.0; width * rows(trees)] })
+                .map(|trees| Example { trees: trees.clone(), target: vec![0.0; width * self.target_rows(trees)] })
                 .collect();
             out.extend(self.infer(&batch)?);
         }
@@ -730,7 +725,50 @@ impl<B: Backend> Model<B> {
     }
 
     /// Checks `batch` and lays it out for the cells.
+    /// Values in a target row: the width of the head's last input.
+    fn target_width(&self) -> usize {
+        self.head.function().inputs().last().map_or(0, |p| p.shape.numel())
+    }
+
+    /// Target rows an example of `trees` has: one per vertex with [`Readout::Vertices`], else one.
+    fn target_rows(&self, trees: &[Tree<'_>]) -> usize {
+        match self.readout {
+            Readout::Vertices => trees.iter().map(|t| t.graph.len()).sum(),
+            _ => 1,
+        }
+    }
+
+    /// Checks that every example of `batch` has the target rows the readout gives the head; a
+    /// target per vertex under another readout is named as such.
+    fn check_targets(&self, batch: &[Example<'_>]) -> Result<()> {
+        let width = self.target_width();
+        for (e, example) in batch.iter().enumerate() {
+            let rows = self.target_rows(&example.trees);
+            let got = example.target.len();
+            if got == rows * width || example.trees.len() != self.graphs_per_example() {
+                continue;
+            }
+            let vertices: usize = example.trees.iter().map(|t| t.graph.len()).sum();
+            let hint = match self.readout {
+                Readout::Vertices => String::new(),
+                _ if got == vertices * width => {
+                    "; a target row per vertex needs `Model::with_readout(Readout::Vertices)` (what \
+                     `Labelled::readout(LossOn::All)` gives)"
+                        .to_string()
+                }
+                _ => String::new(),
+            };
+            return Err(Error::input(
+                format!("target of example {e} of the minibatch"),
+                format!("{rows} row(s) of {width} values (readout `{}`)", self.readout.name()),
+                format!("{got} values{hint}"),
+            ));
+        }
+        Ok(())
+    }
+
     fn layout<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
+        self.check_targets(batch)?;
         let fed = Fed::of(&self.feeds, &self.embedding);
         layout(batch, self.graphs_per_example(), self.readout, fed, self.cells[0].function())
     }

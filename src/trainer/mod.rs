@@ -448,7 +448,10 @@ impl<L> Run<L> {
         if data.train.is_empty() {
             return Err(Error::input("the training split", "at least one example", "none"));
         }
-        let batch = plan.batch.max(1);
+        if plan.batch == 0 {
+            return Err(Error::input("the settings' batch size", "at least 1 example", "0"));
+        }
+        let batch = plan.batch;
         if let Some(auto) = &plan.batch_auto {
             auto.check()?;
         }

@@ -90,9 +90,10 @@ impl fmt::Debug for Settings {
 }
 
 impl Settings {
-    /// `epochs` passes over the training set in minibatches of `batch` examples, with the loss
-    /// at every vertex, gradients clipped to norm 5, no checkpoints, every epoch trained and a
-    /// constant learning rate.
+    /// `epochs` passes over the training set in minibatches of `batch` examples (at least 1: a
+    /// run refuses 0), gradients clipped to norm 5, no checkpoints, every epoch trained and a
+    /// constant learning rate. Where the loss is taken is the examples' and the model's readout's
+    /// to say, not the settings'.
     pub fn new(epochs: usize, batch: usize) -> Settings {
         Settings {
             epochs,

@@ -1,7 +1,8 @@
 //! The builder a user declares a vertex function with.
 //!
 //! ```
-//! use arbor_core::ir::{Builder, Init};
+//! # use arbor_core as arbor; // as the `arbor` crate re-exports it
+//! use arbor::ir::{Builder, Init};
 //! let f = Builder::new("rnn-cell", 1);
 //! let x = f.pull("x", 4);
 //! let h = f.gather(0, "h", 3);
@@ -74,8 +75,9 @@ const MASK_BASE: usize = usize::MAX / 2;
 /// [`Builder::gather_sum`]), and a shape mistake that `build` reports:
 ///
 /// ```
-/// use arbor_core::ir::{Builder, Init};
-/// use arbor_core::Error;
+/// # use arbor_core as arbor; // as the `arbor` crate re-exports it
+/// use arbor::ir::{Builder, Init};
+/// use arbor::Error;
 ///
 /// let f = Builder::new("sum-cell", 0);
 /// let x = f.pull("x", 2); // this vertex's input row, 2 wide
@@ -115,8 +117,9 @@ pub struct Builder {
 /// A GRU-style update, checking shapes as it goes:
 ///
 /// ```
-/// use arbor_core::ir::{Builder, Init};
-/// use arbor_core::Shape;
+/// # use arbor_core as arbor; // as the `arbor` crate re-exports it
+/// use arbor::ir::{Builder, Init};
+/// use arbor::Shape;
 ///
 /// let f = Builder::new("gru-ish", 1);
 /// let (x, h) = (f.pull("x", 3), f.gather(0, "h", 4));
@@ -292,8 +295,9 @@ impl Builder {
     /// against finite differences on a vertex whose three children's edges carry random rows:
     ///
     /// ```
-    /// use arbor_core::ir::{Builder, Init};
-    /// use arbor_core::testing::{check_vertex, VertexCase};
+    /// # use arbor_core as arbor; // as the `arbor` crate re-exports it
+    /// use arbor::ir::{Builder, Init};
+    /// use arbor::testing::{check_vertex, VertexCase};
     ///
     /// let f = Builder::new("edge-conditioned", 0);
     /// let x = f.pull("x", 3);

@@ -23,9 +23,10 @@ use std::fmt;
 /// vertices:
 ///
 /// ```
-/// use arbor_core::graph::InputGraph;
-/// use arbor_core::ir::{interp, Builder, Init};
-/// use arbor_core::rng::Rng;
+/// # use arbor_core as arbor; // as the `arbor` crate re-exports it
+/// use arbor::graph::InputGraph;
+/// use arbor::ir::{interp, Builder, Init};
+/// use arbor::rng::Rng;
 ///
 /// let f = Builder::new("linear", 1);
 /// let x = f.pull("x", 2);

@@ -6,8 +6,9 @@
 //! engine: gradients over whole graphs, and a batched minibatch against one graph at a time.
 //!
 //! ```
-//! use arbor_core::ir::{Builder, Init};
-//! use arbor_core::testing::{check_vertex, VertexCase};
+//! # use arbor_core as arbor; // as the `arbor` crate re-exports it
+//! use arbor::ir::{Builder, Init};
+//! use arbor::testing::{check_vertex, VertexCase};
 //!
 //! let f = Builder::new("elman", 1);
 //! let x = f.pull("x", 3);
@@ -40,7 +41,13 @@ use std::fmt;
 /// ≈ 1e-7·S, divided by 2ε must stay small), and the truncation error ε²/6·L''' stays around
 /// 2e-5 for bounded nonlinearities. They sit one to two orders of magnitude above the observed
 /// finite-difference error and as far below what a wrong derivative (a missing term, a wrong
-/// factor, a transposed product) gives on gradients of order 0.1–1.
+/// factor, a transposed product) gives on gradients of order 0.1–1. They are ε = 1e-2,
+/// atol = 2e-3, rtol = 1e-2 and noise = 1e-6.
+///
+/// A kink — `abs`, `relu`, a max, a clamp — less than ε from a checked value makes the central
+/// difference straddle it, and a correct gradient then fails there (`|h_a − h_b|` of two close
+/// rows does). Check such a function with a smaller step (`Tolerance { eps: 1e-3, ..
+/// Tolerance::default() }`), or draw its inputs away from the kink.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tolerance {
     /// The step ε.
@@ -213,7 +220,8 @@ impl GradComparisons {
     pub fn new(what: impl Into<String>, tol: Tolerance, scale: f64) -> GradComparisons {
         let noise = tol.noise * scale / f64::from(tol.eps);
         let detail = format!(
-            "analytic against central differences, eps {}, tol {} + {}·|numeric| + {noise:.1e}",
+            "analytic against central differences, eps {}, tol {} + {}·|numeric| + {noise:.1e}; a kink \
+             (abs, relu, max) within eps of a value misleads them there: see `Tolerance`",
             tol.eps, tol.atol, tol.rtol
         );
         GradComparisons { cmp: Comparisons::new(what, detail), report: GradReport::default(), squares: 0.0, tol, scale }

@@ -3,7 +3,8 @@
 //! vertices.
 //!
 //! ```
-//! use arbor_core::testing::strategy;
+//! # use arbor_core as arbor; // as the `arbor` crate re-exports it
+//! use arbor::testing::strategy;
 //! use proptest::prelude::*;
 //!
 //! proptest!(ProptestConfig::with_cases(16), |(g in strategy::trees(2, 1..=40))| {
