@@ -51,9 +51,12 @@ pub enum Error {
     },
     /// `gather(k)` with k at or beyond the function's declared arity.
     #[error(
-        "vertex function `{function}`: gather slot {slot} of state `{state}` is beyond the declared arity {arity}"
+        "{}vertex function `{function}`: gather slot {slot} of state `{state}` is beyond the declared arity {arity}",
+        place(.at)
     )]
     GatherSlot {
+        /// Where the user's code gathered (`file:line:column`), when known.
+        at: Option<String>,
         /// The function being built.
         function: String,
         /// The slot asked for.
@@ -64,8 +67,13 @@ pub enum Error {
         arity: usize,
     },
     /// A gathered state whose shape differs from the value that is scattered under its name.
-    #[error("vertex function `{function}`: state `{state}` is gathered as {gathered} but scattered as {scattered}")]
+    #[error(
+        "{}vertex function `{function}`: state `{state}` is gathered as {gathered} but scattered as {scattered}",
+        place(.at)
+    )]
     StateShape {
+        /// Where the user's code made the second of the two (`file:line:column`), when known.
+        at: Option<String>,
         /// The function being built.
         function: String,
         /// The state's name.
@@ -94,16 +102,20 @@ pub enum Error {
         name: String,
     },
     /// A value that no op, scatter or push uses.
-    #[error("vertex function `{function}`: value {value} is never used")]
+    #[error("{}vertex function `{function}`: value {value} is never used", place(.at))]
     Unused {
+        /// Where the user's code made the value (`file:line:column`), when known.
+        at: Option<String>,
         /// The function being built.
         function: String,
         /// The unused value.
         value: ValueDesc,
     },
     /// A value whose uses never reach a scatter or a push.
-    #[error("vertex function `{function}`: value {value} reaches neither a scatter nor a push")]
+    #[error("{}vertex function `{function}`: value {value} reaches neither a scatter nor a push", place(.at))]
     Dead {
+        /// Where the user's code made the value (`file:line:column`), when known.
+        at: Option<String>,
         /// The function being built.
         function: String,
         /// The dead value.

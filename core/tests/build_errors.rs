@@ -15,6 +15,14 @@ fn build_err(f: Builder) -> (Error, String) {
     }
 }
 
+/// Asserts that the error's place `at` is line `line` of this file, and that `msg` starts with it.
+#[track_caller]
+fn assert_at(at: &Option<String>, line: u32, msg: &str) {
+    let here = format!("{}:{line}:", file!());
+    assert!(at.as_deref().is_some_and(|a| a.starts_with(&here)), "{at:?}, not {here}");
+    assert!(msg.starts_with(&here), "{msg}");
+}
+
 #[track_caller]
 fn assert_mentions(msg: &str, parts: &[&str]) {
     for p in parts {
@@ -98,10 +106,12 @@ fn bias_of_wrong_width() {
 fn gather_slot_beyond_arity() {
     let f = Builder::new("cell", 2);
     let x = f.pull("x", 3);
-    let h = f.gather(2, "h", 3);
+    let (h, line) = (f.gather(2, "h", 3), line!());
     f.scatter("h", x + h);
     let (e, msg) = build_err(f);
-    assert_eq!(e, Error::GatherSlot { function: "cell".into(), slot: 2, state: "h".into(), arity: 2 });
+    let Error::GatherSlot { at, function, slot, state, arity } = &e else { panic!("{e:?}") };
+    assert_at(at, line, &msg);
+    assert_eq!((function.as_str(), *slot, state.as_str(), *arity), ("cell", 2, "h", 2));
     assert_mentions(&msg, &["`cell`", "slot 2", "`h`", "arity 2"]);
 }
 
@@ -111,11 +121,15 @@ fn scattered_shape_differs_from_gathered() {
     let x = f.pull("x", 4);
     let h = f.gather(0, "h", 3);
     let w = f.param("W", [3, 4], Init::Xavier);
+    let line = line!() + 1;
     f.scatter("h", x + h.matmul(w));
     let (e, msg) = build_err(f);
+    let Error::StateShape { at, .. } = &e else { panic!("{e:?}") };
+    assert_at(at, line, &msg);
     assert_eq!(
         e,
         Error::StateShape {
+            at: at.clone(),
             function: "cell".into(),
             state: "h".into(),
             gathered: Shape::mat(1, 3),
@@ -131,12 +145,15 @@ fn gathered_shape_differs_from_scattered_declared_first() {
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 4);
     f.scatter("h", x);
-    let h = f.gather(0, "h", 3);
+    let (h, line) = (f.gather(0, "h", 3), line!());
     f.push("y", h);
     let (e, msg) = build_err(f);
+    let Error::StateShape { at, .. } = &e else { panic!("{e:?}") };
+    assert_at(at, line, &msg);
     assert_eq!(
         e,
         Error::StateShape {
+            at: at.clone(),
             function: "cell".into(),
             state: "h".into(),
             gathered: Shape::mat(1, 3),
@@ -163,11 +180,12 @@ fn unused_value() {
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
     let h = f.gather(0, "h", 3);
-    let _forgotten = x.tanh();
+    let (_forgotten, line) = (x.tanh(), line!());
     f.scatter("h", x + h);
     let (e, msg) = build_err(f);
     match &e {
-        Error::Unused { function, value } => {
+        Error::Unused { at, function, value } => {
+            assert_at(at, line, &msg);
             assert_eq!(function, "cell");
             assert_eq!(value.op, "tanh");
             assert_eq!(value.shape, Shape::mat(1, 3));
@@ -181,10 +199,12 @@ fn unused_value() {
 fn unused_param_and_pull() {
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
-    let _w = f.param("W", [3, 3], Init::Xavier);
+    let (_w, line) = (f.param("W", [3, 3], Init::Xavier), line!());
     f.push("y", x.tanh());
     let (e, msg) = build_err(f);
     assert!(matches!(e, Error::Unused { ref value, .. } if value.op == "param W"), "{e:?}");
+    let Error::Unused { at, .. } = &e else { unreachable!() };
+    assert_at(at, line, &msg);
     assert_mentions(&msg, &["param W", "[3×3]"]);
 
     let f = Builder::new("cell", 1);
@@ -202,12 +222,13 @@ fn dead_value() {
     let f = Builder::new("cell", 1);
     let x = f.pull("x", 3);
     let h = f.gather(0, "h", 3);
-    let t = x.tanh();
+    let (t, line) = (x.tanh(), line!());
     let _s = t.sigmoid();
     f.scatter("h", x + h);
     let (e, msg) = build_err(f);
     match &e {
-        Error::Dead { function, value } => {
+        Error::Dead { at, function, value } => {
+            assert_at(at, line, &msg);
             assert_eq!(function, "cell");
             assert_eq!(value.op, "tanh");
         }

@@ -49,6 +49,8 @@ struct Inner {
     gathers: HashMap<(Option<usize>, Reduce, Option<u32>, usize), ValueId>,
     variadic: bool,
     error: Option<Error>,
+    /// Where the user's code made each value of `func` (as its nodes), for errors found later.
+    made_at: Vec<Option<String>>,
 }
 
 impl Inner {
@@ -162,9 +164,11 @@ impl Builder {
         }
     }
 
+    #[track_caller]
     fn load(&self, op: Op, shape: Shape, is_param: bool) -> ValueId {
         let mut inner = self.inner.borrow_mut();
         inner.func.nodes.push(Node { op, shape, is_param });
+        inner.made_at.push(caller());
         ValueId(inner.func.nodes.len() as u32 - 1)
     }
 
@@ -187,7 +191,10 @@ impl Builder {
     fn op(&self, op: Op) -> Var<'_> {
         let pushed = self.inner.borrow_mut().func.push(op.clone());
         let id = match pushed {
-            Ok(id) => id,
+            Ok(id) => {
+                self.inner.borrow_mut().made_at.push(caller());
+                id
+            }
             Err(reason) => {
                 let shape = self.fail_shape(op.name(), &op.inputs(), reason);
                 self.load(op, shape, false)
@@ -233,6 +240,7 @@ impl Builder {
         };
         if known != *shape && scattered {
             self.fail(Error::StateShape {
+                at: caller(),
                 function: self.name.clone(),
                 state: state.into(),
                 gathered: shape.clone(),
@@ -255,7 +263,8 @@ impl Builder {
     #[track_caller]
     pub fn gather(&self, slot: usize, state: &str, shape: impl Into<Shape>) -> Var<'_> {
         if slot >= self.arity {
-            self.fail(Error::GatherSlot { function: self.name.clone(), slot, state: state.into(), arity: self.arity });
+            let (function, state, arity) = (self.name.clone(), state.into(), self.arity);
+            self.fail(Error::GatherSlot { at: caller(), function, slot, state, arity });
         }
         self.gather_op(Some(slot), Reduce::Sum, None, state, shape.into())
     }
@@ -389,6 +398,7 @@ impl Builder {
     }
 
     /// This vertex's row of the external input `name`, computed by the input layer.
+    #[track_caller]
     pub fn pull(&self, name: &str, shape: impl Into<Shape>) -> Var<'_> {
         let shape = shape.into();
         let input = {
@@ -405,6 +415,7 @@ impl Builder {
     }
 
     /// A parameter shared by every vertex.
+    #[track_caller]
     pub fn param(&self, name: &str, shape: impl Into<Shape>, init: Init) -> Var<'_> {
         let shape = shape.into();
         if self.inner.borrow().params.iter().any(|p| p.name == name) {
@@ -439,6 +450,7 @@ impl Builder {
             self.fail(Error::Duplicate { function: self.name.clone(), kind: "scattered state", name: name.into() });
         } else if known != shape {
             self.fail(Error::StateShape {
+                at: caller(),
                 function: self.name.clone(),
                 state: name.into(),
                 gathered: known,
@@ -494,7 +506,10 @@ impl Builder {
         }
         let rates = inner.masks.iter().map(|(_, p)| *p).collect();
         inputs.extend(inner.masks.into_iter().map(|(port, _)| port));
-        VertexFn::new(Declaration::new(
+        let made_at = inner.made_at;
+        // An unused or dead value is named with the line of the user's code that made it.
+        let at = |value: &ValueDesc| made_at.get(value.id).cloned().flatten();
+        let declared = Declaration::new(
             self.name,
             self.arity,
             inner.variadic,
@@ -504,7 +519,13 @@ impl Builder {
             inputs,
             rates,
             inner.outputs,
-        )?)
+        )
+        .map_err(|e| match e {
+            Error::Unused { function, value, .. } => Error::Unused { at: at(&value), function, value },
+            Error::Dead { function, value, .. } => Error::Dead { at: at(&value), function, value },
+            e => e,
+        })?;
+        VertexFn::new(declared)
     }
 }
 

@@ -70,9 +70,9 @@ impl Declared {
         if let Some(i) = live.iter().position(|l| !l) {
             let value = forward.describe(ValueId(i as u32), &Names::of(&params, &states, &inputs));
             return Err(if users[i].is_empty() {
-                Error::Unused { function: name, value }
+                Error::Unused { at: None, function: name, value }
             } else {
-                Error::Dead { function: name, value }
+                Error::Dead { at: None, function: name, value }
             });
         }
         Ok(Declared { name, arity, variadic, forward, params, states, inputs, dropout, outputs })
