@@ -724,7 +724,6 @@ impl<B: Backend> Model<B> {
         shard(&weights, size).get(rank).cloned().unwrap_or_default()
     }
 
-    /// Checks `batch` and lays it out for the cells.
     /// Values in a target row: the width of the head's last input.
     fn target_width(&self) -> usize {
         self.head.function().inputs().last().map_or(0, |p| p.shape.numel())
@@ -749,14 +748,13 @@ impl<B: Backend> Model<B> {
                 continue;
             }
             let vertices: usize = example.trees.iter().map(|t| t.graph.len()).sum();
-            let hint = match self.readout {
-                Readout::Vertices => String::new(),
-                _ if got == vertices * width => {
+            let per_vertex = self.readout != Readout::Vertices && got == vertices * width;
+            let hint = match per_vertex {
+                true => {
                     "; a target row per vertex needs `Model::with_readout(Readout::Vertices)` (what \
-                     `Labelled::readout(LossOn::All)` gives)"
-                        .to_string()
+                         `Labelled::readout(LossOn::All)` gives)"
                 }
-                _ => String::new(),
+                false => "",
             };
             return Err(Error::input(
                 format!("target of example {e} of the minibatch"),
@@ -767,6 +765,7 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
+    /// Checks `batch` and lays it out for the cells.
     fn layout<'a>(&self, batch: &[Example<'a>]) -> Result<Layout<'a>> {
         self.check_targets(batch)?;
         let fed = Fed::of(&self.feeds, &self.embedding);
