@@ -171,21 +171,18 @@ impl TuDataset {
             })?;
             keys.extend(g.node_labels.iter().zip(counts).map(|(&l, c)| std::iter::once(l).chain(c).collect()));
         }
-        let mut distinct = keys.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let mut relabelled = keys.iter().map(|key| distinct.partition_point(|d| d < key) as u32);
-        for label in self.graphs.iter_mut().flat_map(|g| g.node_labels.iter_mut()) {
-            *label = relabelled.next().unwrap_or(0);
+        let (relabelled, count) = renumber(&keys);
+        for (label, new) in self.graphs.iter_mut().flat_map(|g| g.node_labels.iter_mut()).zip(relabelled) {
+            *label = new;
         }
-        self.node_label_count = distinct.len();
+        self.node_label_count = count;
         Ok(())
     }
 }
 
 /// `values` renumbered 0, 1, … in ascending order of the distinct values, and how many there
 /// are (so a sparse or large label costs nothing).
-fn renumber(values: &[i64]) -> (Vec<u32>, usize) {
+fn renumber<T: Ord + Clone>(values: &[T]) -> (Vec<u32>, usize) {
     let mut distinct = values.to_vec();
     distinct.sort_unstable();
     distinct.dedup();

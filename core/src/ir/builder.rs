@@ -25,6 +25,7 @@ use crate::tensor::Shape;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops;
+use std::panic::Location;
 
 /// A state as the builder knows it before `build`.
 struct PendingState {
@@ -50,7 +51,7 @@ struct Inner {
     variadic: bool,
     error: Option<Error>,
     /// Where the user's code made each value of `func` (as its nodes), for errors found later.
-    made_at: Vec<Option<String>>,
+    made_at: Vec<&'static Location<'static>>,
 }
 
 impl Inner {
@@ -146,8 +147,12 @@ pub struct Var<'b> {
 /// Where the user's code called the builder (through `#[track_caller]` methods).
 #[track_caller]
 fn caller() -> Option<String> {
-    let at = std::panic::Location::caller();
-    Some(format!("{}:{}:{}", at.file(), at.line(), at.column()))
+    Some(place(Location::caller()))
+}
+
+/// A place in the user's code as errors print it: `file:line:column`.
+fn place(at: &Location<'_>) -> String {
+    format!("{}:{}:{}", at.file(), at.line(), at.column())
 }
 
 impl Builder {
@@ -168,7 +173,7 @@ impl Builder {
     fn load(&self, op: Op, shape: Shape, is_param: bool) -> ValueId {
         let mut inner = self.inner.borrow_mut();
         inner.func.nodes.push(Node { op, shape, is_param });
-        inner.made_at.push(caller());
+        inner.made_at.push(Location::caller());
         ValueId(inner.func.nodes.len() as u32 - 1)
     }
 
@@ -192,7 +197,7 @@ impl Builder {
         let pushed = self.inner.borrow_mut().func.push(op.clone());
         let id = match pushed {
             Ok(id) => {
-                self.inner.borrow_mut().made_at.push(caller());
+                self.inner.borrow_mut().made_at.push(Location::caller());
                 id
             }
             Err(reason) => {
@@ -508,7 +513,7 @@ impl Builder {
         inputs.extend(inner.masks.into_iter().map(|(port, _)| port));
         let made_at = inner.made_at;
         // An unused or dead value is named with the line of the user's code that made it.
-        let at = |value: &ValueDesc| made_at.get(value.id).cloned().flatten();
+        let at = |value: &ValueDesc| made_at.get(value.id).map(|l| place(l));
         let declared = Declaration::new(
             self.name,
             self.arity,
