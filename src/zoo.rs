@@ -273,7 +273,8 @@ fn check_graph_training(data: &TuDataset, cfg: &GraphTraining) -> Result<()> {
 }
 
 /// Cross-validated accuracy of a fresh [`graph_classifier`] of `cfg.cell` per fold on replicas of `backend`, each trained
-/// through [`Run`]; `progress` is told `(fold, epoch)` after every epoch.
+/// through [`Run`], with the held-out curve ([`CvResult::curve`]); `progress` is told `(fold, epoch)` after every
+/// epoch.
 pub fn cross_validate_graphs<B: Backend>(
     backend: &B,
     data: &TuDataset,
@@ -298,7 +299,8 @@ where
     (meta["every_step"], meta["per_step"], meta["lr_decay"]) =
         (json!(cfg.every_step), json!(cfg.per_step), json!(cfg.lr_decay));
     let checkpoint = cfg.checkpoint.clone();
-    let plan = Settings { clip: cfg.clip, checkpoint, meta, ..Settings::new(cfg.epochs, cfg.batch) };
+    // The held-out curve costs a scoring of one fold per epoch; it chooses nothing.
+    let plan = Settings { clip: cfg.clip, checkpoint, meta, test_curve: true, ..Settings::new(cfg.epochs, cfg.batch) };
     let plan = match cfg.lr_decay {
         Some(decay) => plan.lr_decay(decay),
         None => plan,

@@ -540,6 +540,10 @@ fn eval_reproduces_every_models_training_scores() {
     let evaluated = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
     assert_eq!(trained["cv_acc_mean"], evaluated["cv_acc_mean"], "{trained} {evaluated}");
     assert_eq!(evaluated["fold_scores"].as_array().map(Vec::len), Some(3), "{evaluated}");
+    // Beside it, the epoch the held-out folds themselves would choose (GIN's tables' protocol).
+    let best_epoch = trained["cv_best_epoch"].as_u64().unwrap();
+    assert!((1..=2).contains(&best_epoch), "{trained}");
+    assert!(trained["cv_acc_best_epoch"].as_f64().unwrap() >= trained["cv_acc_mean"].as_f64().unwrap(), "{trained}");
     // One fold's folder scores that fold alone.
     let fold = last_json(&arbor(&["eval", "--checkpoint", ck.join("fold-1").to_str().unwrap()]));
     assert_eq!(fold["fold_scores"][0], evaluated["fold_scores"][1], "{fold}");

@@ -220,6 +220,12 @@ fn ggnn_learns_mutag() {
     };
     let r = cross_validate_graphs(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
     assert_eq!(r.fold_scores.len(), 3);
+    // The held-out curve: one mean per epoch, its last the folds' scores' mean (no epoch is
+    // chosen for those), and learning shows in it.
+    assert_eq!(r.curve.len(), 40);
+    assert!((r.curve[39] - r.mean).abs() < 1e-12, "{:?} against {}", r.curve, r.mean);
+    let (best, at_best) = r.best_epoch().unwrap();
+    assert!(at_best >= r.mean && at_best == r.curve[best] && r.curve[0] < at_best, "{:?}", r.curve);
     // GIN over the bond types and GAT, the same short run (GAT learns MUTAG least: a lower bar,
     // still above the majority class).
     for (cell, bar) in [(GraphCell::Gin, 0.75), (GraphCell::Gat, 0.7)] {

@@ -268,6 +268,8 @@ pub struct Summary {
     /// With an automatic batch size ([`Settings::batch_auto`]): `(step, batch)` at the start
     /// of training and at every change since.
     pub batch_trajectory: Vec<(u64, usize)>,
+    /// With [`Settings::test_curve`]: the test score after each epoch (empty without).
+    pub test_curve: Vec<f64>,
 }
 
 /// Everything a run carries from step to step, and so everything a checkpoint holds; the model
@@ -585,7 +587,8 @@ impl<L> Run<L> {
                 ..self.pos
             };
             let epoch = self.pos.epoch - 1;
-            let dev = self.evaluate(data, plan, coll, (&mut persister, &mut cadence))?;
+            let (dev, test) = self.evaluate(data, plan, coll, (&mut persister, &mut cadence))?;
+            summary.test_curve.extend(test);
             ended = true;
             self.last_epoch = Some(EpochEnd { epoch, loss, dev, best_dev: self.best_dev, best_epoch: self.best_epoch });
             finished = stop_asked(&self.last_epoch);
@@ -630,14 +633,15 @@ impl<L> Run<L> {
     /// Scores the model on dev at an epoch's end, and on test when dev improves on the best so
     /// far, then writes `best/` (its cost charged to `cadence`). Every worker evaluates (replicas
     /// are identical, and a pipeline's stages score together), so none waits for another under
-    /// the peer timeout. Returns the dev score.
+    /// the peer timeout. Returns the dev score, and the test score where
+    /// [`Settings::test_curve`] asks for it every epoch.
     fn evaluate<E>(
         &mut self,
         data: Splits<'_, E>,
         plan: &Settings,
         coll: &mut dyn Collective,
         (persister, cadence): (&mut Persister, &mut Cadence),
-    ) -> Result<f64>
+    ) -> Result<(f64, Option<f64>)>
     where
         L: Learner<E>,
     {
@@ -653,8 +657,10 @@ impl<L> Run<L> {
                     run.save(coll, &plan.meta, false, dir.join("best"), persister)?;
                     cadence.charged((start.elapsed() + persister.last_write()).as_secs_f64());
                 }
+                return Ok((dev, plan.test_curve.then_some(run.test_acc)));
             }
-            Ok(dev)
+            let test = plan.test_curve.then(|| run.model.score(data.test, coll)).transpose()?;
+            Ok((dev, test.map(|t| main_score(&t))))
         })
     }
 

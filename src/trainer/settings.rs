@@ -70,6 +70,9 @@ pub struct Settings {
     /// Choose the batch size as training goes, for the most goodput (`batch` is then unused;
     /// see [`AutoBatch`](super::AutoBatch)); none: `batch` throughout.
     pub batch_auto: Option<super::AutoBatch>,
+    /// Also score the test split after every epoch, into [`Summary::test_curve`](super::Summary)
+    /// (off: test is scored only where dev improves). Which epoch the run keeps is unchanged.
+    pub test_curve: bool,
 }
 
 impl fmt::Debug for Settings {
@@ -85,6 +88,7 @@ impl fmt::Debug for Settings {
             .field("on_epoch", &self.on_epoch.is_some())
             .field("lr_schedule", &self.lr_schedule.is_some())
             .field("batch_auto", &self.batch_auto)
+            .field("test_curve", &self.test_curve)
             .finish_non_exhaustive()
     }
 }
@@ -107,6 +111,7 @@ impl Settings {
             on_epoch: None,
             lr_schedule: None,
             batch_auto: None,
+            test_curve: false,
         }
     }
 
