@@ -58,9 +58,12 @@ struct Molecule {
 }
 
 impl Molecule {
-    fn new(g: &tu::GraphExample, classes: usize) -> arbor::Result<Molecule> {
+    /// Molecule `g` of `data`; the edge to a node's own previous state gets a label of its own
+    /// (the data set's edge-label count), apart from the bond types.
+    fn new(g: &tu::GraphExample, data: &tu::TuDataset) -> arbor::Result<Molecule> {
+        let classes = data.classes;
         Ok(Molecule {
-            graph: g.unroll(STEPS, 0)?,
+            graph: g.unroll(STEPS, data.edge_label_count as u32)?,
             labels: g.node_labels.repeat(STEPS + 1),
             class: g.label as usize,
             classes,
@@ -85,11 +88,12 @@ impl AsExample for Molecule {
 }
 
 fn main() -> arbor::Result<()> {
+    // MUTAG from `ARBOR_DATA` (default `../shared/data`): this example has no synthetic fallback.
     let data = tu::read(&data_dir().join("mutag"), "MUTAG")?;
     let (features, hidden) = (16, 32);
     let mut rng = Rng::new(1);
     let mut molecules: Vec<Molecule> =
-        data.graphs.iter().map(|g| Molecule::new(g, data.classes)).collect::<arbor::Result<_>>()?;
+        data.graphs.iter().map(|g| Molecule::new(g, &data)).collect::<arbor::Result<_>>()?;
     rng.shuffle(&mut molecules);
     let (test, train) = molecules.split_at(molecules.len() / 5);
     let labels = Embedding::new(data.node_label_count, features, 0.5, &mut rng);

@@ -66,7 +66,13 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
 /// file name in `dir`, nothing else).
 fn read_meta(dir: &Path) -> Result<(Value, PathBuf)> {
     let meta_path = dir.join(META);
-    let text = std::fs::read_to_string(&meta_path).map_err(|e| io(&meta_path, e))?;
+    let text = std::fs::read_to_string(&meta_path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound if dir.is_dir() => io(
+            dir,
+            format!("no checkpoint here: neither `best/` nor `last/` of a run folder, nor a checkpoint's {META}"),
+        ),
+        _ => io(&meta_path, e),
+    })?;
     let mut meta: Value = serde_json::from_str(&text).map_err(|e| io(&meta_path, format!("not valid JSON: {e}")))?;
     let want = meta.as_object_mut().and_then(|m| m.remove(META_CHECKSUM));
     let found = checksum(meta.to_string().as_bytes());

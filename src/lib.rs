@@ -24,7 +24,7 @@ pub use arbor_batching as batching;
 pub use arbor_core::backend::Backend;
 pub use arbor_core::dropout::DropoutKey;
 pub use arbor_core::graph::InputGraph;
-pub use arbor_core::ir::{Builder, Init, Var, VertexFn};
+pub use arbor_core::ir::{Builder, Init, Reduce, Var, VertexFn};
 pub use arbor_core::{
     attention, backend, dropout, error, finite, fusion, gate, graph, ir, memory, profile, ptb, rng, tensor,
 };

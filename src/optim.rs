@@ -80,6 +80,18 @@ impl Optimizer {
         Ok(())
     }
 
+    /// Refuses settings no update can follow ([`Config::check`]) for any tensor, at the
+    /// learning-rate factor now (a schedule's): checked before each step's updates, so such
+    /// settings end training with an error naming them and change nothing.
+    pub fn check(&self) -> Result<()> {
+        if !(self.lr_factor.is_finite() && self.lr_factor >= 0.0) {
+            let what = "the learning-rate factor (a schedule's, this epoch)";
+            return Err(Error::input(what, "finite and at least 0", self.lr_factor.to_string()));
+        }
+        self.config.check("the optimizer")?;
+        self.lrs.keys().try_for_each(|name| self.config_of(name).check(&format!("tensor `{name}`")))
+    }
+
     /// Starts a step: call once before the updates of one minibatch.
     pub fn begin_step(&mut self) {
         self.steps += 1;

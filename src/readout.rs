@@ -86,7 +86,8 @@ pub enum Pool<'a> {
 
 impl Pool<'_> {
     /// The chosen vertices of `graph`, ascending; an error names `place` where the pool does
-    /// not fit the graph.
+    /// not fit the graph. A pool may choose none (a mask nothing matches in this graph): it then
+    /// reads as zeros under every readout, as a reduction over no children does.
     pub fn vertices(&self, graph: &InputGraph, place: &dyn Fn() -> String) -> Result<Vec<usize>> {
         let n = graph.len();
         match self {

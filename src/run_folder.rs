@@ -5,13 +5,28 @@
 //! `.arbor.lock` inside it (a second writer is refused at start, naming the holder; the lock
 //! goes with the process, so a killed run leaves nothing to clean up), and it refuses a folder
 //! that already holds another run's checkpoints unless the caller resumes that run or says to
-//! overwrite it. Readers need no lock: every checkpoint is committed by renaming its metadata
+//! overwrite it. The trainer's `Run::fit` claims a folder nobody in the process
+//! has claimed itself, as a resumed run where it goes on from a step, else refusing another
+//! run's checkpoints. Readers need no lock: every checkpoint is committed by renaming its metadata
 //! into place (see [`crate::checkpoint`]).
 
 use arbor_core::error::{Error, Result};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The folders this process holds claims on (resolved), so that a run asked to
+/// write into one, or into a folder inside one, knows its caller has claimed it
+/// ([`held_here`]).
+static HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Whether this process holds a claim on `dir` or on a folder that holds it (a fold's
+/// checkpoints inside a cross-validation's folder).
+pub fn held_here(dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    HELD.lock().is_ok_and(|held| held.iter().any(|h| dir.starts_with(h)))
+}
 
 /// The lock file inside a run folder.
 const LOCK: &str = ".arbor.lock";
@@ -31,7 +46,19 @@ pub enum Existing {
 #[derive(Debug)]
 pub struct RunFolder {
     dir: PathBuf,
+    /// `dir` resolved, as [`HELD`] lists it.
+    resolved: PathBuf,
     _lock: File,
+}
+
+impl Drop for RunFolder {
+    fn drop(&mut self) {
+        if let Ok(mut held) = HELD.lock() {
+            if let Some(k) = held.iter().position(|h| *h == self.resolved) {
+                held.swap_remove(k);
+            }
+        }
+    }
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -50,7 +77,7 @@ impl RunFolder {
     pub fn claim(dir: &Path, existing: Existing) -> Result<RunFolder> {
         if let Some(m) = dir.symlink_metadata().ok().filter(|_| !dir.is_dir()) {
             return Err(Error::input(
-                format!("--checkpoint {}", dir.display()),
+                format!("checkpoint folder {} (--checkpoint)", dir.display()),
                 "a folder (or a path where one can be made)",
                 if m.file_type().is_symlink() { "a link that leads to no folder" } else { "a file" },
             ));
@@ -71,7 +98,7 @@ impl RunFolder {
                 lock.read_to_string(&mut holder).ok();
                 let holder = holder.trim();
                 return Err(Error::input(
-                    format!("--checkpoint {}", dir.display()),
+                    format!("checkpoint folder {} (--checkpoint)", dir.display()),
                     "a folder no other run is writing to (wait for it to end, or choose another folder)",
                     format!("one in use by {}", if holder.is_empty() { "another arbor process" } else { holder }),
                 ));
@@ -88,8 +115,9 @@ impl RunFolder {
             Existing::Resume => {}
             Existing::Refuse if holds_checkpoints(dir) => {
                 return Err(Error::input(
-                    format!("--checkpoint {}", dir.display()),
-                    "an empty folder, --resume of the run in it, or --overwrite to replace it",
+                    format!("checkpoint folder {} (--checkpoint)", dir.display()),
+                    "an empty folder, the run in it resumed (--resume; `Run::resume`, `Existing::Resume`), or its \
+                     checkpoints replaced (--overwrite; `RunFolder::claim(dir, Existing::Overwrite)`)",
                     "a folder holding another run's checkpoints",
                 ));
             }
@@ -105,7 +133,11 @@ impl RunFolder {
                 }
             }
         }
-        Ok(RunFolder { dir: dir.to_path_buf(), _lock: lock })
+        let resolved = dir.canonicalize().map_err(|e| io(dir, e))?;
+        if let Ok(mut held) = HELD.lock() {
+            held.push(resolved.clone());
+        }
+        Ok(RunFolder { dir: dir.to_path_buf(), resolved, _lock: lock })
     }
 
     /// The folder.

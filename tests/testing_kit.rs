@@ -2,7 +2,7 @@
 //! check over whole graphs and its batched check over generated minibatches; a cell whose
 //! gradient is wrong fails, naming the parameter; the strategies make the graphs they promise.
 
-use arbor::testing::{check_batched, check_gradients, check_vertex, strategy, GradCheck, VertexCase};
+use arbor::testing::{check_batched, check_gradients, check_vertex, strategy, GradCheck, Tolerance, VertexCase};
 use arbor::{nn, Builder, Init, InputGraph, VertexFn};
 use proptest::prelude::*;
 
@@ -61,8 +61,11 @@ fn a_wrong_gradient_fails_and_names_its_parameter() {
     // The same through the reference interpreter, one vertex.
     let err = check_vertex(&f, &VertexCase::random(&f, 3, &[true, true])).expect_err("one vertex");
     assert!(err.names("param `U`") && !err.names("param `W`"), "{err}");
-    // What a correct cell's gradient check returns is no error, for the same graphs.
+    // What a correct cell's gradient check returns is no error, for the same graphs; over no
+    // graph, it is no pass.
     check_gradients(&nn::tree_fc(3, 4).unwrap(), &graphs, &GradCheck::default()).unwrap();
+    let none = check_gradients(&nn::tree_fc(3, 4).unwrap(), &[], &GradCheck::default()).expect_err("nothing checked");
+    assert!(none.to_string().contains("no vertex to check"), "{none}");
 }
 
 /// When the check over whole graphs fails, it re-checks one vertex of each kind at a time and
@@ -134,4 +137,28 @@ proptest! {
         prop_assert!((0..len.len()).all(|v| len.children(v).len() <= 1));
         prop_assert!(g.len() % g.roots().len() == 0);
     }
+}
+
+/// A correct derivative fails where the step straddles a kink: a check that fails at ε but
+/// passes at a step ten or a hundred times smaller says so rather than blaming a vertex.
+#[test]
+fn a_failure_at_a_kink_says_so() {
+    let f = Builder::new("relu-fc", 2);
+    let x = f.pull("x", 3);
+    let (h0, h1) = (f.gather(0, "h", 4), f.gather(1, "h", 4));
+    let w = f.param("W", [3, 4], Init::Xavier);
+    let b = f.param("b", [1, 4], Init::Zeros);
+    let h = (x.matmul(w) + h0 + h1 + b).relu();
+    f.scatter("h", h);
+    f.push("h", h);
+    let f = f.build().unwrap();
+    let graphs = draw(strategy::trees(2, 3..=9), 3, 9);
+    // A step of 0.3 straddles the kink of many of the biases' entries.
+    let coarse = GradCheck { tolerance: Tolerance { eps: 0.3, ..Tolerance::default() }, ..GradCheck::default() };
+    let text = check_gradients(&f, &graphs, &coarse).expect_err("ε straddles kinks").to_string();
+    assert!(text.contains("every value checks at ε = 3e-") && !text.contains("localized"), "{text}");
+    check_gradients(&f, &graphs, &GradCheck::default()).unwrap_or_else(|e| panic!("{e}"));
+    // A wrong derivative is no kink: it fails at every step and is localized.
+    let text = check_gradients(&detached_cell(), &graphs, &coarse).expect_err("`U` has no gradient").to_string();
+    assert!(!text.contains("every value checks at") && text.contains("localized"), "{text}");
 }

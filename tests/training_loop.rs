@@ -10,6 +10,7 @@ use arbor::loss_scale::LossScaler;
 use arbor::model::{AsExample, Example, Model};
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::rng::Rng;
+use arbor::run_folder::{Existing, RunFolder};
 use arbor::trainer::{fit_threads, Run, Settings, Splits};
 use arbor::{nn, CpuBackend, InputGraph};
 use std::time::Duration;
@@ -138,6 +139,8 @@ fn a_weight_average_is_scored_while_training_goes_on_unchanged() {
     let dir = std::env::temp_dir().join(format!("arbor-average-{}", std::process::id()));
     let plan = Settings::new(3, 10).checkpoint(&dir);
     let fit = |average: Option<f32>, workers: usize| {
+        // Each run replaces the one before in the folder.
+        let _folder = RunFolder::claim(&dir, Existing::Overwrite).unwrap();
         let mut run = Run::new(model(5), Optimizer::new(Config::new(Rule::Adam, 0.02)), &Rng::new(2));
         if let Some(decay) = average {
             run = run.with_average(decay).unwrap();
@@ -267,6 +270,36 @@ fn targets_that_miss_the_readout_and_a_batch_of_zero_are_refused() {
     let mut run = Run::new(model(3), Optimizer::new(Config::new(Rule::Adam, 0.01)), &Rng::new(3));
     let e = run.fit_local(Splits { train: &all, dev: &all, test: &all }, &Settings::new(1, 0)).unwrap_err();
     assert!(e.to_string().contains("batch size: expected at least 1 example, got 0"), "{e}");
+    let e = run.fit_local(Splits { train: &all, dev: &all, test: &all }, &Settings::new(0, 4)).unwrap_err();
+    assert!(e.to_string().contains("epochs: expected at least 1"), "{e}");
+}
+
+/// Optimizer settings no update can follow — a learning rate that is not a number, from the
+/// start or from a schedule, a negative weight decay — end a step or a run with an error naming
+/// them, and change no parameter (a NaN rate once panicked inside the engine's update).
+#[test]
+fn optimizer_settings_no_update_can_follow_are_refused() {
+    let data = synthetic::generate(8, 6, 3);
+    let all = labelled(&data);
+    let examples: Vec<Example<'_>> = all.iter().map(|e| e.example()).collect();
+    let mut m = model(3);
+    let before = params(&m);
+    for (config, named) in [
+        (Config::new(Rule::Adam, f32::NAN), "learning rate of the optimizer"),
+        (Config::new(Rule::Sgd { momentum: 0.0 }, f32::NAN), "learning rate of the optimizer"),
+        (Config { weight_decay: -0.1, ..Config::new(Rule::Adagrad, 0.1) }, "weight decay of the optimizer"),
+    ] {
+        let e = m.step(&examples, &mut Optimizer::new(config), None).unwrap_err().to_string();
+        assert!(e.contains(named), "{e}");
+    }
+    let e =
+        m.step(&examples, &mut Optimizer::new(Config::new(Rule::Adam, 0.1)).with_lr("embedding", f32::INFINITY), None);
+    assert!(e.unwrap_err().to_string().contains("learning rate of tensor `embedding`"));
+    assert_eq!(params(&m), before, "nothing trained");
+    let mut run = Run::new(model(3), Optimizer::new(Config::new(Rule::Adam, 0.01)), &Rng::new(3));
+    let plan = Settings { lr_schedule: Some(std::sync::Arc::new(|_| f32::NAN)), ..Settings::new(2, 4) };
+    let e = run.fit_local(Splits { train: &all, dev: &all, test: &all }, &plan).unwrap_err().to_string();
+    assert!(e.contains("learning-rate factor"), "{e}");
 }
 
 #[test]
@@ -358,4 +391,34 @@ fn the_average_kept_in_the_engines_is_the_hosts() {
     assert!(host.tensors().iter().zip(params(&m)).any(|(a, p)| a.2 != p), "the average is the last step");
     other.set_averaged(&[]).unwrap();
     assert!(other.averaged().unwrap().is_none(), "forgotten");
+}
+
+/// A run told to write into a folder that holds another run's checkpoints, with no claim on it,
+/// is refused and leaves them as they were; the run that wrote them goes on there, and a claim
+/// that overwrites lets a new run in.
+#[test]
+fn a_run_does_not_write_over_another_runs_checkpoints() {
+    let data = synthetic::generate(20, 6, 3);
+    let all = labelled(&data);
+    let splits = || Splits { train: &all[..12], dev: &all[12..16], test: &all[16..] };
+    let dir = std::env::temp_dir().join(format!("arbor-unclaimed-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let plan = Settings::new(1, 4).checkpoint(&dir);
+    let mut first = Run::new(model(3), Optimizer::new(Config::new(Rule::Adam, 0.01)), &Rng::new(3));
+    first.fit_local(splits(), &plan).unwrap();
+    let best = std::fs::read(dir.join("best/meta.json")).unwrap();
+    let mut second = Run::new(model(4), Optimizer::new(Config::new(Rule::Adam, 0.01)), &Rng::new(4));
+    let e = second.fit_local(splits(), &plan).unwrap_err().to_string();
+    assert!(e.contains("another run's checkpoints") && e.contains("Existing::Overwrite"), "{e}");
+    assert_eq!(std::fs::read(dir.join("best/meta.json")).unwrap(), best, "the first run's best/ as it was");
+    first.fit_local(splits(), &Settings::new(2, 4).checkpoint(&dir)).unwrap();
+    let held = RunFolder::claim(&dir, Existing::Overwrite).unwrap();
+    second.fit_local(splits(), &plan).unwrap();
+    drop(held);
+    // A folder with no checkpoint in it is named as such when a model is loaded from it.
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    let e = Model::load(&dir, &CpuBackend::new()).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("no checkpoint here"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
 }

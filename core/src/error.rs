@@ -177,7 +177,7 @@ pub enum Error {
     /// tensor whose gradient or value it is. Nothing of that step is applied.
     #[error(
         "training diverged at step {step}: {what} `{tensor}` is {value} (not finite); lower the learning rate, \
-         or bound the gradient norm (--clip)"
+         or bound the gradient norm (`Settings::clip`, --clip)"
     )]
     Diverged {
         /// The optimizer step (from 1) whose loss or gradients are not finite.

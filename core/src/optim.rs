@@ -3,6 +3,8 @@
 //! runs [`apply`] itself; the CUDA backend's kernels repeat it operation for operation (no fused
 //! multiply-adds), so both give the same bits.
 
+use crate::error::{Error, Result};
+
 /// Which update rule.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rule {
@@ -40,6 +42,36 @@ impl Config {
     /// Settings for `rule` at learning rate `lr`, with common defaults for the rest.
     pub fn new(rule: Rule, lr: f32) -> Config {
         Config { rule, lr, weight_decay: 0.0, beta1: 0.9, beta2: 0.999, eps: 1e-8 }
+    }
+
+    /// Refuses settings no update can follow, naming `what` they are for: a learning rate or
+    /// weight decay that is negative or not finite, a momentum, β₁ or β₂ outside `[0, 1)`, a
+    /// denominator guard that is not positive and finite.
+    pub fn check(&self, what: &str) -> Result<()> {
+        let momentum = match self.rule {
+            Rule::Sgd { momentum } => momentum,
+            _ => 0.0,
+        };
+        let unit = |x: f32| (0.0..1.0).contains(&x);
+        let bad = [
+            ("learning rate", self.lr, self.lr.is_finite() && self.lr >= 0.0, "finite and at least 0"),
+            (
+                "weight decay",
+                self.weight_decay,
+                self.weight_decay.is_finite() && self.weight_decay >= 0.0,
+                "finite and at least 0",
+            ),
+            ("momentum", momentum, unit(momentum), "in [0, 1)"),
+            ("β₁", self.beta1, unit(self.beta1), "in [0, 1)"),
+            ("β₂", self.beta2, unit(self.beta2), "in [0, 1)"),
+            ("eps", self.eps, self.eps.is_finite() && self.eps > 0.0, "finite and above 0"),
+        ];
+        match bad.iter().find(|(.., ok, _)| !ok) {
+            Some((name, value, _, expected)) => {
+                Err(Error::input(format!("{name} of {what}"), *expected, value.to_string()))
+            }
+            None => Ok(()),
+        }
     }
 }
 
@@ -159,6 +191,19 @@ pub fn sum_squares(x: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_no_update_can_follow_are_refused() {
+        assert!(Config::new(Rule::Adam, 0.01).check("the optimizer").is_ok());
+        let nan = Config::new(Rule::Adam, f32::NAN).check("the optimizer").unwrap_err().to_string();
+        assert!(nan.contains("learning rate of the optimizer") && nan.contains("NaN"), "{nan}");
+        let decay = Config { weight_decay: -1.0, ..Config::new(Rule::Adagrad, 0.1) }.check("`cell.W`").unwrap_err();
+        assert!(decay.to_string().contains("weight decay of `cell.W`"), "{decay}");
+        assert!(Config::new(Rule::Sgd { momentum: 1.0 }, 0.1).check("x").is_err());
+        assert!(Config { beta2: 1.0, ..Config::new(Rule::Adam, 0.1) }.check("x").is_err());
+        assert!(Config { eps: 0.0, ..Config::new(Rule::Adam, 0.1) }.check("x").is_err());
+        assert!(Config::new(Rule::Sgd { momentum: 0.0 }, f32::INFINITY).check("x").is_err());
+    }
 
     #[test]
     fn bias_corrections_follow_the_step() {

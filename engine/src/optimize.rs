@@ -147,7 +147,8 @@ impl<B: Backend> Engine<B> {
                 k += 1;
                 continue;
             };
-            let run = k + updates[k..].iter().take_while(|x| **x == Some(u)).count();
+            // `u` itself counts whatever its values (a NaN is never equal to itself).
+            let run = k + 1 + updates[k + 1..].iter().take_while(|x| **x == Some(u)).count();
             let (at, (last, len)) = (spans[k].0, spans[run - 1]);
             let loc = |buf| Loc { buf, offset: at };
             let gate = self.gate();

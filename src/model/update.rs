@@ -49,6 +49,7 @@ impl<B: Backend> Model<B> {
     }
 
     fn apply_timed(&mut self, grads: &mut ModelGrads, opt: &mut Optimizer, clip: Option<f32>) -> Result<bool> {
+        opt.check()?;
         // Steps counted from 1 since the start of training (the dropout key counts from 0).
         let step = self.cells[0].dropout_key().step + 1;
         for engine in self.cells.iter_mut().chain(std::iter::once(self.head.engine())) {

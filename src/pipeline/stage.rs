@@ -465,7 +465,7 @@ impl<B: Backend> Stage<B> {
                 .opt
                 .as_deref_mut()
                 .ok_or_else(|| Error::Worker { rank: mail.rank(), msg: "an update with no optimizer".into() })?;
-            update(opt, dense, part.input.as_mut().map(|(e, _)| (e, &acc.embedding)));
+            update(opt, dense, part.input.as_mut().map(|(e, _)| (e, &acc.embedding)))?;
             self.version += 1;
             (up.updated)(self)?;
         }

@@ -55,9 +55,44 @@ enum Target {
 /// says that every kind of vertex checks alone, so the batching, a fused kernel or a sum over
 /// vertices is what differs.
 ///
+/// First, though, a failed check is run again at a step ten and a hundred times smaller: where
+/// it passes there, its detail says so — a kink (`relu`, a max, `abs`, a clamp) within ε of a
+/// checked value, which a correct derivative fails at, not a wrong derivative, which fails at
+/// any step.
+///
 /// [`check_vertex`]: super::check_vertex
 pub fn check_gradients(f: &VertexFn, graphs: &[InputGraph], opts: &GradCheck) -> Result<GradReport, Mismatch> {
-    check_whole(f, graphs, opts).map_err(|m| if m.wrong.is_empty() { m } else { localize(f, graphs, opts, m) })
+    if graphs.iter().all(InputGraph::is_empty) {
+        let what = format!("gradients of `{}`", f.name());
+        return Err(Mismatch::other(what, "no vertex to check: give at least one graph with a vertex"));
+    }
+    check_whole(f, graphs, opts).map_err(|m| {
+        if m.wrong.is_empty() {
+            return m;
+        }
+        kink_or(m, opts, |finer| check_whole(f, graphs, finer).is_ok(), |m| localize(f, graphs, opts, m))
+    })
+}
+
+/// `m`, a check failed under `opts`, with its detail saying so where `passes` at a step ten or
+/// a hundred times smaller (a kink within ε of a checked value), else `otherwise(m)`.
+pub(crate) fn kink_or(
+    mut m: Mismatch,
+    opts: &GradCheck,
+    mut passes: impl FnMut(&GradCheck) -> bool,
+    otherwise: impl FnOnce(Mismatch) -> Mismatch,
+) -> Mismatch {
+    let eps = opts.tolerance.eps;
+    for finer in [eps / 10.0, eps / 100.0] {
+        if passes(&GradCheck { tolerance: Tolerance { eps: finer, ..opts.tolerance }, ..*opts }) {
+            m.detail += &format!(
+                "; every value checks at ε = {finer:e}: so a kink lies within ε = {eps:e} of a checked value, not a \
+                 wrong derivative (check such a function at that step, `Tolerance::eps`)"
+            );
+            return m;
+        }
+    }
+    otherwise(m)
 }
 
 /// Adds to `m` (a failed [`check_gradients`]) the first kind of vertex of `graphs` whose own

@@ -12,6 +12,7 @@ use crate::checkpoint::{Checkpoint, Lent, Named, Persister};
 use crate::dist::{Collective, ThreadCollective};
 use crate::engine::{Planned, Planner};
 use crate::optim::Optimizer;
+use crate::run_folder::{self, Existing, RunFolder};
 use crate::InputGraph;
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
@@ -453,6 +454,9 @@ impl<L> Run<L> {
         if plan.batch == 0 {
             return Err(Error::input("the settings' batch size", "at least 1 example", "0"));
         }
+        if plan.epochs == 0 {
+            return Err(Error::input("the settings' epochs", "at least 1 (nothing is trained or scored in 0)", "0"));
+        }
         let batch = plan.batch;
         if let Some(auto) = &plan.batch_auto {
             auto.check()?;
@@ -467,6 +471,16 @@ impl<L> Run<L> {
             (Some(_), Some(b)) => Some(b),
             (Some(auto), None) => Some(BatchSize::new(auto)),
             (None, _) => None,
+        };
+        // The writing worker claims the checkpoint folder for the run unless this process holds
+        // it already: another run's checkpoints there are refused unless this run goes on from
+        // them.
+        let _folder = match &plan.checkpoint {
+            Some(dir) if coll.rank() == 0 && !run_folder::held_here(dir) => {
+                let existing = if self.pos.steps > 0 { Existing::Resume } else { Existing::Refuse };
+                Some(RunFolder::claim(dir, existing)?)
+            }
+            _ => None,
         };
         let mut persister = Persister::paced(plan.persist_pause);
         let mut cadence = Cadence::new(plan.checkpoint_every, self.pos.steps, self.tuned)?;

@@ -122,6 +122,13 @@ impl Settings {
         self
     }
 
+    /// Also scores the test split after every epoch, into
+    /// [`Summary::test_curve`](super::Summary::test_curve) (sets the field of that name).
+    pub fn test_curve(mut self) -> Settings {
+        self.test_curve = true;
+        self
+    }
+
     /// Stops the run after `patience` epochs in a row without a better dev score (early
     /// stopping); the best epoch stays in `best/`.
     pub fn patience(self, patience: usize) -> Settings {

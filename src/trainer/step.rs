@@ -5,6 +5,7 @@
 use crate::layers::{Embedding, SparseGrad};
 use crate::optim::Optimizer;
 use crate::VertexFn;
+use arbor_core::error::Result;
 
 /// Numbers from one minibatch.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -57,12 +58,14 @@ pub(crate) fn names(of: &str, f: &VertexFn) -> Vec<String> {
 }
 
 /// One optimizer step over a model's parameters, each tensor's state kept under its name: the
-/// dense tensors, then the rows of the word vectors that their gradient touches.
+/// dense tensors, then the rows of the word vectors that their gradient touches (settings no
+/// update can follow refused first: [`Optimizer::check`]).
 pub(crate) fn update(
     opt: &mut Optimizer,
     dense: Vec<(String, &mut [f32], &[f32])>,
     embed: Option<(&mut Embedding, &SparseGrad)>,
-) {
+) -> Result<()> {
+    opt.check()?;
     opt.begin_step();
     for (name, p, g) in dense {
         opt.dense(&name, p, g);
@@ -71,4 +74,5 @@ pub(crate) fn update(
         let dim = e.dim();
         opt.sparse("embedding", e.table_mut(), dim, g);
     }
+    Ok(())
 }
