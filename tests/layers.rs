@@ -293,3 +293,20 @@ fn a_training_step_trains_the_unknown_word_for_the_dropped_ones() {
     assert!(moved(1), "the unknown word's vector did not move");
     assert!(!moved(2) && !moved(3) && !moved(4), "a dropped word's vector moved");
 }
+
+/// One word's vector is replaced alone; a row beyond the vocabulary or of another width is
+/// refused.
+#[test]
+fn one_word_vector_is_set_alone() {
+    let mut rng = Rng::new(3);
+    let mut model = zoo::tree_classifier(nn::tree_lstm(4, 4).unwrap(), 5, 3, LossOn::Root, &mut rng).unwrap();
+    let mut want = model.word_vectors().unwrap();
+    model.set_word_vector(3, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    want[12..16].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(model.word_vectors().unwrap(), want);
+    for (row, values) in [(5, vec![0.0; 4]), (2, vec![0.0; 3])] {
+        let e = model.set_word_vector(row, &values).unwrap_err().to_string();
+        assert!(e.contains("set_table_row") && e.contains(&format!("row {row} of {} values", values.len())), "{e}");
+    }
+    assert_eq!(model.word_vectors().unwrap(), want);
+}

@@ -182,6 +182,20 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
+    /// Replaces row `row` of the table the engine holds with `values` (a row's width), the rest
+    /// and every optimizer state as they are.
+    pub fn set_table_row(&mut self, row: usize, values: &[f32]) -> Result<()> {
+        let rows = self.backend.len(&self.bufs[TABLE]) / self.table_width.max(1);
+        if self.table_width == 0 || values.len() != self.table_width || row >= rows {
+            return Err(Error::input(
+                "Engine::set_table_row",
+                format!("a row below {rows} of {} values of the held table", self.table_width),
+                format!("row {row} of {} values", values.len()),
+            ));
+        }
+        self.backend.write(&mut self.bufs[TABLE], row * self.table_width, values)
+    }
+
     /// The table the engine holds (empty if none), read back.
     pub fn table(&self) -> Result<Vec<f32>> {
         self.backend.read_vec(&self.bufs[TABLE], 0, self.backend.len(&self.bufs[TABLE]))

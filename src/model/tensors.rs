@@ -56,6 +56,12 @@ impl<B: Backend> Model<B> {
         self.cells[0].set_table(table, e.dim())
     }
 
+    /// Replaces the vector of word `id` (a row of [`Model::word_vectors`]), the others and
+    /// every optimizer state as they are.
+    pub fn set_word_vector(&mut self, id: u32, values: &[f32]) -> Result<()> {
+        self.cells[0].set_table_row(id as usize, values)
+    }
+
     /// Every function with parameters under its name prefix: each layer's, then the head's.
     fn functions(&self) -> Vec<(String, &VertexFn)> {
         let mut all: Vec<_> = self.cells.iter().enumerate().map(|(k, e)| (layer_prefix(k), e.function())).collect();

@@ -94,29 +94,35 @@ fn check_model_whole(
     let mut words = model.word_vectors().map_err(fail)?;
     let mut check = GradComparisons::new(what.clone(), opts.tolerance, scale);
     for (part, e, analytic) in targets {
-        // Sets the entry to `value` (its original when `value` is `None`), returns the original.
-        let mut set = |model: &mut Model<CpuBackend>, value: Option<f32>| -> crate::Result<f32> {
-            let slot = match part {
-                Part::Cell(k, p) => &mut cell_params[k][p][e],
-                Part::Head(p) => &mut head_params[p][e],
-                Part::Word(r) => &mut words[r as usize * dim + e],
-            };
-            let old = *slot;
-            *slot = value.unwrap_or(old);
-            match part {
-                Part::Cell(k, _) => model.cells_mut()[k].set_params(&cell_params[k])?,
-                Part::Head(_) => model.head_mut().engine().set_params(&head_params)?,
-                Part::Word(_) => model.set_word_vectors(&words)?,
-            }
-            Ok(old)
+        let x = match part {
+            Part::Cell(k, p) => cell_params[k][p][e],
+            Part::Head(p) => head_params[p][e],
+            Part::Word(r) => words[r as usize * dim + e],
         };
-        let x = set(model, None).map_err(fail)?;
+        // Sets the entry to `value` (a word's vector alone, not the whole table).
+        let mut set = |model: &mut Model<CpuBackend>, value: f32| -> crate::Result<()> {
+            match part {
+                Part::Cell(k, p) => {
+                    cell_params[k][p][e] = value;
+                    model.cells_mut()[k].set_params(&cell_params[k])
+                }
+                Part::Head(p) => {
+                    head_params[p][e] = value;
+                    model.head_mut().engine().set_params(&head_params)
+                }
+                Part::Word(r) => {
+                    let row = &mut words[r as usize * dim..(r as usize + 1) * dim];
+                    row[e] = value;
+                    model.set_word_vector(r, row)
+                }
+            }
+        };
         let points = check.points(x);
-        set(model, Some(points.0)).map_err(fail)?;
+        set(model, points.0).map_err(fail)?;
         let at_hi = loss(model).map_err(fail)?.0;
-        set(model, Some(points.1)).map_err(fail)?;
+        set(model, points.1).map_err(fail)?;
         let at_lo = loss(model).map_err(fail)?.0;
-        set(model, Some(x)).map_err(fail)?;
+        set(model, x).map_err(fail)?;
         let kind = if let Part::Word(_) = part { EntryKind::Pull } else { EntryKind::Param };
         check.compare(kind, || label(part, e), analytic, points, (at_hi, at_lo));
     }
