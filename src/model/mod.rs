@@ -749,12 +749,11 @@ impl<B: Backend> Model<B> {
             }
             let vertices: usize = example.trees.iter().map(|t| t.graph.len()).sum();
             let per_vertex = self.readout != Readout::Vertices && got == vertices * width;
-            let hint = match per_vertex {
-                true => {
-                    "; a target row per vertex needs `Model::with_readout(Readout::Vertices)` (what \
-                         `Labelled::readout(LossOn::All)` gives)"
-                }
-                false => "",
+            let hint = if per_vertex {
+                "; a target row per vertex needs `Model::with_readout(Readout::Vertices)` (what \
+                 `Labelled::readout(LossOn::All)` gives)"
+            } else {
+                ""
             };
             return Err(Error::input(
                 format!("target of example {e} of the minibatch"),

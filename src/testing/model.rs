@@ -15,6 +15,36 @@ enum Part {
     Word(u32),
 }
 
+/// The host's copy of a model's values, whose entries the check perturbs one at a time.
+struct Values {
+    cells: Vec<Vec<Vec<f32>>>,
+    head: Vec<Vec<f32>>,
+    words: Vec<f32>,
+    dim: usize,
+}
+
+impl Values {
+    /// Entry `e` of `part`.
+    fn entry(&mut self, part: Part, e: usize) -> &mut f32 {
+        match part {
+            Part::Cell(k, p) => &mut self.cells[k][p][e],
+            Part::Head(p) => &mut self.head[p][e],
+            Part::Word(r) => &mut self.words[r as usize * self.dim + e],
+        }
+    }
+
+    /// Sets entry `e` of `part` to `value`, here and in `model` (a word's vector alone, not
+    /// the whole table).
+    fn set(&mut self, model: &mut Model<CpuBackend>, part: Part, e: usize, value: f32) -> crate::Result<()> {
+        *self.entry(part, e) = value;
+        match part {
+            Part::Cell(k, _) => model.cells_mut()[k].set_params(&self.cells[k]),
+            Part::Head(_) => model.head_mut().engine().set_params(&self.head),
+            Part::Word(r) => model.set_word_vector(r, &self.words[r as usize * self.dim..][..self.dim]),
+        }
+    }
+}
+
 /// Checks the gradients of `model`'s mean loss over `batch` (what [`Model::gradients`] gives a
 /// training step: the vertex function's parameters, the head's and the rows of the word vectors
 /// the batch looks up) against central differences of that loss, in training mode with the
@@ -88,41 +118,21 @@ fn check_model_whole(
             Part::Word(r) => format!("word {r} [{e}]"),
         }
     };
-    let mut cell_params: Vec<Vec<Vec<f32>>> =
-        model.cells().iter().map(|e| e.params()).collect::<crate::Result<_>>().map_err(fail)?;
-    let mut head_params = model.head().params().map_err(fail)?;
-    let mut words = model.word_vectors().map_err(fail)?;
+    let mut values = Values {
+        cells: model.cells().iter().map(|e| e.params()).collect::<crate::Result<_>>().map_err(fail)?,
+        head: model.head().params().map_err(fail)?,
+        words: model.word_vectors().map_err(fail)?,
+        dim,
+    };
     let mut check = GradComparisons::new(what.clone(), opts.tolerance, scale);
     for (part, e, analytic) in targets {
-        let x = match part {
-            Part::Cell(k, p) => cell_params[k][p][e],
-            Part::Head(p) => head_params[p][e],
-            Part::Word(r) => words[r as usize * dim + e],
-        };
-        // Sets the entry to `value` (a word's vector alone, not the whole table).
-        let mut set = |model: &mut Model<CpuBackend>, value: f32| -> crate::Result<()> {
-            match part {
-                Part::Cell(k, p) => {
-                    cell_params[k][p][e] = value;
-                    model.cells_mut()[k].set_params(&cell_params[k])
-                }
-                Part::Head(p) => {
-                    head_params[p][e] = value;
-                    model.head_mut().engine().set_params(&head_params)
-                }
-                Part::Word(r) => {
-                    let row = &mut words[r as usize * dim..(r as usize + 1) * dim];
-                    row[e] = value;
-                    model.set_word_vector(r, row)
-                }
-            }
-        };
+        let x = *values.entry(part, e);
         let points = check.points(x);
-        set(model, points.0).map_err(fail)?;
+        values.set(model, part, e, points.0).map_err(fail)?;
         let at_hi = loss(model).map_err(fail)?.0;
-        set(model, points.1).map_err(fail)?;
+        values.set(model, part, e, points.1).map_err(fail)?;
         let at_lo = loss(model).map_err(fail)?.0;
-        set(model, x).map_err(fail)?;
+        values.set(model, part, e, x).map_err(fail)?;
         let kind = if let Part::Word(_) = part { EntryKind::Pull } else { EntryKind::Param };
         check.compare(kind, || label(part, e), analytic, points, (at_hi, at_lo));
     }

@@ -134,7 +134,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     }
     // The epoch chosen on the held-out folds (as published GIN tables choose it): reported
     // beside the last epoch's mean, never instead of it.
-    let (best_epoch, best_mean) = result.best_epoch().map_or((None, None), |(e, m)| (Some(e + 1), Some(m)));
+    let (best_epoch, best_mean) = result.best_epoch().map(|(e, m)| (e + 1, m)).unzip();
     println!(
         "{}",
         json!({
