@@ -2,9 +2,11 @@
 # On a device machine: the GPU tests, the README's job on the GPU, then every arbor build in
 # .gpu/bin (arbor, and any arbor-* beside it: older builds to compare) on the same SST rows with
 # `--profile` (the host's time per step by activity), taking turns, then the level-batched
-# PyTorch peer on the same GPU. Build and pack here first (`../shared/tools/gpu-pack`, or copy
-# the stripped binaries and test binaries into .gpu/bin and .gpu/tests), then on the device
-# (carry .gpu): benches/peers/gpu_profile.sh [ROUNDS_AT_BATCH_1]
+# PyTorch peer on the same GPU. With GRAPHS=1, `arbor@graphs` joins the builds: `arbor` with
+# each launch list issued as a CUDA graph (ARBOR_CUDA_GRAPHS=1), against `arbor` without.
+# Build and pack here first (`../shared/tools/gpu-pack`, or copy the stripped binaries and test
+# binaries into .gpu/bin and .gpu/tests), then on the device (carry .gpu):
+# [GRAPHS=1] benches/peers/gpu_profile.sh [ROUNDS_AT_BATCH_1]
 # Writes one JSON line per run to $OUT/gpu.jsonl (or target/bench/gpu.jsonl).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,13 +26,16 @@ ck=$(mktemp -d)/run
 timeout 120 "$gpu/bin/arbor" train --device cuda --epochs 2 --checkpoint "$ck" 2>&1 | tail -1
 timeout 60 "$gpu/bin/arbor" eval --device cuda --checkpoint "$ck" 2>&1 | tail -1
 builds=$(cd "$gpu/bin" && ls arbor arbor-* 2>/dev/null)
+[ "${GRAPHS:-0}" = 1 ] && builds=$(printf '%s\narbor@graphs' "$builds")
 # One run of build $1 with the remaining bench arguments, its JSON line kept and summarized.
 run() {
-  local bin=$1; shift
-  timeout 120 "$gpu/bin/$bin" bench --data "$ARBOR_DATA/sst" --device cuda --profile "$@" 2>/dev/null | tail -1 \
+  local bin=$1 graphs=0; shift
+  [ "${bin%@graphs}" != "$bin" ] && graphs=1
+  ARBOR_CUDA_GRAPHS=$graphs timeout 120 "$gpu/bin/${bin%@graphs}" bench --data "$ARBOR_DATA/sst" --device cuda --profile "$@" 2>/dev/null | tail -1 \
     | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["bin"]=sys.argv[1]; print(json.dumps(d))' "$bin" \
     | tee -a "$out" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(d["bin"], d["mode"], d["batch"],
-        d["sent_per_s"], d["launches_per_step"], d.get("device_launches_per_step"), d["profile_ms_per_step"])'
+        d["sent_per_s"], d["launches_per_step"], d.get("device_launches_per_step"), d.get("device_submissions_per_step"),
+        d["profile_ms_per_step"])'
 }
 # Every build on one row, `$1` rounds, the order reversed every other round.
 row() {

@@ -345,6 +345,21 @@ pub trait Backend {
     fn launches(&self) -> Option<u64> {
         None
     }
+    /// How often the backend has handed its device work so far, where it counts: launches and
+    /// library calls issued alone, and each list of held launches issued as one graph
+    /// ([`Backend::hold_launches`]). By default [`Backend::launches`].
+    fn submissions(&self) -> Option<u64> {
+        self.launches()
+    }
+    /// Holds the launches that follow until [`Backend::issue_held`], to issue them together
+    /// (a CUDA device as one graph). Whatever else the backend is asked to do in between (a
+    /// copy, a read) issues what it holds first, so the order of the work is kept. By default
+    /// nothing is held.
+    fn hold_launches(&self) {}
+    /// Issues what [`Backend::hold_launches`] held and stops holding.
+    fn issue_held(&self) -> Result<()> {
+        Ok(())
+    }
     /// Products summed into one output, in order: the first writes C as its `accumulate` says,
     /// each later one adds to that C (its `accumulate` set) — `h₀·U₀ + h₁·U₁`, which a device
     /// may run as one launch. By default they run one after another.

@@ -28,6 +28,8 @@ pub enum Activity {
     RowSums,
     /// Issuing a pass's attention over children and its gradients.
     Attention,
+    /// Issuing the launches a backend held to the end of a pass (on a GPU: a CUDA graph).
+    Issue,
     /// Reading values back (on a GPU: waiting for the work queued before).
     Read,
     /// The update outside the above: tests, clipping and the optimizer's calls.
@@ -35,7 +37,7 @@ pub enum Activity {
 }
 
 /// Every activity, in report order.
-pub const ACTIVITIES: [Activity; 11] = [
+pub const ACTIVITIES: [Activity; 12] = [
     Activity::Plan,
     Activity::Lower,
     Activity::Upload,
@@ -45,6 +47,7 @@ pub const ACTIVITIES: [Activity; 11] = [
     Activity::Scatter,
     Activity::RowSums,
     Activity::Attention,
+    Activity::Issue,
     Activity::Read,
     Activity::Update,
 ];
@@ -62,6 +65,7 @@ impl Activity {
             Activity::Scatter => "scatters",
             Activity::RowSums => "row_sums",
             Activity::Attention => "attention",
+            Activity::Issue => "issue",
             Activity::Read => "read",
             Activity::Update => "update",
         }

@@ -21,15 +21,15 @@ use arbor_core::backend::{
 use arbor_core::error::{Error, Result};
 use arbor_core::fusion::Kernel;
 use arbor_core::optim::Update;
-use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
+pub use graphs::GraphCounts;
+use graphs::{CudaChain, Graphs, Held};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::Arc;
 
 /// Threads per block of every launch.
@@ -72,6 +72,8 @@ type NearKernels = HashMap<(usize, Vec<Binding>), (Kernel, Arc<Compiled>)>;
 
 /// One CUDA device.
 pub struct CudaBackend {
+    /// Launch lists held and issued as CUDA graphs (first: dropped while the context lives).
+    graphs: RefCell<Graphs<CudaChain>>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
@@ -142,6 +144,7 @@ impl CudaBackend {
             helpers.insert(name, module.load_function(name).map_err(|e| fail("load kernels", e))?);
         }
         Ok(CudaBackend {
+            graphs: RefCell::new(Graphs::from_env()),
             ctx,
             stream,
             blas,
@@ -197,6 +200,7 @@ impl CudaBackend {
 
     /// Waits until the device has finished everything queued.
     pub fn synchronize(&self) -> Result<()> {
+        self.issue()?;
         self.stream.synchronize().map_err(|e| fail("synchronize", e))
     }
 
@@ -212,6 +216,7 @@ impl CudaBackend {
         &self,
         len: usize,
     ) -> Result<DeviceBuffer<T>> {
+        self.issue()?;
         self.allocations.set(self.allocations.get() + 1);
         let slice = self.stream.alloc_zeros(len.max(1)).map_err(|e| fail("alloc", e))?;
         Ok(DeviceBuffer { slice, len })
@@ -223,6 +228,7 @@ impl CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
+        self.issue()?;
         let mut view = buf.slice.slice_mut(offset..offset + src.len());
         self.stream.memcpy_htod(src, &mut view).map_err(|e| fail("write", e))
     }
@@ -250,6 +256,10 @@ impl CudaBackend {
         }
         let blocks = u32::try_from(threads.div_ceil(BLOCK as usize)).map_err(|_| fail(op, "too many threads"))?;
         self.launches.set(self.launches.get() + 1);
+        let held = || Held { func: f.cu_function(), blocks, args: args.iter().map(Arg::slot).collect() };
+        if self.graphs.borrow_mut().hold(held) {
+            return Ok(());
+        }
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(f);
         for a in args {
@@ -299,6 +309,18 @@ enum Arg {
     I64(i64),
     F32(f32),
     I32(i32),
+}
+
+impl Arg {
+    /// The argument in an 8-byte slot, a 4-byte one in the low half (see [`Held`]).
+    fn slot(&self) -> u64 {
+        match *self {
+            Arg::Ptr(p) => p,
+            Arg::I64(x) => x as u64,
+            Arg::F32(x) => u64::from(x.to_bits()),
+            Arg::I32(x) => u64::from(x as u32),
+        }
+    }
 }
 
 /// The module compiled from `source`: from the cache, or compiled with NVRTC for `arch`. A
@@ -399,6 +421,7 @@ impl Backend for CudaBackend {
     fn replica(&self) -> Result<CudaBackend> {
         let other = CudaBackend::new(self.ctx.ordinal())?;
         other.precision.set(self.precision.get());
+        other.graphs.borrow_mut().enabled = self.graphs.borrow().enabled;
         Ok(other)
     }
 
@@ -416,6 +439,21 @@ impl Backend for CudaBackend {
 
     fn launches(&self) -> Option<u64> {
         Some(self.launches.get())
+    }
+
+    fn submissions(&self) -> Option<u64> {
+        let c = self.graph_counts();
+        Some(self.launches.get() - c.nodes + c.graphs)
+    }
+
+    fn hold_launches(&self) {
+        let mut g = self.graphs.borrow_mut();
+        g.holding = g.enabled;
+    }
+
+    fn issue_held(&self) -> Result<()> {
+        self.graphs.borrow_mut().holding = false;
+        self.issue()
     }
 
     fn len(&self, buf: &DeviceBuffer<f32>) -> usize {
@@ -439,6 +477,7 @@ impl Backend for CudaBackend {
         if dst.is_empty() {
             return Ok(());
         }
+        self.issue()?;
         let view = buf.slice.slice(offset..offset + dst.len());
         self.stream.memcpy_dtoh(&view, dst).map_err(|e| fail("read", e))?;
         // The copy is asynchronous in cudarc's terms; the host reads `dst` next.
@@ -484,6 +523,7 @@ impl Backend for CudaBackend {
             Arg::Ptr(values.slice.device_ptr(&self.stream).0),
         ];
         self.launch("read_rows", &self.helpers["arbor_gather_rows"], n, &args)?;
+        self.issue()?;
         let view = values.slice.slice(0..n);
         self.stream.memcpy_dtoh(&view, &mut dst[..n]).map_err(|e| fail("read_rows", e))?;
         self.synchronize()?;
@@ -520,67 +560,7 @@ impl Backend for CudaBackend {
         if self.own_product(g) {
             return self.own_gemm(mem, std::slice::from_ref(g), false);
         }
-        let [a, b, (c, _)] = self.operands(mem, g)?;
-        let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
-        let int = |x: usize| i32::try_from(x).map_err(|_| fail("gemm", format!("{x} exceeds cuBLAS's int")));
-        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
-        let cm = ColMajor::of(g);
-        let ((first, first_len), (second, second_len)) = if cm.swapped { (b, a) } else { (a, b) };
-        let precision = self.precision.get();
-        let (first, second, input) = match precision {
-            Precision::F32 | Precision::Tf32 => (first, second, cudaDataType::CUDA_R_32F),
-            Precision::Bf16 | Precision::F16 => {
-                let (kernel, input) = if precision == Precision::Bf16 {
-                    ("arbor_to_bf16", cudaDataType::CUDA_R_16BF)
-                } else {
-                    ("arbor_to_f16", cudaDataType::CUDA_R_16F)
-                };
-                let scratch = self.scratch(first_len + second_len)?;
-                let converted = scratch + 2 * first_len as u64;
-                for (src, len, dst) in [(first, first_len, scratch), (second, second_len, converted)] {
-                    let args = [Arg::Ptr(src), Arg::I64(len as i64), Arg::Ptr(dst)];
-                    self.launch("gemm inputs", &self.helpers[kernel], len, &args)?;
-                }
-                (scratch, converted, input)
-            }
-        };
-        let compute = if precision == Precision::Tf32 {
-            cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
-        } else {
-            cublasComputeType_t::CUBLAS_COMPUTE_32F
-        };
-        self.ctx.bind_to_thread().map_err(|e| fail("gemm", e))?;
-        self.launches.set(self.launches.get() + 1);
-        // SAFETY: the three regions were checked against their buffers above, and converted
-        // inputs lie in the scratch buffer, which holds both.
-        unsafe {
-            cudarc::cublas::result::gemm_strided_batched_ex(
-                *self.blas.handle(),
-                op(cm.trans.0),
-                op(cm.trans.1),
-                int(cm.m)?,
-                int(cm.n)?,
-                int(cm.k)?,
-                (&alpha as *const f32).cast(),
-                first as *const c_void,
-                input,
-                int(cm.ld.0)?,
-                cm.stride.0 as i64,
-                second as *const c_void,
-                input,
-                int(cm.ld.1)?,
-                cm.stride.1 as i64,
-                (&beta as *const f32).cast(),
-                c as *mut c_void,
-                cudaDataType::CUDA_R_32F,
-                int(g.ldc)?,
-                g.stride_c as i64,
-                int(g.batch)?,
-                compute,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| fail("gemm", e))
+        self.cublas_gemm(mem, g)
     }
 
     fn gemm_batch(&self, mem: &mut Mem<'_, Self>, gs: &[Gemm]) -> Result<()> {
@@ -773,6 +753,7 @@ impl Backend for CudaBackend {
 }
 
 mod attention;
+mod graphs;
 mod optimizer;
 mod products;
 #[cfg(test)]

@@ -14,7 +14,7 @@ pub mod helpers;
 pub mod nvrtc;
 pub mod optim;
 
-pub use backend::{CudaBackend, Precision};
+pub use backend::{CudaBackend, GraphCounts, Precision};
 
 use arbor_core::error::{Error, Result};
 

@@ -233,6 +233,15 @@ impl Uploads {
 /// Runs `launches` in order on `backend` over `mem`; returns the flops they executed and the
 /// backend calls they made.
 pub(super) fn execute<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &[Launch]) -> Result<(u64, u64)> {
+    backend.hold_launches();
+    let done = execute_held(backend, mem, launches);
+    let issued = profile::time(Activity::Issue, || backend.issue_held());
+    let done = done?;
+    issued.map(|()| done)
+}
+
+/// [`execute`]'s launches, which the backend may hold until its end.
+fn execute_held<B: Backend>(backend: &B, mem: &mut Mem<'_, B>, launches: &[Launch]) -> Result<(u64, u64)> {
     let (mut flops, mut calls) = (0, 0);
     let mut rest = launches;
     while let Some(l) = rest.first() {

@@ -595,6 +595,13 @@ impl<B: Backend> Model<B> {
         self.cells.iter().map(|e| e.backend().launches()).chain([head]).sum()
     }
 
+    /// How often the engines' backends handed their device work so far, a list of launches
+    /// issued as one graph counted once ([`Backend::submissions`]).
+    pub fn submissions(&mut self) -> Option<u64> {
+        let head = self.head.engine().backend().submissions();
+        self.cells.iter().map(|e| e.backend().submissions()).chain([head]).sum()
+    }
+
     /// The scheduler of the bottom cells' engine (for [`Model::gradients`] with a minibatch
     /// planned ahead).
     pub fn planner(&self) -> Planner {

@@ -1,11 +1,13 @@
 //! Matrix products on the device: small ones as the backend's own kernel ([`crate::gemm`]),
 //! several of one shape in one launch (a wave's independent products, or a chain summed into
-//! one output); the rest through cuBLAS (`Backend::gemm` in the parent module).
+//! one output); the rest through cuBLAS.
 
-use super::{len_of, Arg, CudaBackend, Precision};
+use super::{fail, len_of, Arg, ColMajor, CudaBackend, Precision};
 use crate::gemm::{GemmGrid, GEMM_BLOCK, GEMM_KERNEL, TERMS};
 use arbor_core::backend::{Backend, Gemm, Mem};
 use arbor_core::error::Result;
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use std::ffi::c_void;
 
 /// Products of at most this many multiply-adds run as the backend's own kernel in f32.
 const SMALL_GEMM: usize = 1 << 23;
@@ -104,5 +106,72 @@ impl CudaBackend {
             return self.own_gemm(mem, gs, true);
         }
         gs.iter().try_for_each(|g| self.gemm(mem, g))
+    }
+
+    /// `g` through cuBLAS (`gemm_strided_batched_ex`), its inputs first rounded to 16 bits in
+    /// the scratch buffer where the precision asks.
+    pub(super) fn cublas_gemm(&self, mem: &Mem<'_, Self>, g: &Gemm) -> Result<()> {
+        let [a, b, (c, _)] = self.operands(mem, g)?;
+        let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+        let int = |x: usize| i32::try_from(x).map_err(|_| fail("gemm", format!("{x} exceeds cuBLAS's int")));
+        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
+        let cm = ColMajor::of(g);
+        let ((first, first_len), (second, second_len)) = if cm.swapped { (b, a) } else { (a, b) };
+        let precision = self.precision.get();
+        let (first, second, input) = match precision {
+            Precision::F32 | Precision::Tf32 => (first, second, cudaDataType::CUDA_R_32F),
+            Precision::Bf16 | Precision::F16 => {
+                let (kernel, input) = if precision == Precision::Bf16 {
+                    ("arbor_to_bf16", cudaDataType::CUDA_R_16BF)
+                } else {
+                    ("arbor_to_f16", cudaDataType::CUDA_R_16F)
+                };
+                let scratch = self.scratch(first_len + second_len)?;
+                let converted = scratch + 2 * first_len as u64;
+                for (src, len, dst) in [(first, first_len, scratch), (second, second_len, converted)] {
+                    let args = [Arg::Ptr(src), Arg::I64(len as i64), Arg::Ptr(dst)];
+                    self.launch("gemm inputs", &self.helpers[kernel], len, &args)?;
+                }
+                (scratch, converted, input)
+            }
+        };
+        let compute = if precision == Precision::Tf32 {
+            cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        self.issue()?;
+        self.ctx.bind_to_thread().map_err(|e| fail("gemm", e))?;
+        self.launches.set(self.launches.get() + 1);
+        // SAFETY: the three regions were checked against their buffers above, and converted
+        // inputs lie in the scratch buffer, which holds both.
+        unsafe {
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                *self.blas.handle(),
+                op(cm.trans.0),
+                op(cm.trans.1),
+                int(cm.m)?,
+                int(cm.n)?,
+                int(cm.k)?,
+                (&alpha as *const f32).cast(),
+                first as *const c_void,
+                input,
+                int(cm.ld.0)?,
+                cm.stride.0 as i64,
+                second as *const c_void,
+                input,
+                int(cm.ld.1)?,
+                cm.stride.1 as i64,
+                (&beta as *const f32).cast(),
+                c as *mut c_void,
+                cudaDataType::CUDA_R_32F,
+                int(g.ldc)?,
+                g.stride_c as i64,
+                int(g.batch)?,
+                compute,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| fail("gemm", e))
     }
 }

@@ -77,6 +77,7 @@ where
         let mut run = Run::new(model, opt, &Rng::new(2));
         let (flops_before, calls_before) = (run.model_mut().flops(), run.model_mut().calls());
         let launches_before = run.model_mut().launches();
+        let submissions_before = run.model_mut().submissions();
         profile::enable(args.profile);
         profile::reset();
         let start = Instant::now();
@@ -95,7 +96,14 @@ where
         let calls = (run.model_mut().calls() - calls_before) as f64;
         let steps = examples.len().div_ceil(args.batch) as f64;
         let launches = run.model_mut().launches().zip(launches_before).map(|(l, b)| (l - b) as f64 / steps);
-        return Ok(Timed { seconds, flops, calls_per_step: calls / steps, launches_per_step: launches });
+        let submissions = run.model_mut().submissions().zip(submissions_before).map(|(l, b)| (l - b) as f64 / steps);
+        return Ok(Timed {
+            seconds,
+            flops,
+            calls_per_step: calls / steps,
+            launches_per_step: launches,
+            submissions_per_step: submissions,
+        });
     }
     let mut replicas: Vec<Model<B>> = (1..args.workers).map(|_| model.replica()).collect::<Result<_>>()?;
     replicas.insert(0, model);
@@ -118,7 +126,8 @@ where
         pass(&mut model, &batches[..batches.len().min(3)], None)?;
         let mut meet = [0.0f32];
         coll.all_reduce_sum(&mut meet)?;
-        let (flops_before, calls_before, launches_before) = (model.flops(), model.calls(), model.launches());
+        let (flops_before, calls_before) = (model.flops(), model.calls());
+        let (launches_before, submissions_before) = (model.launches(), model.submissions());
         if me == 0 {
             profile::enable(args.profile);
             profile::reset();
@@ -126,19 +135,22 @@ where
         let start = Instant::now();
         pass(&mut model, &batches, Some(&pb))?;
         let launches = model.launches().zip(launches_before).map(|(l, b)| l - b);
-        Ok((start, model.flops() - flops_before, model.calls() - calls_before, launches))
+        let submissions = model.submissions().zip(submissions_before).map(|(l, b)| l - b);
+        Ok((start, model.flops() - flops_before, model.calls() - calls_before, (launches, submissions)))
     })?;
     let seconds = timed.iter().map(|(start, ..)| start.elapsed()).max().unwrap_or_default().as_secs_f64();
     profile::enable(false);
     pb.finish_and_clear();
     let calls: u64 = timed.iter().map(|&(.., calls, _)| calls).sum();
-    let launches: Option<u64> = timed.iter().map(|&(.., launches)| launches).sum();
+    let launches: Option<u64> = timed.iter().map(|&(.., (launches, _))| launches).sum();
+    let submissions: Option<u64> = timed.iter().map(|&(.., (_, submissions))| submissions).sum();
     let steps = batches.len().max(1) as f64;
     Ok(Timed {
         seconds,
         flops: timed.iter().map(|&(_, flops, ..)| flops as f64).sum(),
         calls_per_step: calls as f64 / steps,
         launches_per_step: launches.map(|l| l as f64 / steps),
+        submissions_per_step: submissions.map(|l| l as f64 / steps),
     })
 }
 
@@ -150,6 +162,8 @@ pub(crate) struct Timed {
     calls_per_step: f64,
     /// Kernel launches and library calls a step gave the device, where its backend counts them.
     launches_per_step: Option<f64>,
+    /// Work handed to the device per step, a graph counted once ([`Backend::submissions`]).
+    submissions_per_step: Option<f64>,
 }
 
 /// The classes of a minibatch's target rows (each example's one row).
@@ -241,7 +255,7 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
         }
     }
     let work = Work(cell, vocab, classes, args, &labelled, loss_on);
-    let (Timed { seconds, flops, calls_per_step, launches_per_step }, device) =
+    let (Timed { seconds, flops, calls_per_step, launches_per_step, submissions_per_step }, device) =
         on_device(args.device, args.precision, work)?;
     let gpu = (args.device == Device::Cuda).then_some(device);
     let vertices: usize = examples.iter().map(|e| e.graph.len()).sum();
@@ -270,6 +284,9 @@ pub(crate) fn bench_on(args: &BenchArgs) -> Result<()> {
     });
     if let Some(launches) = launches_per_step {
         report["device_launches_per_step"] = json!(launches.round());
+    }
+    if let Some(submissions) = submissions_per_step {
+        report["device_submissions_per_step"] = json!(submissions.round());
     }
     if args.profile {
         // Milliseconds a step (to the microsecond), each activity summed over the workers' threads.
