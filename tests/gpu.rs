@@ -345,20 +345,11 @@ fn a_pipeline_on_the_gpu_follows_the_cpu_pipeline() {
 #[ignore = "needs a CUDA device"]
 fn cross_validation_on_the_gpu_follows_the_cpu() {
     use arbor::data::tu;
-    use arbor::optim::{Config, Rule};
-    use arbor::zoo::{cross_validate_graphs, GraphCell, GraphTraining};
+    use arbor::zoo::{cross_validate_graphs, GraphCell};
     let mut d = tu::read(&arbor::data::data_dir().join("mutag"), "MUTAG").expect("MUTAG data (ARBOR_DATA)");
     d.label_cycles(6).unwrap();
     for cell in GraphCell::ALL {
-        let cfg = GraphTraining {
-            steps: 3,
-            features: 8,
-            hidden: 16,
-            epochs: 40,
-            folds: 3,
-            optimizer: Config::new(Rule::Adam, 0.01),
-            ..GraphTraining::new(cell)
-        };
+        let cfg = common::short_mutag_run(cell);
         let gpu = cross_validate_graphs(&CudaBackend::new(0).unwrap(), &d, &cfg, &mut |_, _| {}).unwrap();
         let cpu = cross_validate_graphs(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
         let name = cell.name();

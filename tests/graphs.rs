@@ -1,8 +1,9 @@
 //! Graph classification: the TU reader on MUTAG and on malformed files, the graph cells' gradients
 //! and batching, and short cross-validated runs (data through ARBOR_DATA, default ../shared/data).
 
+mod common;
+
 use arbor::data::tu;
-use arbor::optim::{Config, Rule};
 use arbor::rng::Rng;
 use arbor::testing::{check_batched_with, check_vertex, strategy, Batched, VertexCase};
 use arbor::zoo::{cross_validate_graphs, GraphCell, GraphTraining};
@@ -209,15 +210,7 @@ fn edge_attributes_are_read_and_fed() {
 #[test]
 fn ggnn_learns_mutag() {
     let d = tu::read(&mutag(), "MUTAG").unwrap();
-    let cfg = GraphTraining {
-        steps: 3,
-        features: 8,
-        hidden: 16,
-        epochs: 40,
-        folds: 3,
-        optimizer: Config::new(Rule::Adam, 0.01),
-        ..GraphTraining::new(GraphCell::Ggnn)
-    };
+    let cfg = common::short_mutag_run(GraphCell::Ggnn);
     let r = cross_validate_graphs(&CpuBackend::new(), &d, &cfg, &mut |_, _| {}).unwrap();
     assert_eq!(r.fold_scores.len(), 3);
     // The held-out curve: one mean per epoch, its last the folds' scores' mean (no epoch is
