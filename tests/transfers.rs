@@ -39,6 +39,17 @@ struct Counts {
     read_done: bool,
     /// Compute calls made after such a copy: work the host launched only once it had waited.
     after_read: usize,
+    /// Whether the engine is in a launch list a device may hold ([`arbor::Backend::hold_launches`]).
+    holding: bool,
+    /// Launch lists, and the compute calls in them.
+    lists: usize,
+    held: usize,
+    /// The most calls in one list.
+    longest: usize,
+    /// Calls in the list now.
+    in_list: usize,
+    /// Copies either way made inside a launch list (each would end a device's held run early).
+    copies_held: usize,
 }
 
 impl std::ops::Sub for Counts {
@@ -46,7 +57,9 @@ impl std::ops::Sub for Counts {
     fn sub(self, o: Counts) -> Counts {
         let (up, down, reads, calls) = (self.up - o.up, self.down - o.down, self.reads - o.reads, self.calls - o.calls);
         let after_read = self.after_read - o.after_read;
-        Counts { up, index: self.index - o.index, down, reads, calls, largest: self.largest, after_read, ..self }
+        let (lists, held, copies_held) = (self.lists - o.lists, self.held - o.held, self.copies_held - o.copies_held);
+        let index = self.index - o.index;
+        Counts { up, index, down, reads, calls, after_read, lists, held, copies_held, ..self }
     }
 }
 
@@ -58,10 +71,10 @@ impl Counter {
     fn now(&self) -> Counts {
         *self.0.lock().unwrap()
     }
-    /// Starts the largest-copy record and the read mark afresh.
+    /// Starts the largest-copy and longest-list records and the read mark afresh.
     fn reset_marks(&self) {
         let mut c = self.0.lock().unwrap();
-        (c.largest, c.read_done) = (0, false);
+        (c.largest, c.longest, c.read_done) = (0, 0, false);
     }
 }
 
@@ -71,6 +84,7 @@ impl Watch for Counter {
     }
     fn copy(&self, up: bool, bytes: usize) {
         let mut c = self.0.lock().unwrap();
+        c.copies_held += usize::from(c.holding);
         if up {
             c.up += bytes;
         } else {
@@ -88,6 +102,17 @@ impl Watch for Counter {
         let mut c = self.0.lock().unwrap();
         c.calls += 1;
         c.after_read += usize::from(c.read_done);
+        if c.holding {
+            c.held += 1;
+            c.in_list += 1;
+        }
+    }
+    fn hold(&self, on: bool) {
+        let mut c = self.0.lock().unwrap();
+        if !on && c.holding {
+            (c.lists, c.longest, c.in_list) = (c.lists + 1, c.longest.max(c.in_list), 0);
+        }
+        c.holding = on;
     }
 }
 
@@ -129,6 +154,7 @@ fn a_training_step_moves_nothing_parameter_sized() {
         assert_eq!((formed - before).reads, 0, "batch {batch}: {:?}", formed - before);
         assert!(model.apply(&mut grads, &mut opt, Some(5.0)).unwrap());
         let applied = counter.now() - formed;
+        let passes = formed - before;
         // The update: per engine (the cell's, the head's) a zeroing of its partial sums and a
         // sum of squares per region (the cell's parameters and word vectors, the head's), the
         // gate, the head's outputs copied beside it, one update of all of an engine's tensors
@@ -136,7 +162,14 @@ fn a_training_step_moves_nothing_parameter_sized() {
         // gate and the outputs — after the last launch.
         let outputs = 4 * grads.outputs.iter().map(Vec::len).sum::<usize>();
         let want = Counts { up: 0, down: 8 + outputs, reads: 1, calls: 10, after_read: 0, ..Counts::default() };
-        assert_eq!(Counts { largest: 0, read_done: false, ..applied }, want, "the update of {tensors} tensors");
+        // (The outputs' copy beside the gate is a launch list of its own.)
+        let (largest, longest, lists, held) = (0, 0, 0, 0);
+        let applied_calls = Counts { largest, read_done: false, longest, lists, held, ..applied };
+        assert_eq!(applied_calls, want, "the update of {tensors} tensors");
+        // The passes' launch lists, which a device may issue whole (as CUDA graphs), hold
+        // nothing but launches: no copy either way inside one.
+        assert_eq!(passes.copies_held, 0, "batch {batch}: copies inside a launch list: {passes:?}");
+        assert!(passes.lists >= 4 && passes.held * 10 >= passes.calls * 7, "batch {batch}: {passes:?}");
         assert_eq!(grads.outputs.len(), 2, "batch {batch}: the head's outputs (loss, prediction) came with the gate");
         assert_eq!(grads.outputs[0].len(), batch, "batch {batch}: one loss per example");
         let step = counter.now() - before;
@@ -155,8 +188,19 @@ fn a_training_step_moves_nothing_parameter_sized() {
         }
         report.push(format!(
             "transfers: SST Tree-LSTM h150 e300, batch {batch}: {} bytes to the device ({} of them indices), \
-             {} back in {} reads, {} backend calls (the update: {} calls, {} bytes back in {} reads)",
-            step.up, step.index, step.down, step.reads, step.calls, applied.calls, applied.down, applied.reads
+             {} back in {} reads, {} backend calls (the update: {} calls, {} bytes back in {} reads); \
+             the passes' {} calls in {} launch lists, the longest {}",
+            step.up,
+            step.index,
+            step.down,
+            step.reads,
+            step.calls,
+            applied.calls,
+            applied.down,
+            applied.reads,
+            passes.held,
+            passes.lists,
+            passes.longest
         ));
     }
     // A weight average kept in the engines moves nothing either: a copy to start it, then one

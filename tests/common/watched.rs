@@ -22,6 +22,9 @@ pub trait Watch: Sized {
     fn call(&self) {}
     /// A fused kernel and its loads, before it runs.
     fn fused(&self, _kernel: &Kernel, _loads: &[Rows]) {}
+    /// The engine starts (`true`) or ends a launch list a device may hold and issue as one
+    /// ([`Backend::hold_launches`]).
+    fn hold(&self, _on: bool) {}
 }
 
 /// The CPU backend under a [`Watch`].
@@ -55,6 +58,13 @@ impl<W: Watch> Backend for Watched<W> {
     }
     fn alloc(&self, len: usize) -> arbor::Result<HostBuffer> {
         self.cpu.alloc(len)
+    }
+    fn hold_launches(&self) {
+        self.watch.hold(true);
+    }
+    fn issue_held(&self) -> arbor::Result<()> {
+        self.watch.hold(false);
+        Ok(())
     }
     fn alloc_index(&self, len: usize) -> arbor::Result<Vec<u32>> {
         self.cpu.alloc_index(len)

@@ -70,7 +70,7 @@ pub struct GraphCounts {
     pub nodes_set: u64,
     /// Nodes launched as part of a graph.
     pub nodes: u64,
-    /// Held launches issued one by one (runs shorter than [`MIN_GRAPH`]).
+    /// Held launches issued one by one (runs shorter than eight).
     pub direct: u64,
 }
 
