@@ -1,6 +1,7 @@
 // Host cost of kernel launches, stream capture and graph replay for a chain of small kernels.
 // Run on a GPU machine (no Rust needed): nvcc -O2 -arch=sm_90 -o /tmp/lc benches/cuda/launch_cost.cu && /tmp/lc
-// Results (an H200, 2026-11-28) in BENCHMARKS.md, "Launches, graphs and what a step costs the host".
+// Results (an H200, 2026-11-28) in BENCHMARKS.md, "Current comparison (GPU)", and in
+// benches/results/gpu-h200-2026-11-28-launches.txt.
 #include <cstdio>
 #include <chrono>
 #include <vector>
