@@ -1,7 +1,8 @@
 //! The CUDA backend against the CPU backend: the Tree-LSTM, child-sum and gated-graph cells,
 //! forward and backward on random forests and DAGs (f32: 1e-4 relative; TF32, bf16 and f16
-//! products: 2e-2), no device allocation after warm-up, and whole runs (data-parallel training,
-//! pipelines, cross-validation, a pair model with a head) against the same runs on the CPU.
+//! products: 2e-2), no device allocation after warm-up, whole runs (data-parallel training,
+//! pipelines, cross-validation, a pair model with a head) against the same runs on the CPU, and
+//! training with launch lists issued as CUDA graphs against the same launches one by one.
 //! These need a CUDA device (`cargo test --test gpu -- --ignored`); without one, only the check
 //! that opening a device fails cleanly runs.
 
