@@ -10,8 +10,8 @@
 //! schedule, which differs with every minibatch, reuses the graph of the last one as long.
 //! Measured on an H200 with `benches/cuda/*.cu` (BENCHMARKS.md): a launch costs its host
 //! 3.4–3.6 µs and the device runs small kernels no faster than that; a captured chain of 60–99
-//! kernels whose every node changed was updated and launched for 1.0–1.9 µs a node, and a graph
-//! runs its kernels 1.5 µs apart. Shorter runs are launched one by one. Anything else that uses
+//! kernels whose every node changed was updated and launched for 1.1–2.0 µs a node (1.7–2.0
+//! where three kernels mixed), and a graph runs its kernels 1.5 µs apart. Shorter runs are launched one by one. Anything else that uses
 //! the stream (a copy, a read, an allocation, a cuBLAS call) issues what is held first, so the
 //! device sees every operation in the order the host made it.
 
