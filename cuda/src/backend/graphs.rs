@@ -7,7 +7,8 @@
 //! run of at least [`MIN_GRAPH`] launches goes out as one graph: a chain of kernel nodes, kept
 //! per length and replayed with only the nodes whose function, blocks or arguments changed set
 //! anew (`cuGraphExecKernelNodeSetParams`, which may change a node's function too), so a tree's
-//! schedule, which differs with every minibatch, reuses the graph of the last one as long.
+//! schedule, which differs with every minibatch, reuses the graph of the last one as long (a
+//! chain whose node the driver will not set is built afresh).
 //! Measured on an H200 with `benches/cuda/*.cu` (BENCHMARKS.md): a launch costs its host
 //! 3.4–3.6 µs and the device runs small kernels no faster than that; a captured chain of 60–99
 //! kernels whose every node changed was updated and launched for 1.1–2.0 µs a node (1.7–2.0
@@ -127,17 +128,13 @@ impl<C> Graphs<C> {
         if self.chains.len() >= MAX_CHAINS && !self.chains.contains_key(&n) {
             self.chains.clear();
         }
-        let kept = match self.chains.remove(&n) {
-            Some(mut kept) => {
-                for (node, (now, h)) in kept.held.iter_mut().zip(held).enumerate() {
-                    if *now != h {
-                        driver.set(&kept.chain, node, &h)?;
-                        *now = h;
-                        self.counts.nodes_set += 1;
-                    }
-                }
-                kept
-            }
+        let replayed = self.chains.remove(&n).and_then(|mut kept| {
+            // A node's new parameters refused (a driver that will not change a node's function,
+            // say): the chain is dropped, and one built for this list.
+            self.replay(&mut kept, &held, driver).ok().map(|()| kept)
+        });
+        let kept = match replayed {
+            Some(kept) => kept,
             None => {
                 self.counts.built += 1;
                 Kept { chain: driver.build(&held)?, held }
@@ -148,6 +145,20 @@ impl<C> Graphs<C> {
         let launched = driver.launch_chain(&kept.chain);
         self.chains.insert(n, kept);
         launched
+    }
+}
+
+impl<C> Graphs<C> {
+    /// Sets anew the nodes of `kept` whose launch differs from `held`'s.
+    fn replay<D: Driver<Chain = C>>(&mut self, kept: &mut Kept<C>, held: &[Held], driver: &mut D) -> Result<()> {
+        for (node, (now, h)) in kept.held.iter_mut().zip(held).enumerate() {
+            if now != h {
+                driver.set(&kept.chain, node, h)?;
+                now.clone_from(h);
+                self.counts.nodes_set += 1;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -287,6 +298,8 @@ mod tests {
     struct Recording {
         calls: Vec<String>,
         chains: usize,
+        /// Refuse to set a node's parameters.
+        refuse: bool,
     }
 
     impl Driver for Recording {
@@ -302,6 +315,9 @@ mod tests {
             Ok(self.chains)
         }
         fn set(&mut self, chain: &usize, node: usize, h: &Held) -> Result<()> {
+            if self.refuse {
+                return Err(fail("graph update", "refused"));
+            }
             self.calls.push(format!("set {chain}.{node} {} {:?}", h.blocks, h.args));
             Ok(())
         }
@@ -367,6 +383,20 @@ mod tests {
         assert_eq!(issue(&mut g, &mut d, &list), ["chain 1"]);
         let c = g.counts;
         assert_eq!((c.graphs, c.built, c.nodes_set, c.nodes, c.direct), (7, 2, 6, 72, 0));
+    }
+
+    #[test]
+    fn a_chain_whose_nodes_cannot_be_set_is_built_afresh() {
+        let (mut g, mut d) = (Graphs::new(true), Recording::default());
+        let list: Vec<Held> = (0..9).map(|k| held(1, k + 1, 0)).collect();
+        issue(&mut g, &mut d, &list);
+        let mut other = list.clone();
+        other[4] = held(2, 5, 0);
+        d.refuse = true;
+        assert_eq!(issue(&mut g, &mut d, &other), ["build 2 [1 2 3 4 5 6 7 8 9]", "chain 2"]);
+        // The new chain holds `other`: it replays as it is.
+        assert_eq!(issue(&mut g, &mut d, &other), ["chain 2"]);
+        assert_eq!((g.counts.built, g.counts.graphs, g.counts.nodes_set), (2, 3, 0));
     }
 
     #[test]
