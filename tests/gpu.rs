@@ -176,6 +176,21 @@ fn sst_training_on_the_gpu_reaches_the_cpu_bar() {
     assert!(acc >= 0.40, "fine-grained test root accuracy {acc}");
 }
 
+/// A Tree-LSTM classifier of the synthetic treebank (words and states 16 wide, a loss on every
+/// vertex) on `backend`, in a run of Adam at 0.01, drawn from seed `seed`.
+fn synthetic_run<B: Backend>(backend: &B, seed: u64) -> arbor::trainer::Run<arbor::model::Model<B>> {
+    use arbor::data::labelled::Labelled;
+    use arbor::data::{synthetic, PAD};
+    use arbor::layers::{Embedding, LossOn};
+    use arbor::optim::{Config, Optimizer, Rule};
+    let mut rng = Rng::new(seed);
+    let cell = nn::tree_lstm(16, 16).unwrap();
+    let words = Embedding::new(synthetic::vocab().len(), 16, 0.1, &mut rng).with_padding(PAD);
+    let readout = Labelled::readout(LossOn::All);
+    let model = arbor::zoo::classifier(backend, words, vec![cell], synthetic::CLASSES, readout, 0, &mut rng).unwrap();
+    arbor::trainer::Run::new(model, Optimizer::new(Config::new(Rule::Adam, 0.01)), &rng)
+}
+
 /// `arbor train --device cuda`'s path: `Run::fit` with the vertex function on the GPU, over two
 /// data-parallel workers (each on a replica of the backend), follows the same run on the CPU
 /// epoch for epoch (mean losses within 1e-2 relative, dev accuracies within 0.02), and its
@@ -184,10 +199,9 @@ fn sst_training_on_the_gpu_reaches_the_cpu_bar() {
 #[ignore = "needs a CUDA device"]
 fn a_training_run_on_the_gpu_follows_the_cpu_run() {
     use arbor::data::labelled::Labelled;
-    use arbor::data::{synthetic, PAD};
-    use arbor::layers::{Embedding, LossOn};
+    use arbor::data::synthetic;
+    use arbor::layers::LossOn;
     use arbor::model::Model;
-    use arbor::optim::{Config, Optimizer, Rule};
     use arbor::trainer::{fit_threads, Run, Settings, Splits};
     let (train, dev) = (synthetic::generate(300, 10, 5), synthetic::generate(100, 10, 6));
     let (train, dev) =
@@ -202,13 +216,7 @@ fn a_training_run_on_the_gpu_follows_the_cpu_run() {
     where
         Run<Model<B>>: Send,
     {
-        let mut rng = Rng::new(2);
-        let cell = nn::tree_lstm(16, 16).unwrap();
-        let words = Embedding::new(synthetic::vocab().len(), 16, 0.1, &mut rng).with_padding(PAD);
-        let readout = Labelled::readout(LossOn::All);
-        let model =
-            arbor::zoo::classifier(&backend, words, vec![cell], synthetic::CLASSES, readout, 0, &mut rng).unwrap();
-        let mut run = Run::new(model, Optimizer::new(Config::new(Rule::Adam, 0.01)), &rng);
+        let mut run = synthetic_run(&backend, 2);
         let summary = fit_threads(&mut run, 2, arbor::dist::DEFAULT_TIMEOUT, splits, settings, &mut |_| {}).unwrap();
         (run, summary)
     }
@@ -235,10 +243,9 @@ fn a_training_run_on_the_gpu_follows_the_cpu_run() {
 #[ignore = "needs a CUDA device"]
 fn graphs_train_as_launches_one_by_one_do() {
     use arbor::data::labelled::Labelled;
-    use arbor::data::{synthetic, PAD};
-    use arbor::layers::{Embedding, LossOn};
-    use arbor::optim::{Config, Optimizer, Rule};
-    use arbor::trainer::{Run, Settings, Splits};
+    use arbor::data::synthetic;
+    use arbor::layers::LossOn;
+    use arbor::trainer::{Settings, Splits};
     let (train, dev) = (synthetic::generate(200, 12, 7), synthetic::generate(60, 12, 8));
     let (train, dev) =
         (Labelled::all(&train, LossOn::All, synthetic::CLASSES), Labelled::all(&dev, LossOn::All, synthetic::CLASSES));
@@ -247,13 +254,7 @@ fn graphs_train_as_launches_one_by_one_do() {
         let fit = |graphs: bool| {
             let backend = CudaBackend::new(0).unwrap();
             backend.set_graphs(graphs).unwrap();
-            let mut rng = Rng::new(3);
-            let words = Embedding::new(synthetic::vocab().len(), 16, 0.1, &mut rng).with_padding(PAD);
-            let readout = Labelled::readout(LossOn::All);
-            let cell = nn::tree_lstm(16, 16).unwrap();
-            let model =
-                arbor::zoo::classifier(&backend, words, vec![cell], synthetic::CLASSES, readout, 0, &mut rng).unwrap();
-            let mut run = Run::new(model, Optimizer::new(Config::new(Rule::Adam, 0.01)), &rng);
+            let mut run = synthetic_run(&backend, 3);
             let splits = Splits { train: &train, dev: &dev, test: &dev };
             let summary = run.fit_local(splits, &settings).unwrap();
             let counts = run.model_mut().backend().graph_counts();
