@@ -88,8 +88,8 @@ impl Optimizer {
             let what = "the learning-rate factor (a schedule's, this epoch)";
             return Err(Error::input(what, "finite and at least 0", self.lr_factor.to_string()));
         }
-        self.config.check("the optimizer")?;
-        self.lrs.keys().try_for_each(|name| self.config_of(name).check(&format!("tensor `{name}`")))
+        self.config.check(|| "the optimizer".into())?;
+        self.lrs.keys().try_for_each(|name| self.config_of(name).check(|| format!("tensor `{name}`")))
     }
 
     /// Starts a step: call once before the updates of one minibatch.

@@ -44,10 +44,10 @@ impl Config {
         Config { rule, lr, weight_decay: 0.0, beta1: 0.9, beta2: 0.999, eps: 1e-8 }
     }
 
-    /// Refuses settings no update can follow, naming `what` they are for: a learning rate or
-    /// weight decay that is negative or not finite, a momentum, β₁ or β₂ outside `[0, 1)`, a
-    /// denominator guard that is not positive and finite.
-    pub fn check(&self, what: &str) -> Result<()> {
+    /// Refuses settings no update can follow, naming what they are for (`what`, formed only
+    /// then): a learning rate or weight decay that is negative or not finite, a momentum, β₁ or
+    /// β₂ outside `[0, 1)`, a denominator guard that is not positive and finite.
+    pub fn check(&self, what: impl FnOnce() -> String) -> Result<()> {
         let momentum = match self.rule {
             Rule::Sgd { momentum } => momentum,
             _ => 0.0,
@@ -68,7 +68,7 @@ impl Config {
         ];
         match bad.iter().find(|(.., ok, _)| !ok) {
             Some((name, value, _, expected)) => {
-                Err(Error::input(format!("{name} of {what}"), *expected, value.to_string()))
+                Err(Error::input(format!("{name} of {}", what()), *expected, value.to_string()))
             }
             None => Ok(()),
         }
@@ -194,15 +194,16 @@ mod tests {
 
     #[test]
     fn settings_no_update_can_follow_are_refused() {
-        assert!(Config::new(Rule::Adam, 0.01).check("the optimizer").is_ok());
-        let nan = Config::new(Rule::Adam, f32::NAN).check("the optimizer").unwrap_err().to_string();
+        assert!(Config::new(Rule::Adam, 0.01).check(|| "the optimizer".into()).is_ok());
+        let nan = Config::new(Rule::Adam, f32::NAN).check(|| "the optimizer".into()).unwrap_err().to_string();
         assert!(nan.contains("learning rate of the optimizer") && nan.contains("NaN"), "{nan}");
-        let decay = Config { weight_decay: -1.0, ..Config::new(Rule::Adagrad, 0.1) }.check("`cell.W`").unwrap_err();
+        let decay =
+            Config { weight_decay: -1.0, ..Config::new(Rule::Adagrad, 0.1) }.check(|| "`cell.W`".into()).unwrap_err();
         assert!(decay.to_string().contains("weight decay of `cell.W`"), "{decay}");
-        assert!(Config::new(Rule::Sgd { momentum: 1.0 }, 0.1).check("x").is_err());
-        assert!(Config { beta2: 1.0, ..Config::new(Rule::Adam, 0.1) }.check("x").is_err());
-        assert!(Config { eps: 0.0, ..Config::new(Rule::Adam, 0.1) }.check("x").is_err());
-        assert!(Config::new(Rule::Sgd { momentum: 0.0 }, f32::INFINITY).check("x").is_err());
+        assert!(Config::new(Rule::Sgd { momentum: 1.0 }, 0.1).check(|| "x".into()).is_err());
+        assert!(Config { beta2: 1.0, ..Config::new(Rule::Adam, 0.1) }.check(|| "x".into()).is_err());
+        assert!(Config { eps: 0.0, ..Config::new(Rule::Adam, 0.1) }.check(|| "x".into()).is_err());
+        assert!(Config::new(Rule::Sgd { momentum: 0.0 }, f32::INFINITY).check(|| "x".into()).is_err());
     }
 
     #[test]
