@@ -122,3 +122,25 @@ fn schedule_and_plan(b: Bencher<'_, '_>, trees: usize) {
         black_box(MemoryPlan::new(&cell, schedule.len(), schedule.max_task(), true));
     });
 }
+
+/// One step of the optimizer over the Tree-LSTM's dense parameters at hidden 150, embed 300
+/// (about 361,000 values): the sum of squares that gates it, and the update (items = values).
+#[divan::bench(args = ["sum_squares", "sgd", "adagrad", "adam"])]
+fn optimizer_step(b: Bencher<'_, '_>, what: &str) {
+    use arbor_core::optim::{Config, Rule, Update};
+    let n = 361_255;
+    let g: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let (mut p, mut m, mut v) = (vec![0.5f32; n], vec![0.1f32; n], vec![0.2f32; n]);
+    let rule = match what {
+        "sgd" => Rule::Sgd { momentum: 0.0 },
+        "adam" => Rule::Adam,
+        _ => Rule::Adagrad,
+    };
+    let u = Update::new(Config::new(rule, 1e-4), 1);
+    let b = b.counter(divan::counter::ItemsCount::new(n));
+    if what == "sum_squares" {
+        b.bench_local(|| arbor_ops::cpu::optim::sum_squares(black_box(&g)));
+    } else {
+        b.bench_local(|| arbor_ops::cpu::optim::dense(&u, &mut p, black_box(&g), &mut m, &mut v));
+    }
+}

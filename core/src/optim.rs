@@ -103,6 +103,11 @@ impl Update {
         }
     }
 
+    /// Whether the rule keeps a second state tensor (`v`: Adam's second moment).
+    pub fn uses_v(&self) -> bool {
+        matches!(self.config.rule, Rule::Adam | Rule::AdamW)
+    }
+
     /// SGD's momentum (0 for the other rules).
     pub fn momentum(&self) -> f32 {
         match self.config.rule {

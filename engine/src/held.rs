@@ -282,6 +282,14 @@ impl<B: Backend> Engine<B> {
         if self.backend.len(&self.bufs[TABLE_M]) != len {
             self.bufs[TABLE_M] = self.backend.alloc(len)?;
             self.bufs[TABLE_V] = self.backend.alloc(len)?;
+            // The state the rule reads is zeroed now, whole: a fresh host allocation is mapped
+            // page by page as it is first written, so each new word's row would cost the step
+            // that first updates it a page fault (the first 500 batch-1 SST steps: ~50 µs each).
+            let mut mem = Mem { data: &mut self.bufs, index: &self.index };
+            self.backend.fill(&mut mem, Loc { buf: TABLE_M, offset: 0 }, len, 0.0)?;
+            if u.uses_v() {
+                self.backend.fill(&mut mem, Loc { buf: TABLE_V, offset: 0 }, len, 0.0)?;
+            }
         }
         let at = OptimAt {
             p: Loc { buf: TABLE, offset: 0 },
