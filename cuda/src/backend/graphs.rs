@@ -12,9 +12,10 @@
 //! Measured on an H200 with `benches/cuda/*.cu` (BENCHMARKS.md): a launch costs its host
 //! 3.4–3.6 µs and the device runs small kernels no faster than that; a captured chain of 60–99
 //! kernels whose every node changed was updated and launched for 1.1–2.0 µs a node (1.7–2.0
-//! where three kernels mixed), and a graph runs its kernels 1.5 µs apart. Shorter runs are launched one by one. Anything else that uses
-//! the stream (a copy, a read, an allocation, a cuBLAS call) issues what is held first, so the
-//! device sees every operation in the order the host made it.
+//! where three kernels mixed), and a graph runs its kernels 1.5 µs apart. Shorter runs are
+//! launched one by one. Anything else that uses the stream (a copy, a read, an allocation, a
+//! cuBLAS call) issues what is held first, so the device sees every operation in the order the
+//! host made it.
 
 use super::{fail, CudaBackend, BLOCK};
 use arbor_core::error::Result;
@@ -71,7 +72,7 @@ pub struct GraphCounts {
     pub nodes_set: u64,
     /// Nodes launched as part of a graph.
     pub nodes: u64,
-    /// Held launches issued one by one (runs shorter than eight).
+    /// Held launches issued one by one (runs too short to be kept as a graph).
     pub direct: u64,
 }
 
@@ -146,9 +147,7 @@ impl<C> Graphs<C> {
         self.chains.insert(n, kept);
         launched
     }
-}
 
-impl<C> Graphs<C> {
     /// Sets anew the nodes of `kept` whose launch differs from `held`'s.
     fn replay<D: Driver<Chain = C>>(&mut self, kept: &mut Kept<C>, held: &[Held], driver: &mut D) -> Result<()> {
         for (node, (now, h)) in kept.held.iter_mut().zip(held).enumerate() {
