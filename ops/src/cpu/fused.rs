@@ -11,8 +11,10 @@ use super::{bad, elementwise, team};
 use arbor_core::backend::{IndexLoc, Loc, Rows, NO_ROW};
 use arbor_core::error::Result;
 use arbor_core::fusion::Kernel;
-use arbor_core::ir::{BinaryOp, Op, ValueId};
+use arbor_core::ir::{BinaryOp, Node, Op, ValueId};
+use smallvec::SmallVec;
 use std::cell::RefCell;
+use std::rc::Rc;
 
 /// Scratch elements a chunk may use across all of its intermediates (its vertices' share of the
 /// core's L2, with the rows it reads and writes).
@@ -33,17 +35,48 @@ struct Scratch {
     store_of: Vec<Option<Loc>>,
     /// The binding of each load op.
     load_of: Vec<Option<Rows>>,
-    /// Each op's result is known to be all zeros in this call.
-    zero: Vec<bool>,
-    /// Each op's result is stored or read by an op computed in this call.
-    live: Vec<bool>,
-    /// For each `x + 0` (see [`zero_plus`]): `x`, whose values it reads in place.
-    same_as: Vec<Option<ValueId>>,
 }
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    static KNOWN: RefCell<Vec<Known>> = const { RefCell::new(Vec::new()) };
 }
+
+/// What a call needs to know of its kernel beyond where its values are: it depends only on the
+/// kernel and on the kind of each load's binding, so it is worked out once for each pair and
+/// kept ([`Known`]); a batch-1 step calls the same few kernels tens of times.
+struct Facts {
+    /// Each op's result is known to be all zeros in the call.
+    zero: Vec<bool>,
+    /// Each op's result is stored or read by an op computed in the call.
+    live: Vec<bool>,
+    /// For each `x + 0` (see [`zero_plus`]): `x`, whose values it reads in place.
+    same_as: Vec<Option<ValueId>>,
+    /// Each op computes into scratch: computed, not stored, not read where it lies.
+    scratch: Vec<bool>,
+    /// Scratch elements one vertex needs.
+    scratch_per_vertex: usize,
+    /// Elements of one vertex's values (all ops but parameters).
+    per_vertex: usize,
+    /// Elements of the widest op.
+    widest: usize,
+    /// Elements of each load's and each store's value, in binding order.
+    load_blocks: Vec<usize>,
+    store_blocks: Vec<usize>,
+}
+
+/// The facts of a kernel called lately on this thread: the kernel's address and a copy of its ops
+/// and stores (a new kernel at a freed one's address is told apart), and its loads' kinds.
+struct Known {
+    at: *const Kernel,
+    nodes: Vec<Node>,
+    stores: Vec<usize>,
+    kinds: u64,
+    facts: Rc<Facts>,
+}
+
+/// Kernels whose facts a thread keeps (a model's cells and heads have a few each).
+const KNOWN_KERNELS: usize = 16;
 
 /// Calls over at least this many elements (all ops, all vertices) and vertices run on two
 /// threads, each over half of the vertices. Smaller calls (most calls at batch size 1) lose more
@@ -56,28 +89,116 @@ pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &
     if let Some(msg) = k.binding_mismatch(loads.len(), stores.len()) {
         return Err(bad("fused", msg));
     }
+    let facts = facts_of(k, loads);
+    let facts = &*facts;
     // What the kernel stores shares no element with what it loads or stores elsewhere.
-    let block = |l: usize| k.nodes[l].shape.numel();
-    let written = |j: usize| Span::at(stores[j], n * block(k.stores[j]));
-    for (l, rows) in k.loads().zip(loads) {
-        for j in 0..stores.len() {
-            apart_from_rows(raw, "fused", written(j), rows, n, block(l))?;
+    let written: SmallVec<[Span; 8]> =
+        stores.iter().zip(&facts.store_blocks).map(|(&at, &block)| Span::at(at, n * block)).collect();
+    for (rows, &block) in loads.iter().zip(&facts.load_blocks) {
+        for &w in &written {
+            apart_from_rows(raw, "fused", w, rows, n, block)?;
         }
     }
-    for j in 0..stores.len() {
-        for other in j + 1..stores.len() {
-            apart("fused", written(j), written(other))?;
+    for (j, &w) in written.iter().enumerate() {
+        for &other in &written[j + 1..] {
+            apart("fused", w, other)?;
         }
     }
-    let per_vertex: usize = k.nodes.iter().filter(|x| !x.is_param).map(|x| x.shape.numel()).sum();
-    let max = if n >= PARALLEL_VERTICES && n * per_vertex >= PARALLEL_ELEMS { usize::MAX } else { 1 };
-    team::split(max, |part, parts| run_vertices(raw, k, team::share(n, part, parts), loads, stores))
+    let max = if n >= PARALLEL_VERTICES && n * facts.per_vertex >= PARALLEL_ELEMS { usize::MAX } else { 1 };
+    team::split(max, |part, parts| run_vertices(raw, k, facts, team::share(n, part, parts), loads, stores))
+}
+
+/// The kind of a load's binding, as [`Facts`] depend on it (0 is left for no load).
+fn kind(rows: &Rows) -> u64 {
+    match rows {
+        Rows::Zeros => 1,
+        Rows::Contiguous(_) => 2,
+        Rows::Broadcast(_) => 3,
+        Rows::Indexed { .. } => 4,
+        Rows::IndexedSet { .. } => 5,
+    }
+}
+
+/// The facts of `k` called with `loads`: kept from an earlier call, or worked out (and kept).
+fn facts_of(k: &Kernel, loads: &[Rows]) -> Rc<Facts> {
+    // Three bits a load: kernels with more than 21 loads are worked out every call.
+    let kinds = (loads.len() <= 21).then(|| loads.iter().fold(0, |acc, r| acc << 3 | kind(r)));
+    let Some(kinds) = kinds else { return Rc::new(Facts::of(k, loads)) };
+    KNOWN.with(|known| {
+        let mut known = known.borrow_mut();
+        let same = |x: &Known| std::ptr::eq(x.at, k) && x.kinds == kinds && x.nodes == k.nodes && x.stores == k.stores;
+        if let Some(x) = known.iter().find(|x| same(x)) {
+            return x.facts.clone();
+        }
+        let facts = Rc::new(Facts::of(k, loads));
+        if known.len() == KNOWN_KERNELS {
+            known.remove(0);
+        }
+        known.push(Known { at: k, nodes: k.nodes.clone(), stores: k.stores.clone(), kinds, facts: facts.clone() });
+        facts
+    })
+}
+
+impl Facts {
+    /// Which ops' results are known zeros (from the load bindings), and which ops a call must
+    /// compute: those stored, and those a computed op reads. A value that only feeds products
+    /// with a zero factor (a leaf's forget gates) is not computed.
+    fn of(k: &Kernel, loads: &[Rows]) -> Facts {
+        let mut load_of = vec![None; k.nodes.len()];
+        for (l, &rows) in k.loads().zip(loads) {
+            load_of[l] = Some(rows);
+        }
+        let mut stored = vec![false; k.nodes.len()];
+        k.stores.iter().for_each(|&l| stored[l] = true);
+        let (mut zero, mut same_as) = (Vec::new(), Vec::new());
+        for (l, x) in k.nodes.iter().enumerate() {
+            let z = is_zero(&x.op, x.shape.numel(), &zero, load_of[l]);
+            zero.push(z);
+            same_as.push(zero_plus(&x.op, &zero, k, x.shape.numel()));
+        }
+        let mut live = stored.clone();
+        for l in (0..k.nodes.len()).rev() {
+            // A zero result reads nothing: it is a view of zeros, or its store is filled with them.
+            if !live[l] || zero[l] {
+                continue;
+            }
+            match same_as[l] {
+                Some(x) => live[x.index()] = true,
+                None => k.nodes[l].op.inputs().iter().for_each(|x| live[x.index()] = true),
+            }
+        }
+        // Computed into scratch: computed (live, not zero, not stored) and not read where it lies
+        // (contiguous and broadcast loads, column slices of one-row values, `x + 0`).
+        let scratch: Vec<bool> = (0..k.nodes.len())
+            .map(|l| {
+                let x = &k.nodes[l];
+                let in_place =
+                    matches!(load_of[l], Some(Rows::Contiguous(_) | Rows::Broadcast(_) | Rows::Indexed { .. }))
+                        || matches!(x.op, Op::Slice { x, .. } if k.nodes[x.index()].shape.rows() == 1)
+                        || same_as[l].is_some();
+                !x.is_param && live[l] && !zero[l] && !stored[l] && !in_place
+            })
+            .collect();
+        let numel = |l: usize| k.nodes[l].shape.numel();
+        Facts {
+            scratch_per_vertex: (0..k.nodes.len()).filter(|&l| scratch[l]).map(numel).sum(),
+            per_vertex: (0..k.nodes.len()).filter(|&l| !k.nodes[l].is_param).map(numel).sum(),
+            widest: (0..k.nodes.len()).map(numel).max().unwrap_or(0),
+            load_blocks: k.loads().map(numel).collect(),
+            store_blocks: k.stores.iter().map(|&l| numel(l)).collect(),
+            zero,
+            live,
+            same_as,
+            scratch,
+        }
+    }
 }
 
 /// Runs the kernel over the vertices `vertices`, in chunks, with this thread's scratch.
 fn run_vertices(
     raw: &Raw<'_>,
     k: &Kernel,
+    facts: &Facts,
     vertices: std::ops::Range<usize>,
     loads: &[Rows],
     stores: &[Loc],
@@ -94,8 +215,7 @@ fn run_vertices(
         for (l, &rows) in k.loads().zip(loads) {
             s.load_of[l] = Some(rows);
         }
-        find_live(k, s);
-        let chunk = (CHUNK_ELEMS / scratch_per_vertex(k, s).max(1)).clamp(1, vertices.len().max(1));
+        let chunk = (CHUNK_ELEMS / facts.scratch_per_vertex.max(1)).clamp(1, vertices.len().max(1));
         // Scratch only for the ops that compute into it, back to back.
         s.offs.clear();
         let mut total = 0;
@@ -103,85 +223,42 @@ fn run_vertices(
             s.offs.push(total);
             if x.is_param {
                 total += x.shape.numel();
-            } else if needs_scratch(k, s, l) {
+            } else if facts.scratch[l] {
                 total += chunk * x.shape.numel();
             }
         }
         if s.regs.len() < total {
             s.regs.resize(total, 0.0);
         }
-        let widest = k.nodes.iter().map(|x| x.shape.numel()).max().unwrap_or(0);
-        if s.zeros.len() < widest {
-            s.zeros.resize(widest, 0.0);
+        if s.zeros.len() < facts.widest {
+            s.zeros.resize(facts.widest, 0.0);
         }
         s.at.clear();
         s.at.resize(k.nodes.len(), View::NONE);
         let mut start = vertices.start;
         while start < vertices.end {
             let m = chunk.min(vertices.end - start);
-            run_chunk(raw, k, start, m, s)?;
+            run_chunk(raw, k, facts, start, m, s)?;
             start += m;
         }
         Ok(())
     })
 }
 
-/// Which ops' results are known zeros in this call (from its load bindings), and which ops it
-/// must compute: those stored, and those a computed op reads. A value that only feeds products
-/// with a zero factor (a leaf's forget gates) is not computed.
-fn find_live(k: &Kernel, s: &mut Scratch) {
-    s.zero.clear();
-    s.same_as.clear();
-    for (l, x) in k.nodes.iter().enumerate() {
-        let z = is_zero(&x.op, x.shape.numel(), &s.zero, s.load_of[l]);
-        s.zero.push(z);
-        s.same_as.push(zero_plus(&x.op, &s.zero, k, x.shape.numel()));
-    }
-    s.live.clear();
-    s.live.resize(k.nodes.len(), false);
-    for l in (0..k.nodes.len()).rev() {
-        s.live[l] |= s.store_of[l].is_some();
-        // A zero result reads nothing: it is a view of zeros, or its store is filled with them.
-        if !s.live[l] || s.zero[l] {
-            continue;
-        }
-        let op = &k.nodes[l].op;
-        match s.same_as[l] {
-            Some(x) => s.live[x.index()] = true,
-            None => op.inputs().iter().for_each(|x| s.live[x.index()] = true),
-        }
-    }
-}
-
-/// Whether op `l` computes into scratch: it is computed (live, not zero, not stored) and not
-/// read where it lies (contiguous and broadcast loads, column slices of one-row values, `x + 0`).
-fn needs_scratch(k: &Kernel, s: &Scratch, l: usize) -> bool {
-    let x = &k.nodes[l];
-    let in_place = matches!(s.load_of[l], Some(Rows::Contiguous(_) | Rows::Broadcast(_) | Rows::Indexed { .. }))
-        || matches!(x.op, Op::Slice { x, .. } if k.nodes[x.index()].shape.rows() == 1)
-        || s.same_as[l].is_some();
-    !x.is_param && s.live[l] && !s.zero[l] && s.store_of[l].is_none() && !in_place
-}
-
-/// Scratch elements one vertex needs.
-fn scratch_per_vertex(k: &Kernel, s: &Scratch) -> usize {
-    (0..k.nodes.len()).filter(|&l| needs_scratch(k, s, l)).map(|l| k.nodes[l].shape.numel()).sum()
-}
-
-fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch) -> Result<()> {
+fn run_chunk(raw: &Raw<'_>, k: &Kernel, facts: &Facts, start: usize, m: usize, s: &mut Scratch) -> Result<()> {
     for (l, node) in k.nodes.iter().enumerate() {
         let block = node.shape.numel();
         let stored = s.store_of[l].is_some();
-        if !s.live[l] && !s.zero[l] {
+        if !facts.live[l] && !facts.zero[l] {
             continue;
         }
         // Values read where they lie: inputs in place and column slices of one-row values.
         let zero = View::at(s.zeros.as_ptr(), 0, block);
         let view = if stored {
             None
-        } else if s.zero[l] {
+        } else if facts.zero[l] {
             Some(zero)
-        } else if let Some(x) = s.same_as[l] {
+        } else if let Some(x) = facts.same_as[l] {
             Some(s.at[x.index()])
         } else {
             match (&node.op, s.load_of[l]) {
@@ -220,7 +297,7 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, start: usize, m: usize, s: &mut Scratch)
             None => unsafe { std::slice::from_raw_parts_mut(s.regs.as_mut_ptr().add(s.offs[l]), m * block) },
         };
         s.at[l] = View::at(out.as_ptr(), block, block);
-        if s.zero[l] {
+        if facts.zero[l] {
             out.fill(0.0);
             continue;
         }
@@ -392,4 +469,47 @@ fn zero_plus(op: &Op, zero: &[bool], k: &Kernel, block: usize) -> Option<ValueId
         _ => return None,
     };
     Some(x).filter(|x| k.nodes[x.index()].shape.numel() == block)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::{CpuBackend, HostBuffer};
+    use arbor_core::backend::{Backend, Loc, Mem, Rows};
+    use arbor_core::fusion::{Kernel, Step};
+    use arbor_core::ir::{Builder, Var};
+
+    /// The inference kernel of `y = op(x)` over rows of 4.
+    fn kernel(op: impl Fn(Var<'_>) -> Var<'_>) -> Kernel {
+        let f = Builder::new("cell", 1);
+        let x = f.pull("x", 4);
+        f.push("y", op(x));
+        let f = f.build().unwrap();
+        let steps = &f.inference_plan().phases;
+        let Some(Step::Fused(k)) = steps.iter().flatten().find(|s| matches!(s, Step::Fused(_))) else {
+            panic!("no fused step")
+        };
+        k.clone()
+    }
+
+    /// The kept facts of a kernel follow its load bindings and its ops: the same kernel called
+    /// with zeros and then with values (a stale "zeros" would store zeros), and another kernel
+    /// made where a dropped one was (likely the same address) computing its own op.
+    #[test]
+    fn kept_facts_follow_the_bindings_and_the_kernel() {
+        let cpu = CpuBackend::new();
+        let mut data = vec![HostBuffer::from((0..16).map(|i| i as f32 / 8.0 - 1.0).collect::<Vec<f32>>())];
+        let mut mem = Mem { data: &mut data, index: &[] };
+        let (x, y) = (Loc { buf: 0, offset: 0 }, Loc { buf: 0, offset: 8 });
+        let tanh = Box::new(kernel(|x| x.tanh()));
+        for rows in [Rows::Zeros, Rows::Contiguous(x), Rows::Zeros, Rows::Contiguous(x)] {
+            cpu.fused(&mut mem, &tanh, 2, &[rows], &[y]).unwrap();
+            let want: Vec<f32> = (0..8).map(|i| if rows == Rows::Zeros { 0.0 } else { mem.data[0][i] }).collect();
+            let want: Vec<f32> = want.iter().map(|v| arbor_core::ir::UnaryOp::Tanh.apply(*v)).collect();
+            assert_eq!(&mem.data[0][8..16], &want[..], "{rows:?}");
+        }
+        drop(tanh);
+        let sigmoid = Box::new(kernel(|x| x.sigmoid()));
+        cpu.fused(&mut mem, &sigmoid, 2, &[Rows::Zeros], &[y]).unwrap();
+        assert_eq!(&mem.data[0][8..16], &[0.5; 8], "sigmoid of zeros");
+    }
 }
