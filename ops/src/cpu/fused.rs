@@ -75,8 +75,9 @@ struct Known {
     facts: Rc<Facts>,
 }
 
-/// Kernels whose facts a thread keeps (a model's cells and heads have a few each).
-const KNOWN_KERNELS: usize = 16;
+/// Kernels whose facts a thread keeps (a model's cells and heads have a few each, a kernel one
+/// entry per kind of bindings it is called with); the oldest goes first.
+const KNOWN_KERNELS: usize = 64;
 
 /// Calls over at least this many elements (all ops, all vertices) and vertices run on two
 /// threads, each over half of the vertices. Smaller calls (most calls at batch size 1) lose more
