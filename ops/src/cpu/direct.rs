@@ -6,8 +6,7 @@
 //! a packed copy.
 //!
 //! The kernel is written once over [`Vector`] and compiled for AVX-512 (column blocks of four
-//! 16-lane vectors; of twelve, eight and six for one, two and three rows of A, which read each
-//! row of B in longer runs with as many accumulators), AVX2 + FMA (two 8-lane vectors, three or four for up to three rows: 16
+//! 16-lane vectors), AVX2 + FMA (two 8-lane vectors, three or four for up to three rows: 16
 //! registers) and NEON (four 4-lane vectors). It walks column blocks outside and blocks of up to
 //! six rows of op(A) inside, so a block of B is read from memory once and from cache for every
 //! further row block; each block keeps its accumulators in registers. Every element of C is one
@@ -154,15 +153,8 @@ const ROWS: usize = 6;
 #[inline(always)]
 unsafe fn columns<W: Vector, const V: usize>(ops: Operands, width: usize) {
     let mut j = 0;
-    // Whole blocks of `V` vectors, then the rest in blocks of at most four.
-    while V > 4 && j + W::LANES * V <= width {
-        // SAFETY: as below, for a block of `V` whole vectors.
-        unsafe { rows::<W, V>(Operands { b: ops.b.add(j), c: ops.c.add(j), ..ops }, W::LANES) };
-        j += W::LANES * V;
-    }
-    let block = W::LANES * V.min(4);
     while j < width {
-        let cols = (width - j).min(block);
+        let cols = (width - j).min(W::LANES * V);
         let vectors = cols.div_ceil(W::LANES);
         let tail = cols - W::LANES * (vectors - 1);
         // SAFETY: column `j` lies inside B and C.
@@ -202,17 +194,16 @@ thread_local! {
 /// As [`columns`].
 #[inline(always)]
 unsafe fn rows<W: Vector, const V: usize>(ops: Operands, tail: usize) {
-    // Without room for running sums, or with one row block (nothing to reuse B for), one pass
-    // over the whole inner dimension.
-    let kc = if ops.sums.is_null() || ops.m <= ROWS { ops.k } else { KC };
+    // Without room for running sums, one pass over the whole inner dimension.
+    let kc = if ops.sums.is_null() { ops.k } else { KC };
     let mut p0 = 0;
     while p0 < ops.k {
         let kc = (ops.k - p0).min(kc);
         let sums = Sums { at: ops.sums, first: p0 == 0, last: p0 + kc == ops.k };
         // SAFETY: steps `p0..p0 + kc` of the inner dimension lie inside A and B.
         let at = unsafe { Operands { k: kc, a: ops.a.add(p0 * ops.cs), b: ops.b.add(p0 * ops.ldb), ..ops } };
-        // SAFETY: as for this function; the sums, where a pass is not both first and last (more
-        // than `ROWS` rows, so at most four vectors), hold `SUMS_PER_ROW ≥ V·LANES` for each row.
+        // SAFETY: as for this function; the sums, where a pass is not both first and last, hold
+        // `SUMS_PER_ROW ≥ V·LANES` for each row.
         unsafe { row_blocks::<W, V>(at, tail, sums) };
         p0 += kc;
     }
@@ -392,14 +383,7 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn product_avx512(ops: Operands, width: usize) {
         // SAFETY: this function is compiled for V16's instructions; the rest is its contract.
-        unsafe {
-            match ops.m {
-                1 => columns::<V16, 12>(ops, width),
-                2 => columns::<V16, 8>(ops, width),
-                3 => columns::<V16, 6>(ops, width),
-                _ => columns::<V16, 4>(ops, width),
-            }
-        }
+        unsafe { columns::<V16, 4>(ops, width) }
     }
 
     /// [`columns`] over two 8-lane vectors (12 accumulators, 2 rows of B and a broadcast in
@@ -530,14 +514,13 @@ mod tests {
     /// split gives the same bits).
     #[test]
     fn direct_products_are_one_multiply_add_chain_per_element() {
-        // Wide enough for two of the widest column blocks (one row of A: 192 columns) and a tail.
-        let n = 400;
+        let n = 150;
         // One pass over the inner dimension, and several (the last shorter than the others).
         for (level, k) in levels().flat_map(|l| [(l, 9), (l, 2 * KC + 5)]) {
             for (m, ta) in (0..=13).flat_map(|m| [(m, false), (m, true)]) {
                 let (lda, ldb, ldc) = (if ta { m + 2 } else { k + 2 }, n + 3, n + 1);
                 let a_at = |i: usize, p: usize| if ta { p * lda + i } else { i * lda + p };
-                for cols in [0..n, 5..n, 0..17, 16..80, 3..3, 64..150, 7..12, 1..385] {
+                for cols in [0..n, 5..n, 0..17, 16..80, 3..3, 64..150, 7..12] {
                     for accumulate in [false, true] {
                         let a: Vec<f32> = (0..if ta { k } else { m } * lda).map(value).collect();
                         let b: Vec<f32> = (0..k * ldb).map(|i| value(i + 7)).collect();
