@@ -65,14 +65,31 @@ struct Facts {
     store_blocks: Vec<usize>,
 }
 
-/// The facts of a kernel called lately on this thread: the kernel's address and a copy of its ops
-/// and stores (a new kernel at a freed one's address is told apart), and its loads' kinds.
+/// The facts of a kernel called lately on this thread: the kernel's address and a copy of what
+/// of its ops and stores the facts depend on (a new kernel at a freed one's address is told
+/// apart), and its loads' kinds.
 struct Known {
     at: *const Kernel,
-    nodes: Vec<Node>,
+    ops: Vec<OpShape>,
     stores: Vec<usize>,
     kinds: u64,
     facts: Rc<Facts>,
+}
+
+/// What of an op its kernel's facts depend on: the op, its value's rows and columns, whether it
+/// is a parameter (compared without the shapes' extents one by one).
+type OpShape = (Op, usize, usize, bool);
+
+fn op_shape(x: &Node) -> OpShape {
+    (x.op.clone(), x.shape.rows(), x.shape.cols(), x.is_param)
+}
+
+/// Whether `ops` describe the ops of `nodes`.
+fn same_ops(ops: &[OpShape], nodes: &[Node]) -> bool {
+    ops.len() == nodes.len()
+        && ops.iter().zip(nodes).all(|((op, rows, cols, param), x)| {
+            *param == x.is_param && *rows == x.shape.rows() && *cols == x.shape.cols() && *op == x.op
+        })
 }
 
 /// Kernels whose facts a thread keeps (a model's cells and heads have a few each, a kernel one
@@ -127,7 +144,8 @@ fn facts_of(k: &Kernel, loads: &[Rows]) -> Rc<Facts> {
     let Some(kinds) = kinds else { return Rc::new(Facts::of(k, loads)) };
     KNOWN.with(|known| {
         let mut known = known.borrow_mut();
-        let same = |x: &Known| std::ptr::eq(x.at, k) && x.kinds == kinds && x.nodes == k.nodes && x.stores == k.stores;
+        let same =
+            |x: &Known| std::ptr::eq(x.at, k) && x.kinds == kinds && x.stores == k.stores && same_ops(&x.ops, &k.nodes);
         if let Some(x) = known.iter().find(|x| same(x)) {
             return x.facts.clone();
         }
@@ -135,7 +153,8 @@ fn facts_of(k: &Kernel, loads: &[Rows]) -> Rc<Facts> {
         if known.len() == KNOWN_KERNELS {
             known.remove(0);
         }
-        known.push(Known { at: k, nodes: k.nodes.clone(), stores: k.stores.clone(), kinds, facts: facts.clone() });
+        let ops = k.nodes.iter().map(op_shape).collect();
+        known.push(Known { at: k, ops, stores: k.stores.clone(), kinds, facts: facts.clone() });
         facts
     })
 }
