@@ -31,10 +31,6 @@ struct Scratch {
     offs: Vec<usize>,
     /// Where each op's values for the current chunk are.
     at: Vec<View>,
-    /// The store (if any) of each op.
-    store_of: Vec<Option<Loc>>,
-    /// The binding of each load op.
-    load_of: Vec<Option<Rows>>,
 }
 
 thread_local! {
@@ -63,6 +59,31 @@ struct Facts {
     /// Elements of each load's and each store's value, in binding order.
     load_blocks: Vec<usize>,
     store_blocks: Vec<usize>,
+    /// Per op: its position among the load bindings, and among the stores, if it has one.
+    load_at: Vec<Option<usize>>,
+    store_at: Vec<Option<usize>>,
+}
+
+/// One call: the kernel, its facts and its bindings.
+#[derive(Clone, Copy)]
+struct Call<'c, 'r> {
+    raw: &'c Raw<'r>,
+    k: &'c Kernel,
+    facts: &'c Facts,
+    loads: &'c [Rows],
+    stores: &'c [Loc],
+}
+
+impl Call<'_, '_> {
+    /// The binding of op `l`, if it is a load.
+    fn load_of(&self, l: usize) -> Option<Rows> {
+        self.facts.load_at[l].map(|i| self.loads[i])
+    }
+
+    /// The store of op `l`, if it is stored.
+    fn store_of(&self, l: usize) -> Option<Loc> {
+        self.facts.store_at[l].map(|j| self.stores[j])
+    }
 }
 
 /// The facts of a kernel called lately on this thread: the kernel's address and a copy of what
@@ -123,7 +144,8 @@ pub(crate) fn run(raw: &Raw<'_>, k: &Kernel, n: usize, loads: &[Rows], stores: &
         }
     }
     let max = if n >= PARALLEL_VERTICES && n * facts.per_vertex >= PARALLEL_ELEMS { usize::MAX } else { 1 };
-    team::split(max, |part, parts| run_vertices(raw, k, facts, team::share(n, part, parts), loads, stores))
+    let call = Call { raw, k, facts, loads, stores };
+    team::split(max, |part, parts| run_vertices(call, team::share(n, part, parts)))
 }
 
 /// The kind of a load's binding, as [`Facts`] depend on it (0 is left for no load).
@@ -164,15 +186,14 @@ impl Facts {
     /// compute: those stored, and those a computed op reads. A value that only feeds products
     /// with a zero factor (a leaf's forget gates) is not computed.
     fn of(k: &Kernel, loads: &[Rows]) -> Facts {
-        let mut load_of = vec![None; k.nodes.len()];
-        for (l, &rows) in k.loads().zip(loads) {
-            load_of[l] = Some(rows);
-        }
-        let mut stored = vec![false; k.nodes.len()];
-        k.stores.iter().for_each(|&l| stored[l] = true);
+        let (mut load_at, mut store_at) = (vec![None; k.nodes.len()], vec![None; k.nodes.len()]);
+        k.loads().enumerate().for_each(|(i, l)| load_at[l] = Some(i));
+        k.stores.iter().enumerate().for_each(|(j, &l)| store_at[l] = Some(j));
+        let load_of = |l: usize| load_at[l].and_then(|i: usize| loads.get(i).copied());
+        let stored: Vec<bool> = store_at.iter().map(Option::is_some).collect();
         let (mut zero, mut same_as) = (Vec::new(), Vec::new());
         for (l, x) in k.nodes.iter().enumerate() {
-            let z = is_zero(&x.op, x.shape.numel(), &zero, load_of[l]);
+            let z = is_zero(&x.op, x.shape.numel(), &zero, load_of(l));
             zero.push(z);
             same_as.push(zero_plus(&x.op, &zero, k, x.shape.numel()));
         }
@@ -193,7 +214,7 @@ impl Facts {
             .map(|l| {
                 let x = &k.nodes[l];
                 let in_place =
-                    matches!(load_of[l], Some(Rows::Contiguous(_) | Rows::Broadcast(_) | Rows::Indexed { .. }))
+                    matches!(load_of(l), Some(Rows::Contiguous(_) | Rows::Broadcast(_) | Rows::Indexed { .. }))
                         || matches!(x.op, Op::Slice { x, .. } if k.nodes[x.index()].shape.rows() == 1)
                         || same_as[l].is_some();
                 !x.is_param && live[l] && !zero[l] && !stored[l] && !in_place
@@ -206,6 +227,8 @@ impl Facts {
             widest: (0..k.nodes.len()).map(numel).max().unwrap_or(0),
             load_blocks: k.loads().map(numel).collect(),
             store_blocks: k.stores.iter().map(|&l| numel(l)).collect(),
+            load_at,
+            store_at,
             zero,
             live,
             same_as,
@@ -215,26 +238,10 @@ impl Facts {
 }
 
 /// Runs the kernel over the vertices `vertices`, in chunks, with this thread's scratch.
-fn run_vertices(
-    raw: &Raw<'_>,
-    k: &Kernel,
-    facts: &Facts,
-    vertices: std::ops::Range<usize>,
-    loads: &[Rows],
-    stores: &[Loc],
-) -> Result<()> {
+fn run_vertices(call: Call<'_, '_>, vertices: std::ops::Range<usize>) -> Result<()> {
+    let (k, facts) = (call.k, call.facts);
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
-        s.store_of.clear();
-        s.store_of.resize(k.nodes.len(), None);
-        for (&l, &at) in k.stores.iter().zip(stores) {
-            s.store_of[l] = Some(at);
-        }
-        s.load_of.clear();
-        s.load_of.resize(k.nodes.len(), None);
-        for (l, &rows) in k.loads().zip(loads) {
-            s.load_of[l] = Some(rows);
-        }
         let chunk = (CHUNK_ELEMS / facts.scratch_per_vertex.max(1)).clamp(1, vertices.len().max(1));
         // Scratch only for the ops that compute into it, back to back.
         s.offs.clear();
@@ -258,17 +265,19 @@ fn run_vertices(
         let mut start = vertices.start;
         while start < vertices.end {
             let m = chunk.min(vertices.end - start);
-            run_chunk(raw, k, facts, start, m, s)?;
+            run_chunk(call, start, m, s)?;
             start += m;
         }
         Ok(())
     })
 }
 
-fn run_chunk(raw: &Raw<'_>, k: &Kernel, facts: &Facts, start: usize, m: usize, s: &mut Scratch) -> Result<()> {
+fn run_chunk(call: Call<'_, '_>, start: usize, m: usize, s: &mut Scratch) -> Result<()> {
+    let Call { raw, k, facts, .. } = call;
     for (l, node) in k.nodes.iter().enumerate() {
         let block = node.shape.numel();
-        let stored = s.store_of[l].is_some();
+        let store = call.store_of(l);
+        let stored = store.is_some();
         if !facts.live[l] && !facts.zero[l] {
             continue;
         }
@@ -281,7 +290,7 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, facts: &Facts, start: usize, m: usize, s
         } else if let Some(x) = facts.same_as[l] {
             Some(s.at[x.index()])
         } else {
-            match (&node.op, s.load_of[l]) {
+            match (&node.op, call.load_of(l)) {
                 (_, Some(Rows::Contiguous(at))) => {
                     // SAFETY: loads are never written by the call that reads them.
                     let p = unsafe { raw.get("fused load", at.offset_by(start * block), m * block)? }.as_ptr();
@@ -310,7 +319,7 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, facts: &Facts, start: usize, m: usize, s
         // Everything else is computed into its store or into scratch.
         // SAFETY: a store's region is not read by this kernel (the memory plan keeps the regions
         // a kernel writes apart from those it reads), and each scratch register is this op's own.
-        let out: &mut [f32] = match s.store_of[l] {
+        let out: &mut [f32] = match store {
             // SAFETY: as said above, for the store.
             Some(at) => unsafe { raw.get_mut("fused store", at.offset_by(start * block), m * block)? },
             // SAFETY: as said above, for the scratch register (laid out to hold `m` rows).
@@ -326,7 +335,7 @@ fn run_chunk(raw: &Raw<'_>, k: &Kernel, facts: &Facts, start: usize, m: usize, s
         let reg = |v: ValueId| at[v.index()];
         match &node.op {
             op if op.is_load() => {
-                let binding = s.load_of[l].ok_or_else(|| bad("fused", format!("load {l} has no binding")))?;
+                let binding = call.load_of(l).ok_or_else(|| bad("fused", format!("load {l} has no binding")))?;
                 load(raw, &binding, start, m, block, out)?;
             }
             Op::Unary { op, x } => {
