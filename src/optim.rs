@@ -104,7 +104,7 @@ impl Optimizer {
     }
 
     fn slot(&mut self, name: &str, len: usize) -> &mut Slot {
-        let adam = matches!(self.config.rule, Rule::Adam | Rule::AdamW);
+        let adam = self.config.rule.uses_v();
         if !self.slots.contains_key(name) {
             self.slots.insert(name.to_string(), Slot::default());
         }

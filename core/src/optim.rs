@@ -38,6 +38,13 @@ pub struct Config {
     pub eps: f32,
 }
 
+impl Rule {
+    /// Whether the rule keeps a second state tensor (`v`: Adam's second moment).
+    pub fn uses_v(self) -> bool {
+        matches!(self, Rule::Adam | Rule::AdamW)
+    }
+}
+
 impl Config {
     /// Settings for `rule` at learning rate `lr`, with common defaults for the rest.
     pub fn new(rule: Rule, lr: f32) -> Config {
@@ -103,9 +110,9 @@ impl Update {
         }
     }
 
-    /// Whether the rule keeps a second state tensor (`v`: Adam's second moment).
+    /// Whether the rule keeps a second state tensor ([`Rule::uses_v`]).
     pub fn uses_v(&self) -> bool {
-        matches!(self.config.rule, Rule::Adam | Rule::AdamW)
+        self.config.rule.uses_v()
     }
 
     /// SGD's momentum (0 for the other rules).
