@@ -4,6 +4,7 @@ pub mod average;
 pub mod checkpoint;
 pub mod data;
 pub mod dist;
+pub mod ensemble;
 pub mod head;
 pub mod layers;
 pub mod loss_scale;

@@ -8,7 +8,7 @@ use crate::layers::Embedding;
 use crate::model::{Feed, Model};
 use crate::optim::{Config, Optimizer};
 use crate::readout::Readout;
-use crate::trainer::{cross_validate, CvResult, Event, Run, Settings};
+use crate::trainer::{cross_validate, CvResult, Event, Folds, Run, Settings};
 use crate::{Backend, DropoutKey, VertexFn};
 use arbor_core::error::{Error, Result};
 use arbor_core::rng::Rng;
@@ -154,6 +154,10 @@ pub struct GraphTraining {
     pub batch: usize,
     /// Folds.
     pub folds: usize,
+    /// Models trained per fold, each from its own initialisation and order, that score its
+    /// held-out graphs together by their mean class probabilities (an ensemble; 1 by default:
+    /// one model).
+    pub ensemble: usize,
     /// Seed for the split, the initialisation and the order.
     pub seed: u64,
     /// Optimizer settings.
@@ -191,6 +195,7 @@ impl GraphTraining {
             epochs: 100,
             batch: 25,
             folds: 10,
+            ensemble: 1,
             seed: 1,
             optimizer: Config::new(crate::optim::Rule::Adam, 0.005),
             clip: Some(5.0),
@@ -306,7 +311,7 @@ where
         None => plan,
     };
     let mut rng = Rng::new(cfg.seed);
-    let mut new_run = |_fold: usize| {
+    let mut new_run = |_fold: usize, _member: usize| {
         let model = graph_classifier(backend, data, cfg, &mut rng)?;
         let order = Rng::new(rng.next_u64());
         let run = Run::new(model, Optimizer::new(cfg.optimizer), &order);
@@ -322,5 +327,9 @@ where
     };
     // Folds hold the classes in proportion.
     let classes: Vec<u32> = data.graphs.iter().map(|g| g.label).collect();
-    cross_validate(&graphs, &classes, cfg.folds, cfg.seed, &plan, &mut new_run, &mut events)
+    let folds = Folds { count: cfg.folds, seed: cfg.seed, members: cfg.ensemble };
+    let mut pool = |runs: &mut [Run<Model<B>>], test: &[Unrolled]| {
+        Ok(crate::ensemble::score_runs(runs, test)?.first().map_or(f64::NAN, |s| s.1))
+    };
+    cross_validate(&graphs, &classes, folds, &plan, &mut new_run, Some(&mut pool), &mut events)
 }

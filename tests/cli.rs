@@ -23,7 +23,7 @@ fn train_prints_a_json_summary_last() {
 
 #[test]
 fn bad_input_gives_one_line_and_a_failure() {
-    let bad: [&[&str]; 24] = [
+    let bad: [&[&str]; 26] = [
         &["train", "--data", "/no/such/dir"],
         &["train", "--average", "1"],
         &["train", "--layers", "2", "--stages", "auto", "--workers", "2"],
@@ -45,6 +45,8 @@ fn bad_input_gives_one_line_and_a_failure() {
         &["train", "--model", "gin", "--batch", "auto"],
         &["train", "--per-step"],
         &["train", "--model", "ggnn", "--data", ".", "--per-step"],
+        &["train", "--ensemble", "2"],
+        &["train", "--model", "gin", "--ensemble", "0"],
         &["bench", "--precision", "bf16"],
         &["bench", "--precision", "f8"],
         &["bench", "--workers", "0"],
@@ -66,6 +68,10 @@ fn bad_input_gives_one_line_and_a_failure() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--every-step: expected a graph model"));
     let out = arbor(&["train", "--cycles", "6"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--cycles: expected a graph model"));
+    let out = arbor(&["train", "--ensemble", "3"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ensemble: expected a graph model"));
+    let out = arbor(&["train", "--model", "gin", "--data", ".", "--ensemble", "0"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ensemble: expected at least 1 model per fold"));
     let mutag = arbor::data::data_dir().join("mutag");
     let out = arbor(&["train", "--model", "gin", "--data", mutag.to_str().unwrap(), "--cycles", "2"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--cycles: expected a cycle length of at least 3"));
@@ -555,5 +561,14 @@ fn eval_reproduces_every_models_training_scores() {
     let evaluated = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
     assert_eq!((trained["per_step"].as_bool(), &trained["cv_acc_mean"]), (Some(true), &evaluated["cv_acc_mean"]));
     assert_eq!(trained["cycles"], 6, "{trained}");
+    // An ensemble of two GINs per fold: each member's checkpoints in its fold's `member-m`,
+    // scored together again by eval; the members' own mean beside the ensemble's.
+    std::fs::remove_dir_all(&ck).ok();
+    let ensemble = [&graphs[..2], &["gin", "--ensemble", "2"], &graphs[3..]].concat();
+    let trained = last_json(&arbor(&ensemble));
+    assert!(ck.join("fold-2").join("member-1").join("last").is_dir(), "{trained}");
+    let evaluated = last_json(&arbor(&["eval", "--checkpoint", ck.to_str().unwrap()]));
+    assert_eq!((trained["ensemble"].as_u64(), &trained["cv_acc_mean"]), (Some(2), &evaluated["cv_acc_mean"]));
+    assert!(trained["cv_acc_member_mean"].as_f64().is_some_and(|a| a > 0.5), "{trained}");
     std::fs::remove_dir_all(&ck).ok();
 }

@@ -148,8 +148,25 @@ pub struct Outputs {
 impl Outputs {
     /// Empty outputs named as `head` pushes them.
     pub fn of(head: &VertexFn) -> Outputs {
-        let names: Vec<String> = head.outputs().iter().map(|o| o.name.clone()).collect();
+        Outputs::named(head.outputs().iter().map(|o| o.name.clone()).collect())
+    }
+
+    /// Empty outputs of these names.
+    pub fn named(names: Vec<String>) -> Outputs {
         Outputs { values: vec![Vec::new(); names.len()], names }
+    }
+
+    /// Replaces the output `name`'s values; an error lists the names there are.
+    pub fn set(&mut self, name: &str, values: Vec<f32>) -> Result<()> {
+        let i = self.index(name)?;
+        self.values[i] = values;
+        Ok(())
+    }
+
+    /// Where the output `name` is among them; an error lists the names there are.
+    fn index(&self, name: &str) -> Result<usize> {
+        let i = self.names.iter().position(|n| n == name);
+        i.ok_or_else(|| Error::input("head outputs", format!("one of {:?}", self.names), format!("`{name}`")))
     }
 
     /// Appends one pass's outputs (as [`Model::infer`] returns them).
@@ -161,10 +178,7 @@ impl Outputs {
 
     /// The output pushed as `name`; an error lists the names there are.
     pub fn get(&self, name: &str) -> Result<&[f32]> {
-        match self.names.iter().position(|n| n == name) {
-            Some(i) => Ok(&self.values[i]),
-            None => Err(Error::input("head outputs", format!("one of {:?}", self.names), format!("`{name}`"))),
-        }
+        Ok(&self.values[self.index(name)?])
     }
 }
 

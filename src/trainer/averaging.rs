@@ -46,8 +46,9 @@ impl<L: Learned> Run<L> {
     }
 
     /// Runs `f` on the run with the model's tensors replaced by their [average](Run::average)
-    /// (if it has one and has begun), and puts the trained values back after, whatever `f` returns.
-    pub(super) fn averaged<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+    /// (if it has one and has begun), and puts the trained values back after, whatever `f` returns:
+    /// the model as the run scores it.
+    pub fn averaged<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let Some(avg) = self.average.as_ref().filter(|a| a.begun()) else { return f(self) };
         let averaged = Checkpoint { tensors: self.averages(avg)?, meta: Value::Null };
         let trained = Checkpoint { tensors: self.model.tensors()?, meta: Value::Null };

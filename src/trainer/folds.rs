@@ -20,10 +20,30 @@ pub struct CvResult {
     pub std: f64,
     /// Examples trained on per second of training steps.
     pub examples_per_s: f64,
-    /// With [`Settings::test_curve`]: the mean over the folds of the held-out score after each
-    /// epoch (as long as the shortest fold's run; empty without).
+    /// With [`Settings::test_curve`]: the mean over the folds (and an ensemble's members) of
+    /// one run's held-out score after each epoch (as long as the shortest run; empty without).
     pub curve: Vec<f64>,
+    /// With an ensemble ([`Folds::members`] above 1): the mean over the folds of its members'
+    /// own held-out scores, each model alone, beside [`CvResult::mean`] of the pooled ones;
+    /// none with one member.
+    pub member_mean: Option<f64>,
 }
+
+/// How a cross-validation deals its folds and how many runs each fold trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Folds {
+    /// Folds (at least 2, at most one per example).
+    pub count: usize,
+    /// Seed of the order the folds are dealt from ([`fold_indices`]).
+    pub seed: u64,
+    /// Runs trained per fold, each from its own start, whose models are scored together as an
+    /// ensemble (1: one model, scored alone).
+    pub members: usize,
+}
+
+/// Scores one fold's held-out examples with the models of its runs together (an ensemble's
+/// members, as trained), returning the main score.
+pub type Pool<'a, L, E> = dyn FnMut(&mut [Run<L>], &[E]) -> Result<f64> + 'a;
 
 impl CvResult {
     /// The epoch (from 0) whose mean held-out score in [`CvResult::curve`] is highest, and that
@@ -57,21 +77,23 @@ pub fn fold_indices(strata: &[u32], folds: usize, seed: u64) -> Result<Vec<Vec<u
     Ok((0..folds).map(|k| order.iter().copied().skip(k).step_by(folds).collect()).collect())
 }
 
-/// `folds`-fold cross-validation over `data` (folds drawn from `seed`, each holding the
-/// examples' `strata` in proportion, see [`fold_indices`]):
-/// for each fold `k`, the run `new_run(k)` makes trains on the other folds for `plan`'s epochs
-/// with no dev split, and the model its last epoch left is scored on fold `k`. With
-/// `plan.checkpoint`, fold `k`'s run keeps its checkpoints in its `fold-k` folder there (see
-/// [`fold_dir`]), its metadata saying which fold it held out (`fold`, `folds`, `fold_seed`, and
-/// `stratified`: whether the strata differ), so
+/// Cross-validation over `data` in `folds.count` folds (drawn from `folds.seed`, each holding the
+/// examples' `strata` in proportion, see [`fold_indices`]): for each fold `k`, the run
+/// `new_run(k, 0)` makes trains on the other folds for `plan`'s epochs with no dev split, and the
+/// model its last epoch left is scored on fold `k`. With `folds.members` above 1, the runs
+/// `new_run(k, 0)`, `new_run(k, 1)`, … each train so, and `pool` scores fold `k` with their
+/// models together (an ensemble; required then). With `plan.checkpoint`, fold `k`'s run keeps
+/// its checkpoints in its `fold-k` folder there (see [`fold_dir`]; an ensemble's member `m` in
+/// `fold-k/member-m`, see [`member_dir`]), its metadata saying which fold it held out (`fold`,
+/// `folds`, `fold_seed`, `stratified`: whether the strata differ, `member` and `members`), so
 /// the fold's score can be reproduced from it. `events` hears each fold's run (with its fold).
 pub fn cross_validate<L, E>(
     data: &[E],
     strata: &[u32],
-    folds: usize,
-    seed: u64,
+    folds: Folds,
     plan: &Settings,
-    new_run: &mut dyn FnMut(usize) -> Result<Run<L>>,
+    new_run: &mut dyn FnMut(usize, usize) -> Result<Run<L>>,
+    pool: Option<&mut Pool<'_, L, E>>,
     events: &mut dyn FnMut(usize, Event),
 ) -> Result<CvResult>
 where
@@ -83,38 +105,65 @@ where
         let expected = format!("one stratum per example ({})", data.len());
         return Err(Error::input("cross-validation strata", expected, strata.len().to_string()));
     }
-    let held = fold_indices(strata, folds, seed)?;
+    let Folds { count, seed, members } = folds;
+    let mut pool = match (members, pool) {
+        (0, _) => return Err(Error::input("ensemble members per fold", "at least 1", "0")),
+        (1, _) => None,
+        (_, None) => {
+            return Err(Error::input("ensemble members per fold", "1 (no way to pool them given)", members.to_string()))
+        }
+        (_, Some(pool)) => Some(pool),
+    };
+    let held = fold_indices(strata, count, seed)?;
     let mut fold_of = vec![0; data.len()];
     for (k, fold) in held.iter().enumerate() {
         fold.iter().for_each(|&i| fold_of[i] = k);
     }
-    let (mut fold_scores, mut seconds, mut seen) = (Vec::with_capacity(folds), 0.0, 0);
-    let mut curves = Vec::with_capacity(folds);
+    let (mut fold_scores, mut seconds, mut seen) = (Vec::with_capacity(count), 0.0, 0);
+    let (mut curves, mut member_scores) = (Vec::with_capacity(count * members), Vec::with_capacity(count * members));
     for (k, fold) in held.iter().enumerate() {
         let train: Vec<E> = (0..data.len()).filter(|&i| fold_of[i] != k).map(|i| data[i].clone()).collect();
         let test: Vec<E> = fold.iter().map(|&i| data[i].clone()).collect();
-        let mut run = new_run(k)?;
         let splits = Splits { train: &train, dev: &[], test: &test };
         let mut meta = if plan.meta.is_object() { plan.meta.clone() } else { json!({}) };
-        (meta["fold"], meta["folds"], meta["fold_seed"]) = (json!(k), json!(folds), json!(seed));
+        (meta["fold"], meta["folds"], meta["fold_seed"]) = (json!(k), json!(count), json!(seed));
         meta["stratified"] = json!(strata.iter().any(|&s| s != strata[0]));
-        let checkpoint = plan.checkpoint.as_deref().map(|dir| fold_dir(dir, k));
-        let plan = Settings { checkpoint, meta, ..plan.clone() };
-        let summary = fit_threads(&mut run, 1, DEFAULT_TIMEOUT, splits, &plan, &mut |e| events(k, e))?;
-        (seconds, seen) = (seconds + summary.train_seconds, seen + summary.sentences);
-        fold_scores.push(run.test_acc);
-        curves.push(summary.test_curve);
+        let mut runs = Vec::with_capacity(members);
+        for member in 0..members {
+            let dir = plan.checkpoint.as_deref().map(|dir| fold_dir(dir, k));
+            let checkpoint = dir.map(|d| if members > 1 { member_dir(&d, member) } else { d });
+            (meta["member"], meta["members"]) = (json!(member), json!(members));
+            let plan = Settings { checkpoint, meta: meta.clone(), ..plan.clone() };
+            let mut run = new_run(k, member)?;
+            let summary = fit_threads(&mut run, 1, DEFAULT_TIMEOUT, splits, &plan, &mut |e| events(k, e))?;
+            (seconds, seen) = (seconds + summary.train_seconds, seen + summary.sentences);
+            member_scores.push(run.test_acc);
+            curves.push(summary.test_curve);
+            runs.push(run);
+        }
+        fold_scores.push(match pool.as_mut() {
+            Some(pool) => pool(&mut runs, &test)?,
+            None => runs[0].test_acc,
+        });
     }
+    let mean_of = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let epochs = curves.iter().map(Vec::len).min().unwrap_or(0);
-    let curve = (0..epochs).map(|e| curves.iter().map(|c| c[e]).sum::<f64>() / folds as f64).collect();
-    let mean = fold_scores.iter().sum::<f64>() / folds as f64;
-    let std = (fold_scores.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / folds as f64).sqrt();
-    Ok(CvResult { fold_scores, mean, std, examples_per_s: seen as f64 / seconds.max(1e-9), curve })
+    let curve = (0..epochs).map(|e| mean_of(&curves.iter().map(|c| c[e]).collect::<Vec<_>>())).collect();
+    let mean = mean_of(&fold_scores);
+    let std = (fold_scores.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / count as f64).sqrt();
+    let member_mean = (members > 1).then(|| mean_of(&member_scores));
+    let examples_per_s = seen as f64 / seconds.max(1e-9);
+    Ok(CvResult { fold_scores, mean, std, examples_per_s, curve, member_mean })
 }
 
 /// Where fold `k` of a cross-validation keeps its checkpoints in `dir`.
 pub fn fold_dir(dir: &Path, k: usize) -> PathBuf {
     dir.join(format!("fold-{k}"))
+}
+
+/// Where member `m` of an ensemble keeps its checkpoints in its fold's folder `fold`.
+pub fn member_dir(fold: &Path, m: usize) -> PathBuf {
+    fold.join(format!("member-{m}"))
 }
 
 #[cfg(test)]
@@ -144,7 +193,14 @@ mod tests {
     /// without a curve.
     #[test]
     fn best_epoch_is_the_first_highest_mean() {
-        let cv = |curve: Vec<f64>| CvResult { fold_scores: vec![], mean: 0.0, std: 0.0, examples_per_s: 0.0, curve };
+        let cv = |curve: Vec<f64>| CvResult {
+            fold_scores: vec![],
+            mean: 0.0,
+            std: 0.0,
+            examples_per_s: 0.0,
+            curve,
+            member_mean: None,
+        };
         assert_eq!(cv(vec![0.5, 0.75, 0.625, 0.75]).best_epoch(), Some((1, 0.75)));
         assert_eq!(cv(vec![0.5]).best_epoch(), Some((0, 0.5)));
         assert_eq!(cv(vec![]).best_epoch(), None);

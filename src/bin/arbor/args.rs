@@ -283,6 +283,11 @@ pub(crate) struct TrainArgs {
     /// (graph models: GSN's substructure counts; 6 covers a molecule's 5- and 6-rings).
     #[arg(long, value_name = "N")]
     pub(crate) cycles: Option<usize>,
+    /// Train K models per fold, each from its own initialisation and order, and score the fold's
+    /// held-out graphs by their mean class probabilities (graph models: an ensemble; K times the
+    /// training time; the members' own mean is reported beside it as `cv_acc_member_mean`).
+    #[arg(long, value_name = "K")]
+    pub(crate) ensemble: Option<usize>,
     /// Trees per minibatch; `auto`: chosen as training goes for the most goodput (Pollux: the
     /// gradient noise scale measured every few steps against a step-time model timed at the
     /// start; the learning rate scaled by √(batch / 25)), starting at 25 (tree and sequence

@@ -8,9 +8,10 @@ use crate::train::{optimizer, Sizes};
 use crate::{on_device, OnDevice};
 use arbor::data::tu;
 use arbor::data::tu::Unrolled;
+use arbor::ensemble::score_pooled;
 use arbor::model::Model;
 use arbor::run_folder::{Existing, RunFolder};
-use arbor::trainer::{fold_dir, fold_indices, CvResult};
+use arbor::trainer::{fold_dir, fold_indices, member_dir, CvResult};
 use arbor::zoo::{cross_validate_graphs, GraphTraining};
 use arbor::Backend;
 use arbor::{Error, Result};
@@ -64,6 +65,9 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             format!("{flag}, which applies to tree and sequence models only"),
         ));
     }
+    if args.ensemble == Some(0) {
+        return Err(Error::input("--ensemble", "at least 1 model per fold", "0"));
+    }
     let dir = args.data.as_deref().ok_or_else(|| {
         Error::input(&model_flag, "--data DIR with a TU data set (e.g. ../shared/data/mutag)", "no --data")
     })?;
@@ -95,6 +99,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
         epochs,
         batch: args.batch(),
         folds: args.folds(),
+        ensemble: args.ensemble.unwrap_or(1),
         seed: args.seed,
         optimizer: optimizer(args, sizes.lr),
         clip: (args.clip > 0.0).then_some(args.clip),
@@ -109,7 +114,7 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     // there, unless --overwrite).
     let existing = if args.overwrite { Existing::Overwrite } else { Existing::Refuse };
     let _folder = args.checkpoint.as_deref().map(|dir| RunFolder::claim(dir, existing)).transpose()?;
-    let pb = ProgressBar::new((args.folds() * epochs) as u64);
+    let pb = ProgressBar::new((args.folds() * epochs * cfg.ensemble) as u64);
     pb.set_style(
         ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} epochs, eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -142,7 +147,8 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
             "steps": args.steps(), "hidden": sizes.hidden, "embed": sizes.embed, "readout": cfg.readout.name(), "every_step": cfg.every_step,
             "per_step": cfg.per_step, "lr_decay": cfg.lr_decay, "cycles": args.cycles,
             "train_seconds": (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
-            "graphs_per_s": result.examples_per_s.round(), "cv_acc_mean": result.mean, "cv_acc_std": result.std,
+            "graphs_per_s": result.examples_per_s.round(), "ensemble": cfg.ensemble,
+            "cv_acc_mean": result.mean, "cv_acc_std": result.std, "cv_acc_member_mean": result.member_mean,
             "cv_best_epoch": best_epoch, "cv_acc_best_epoch": best_mean,
         })
     );
@@ -150,18 +156,22 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
 }
 
 /// `arbor eval` of `arbor train --model ggnn|gin|gat --checkpoint DIR`: each fold's model (`DIR/fold-k`,
-/// or one fold's folder) scored on the graphs it held out, read from where training read them
-/// (or `--data`); their mean is the training's `cv_acc_mean`.
+/// or one fold's folder; an ensemble's members together, `fold-k/member-m`) scored on the graphs
+/// it held out, read from where training read them (or `--data`); their mean is the training's
+/// `cv_acc_mean`.
 pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
-    let folds: Vec<PathBuf> =
-        (0..).map(|k| fold_dir(&args.checkpoint, k)).take_while(|d| d.join("last").is_dir()).collect();
+    let saved = |d: &Path| d.join("last").is_dir() || member_dir(d, 0).join("last").is_dir();
+    let folds: Vec<PathBuf> = (0..).map(|k| fold_dir(&args.checkpoint, k)).take_while(|d| saved(d)).collect();
     let folds = if folds.is_empty() { vec![args.checkpoint.clone()] } else { folds };
     let mut fold_scores = Vec::with_capacity(folds.len());
     let mut read: Option<(PathBuf, Vec<Unrolled>)> = None;
     let mut model = String::new();
     for dir in &folds {
-        let (_, ck) = scored_checkpoint(dir, "evaluating")?;
-        let meta = &ck.meta;
+        // An ensemble's fold keeps each member's checkpoints in a folder of its own.
+        let members: Vec<PathBuf> = (0..).map(|m| member_dir(dir, m)).take_while(|d| d.join("last").is_dir()).collect();
+        let members = if members.is_empty() { vec![dir.clone()] } else { members };
+        let cks = members.iter().map(|d| Ok(scored_checkpoint(d, "evaluating")?.1)).collect::<Result<Vec<_>>>()?;
+        let meta = &cks[0].meta;
         model = meta["model"].as_str().unwrap_or("ggnn").to_string();
         let recorded = meta["data"].as_str().map(PathBuf::from);
         let data_dir = args.data.clone().or(recorded).ok_or_else(|| {
@@ -187,15 +197,16 @@ pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
         let strata: Vec<u32> = graphs.iter().map(|g| if stratified { g.class() } else { 0 }).collect();
         let held = fold_indices(&strata, count, seed)?;
         let test: Vec<Unrolled> = held.get(k).into_iter().flatten().map(|&i| graphs[i].clone()).collect();
-        struct Work<'a>(&'a arbor::checkpoint::Checkpoint, &'a [Unrolled]);
+        struct Work<'a>(&'a [arbor::checkpoint::Checkpoint], &'a [Unrolled]);
         impl OnDevice for Work<'_> {
             type Out = f64;
             fn run<B: Backend<Buffer: Send, Index: Send> + Send>(self, backend: B) -> Result<f64> {
-                let mut model = Model::from_checkpoint(self.0, &backend)?;
-                Ok(model.score(self.1)?.first().map_or(f64::NAN, |s| s.1))
+                let infer = |ck| Model::from_checkpoint(ck, &backend)?.infer_all(self.1);
+                let outputs = self.0.iter().map(infer).collect::<Result<Vec<_>>>()?;
+                Ok(score_pooled(&outputs, self.1)?.first().map_or(f64::NAN, |s| s.1))
             }
         }
-        fold_scores.push(on_device(args.device, PrecisionArg::F32, Work(&ck, &test))?);
+        fold_scores.push(on_device(args.device, PrecisionArg::F32, Work(&cks, &test))?);
     }
     let n = fold_scores.len() as f64;
     let mean = fold_scores.iter().sum::<f64>() / n;

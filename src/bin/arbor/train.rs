@@ -456,8 +456,12 @@ pub(crate) fn train(args: &TrainArgs) -> Result<()> {
             ));
         }
     }
-    let graph_flags =
-        [("--readout", args.readout.is_some()), ("--every-step", args.every_step), ("--cycles", args.cycles.is_some())];
+    let graph_flags = [
+        ("--readout", args.readout.is_some()),
+        ("--every-step", args.every_step),
+        ("--cycles", args.cycles.is_some()),
+        ("--ensemble", args.ensemble.is_some()),
+    ];
     if let Some((flag, _)) = graph_flags.iter().find(|(_, set)| *set && !graph) {
         return Err(Error::input(*flag, "a graph model (ggnn, gin, gat)", format!("--model {}", args.model.name())));
     }
