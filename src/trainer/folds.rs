@@ -43,7 +43,7 @@ pub struct Folds {
 
 /// Scores one fold's held-out examples with the models of its runs together (an ensemble's
 /// members, as trained), returning the main score.
-pub type Pool<'a, L, E> = dyn FnMut(&mut [Run<L>], &[E]) -> Result<f64> + 'a;
+pub type FoldPool<'a, L, E> = dyn FnMut(&mut [Run<L>], &[E]) -> Result<f64> + 'a;
 
 impl CvResult {
     /// The epoch (from 0) whose mean held-out score in [`CvResult::curve`] is highest, and that
@@ -93,7 +93,7 @@ pub fn cross_validate<L, E>(
     folds: Folds,
     plan: &Settings,
     new_run: &mut dyn FnMut(usize, usize) -> Result<Run<L>>,
-    pool: Option<&mut Pool<'_, L, E>>,
+    pool: Option<&mut FoldPool<'_, L, E>>,
     events: &mut dyn FnMut(usize, Event),
 ) -> Result<CvResult>
 where

@@ -34,7 +34,7 @@ pub use ahead::{each_step, plan_each};
 pub use batch_size::{AutoBatch, BatchSize, Noise, MEASURE_EVERY};
 pub use cadence::Every;
 use cadence::{Cadence, Tuned};
-pub use folds::{cross_validate, fold_dir, fold_indices, member_dir, CvResult, Folds, Pool};
+pub use folds::{cross_validate, fold_dir, fold_indices, member_dir, CvResult, FoldPool, Folds};
 use gather::gather_parts;
 pub(crate) use gather::share_from;
 pub use settings::{EpochEnd, EpochHook, LrSchedule, Next, Settings};
