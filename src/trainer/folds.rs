@@ -128,10 +128,11 @@ where
         let mut meta = if plan.meta.is_object() { plan.meta.clone() } else { json!({}) };
         (meta["fold"], meta["folds"], meta["fold_seed"]) = (json!(k), json!(count), json!(seed));
         meta["stratified"] = json!(strata.iter().any(|&s| s != strata[0]));
+        let fold_ck = plan.checkpoint.as_deref().map(|dir| fold_dir(dir, k));
         let mut runs = Vec::with_capacity(members);
         for member in 0..members {
-            let dir = plan.checkpoint.as_deref().map(|dir| fold_dir(dir, k));
-            let checkpoint = dir.map(|d| if members > 1 { member_dir(&d, member) } else { d });
+            let checkpoint =
+                fold_ck.as_deref().map(|d| if members > 1 { member_dir(d, member) } else { d.to_path_buf() });
             (meta["member"], meta["members"]) = (json!(member), json!(members));
             let plan = Settings { checkpoint, meta: meta.clone(), ..plan.clone() };
             let mut run = new_run(k, member)?;

@@ -155,20 +155,25 @@ pub(crate) fn train(args: &TrainArgs, sizes: &Sizes) -> Result<()> {
     Ok(())
 }
 
+/// The folders `dir_of(0)`, `dir_of(1)`, … up to the first that is not `saved`.
+fn numbered(dir_of: impl Fn(usize) -> PathBuf, saved: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    (0..).map(dir_of).take_while(|d| saved(d)).collect()
+}
+
 /// `arbor eval` of `arbor train --model ggnn|gin|gat --checkpoint DIR`: each fold's model (`DIR/fold-k`,
 /// or one fold's folder; an ensemble's members together, `fold-k/member-m`) scored on the graphs
 /// it held out, read from where training read them (or `--data`); their mean is the training's
 /// `cv_acc_mean`.
 pub(crate) fn eval(args: &EvalArgs) -> Result<()> {
-    let saved = |d: &Path| d.join("last").is_dir() || member_dir(d, 0).join("last").is_dir();
-    let folds: Vec<PathBuf> = (0..).map(|k| fold_dir(&args.checkpoint, k)).take_while(|d| saved(d)).collect();
+    let last = |d: &Path| d.join("last").is_dir();
+    let folds = numbered(|k| fold_dir(&args.checkpoint, k), |d| last(d) || last(&member_dir(d, 0)));
     let folds = if folds.is_empty() { vec![args.checkpoint.clone()] } else { folds };
     let mut fold_scores = Vec::with_capacity(folds.len());
     let mut read: Option<(PathBuf, Vec<Unrolled>)> = None;
     let mut model = String::new();
     for dir in &folds {
         // An ensemble's fold keeps each member's checkpoints in a folder of its own.
-        let members: Vec<PathBuf> = (0..).map(|m| member_dir(dir, m)).take_while(|d| d.join("last").is_dir()).collect();
+        let members = numbered(|m| member_dir(dir, m), last);
         let members = if members.is_empty() { vec![dir.clone()] } else { members };
         let cks = members.iter().map(|d| Ok(scored_checkpoint(d, "evaluating")?.1)).collect::<Result<Vec<_>>>()?;
         let meta = &cks[0].meta;
