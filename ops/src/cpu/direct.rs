@@ -162,6 +162,10 @@ unsafe fn columns<W: Vector, const V: usize>(ops: Operands, width: usize) {
         // SAFETY: as for this function; `vectors ≤ V`.
         unsafe {
             match vectors {
+                8 => rows::<W, 8>(at, tail),
+                7 => rows::<W, 7>(at, tail),
+                6 => rows::<W, 6>(at, tail),
+                5 => rows::<W, 5>(at, tail),
                 4 => rows::<W, 4>(at, tail),
                 3 => rows::<W, 3>(at, tail),
                 2 => rows::<W, 2>(at, tail),
@@ -178,7 +182,7 @@ unsafe fn columns<W: Vector, const V: usize>(ops: Operands, width: usize) {
 const KC: usize = 128;
 
 /// Running sums kept per row of C between passes: the widest column block of any kernel.
-const SUMS_PER_ROW: usize = 64;
+const SUMS_PER_ROW: usize = 128;
 
 thread_local! {
     /// Each thread's running sums of a column block between passes over the inner dimension
@@ -376,14 +380,21 @@ mod x86 {
     use crate::cpu::simd::x86::{V16, V8};
     use std::arch::x86_64::*;
 
-    /// [`columns`] over four 16-lane vectors.
+    /// [`columns`] over four 16-lane vectors; over eight for one or two rows of A, whose four
+    /// accumulators a row would otherwise wait on each multiply-add's latency, reading B's rows
+    /// in runs of 512 bytes (batch 1's `h·U`).
     ///
     /// # Safety
     /// The CPU has AVX-512F and FMA; as [`columns`].
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn product_avx512(ops: Operands, width: usize) {
         // SAFETY: this function is compiled for V16's instructions; the rest is its contract.
-        unsafe { columns::<V16, 4>(ops, width) }
+        unsafe {
+            match ops.m {
+                0..=2 => columns::<V16, 8>(ops, width),
+                _ => columns::<V16, 4>(ops, width),
+            }
+        }
     }
 
     /// [`columns`] over two 8-lane vectors (12 accumulators, 2 rows of B and a broadcast in
@@ -520,7 +531,7 @@ mod tests {
             for (m, ta) in (0..=13).flat_map(|m| [(m, false), (m, true)]) {
                 let (lda, ldb, ldc) = (if ta { m + 2 } else { k + 2 }, n + 3, n + 1);
                 let a_at = |i: usize, p: usize| if ta { p * lda + i } else { i * lda + p };
-                for cols in [0..n, 5..n, 0..17, 16..80, 3..3, 64..150, 7..12] {
+                for cols in [0..n, 5..n, 0..17, 16..80, 3..3, 64..150, 7..12, 1..113, 30..110] {
                     for accumulate in [false, true] {
                         let a: Vec<f32> = (0..if ta { k } else { m } * lda).map(value).collect();
                         let b: Vec<f32> = (0..k * ldb).map(|i| value(i + 7)).collect();
