@@ -14,11 +14,15 @@
 use super::isa::Isa;
 use super::simd::Vector;
 
-/// Rows of A up to which a product with a transposed parameter runs here: up to 32, dot products
-/// cost less than the transposed copy the direct kernel needs once a step (batch 1's word-vector
-/// gradient `(Σ dy)·Wᵀ` over a sentence's 17–32 distinct words: training 1.04×), and little more
-/// than the direct kernel where a step's other products share the copy (batch 64: 0.99).
-const MAX_ROWS: usize = 32;
+/// Rows of A up to which a product with a transposed parameter runs here.
+const MAX_ROWS: usize = 16;
+
+/// [`MAX_ROWS`] on AVX-512: up to 32 rows, dot products cost less than the transposed copy the
+/// direct kernel needs there once a step (batch 1's word-vector gradient `(Σ dy)·Wᵀ` over a
+/// sentence's 17–32 distinct words: training 1.04×), and little more than the direct kernel
+/// where a step's other products share the copy (batch 64: 0.99). Below AVX-512 such products
+/// run on the `gemm` crate, which packs B as stored (AVX2: batch-1 training 0.96 at 32 here).
+const MAX_ROWS_AVX512: usize = 32;
 
 /// Lanes per step of the inner dimension (the chains per element).
 const CHAINS: usize = 16;
@@ -28,7 +32,7 @@ const GROUP: usize = 4;
 
 /// Whether a product of `m` rows with a transposed parameter runs here at `level`.
 pub(crate) fn suits(level: Isa, m: usize) -> bool {
-    m <= MAX_ROWS && super::direct::has_kernel(level)
+    m <= if level == Isa::Avx512 { MAX_ROWS_AVX512 } else { MAX_ROWS } && super::direct::has_kernel(level)
 }
 
 /// `C (+)= A·Bᵀ` over the columns `cols` of C (rows of B), for `m` rows of A and an inner
@@ -237,7 +241,7 @@ mod tests {
     fn dot_products_are_sixteen_chains_added_in_a_fixed_tree() {
         let n = 21;
         for level in levels() {
-            for (m, k) in (0..=MAX_ROWS).flat_map(|m| [(m, 1), (m, 7), (m, 16), (m, 45)]) {
+            for (m, k) in (0..=MAX_ROWS_AVX512).flat_map(|m| [(m, 1), (m, 7), (m, 16), (m, 45)]) {
                 let (lda, ldb, ldc) = (k + 2, k + 3, n + 1);
                 for cols in [0..n, 5..n, 3..3, 20..21] {
                     for accumulate in [false, true] {

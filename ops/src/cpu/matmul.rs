@@ -1,8 +1,8 @@
 //! Matrix products. A call's products on the direct kernel and dot products are split by output
 //! columns between the threads of the [team] (batched products by entries), so each core reads
 //! only its share of B and keeps it in its own cache from one task to the next — or, where every
-//! product of a call is on the direct kernel with enough rows, by output rows as the fused kernels
-//! around them split their vertices ([`ROWS_APART`]); products on the
+//! product of a call is on the direct kernel with enough rows (AVX-512), by output rows as the
+//! fused kernels around them split their vertices ([`ROWS_APART`]); products on the
 //! `gemm` crate are cut into units of rows and columns that the threads claim as they come free,
 //! so an uneven cut (150 columns in blocks of 64) leaves no core waiting. Products run on the
 //! [direct] kernel, reading B in place or, when B is a transposed parameter (AVX-512 and NEON),
@@ -30,10 +30,11 @@ const PARALLEL_MACS: usize = 1 << 16;
 /// Output columns per unit of work split between threads (one vector).
 const UNIT: usize = 16;
 
-/// Rows from which a call's direct products are split by rows between threads, as fused kernels
-/// split their vertices: each core then writes the rows its next fused kernel reads (and reads
-/// the rows one wrote) instead of half of every row (SST Tree-LSTM, two threads: training at
-/// batch 64 1.01, 256 1.02, batch 1 1.03–1.04, inference at batch 64 1.06).
+/// Rows from which a call's direct products are split by rows between threads on AVX-512, as
+/// fused kernels split their vertices: each core then writes the rows its next fused kernel reads
+/// (and reads the rows one wrote) instead of half of every row (SST Tree-LSTM, two threads:
+/// training at batch 64 1.01, 256 1.02, batch 1 1.03–1.04, inference at batch 64 1.06). Below
+/// AVX-512 the direct kernel takes products of up to 48 rows only, and their columns stay split.
 const ROWS_APART: usize = 24;
 
 /// Products of a transposed A (a parameter's gradient, `Xᵀ·dY` over a minibatch's vertices) are
@@ -240,9 +241,10 @@ fn share_out(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path]) -> Result<()> {
 /// direct kernel or dot products (of its batch entries, for batched products, each run whole),
 /// then units of the products on the `gemm` crate ([`CrateGrid`]) as they are left ([`Claims`]).
 fn run_part(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path], (part, parts): (usize, usize), claims: &Claims) -> Result<()> {
-    let by_rows = gs.iter().zip(paths).all(|(g, p)| {
-        g.batch == 1 && g.m >= ROWS_APART && (!g.ta || g.k <= INNER_APART) && matches!(p, Path::Direct(_))
-    });
+    let by_rows = super::isa::active() == Isa::Avx512
+        && gs.iter().zip(paths).all(|(g, p)| {
+            g.batch == 1 && g.m >= ROWS_APART && (!g.ta || g.k <= INNER_APART) && matches!(p, Path::Direct(_))
+        });
     for (g, path) in gs.iter().zip(paths) {
         if by_rows {
             run(raw, g, path, 0, (team::share(g.m, part, parts), 0..g.n))?;
@@ -398,8 +400,8 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, (rows, cols): (Range<usiz
     }
     let (a_rows, a_cols) = if g.ta { (g.k, g.m) } else { (g.m, g.k) };
     let (b_rows, b_cols) = if g.tb { (g.n, g.k) } else { (g.k, g.n) };
-    // SAFETY: ranges checked by `get`; the parts of a call write disjoint columns of C, and C
-    // never overlaps A or B in the engine's plans.
+    // SAFETY: ranges checked by `get`; the parts of a call write disjoint columns (or rows) of
+    // C, and C never overlaps A or B in the engine's plans.
     let c = unsafe { raw.get_mut("gemm", g.c.offset_by(i.saturating_mul(g.stride_c)), extent(g.m, g.n, g.ldc))? };
     if g.k == 0 {
         if !g.accumulate {
