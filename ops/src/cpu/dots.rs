@@ -32,7 +32,8 @@ const GROUP: usize = 4;
 
 /// Whether a product of `m` rows with a transposed parameter runs here at `level`.
 pub(crate) fn suits(level: Isa, m: usize) -> bool {
-    m <= if level == Isa::Avx512 { MAX_ROWS_AVX512 } else { MAX_ROWS } && super::direct::has_kernel(level)
+    let most = if level == Isa::Avx512 { MAX_ROWS_AVX512 } else { MAX_ROWS };
+    m <= most && super::direct::has_kernel(level)
 }
 
 /// `C (+)= A·Bᵀ` over the columns `cols` of C (rows of B), for `m` rows of A and an inner
