@@ -234,17 +234,25 @@ fn share_out(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path]) -> Result<()> {
     let macs: usize = gs.iter().map(|g| g.m * g.n * g.k * g.batch).sum();
     let claims = Claims::new(team::size());
     let max = if macs < PARALLEL_MACS { 1 } else { usize::MAX };
-    team::split(max, |part, parts| run_part(raw, gs, paths, (part, parts), &claims))
-}
-
-/// Part `part` of `parts` of [`gemm_batch`]: its share of the columns of every product on the
-/// direct kernel or dot products (of its batch entries, for batched products, each run whole),
-/// then units of the products on the `gemm` crate ([`CrateGrid`]) as they are left ([`Claims`]).
-fn run_part(raw: &Raw<'_>, gs: &[Gemm], paths: &[Path], (part, parts): (usize, usize), claims: &Claims) -> Result<()> {
     let by_rows = super::isa::active() == Isa::Avx512
         && gs.iter().zip(paths).all(|(g, p)| {
             g.batch == 1 && g.m >= ROWS_APART && (!g.ta || g.k <= INNER_APART) && matches!(p, Path::Direct(_))
         });
+    team::split(max, |part, parts| run_part(raw, gs, paths, (part, parts), by_rows, &claims))
+}
+
+/// Part `part` of `parts` of [`gemm_batch`]: its share of the columns of every product on the
+/// direct kernel or dot products (of the rows, `by_rows`, as [`share_out`] decides for the call;
+/// of its batch entries, for batched products, each run whole),
+/// then units of the products on the `gemm` crate ([`CrateGrid`]) as they are left ([`Claims`]).
+fn run_part(
+    raw: &Raw<'_>,
+    gs: &[Gemm],
+    paths: &[Path],
+    (part, parts): (usize, usize),
+    by_rows: bool,
+    claims: &Claims,
+) -> Result<()> {
     for (g, path) in gs.iter().zip(paths) {
         if by_rows {
             run(raw, g, path, 0, (team::share(g.m, part, parts), 0..g.n))?;
@@ -415,6 +423,8 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, (rows, cols): (Range<usiz
     let a = unsafe { raw.get("gemm", g.a.offset_by(i.saturating_mul(g.stride_a)), extent(a_rows, a_cols, g.lda))? };
     // SAFETY: as above.
     let b = unsafe { raw.get("gemm", g.b.offset_by(i.saturating_mul(g.stride_b)), extent(b_rows, b_cols, g.ldb))? };
+    // Where row `rows.start` of op(A) starts.
+    let a_at = if g.ta { rows.start } else { rows.start * g.lda };
     if let Path::Dots = path {
         if dots::product(
             super::isa::active(),
@@ -431,7 +441,7 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, (rows, cols): (Range<usiz
     if let Path::Direct(t) = path {
         let (b, ldb) = t.as_ref().map_or((b, g.ldb), |t| (t.as_slice(), g.n));
         // The rows `rows` of op(A) and of C.
-        let a_rows = a.get(if g.ta { rows.start } else { rows.start * g.lda }..).unwrap_or_default();
+        let a_rows = a.get(a_at..).unwrap_or_default();
         let c_rows = c.get_mut(rows.start * g.ldc..).unwrap_or_default();
         let (a, c) = ((a_rows, g.lda, g.ta), (c_rows, g.ldc));
         if direct::product((rows.len(), g.k), cols.clone(), a, (b, ldb), c, g.accumulate) {
@@ -441,7 +451,6 @@ fn run(raw: &Raw<'_>, g: &Gemm, path: &Path, i: usize, (rows, cols): (Range<usiz
     let (a_rs, a_cs) = if g.ta { (1, g.lda as isize) } else { (g.lda as isize, 1) };
     let (b_rs, b_cs) = if g.tb { (1, g.ldb as isize) } else { (g.ldb as isize, 1) };
     let b_at = if g.tb { cols.start * g.ldb } else { cols.start };
-    let a_at = if g.ta { rows.start } else { rows.start * g.lda };
     // SAFETY: every element the product touches lies in the checked slices above.
     unsafe {
         gemm::gemm(
@@ -563,7 +572,7 @@ mod tests {
                         let (claims, gs, paths) =
                             (Claims::new(parts), std::slice::from_ref(&g), std::slice::from_ref(path));
                         for part in 0..parts {
-                            run_part(&raw, gs, paths, (part, parts), &claims).unwrap();
+                            run_part(&raw, gs, paths, (part, parts), false, &claims).unwrap();
                         }
                         data.pop().unwrap().into_vec()
                     };
