@@ -21,7 +21,15 @@ fn gemm(b: Bencher<'_, '_>, m: usize, k: usize, n: usize) {
 /// `C = op(A)·op(B)`: A stored as `m × k` (`k × m` when `ta`), B as `k × n` (`n × k` when `tb`).
 fn gemm_with(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize), ta: bool, tb: bool) {
     let cpu = CpuBackend::new();
-    let mut data = vec![cpu.alloc(m * k).unwrap(), cpu.alloc(k * n).unwrap(), cpu.alloc(m * n).unwrap()];
+    // Written, so that no operand reads the zero page every fresh allocation maps (one 4 KiB
+    // page from L1, however large the matrix).
+    let mut rng = Rng::new(1);
+    let mut data = Vec::new();
+    for len in [m * k, k * n, m * n] {
+        let mut buf = cpu.alloc(len).unwrap();
+        cpu.write(&mut buf, 0, &(0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<_>>()).unwrap();
+        data.push(buf);
+    }
     let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
     let g = Gemm::single(
         (m, n, k),
