@@ -67,6 +67,7 @@ fn product_at(
         ldc,
         accumulate,
         sums: std::ptr::null_mut(),
+        fetch: true,
     };
     if k <= KC + KC / 2 {
         return kernel(level, ops, cols.len());
@@ -117,9 +118,25 @@ pub(crate) fn has_kernel(level: Isa) -> bool {
 const FEW_ROWS: usize = 48;
 
 /// Whether a product of `m` rows runs faster on the direct kernel than on the `gemm` crate at
-/// `level`: always with AVX-512, for few rows below it.
+/// `level`: with AVX-512 (but see [`packed_wins`]), for few rows below it.
 pub(crate) fn suits(level: Isa, m: usize) -> bool {
     has_kernel(level) && (level == Isa::Avx512 || m <= FEW_ROWS)
+}
+
+/// Rows of op(A) and steps of the inner dimension from which the `gemm` crate's packed kernel
+/// beats the direct one where AVX-512 runs at [full width](super::isa::full_width): a row block
+/// of the direct kernel reads its B block from L1 at every step, which two 512-bit units a core
+/// outrun (Intel Xeon, hidden 150: `96 × 150 · 150 × 750` and larger 1.1–1.2× faster on the
+/// crate, parameter gradients `Xᵀ·dY` over 128 vertices and more 1.2–1.35×; at 60 rows, or 64
+/// vertices, the direct kernel is as fast or faster). Zen 4 runs AVX-512 in two halves, and there
+/// the direct kernel is the faster at every size.
+const PACKED_FROM: usize = 96;
+
+/// Whether a product of `m` rows of op(A) (B not transposed) and inner dimension `k` runs
+/// faster on the `gemm` crate than on the direct kernel at `level`, on a CPU whose AVX-512
+/// runs at full width (`full_width`).
+pub(crate) fn packed_wins(level: Isa, full_width: bool, (m, k): (usize, usize)) -> bool {
+    level == Isa::Avx512 && full_width && m >= PACKED_FROM && k >= PACKED_FROM
 }
 
 /// A product's operands (A with row and column strides, B and C row-major and at the first
@@ -139,7 +156,21 @@ struct Operands {
     /// Room for [`SUMS_PER_ROW`] running sums per row of C where the inner dimension is longer
     /// than one pass (else null).
     sums: *mut f32,
+    /// The block asks the cache for B's rows [`AHEAD`] steps ahead: the first row block of a
+    /// pass, which reads them from L2 (the later ones find them in L1).
+    fetch: bool,
 }
+
+/// Steps of the inner dimension ahead at which a block asks for B's rows: each row of a block
+/// is a short run (up to 512 bytes) a full row of B apart, which the hardware prefetchers do
+/// not follow, so a product of a few rows otherwise waits on L2 at every step (a
+/// `1 × 150 · 150 × 750` product from L2: 1.15–1.3× faster with it, 2–12 ahead alike).
+const AHEAD: usize = 4;
+
+/// Elements a row of a block must span (more than two cache lines: the pair the adjacent-line
+/// prefetcher brings) for the block to ask for B's rows itself; the AVX2 kernel's runs of one
+/// or two lines ran slower with it (batch-1 inference 0.96).
+const FETCHED_RUN: usize = 32;
 
 /// Rows of A per block.
 const ROWS: usize = 6;
@@ -236,7 +267,7 @@ unsafe fn row_blocks<W: Vector, const V: usize>(ops: Operands, tail: usize, sums
         // SAFETY: row `i` lies inside A and C; the sums' address is only followed where they
         // are kept (it may be null otherwise, hence `wrapping_add`).
         let (at, sums) = unsafe {
-            let at = Operands { a: ops.a.add(i * ops.rs), c: ops.c.add(i * ops.ldc), ..ops };
+            let at = Operands { a: ops.a.add(i * ops.rs), c: ops.c.add(i * ops.ldc), fetch: i == 0, ..ops };
             (at, Sums { at: sums.at.wrapping_add(i * V * W::LANES), ..sums })
         };
         // SAFETY: as for this function; the block's rows lie inside A and C.
@@ -277,7 +308,7 @@ unsafe fn load<W: Vector, const V: usize>(p: *const f32, q: usize, tail: usize) 
 /// As [`row_blocks`].
 #[inline(always)]
 unsafe fn block<W: Vector, const R: usize, const V: usize>(ops: Operands, tail: usize, sums: Sums) {
-    let Operands { k, a, rs, cs, b, ldb, c, ldc, accumulate, .. } = ops;
+    let Operands { k, a, rs, cs, b, ldb, c, ldc, accumulate, fetch, .. } = ops;
     let mut acc = [[W::splat(0.0); V]; R];
     if !sums.first {
         let at = sums.at;
@@ -292,6 +323,12 @@ unsafe fn block<W: Vector, const R: usize, const V: usize>(ops: Operands, tail: 
     for p in 0..k {
         // SAFETY: row `p` of B lies inside B.
         let row = unsafe { b.add(p * ldb) };
+        if fetch && V * W::LANES > FETCHED_RUN && p + AHEAD < k {
+            let ahead = row.wrapping_add(AHEAD * ldb);
+            for line in (0..V * W::LANES).step_by(16) {
+                super::simd::prefetch_line(ahead.wrapping_add(line));
+            }
+        }
         for (q, v) in bv.iter_mut().enumerate() {
             // SAFETY: the block's columns of that row lie inside B (the last vector partial).
             *v = unsafe { load::<W, V>(row, q, tail) };
@@ -517,6 +554,26 @@ pub(super) mod checks {
 mod tests {
     use super::checks::{levels, same_bits, value};
     use super::*;
+
+    /// Large products leave the direct kernel only at AVX-512 on a full-width CPU, and only
+    /// with both many rows and a long inner dimension.
+    #[test]
+    fn only_large_products_at_full_width_avx512_are_packed() {
+        let sizes = [1, 60, PACKED_FROM - 1, PACKED_FROM, 1300];
+        for level in Isa::ALL {
+            for wide in [false, true] {
+                for (m, k) in sizes.iter().flat_map(|&m| sizes.map(|k| (m, k))) {
+                    let expected = level == Isa::Avx512 && wide && m >= PACKED_FROM && k >= PACKED_FROM;
+                    assert_eq!(packed_wins(level, wide, (m, k)), expected, "{level} wide {wide}: {m} rows, inner {k}");
+                }
+            }
+        }
+        // Batch 1's word-vector gradient (300 × ~19 · ~19 × 450) and a batch-64 level of 60
+        // vertices stay on the direct kernel; the lowest levels and the parameter gradients of
+        // a batch-64 minibatch do not.
+        assert!(!packed_wins(Isa::Avx512, true, (300, 19)) && !packed_wins(Isa::Avx512, true, (60, 150)));
+        assert!(packed_wins(Isa::Avx512, true, (400, 150)) && packed_wins(Isa::Avx512, true, (150, 1240)));
+    }
 
     /// `product` at every level this CPU has, for every row count up to 13, an inner dimension
     /// of one pass and of three, A as stored and transposed, column ranges with every tail, with

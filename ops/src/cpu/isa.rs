@@ -92,6 +92,24 @@ pub fn active() -> Isa {
     })
 }
 
+/// Whether this CPU runs AVX-512 multiply-adds at full width, two 512-bit units a core (Intel's
+/// AVX-512 cores), rather than in two 256-bit halves (AMD's Zen 4): told by the CPU's vendor.
+/// Which of the CPU backend's kernels runs a large product depends on it.
+pub fn full_width() -> bool {
+    static WIDE: OnceLock<bool> = OnceLock::new();
+    *WIDE.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // Leaf 0, the vendor, exists on every x86-64 CPU.
+            let id = std::arch::x86_64::__cpuid(0);
+            let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
+            vendor == b"GenuineIntel"
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,8 @@
 //! a row-major copy of its transpose made once between parameter writes — except products of a
 //! few rows with a transposed parameter, which run as [dots] over its rows as stored (making the
 //! copy would cost more than they do). Transposed products of other values, other products with
-//! a transposed parameter at AVX2, products of many rows below AVX-512 ([`direct::suits`]) and
+//! a transposed parameter at AVX2, products of many rows below AVX-512 ([`direct::suits`]) or on
+//! a CPU whose AVX-512 runs at full width ([`direct::packed_wins`]), and
 //! every product on an x86-64 CPU (or [level](super::isa::active)) without AVX2 run on the
 //! `gemm` crate.
 
@@ -204,8 +205,10 @@ fn products(raw: &Raw<'_>, gs: &[Gemm], transposes: &Transposes, chain: bool) ->
     }
     let mut paths = Vec::with_capacity(gs.len());
     let level = super::isa::active();
+    let full_width = super::isa::full_width();
     for g in gs {
-        paths.push(if !direct::suits(level, g.m) || (g.tb && !g.b_fixed) {
+        let packed = !g.tb && direct::packed_wins(level, full_width, (g.m, g.k));
+        paths.push(if !direct::suits(level, g.m) || (g.tb && !g.b_fixed) || packed {
             Path::Crate
         } else if g.tb && !g.ta && dots::suits(level, g.m) {
             Path::Dots

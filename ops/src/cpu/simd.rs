@@ -175,6 +175,19 @@ pub(crate) fn prefetch(x: &[f32]) {
     let _ = x;
 }
 
+/// Asks the cache for the cache line holding the element at `p` (any address: a prefetch reads
+/// nothing and cannot fault); nothing on other architectures.
+#[inline(always)]
+pub(crate) fn prefetch_line(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as above.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::{Lanes, Vector};
