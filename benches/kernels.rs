@@ -47,6 +47,66 @@ fn gemm_peak(b: Bencher<'_, '_>, size: usize) {
     gemm(b, size, size, size);
 }
 
+/// The core's arithmetic peak: 16 independent chains of 512-bit multiply-adds (256-bit without
+/// AVX-512) in registers, on one thread (items = floating-point operations); the GEMM peaks above
+/// reach part of it.
+#[cfg(target_arch = "x86_64")]
+#[divan::bench]
+fn fma_peak(b: Bencher<'_, '_>) {
+    const STEPS: usize = 4096;
+    let wide = std::is_x86_feature_detected!("avx512f");
+    if !wide && !std::is_x86_feature_detected!("fma") {
+        return;
+    }
+    let lanes = if wide { 16 } else { 8 };
+    b.counter(divan::counter::ItemsCount::new(2 * 16 * lanes * STEPS)).bench_local(|| {
+        if wide {
+            // SAFETY: the CPU has AVX-512F (detected above).
+            unsafe { fma::chains_512(black_box(STEPS)) }
+        } else {
+            // SAFETY: the CPU has FMA (detected above), and with it AVX.
+            unsafe { fma::chains_256(black_box(STEPS)) }
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod fma {
+    use std::arch::x86_64::*;
+
+    /// 16 chains of `steps` 512-bit multiply-adds; their sum.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn chains_512(steps: usize) -> f32 {
+        let (x, y) = (_mm512_set1_ps(0.999), _mm512_set1_ps(0.5));
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for _ in 0..steps {
+            for a in acc.iter_mut() {
+                *a = _mm512_fmadd_ps(*a, x, y);
+            }
+        }
+        acc.iter().fold(0.0, |s, &a| s + _mm512_reduce_add_ps(a))
+    }
+
+    /// 16 chains of `steps` 256-bit multiply-adds; their first lanes' sum.
+    ///
+    /// # Safety
+    /// The CPU has AVX and FMA.
+    #[target_feature(enable = "avx,fma")]
+    pub unsafe fn chains_256(steps: usize) -> f32 {
+        let (x, y) = (_mm256_set1_ps(0.999), _mm256_set1_ps(0.5));
+        let mut acc = [_mm256_setzero_ps(); 16];
+        for _ in 0..steps {
+            for a in acc.iter_mut() {
+                *a = _mm256_fmadd_ps(*a, x, y);
+            }
+        }
+        acc.iter().fold(0.0, |s, &a| s + _mm256_cvtss_f32(a))
+    }
+}
+
 /// Tree-LSTM shapes at hidden 150, embed 300, batch 64 (about 2,500 vertices, tasks of about 60):
 /// per-task `h·U` (60×150·150×750), hoisted `x·W` (1,300 leaves ×300·300×750) and the lazy
 /// `dU = hᵀ·dG` (150×1,200·1,200×750).
