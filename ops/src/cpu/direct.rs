@@ -164,7 +164,7 @@ struct Operands {
 /// Steps of the inner dimension ahead at which a block asks for B's rows: each row of a block
 /// is a short run (up to 512 bytes) a full row of B apart, which the hardware prefetchers do
 /// not follow, so a product of a few rows otherwise waits on L2 at every step (a
-/// `1 × 150 · 150 × 750` product from L2: 1.15–1.3× faster with it, 2–12 ahead alike).
+/// `1 × 150 · 150 × 750` product from L2: 1.15–1.3× faster with it, 3–12 ahead alike).
 const AHEAD: usize = 4;
 
 /// Elements a row of a block must span (more than two cache lines: the pair the adjacent-line

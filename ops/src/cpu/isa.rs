@@ -93,8 +93,10 @@ pub fn active() -> Isa {
 }
 
 /// Whether this CPU runs AVX-512 multiply-adds at full width, two 512-bit units a core (Intel's
-/// AVX-512 cores), rather than in two 256-bit halves (AMD's Zen 4): told by the CPU's vendor.
-/// Which of the CPU backend's kernels runs a large product depends on it.
+/// AVX-512 server cores), rather than in two 256-bit halves (AMD's Zen 4): told by the CPU's
+/// vendor, so Intel parts with one 512-bit unit (client cores, some Xeons) count as full width
+/// too (measured on Xeons only). Which of the CPU backend's kernels runs a large product depends
+/// on it.
 pub fn full_width() -> bool {
     static WIDE: OnceLock<bool> = OnceLock::new();
     *WIDE.get_or_init(|| {

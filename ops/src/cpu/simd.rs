@@ -166,13 +166,9 @@ macro_rules! lanes {
 /// which lies anywhere and would otherwise wait on memory); nothing on other architectures.
 #[inline]
 pub(crate) fn prefetch(x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
     for line in x.chunks(16) {
-        // SAFETY: a prefetch reads nothing and cannot fault.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast()) };
+        prefetch_line(line.as_ptr());
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = x;
 }
 
 /// Asks the cache for the cache line holding the element at `p` (any address: a prefetch reads
@@ -180,7 +176,7 @@ pub(crate) fn prefetch(x: &[f32]) {
 #[inline(always)]
 pub(crate) fn prefetch_line(p: *const f32) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: as above.
+    // SAFETY: a prefetch reads nothing and cannot fault.
     unsafe {
         std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
     };
