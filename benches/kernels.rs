@@ -18,18 +18,19 @@ fn gemm(b: Bencher<'_, '_>, m: usize, k: usize, n: usize) {
     gemm_with(b, (m, k, n), false, false);
 }
 
+/// A buffer of `len` values drawn uniformly from [-1, 1]: written, so that no operand reads the
+/// zero page every fresh allocation maps (one 4 KiB page from L1, however large the matrix).
+fn random(cpu: &CpuBackend, rng: &mut Rng, len: usize) -> <CpuBackend as Backend>::Buffer {
+    let mut buf = cpu.alloc(len).unwrap();
+    cpu.write(&mut buf, 0, &(0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<_>>()).unwrap();
+    buf
+}
+
 /// `C = op(A)·op(B)`: A stored as `m × k` (`k × m` when `ta`), B as `k × n` (`n × k` when `tb`).
 fn gemm_with(b: Bencher<'_, '_>, (m, k, n): (usize, usize, usize), ta: bool, tb: bool) {
     let cpu = CpuBackend::new();
-    // Written, so that no operand reads the zero page every fresh allocation maps (one 4 KiB
-    // page from L1, however large the matrix).
     let mut rng = Rng::new(1);
-    let mut data = Vec::new();
-    for len in [m * k, k * n, m * n] {
-        let mut buf = cpu.alloc(len).unwrap();
-        cpu.write(&mut buf, 0, &(0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<_>>()).unwrap();
-        data.push(buf);
-    }
+    let mut data: Vec<_> = [m * k, k * n, m * n].into_iter().map(|len| random(&cpu, &mut rng, len)).collect();
     let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
     let g = Gemm::single(
         (m, n, k),
@@ -149,10 +150,8 @@ fn fused_tree_lstm(b: Bencher<'_, '_>, pass: &str) {
     for l in kernel.loads() {
         let node = &kernel.nodes[l];
         let len = if node.is_param { node.shape.numel() } else { n * node.shape.numel() };
-        let mut buf = cpu.alloc(len).unwrap();
-        cpu.write(&mut buf, 0, &(0..len).map(|_| rng.range(-1.0, 1.0)).collect::<Vec<_>>()).unwrap();
         let at = Loc { buf: data.len(), offset: 0 };
-        data.push(buf);
+        data.push(random(&cpu, &mut rng, len));
         loads.push(if node.is_param { Rows::Broadcast(at) } else { Rows::Contiguous(at) });
     }
     let out_len: usize = kernel.stores.iter().map(|&s| n * kernel.nodes[s].shape.numel()).sum();
