@@ -22,6 +22,14 @@ impl HostBuffer {
         HostBuffer { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), version: 0, data }
     }
 
+    /// A buffer of `len` zeros, backed by 2 MB pages where it is large and the system offers
+    /// them ([`huge_pages`]).
+    pub(crate) fn zeros(len: usize) -> HostBuffer {
+        let mut data = vec![0.0; len];
+        huge_pages(&mut data);
+        HostBuffer::new(data)
+    }
+
     /// The values.
     pub fn into_vec(self) -> Vec<f32> {
         self.data
@@ -72,5 +80,67 @@ impl<'a> IntoIterator for &'a HostBuffer {
 
     fn into_iter(self) -> Self::IntoIter {
         self.data.iter()
+    }
+}
+
+/// Bytes from which a buffer asks for 2 MB pages.
+const HUGE_FROM: usize = 4 << 20;
+
+/// Asks Linux to back `x` with 2 MB pages (transparent huge pages, where the system leaves them
+/// to `madvise`, as many do): a minibatch's arena and a word-vector table are read and written a
+/// row at a time anywhere in tens of MB, and with 4 KB pages nearly every such row costs a page
+/// walk — two nested ones in a virtual machine. Takes effect for the pages not yet touched (a
+/// fresh allocation's); only advice, so nothing changes where the system declines it.
+fn huge_pages(x: &mut [f32]) {
+    #[cfg(target_os = "linux")]
+    if std::mem::size_of_val(x) >= HUGE_FROM {
+        const PAGE: usize = 4096;
+        let (start, end) = (x.as_mut_ptr() as usize, x.as_mut_ptr() as usize + std::mem::size_of_val(x));
+        let first = start.next_multiple_of(PAGE);
+        // SAFETY: the range is whole pages inside `x`'s allocation; advice reads and writes none
+        // of its values (the result is ignored: declining it changes nothing).
+        unsafe { libc::madvise(first as *mut libc::c_void, (end - first) / PAGE * PAGE, libc::MADV_HUGEPAGE) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = x;
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The flags of the mapping holding `x`'s middle element, from `/proc/self/smaps`.
+    fn mapping_flags(x: &[f32]) -> Option<String> {
+        let at = x.as_ptr() as usize + std::mem::size_of_val(x) / 2;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or_default();
+            if let Some((a, b)) = first.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                    inside = (a..b).contains(&at);
+                    continue;
+                }
+            }
+            if let Some(flags) = line.strip_prefix("VmFlags:").filter(|_| inside) {
+                return Some(flags.trim().to_string());
+            }
+        }
+        None
+    }
+
+    /// A large buffer holds zeros and its mapping is marked for 2 MB pages (`hg`), wherever the
+    /// kernel has transparent huge pages at all.
+    #[test]
+    fn large_buffers_ask_for_huge_pages() {
+        // Twice the size from which a buffer asks.
+        let len = 2 * HUGE_FROM / std::mem::size_of::<f32>();
+        let big = HostBuffer::zeros(len);
+        assert!(big.len() == len && big.iter().all(|&x| x == 0.0));
+        if std::fs::metadata("/sys/kernel/mm/transparent_hugepage/enabled").is_err() {
+            return;
+        }
+        let flags = mapping_flags(&big).expect("the buffer's mapping in /proc/self/smaps");
+        assert!(flags.split_whitespace().any(|f| f == "hg"), "flags {flags}");
     }
 }

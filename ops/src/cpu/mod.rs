@@ -116,7 +116,7 @@ impl Backend for CpuBackend {
     fn alloc(&self, len: usize) -> Result<HostBuffer> {
         self.allocations.fetch_add(1, Ordering::Relaxed);
         self.transposes.clear();
-        Ok(HostBuffer::new(vec![0.0; len]))
+        Ok(HostBuffer::zeros(len))
     }
 
     fn alloc_index(&self, len: usize) -> Result<Vec<u32>> {
