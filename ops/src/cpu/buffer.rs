@@ -95,11 +95,12 @@ fn huge_pages(x: &mut [f32]) {
     #[cfg(target_os = "linux")]
     if std::mem::size_of_val(x) >= HUGE_FROM {
         const PAGE: usize = 4096;
-        let (start, end) = (x.as_mut_ptr() as usize, x.as_mut_ptr() as usize + std::mem::size_of_val(x));
+        let start = x.as_mut_ptr() as usize;
         let first = start.next_multiple_of(PAGE);
+        let len = (start + std::mem::size_of_val(x) - first) / PAGE * PAGE;
         // SAFETY: the range is whole pages inside `x`'s allocation; advice reads and writes none
         // of its values (the result is ignored: declining it changes nothing).
-        unsafe { libc::madvise(first as *mut libc::c_void, (end - first) / PAGE * PAGE, libc::MADV_HUGEPAGE) };
+        unsafe { libc::madvise(first as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
     }
     #[cfg(not(target_os = "linux"))]
     let _ = x;
