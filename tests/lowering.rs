@@ -52,9 +52,17 @@ fn a_tree_lstm_minibatch_lowers_to_the_expected_launches() {
         let launches = l.forward(&refs, &[Pull::Rows(&x)], train).unwrap().to_vec();
         let text = print(&launches);
         // Leaves: the input product (one distinct word, so one row; its other columns are
-        // zero-width), then the cell. Each of the two inner tasks: the children's gather, the
-        // two child products (the second adding into the first), the cell.
-        assert_eq!(Counts::of(&launches), Counts { products: 6, fused: 5, ..Counts::default() }, "{text}");
+        // zero-width), then the cell. Each of the two inner tasks: the copy of the children's
+        // `h` (in training only: U's gradients read it), the two child products (the second
+        // adding into the first), the cell. In inference the products read the children's rows
+        // where they are: evenly spaced, two rows apart (leaves 0 and 2, then 1 and 3) in the
+        // first inner task.
+        let fused = if train { 5 } else { 3 };
+        assert_eq!(Counts::of(&launches), Counts { products: 6, fused, ..Counts::default() }, "{text}");
+        if !train {
+            let (first, second) = (products(&launches)[2], products(&launches)[3]);
+            assert_eq!((first.m, first.lda, first.a.offset + 6, first.a.buf), (2, 12, second.a.offset, 0), "{text}");
+        }
         let input = products(&launches)[1];
         assert_eq!((input.m, input.n, input.k), (1, 18, 4), "the input product runs over the one distinct word");
         let summed = products(&launches).iter().filter(|g| g.accumulate).count();
@@ -78,7 +86,17 @@ fn a_tree_lstm_minibatch_lowers_to_the_expected_launches() {
                 _ => None,
             })
             .collect();
-        assert_eq!(rows, [5, 2, 2, 1, 1], "kernels over the leaves, then the gather and the cell per task");
+        let want: &[usize] = if train { &[5, 2, 2, 1, 1] } else { &[5, 2, 1] };
+        assert_eq!(rows, want, "kernels over the leaves, then (training) the copy and the cell per task");
+        // The copy holds the children's `h` only: F′ reads their `c` where the children's are.
+        let copied: Vec<usize> = launches
+            .iter()
+            .filter_map(|k| match k {
+                Launch::Fused { n: 2 | 1, stores, kernel, .. } if kernel.nodes.len() == 2 => Some(stores.len()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(copied, if train { vec![2, 2] } else { vec![] }, "{text}");
     }
 
     let g = vec![0.1f32; 8 * 6];

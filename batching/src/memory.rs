@@ -149,12 +149,17 @@ impl Timeline<'_> {
             match step {
                 // Products of one step may run at the same time: they share one time step, so no
                 // output reuses the elements of any input of the step.
+                // A product may read a child's state where the child's state is, not from a copy.
                 Step::Gemms(vs) => {
                     for &v in vs {
                         if let Op::MatMul { a, b, .. } = self.func(pass).node(v).op {
                             for x in [a, b, v] {
                                 let buf = self.resolve(pass, x);
                                 self.touch(buf, recurrent, false);
+                                if let (Pass::Forward, Op::Gather { state, .. }) = (pass, &self.func(pass).node(x).op) {
+                                    let buf = self.resolve(Pass::Forward, self.f.states()[*state].value);
+                                    self.touch(buf, recurrent, true);
+                                }
                             }
                         }
                     }
@@ -180,12 +185,17 @@ impl Timeline<'_> {
                 }
                 Step::Fused(k) => {
                     for (node, &v) in k.nodes.iter().zip(&k.values) {
-                        let (buf, gathered) = match node.op {
-                            Op::Gather { state, .. } | Op::GatherAll { state, .. } => {
-                                (self.resolve(Pass::Forward, self.f.states()[state].value), true)
-                            }
-                            _ if node.op.is_load() => (self.resolve(pass, v), false),
-                            _ => (None, false),
+                        // A child's state: F's gathers, and those F′ reads where F did not
+                        // copy them.
+                        let child = match node.op {
+                            Op::Gather { state, .. } | Op::GatherAll { state, .. } => Some(state),
+                            Op::Primal { value } => self.f.read_by_index(value).map(|(_, state)| state),
+                            _ => None,
+                        };
+                        let (buf, gathered) = match child {
+                            Some(state) => (self.resolve(Pass::Forward, self.f.states()[state].value), true),
+                            None if node.op.is_load() => (self.resolve(pass, v), false),
+                            None => (None, false),
                         };
                         self.touch(buf, recurrent, gathered);
                     }

@@ -116,9 +116,12 @@ fn addressable(op: &Op) -> bool {
 
 impl Plan {
     /// The plan of a function's forward pass: it stores the states, the pushed outputs and every
-    /// value the backward pass reads.
+    /// value the backward pass reads, but a child's state that F′ reads only into fused kernels
+    /// (see [`read_by_index`]).
     pub(crate) fn forward(f: &Declaration, backward: &Backward) -> Plan {
-        Plan::forward_keeping(f, &backward.saved)
+        let by_index = read_by_index(f, backward);
+        let keep: Vec<ValueId> = backward.saved.iter().copied().filter(|v| !by_index[v.index()]).collect();
+        Plan::forward_keeping(f, &keep)
     }
 
     /// The plan of a function's forward pass for inference: it stores only the states and the
@@ -138,16 +141,8 @@ impl Plan {
 
     /// The plan of a function's backward pass (its derived F').
     pub(crate) fn backward(b: &Backward) -> Plan {
-        let rec_out: Vec<ValueId> = b.child_grads.iter().map(|c| c.value).chain(b.edge_grads.iter().copied()).collect();
-        let mut roots = rec_out.clone();
-        roots.extend(b.pull_grads.iter().flatten().copied());
-        for g in &b.param_grads {
-            match *g {
-                crate::ir::ParamGrad::MatMul { x, dy, .. } => roots.extend([x, dy]),
-                crate::ir::ParamGrad::SumRows { dy, .. } => roots.push(dy),
-            }
-        }
-        Plan::new(&b.func, |op| matches!(op, Op::StateGrad { .. }), &rec_out, &roots)
+        let rec_out = recurrent_outputs(b);
+        Plan::new(&b.func, |op| matches!(op, Op::StateGrad { .. }), &rec_out, &backward_roots(b))
     }
 
     /// Plans `func` given which loads carry the recurrence, which values feed it, and which
@@ -261,6 +256,43 @@ impl Plan {
         let gemms = steps.clone().map(|s| if let Step::Gemms(vs) = s { vs.len() } else { 0 }).sum();
         (gemms, steps.filter(|s| matches!(s, Step::Fused(_))).count())
     }
+}
+
+/// The values F′ sends back through the recurrence: the children's gradients and attention's.
+fn recurrent_outputs(b: &Backward) -> Vec<ValueId> {
+    b.child_grads.iter().map(|c| c.value).chain(b.edge_grads.iter().copied()).collect()
+}
+
+/// The values of F′ the engine reads from memory: the recurrence's outputs, the inputs'
+/// gradients and the factors of the parameter gradients.
+fn backward_roots(b: &Backward) -> Vec<ValueId> {
+    let mut roots = recurrent_outputs(b);
+    roots.extend(b.pull_grads.iter().flatten().copied());
+    for g in &b.param_grads {
+        match *g {
+            crate::ir::ParamGrad::MatMul { x, dy, .. } => roots.extend([x, dy]),
+            crate::ir::ParamGrad::SumRows { dy, .. } => roots.push(dy),
+        }
+    }
+    roots
+}
+
+/// Per value of F: a child's state gathered by slot that F′ reads, but only as a load of its
+/// fused kernels (no product, output or parameter gradient reads it there). F′'s kernels then
+/// read it by index where the child's state is, as F's do, and F does not store a copy.
+fn read_by_index(f: &Declaration, b: &Backward) -> Vec<bool> {
+    let mut ok: Vec<bool> = f.forward.nodes.iter().map(|n| matches!(n.op, Op::Gather { .. })).collect();
+    let roots = backward_roots(b);
+    let users = b.func.users();
+    for (i, n) in b.func.nodes.iter().enumerate() {
+        if let Op::Primal { value } = n.op {
+            let p = ValueId(i as u32);
+            if roots.contains(&p) || users[i].iter().any(|u| b.func.node(*u).op.is_standalone()) {
+                ok[value.index()] = false;
+            }
+        }
+    }
+    ok
 }
 
 /// The role of a function value in a fused group.

@@ -90,9 +90,19 @@ fn binary_tree_lstm_backward_reads_saved_values_only() {
     for v in &b.saved {
         assert!(!cell.forward().node(*v).is_param, "saved values are per-vertex values");
         assert!(
-            cell.forward_plan().stored[v.index()] || matches!(cell.forward().node(*v).op, Op::Pull { .. }),
-            "saved {v} is neither stored by the forward plan nor a pulled input"
+            cell.forward_plan().stored[v.index()]
+                || matches!(cell.forward().node(*v).op, Op::Pull { .. } | Op::Gather { .. }),
+            "saved {v} is neither stored by the forward plan nor a pulled input nor a child's state"
         );
+    }
+    // The children's `h`, factors of products, are copied; their `c`, which F′ reads only in
+    // fused kernels, are read by index where the children's memories are.
+    let fwd = cell.forward();
+    for (i, n) in fwd.nodes.iter().enumerate() {
+        if let Op::Gather { state, .. } = n.op {
+            let h = cell.states()[state].name == "h";
+            assert_eq!(cell.forward_plan().stored[i], h, "gather %{i} of state {state}");
+        }
     }
 }
 

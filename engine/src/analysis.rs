@@ -72,6 +72,10 @@ pub(super) struct Analysis {
     /// Per value of F: a product over distinct rows that fused kernels may read where it was
     /// computed, by index.
     pub by_index: Vec<bool>,
+    /// Per value of F, for inference and for training (by `train`): a child's state that only
+    /// products read, as their left factor over a parameter, so a product may read it where
+    /// the child's state is instead of from a copy (see [`read_in_place`]).
+    pub in_place: [Vec<bool>; 2],
     /// Per input: whether a forward product reads it as its left factor.
     pub pulled_factor: Vec<bool>,
     /// Per input: whether anything reads its rows one per vertex (see [`dedup::rows_read`]); a
@@ -136,6 +140,7 @@ impl Analysis {
             kernels,
             sums,
             by_index,
+            in_place: [false, true].map(|train| read_in_place(&f, train)),
             pulled_factor,
             rows_read: (0..f.all_inputs().len()).map(|i| dedup::rows_read(&f, i)).collect(),
             table_grad_via: (0..f.all_inputs().len()).map(|i| table_grad_via(&f, i)).collect(),
@@ -177,6 +182,35 @@ fn read_by_index(f: &VertexFn, claimed: &[bool], sums: &Sums) -> Vec<bool> {
     for n in &f.backward().func.nodes {
         if let Op::Primal { value } = n.op {
             not(value);
+        }
+    }
+    ok
+}
+
+/// Per value of F: a gathered child's state (one row per vertex) that only products read, each
+/// as its untransposed left factor over a parameter, and that is neither a state nor an output
+/// (nor, when `train`, a value F′ reads). Where a task's children lie evenly spaced in that
+/// state's rows, those products read them there and the copy is not written
+/// ([`Lowering::gathered_in_place`](super::Lowering)).
+fn read_in_place(f: &VertexFn, train: bool) -> Vec<bool> {
+    let fwd = f.forward();
+    let mut ok: Vec<bool> =
+        fwd.nodes.iter().map(|n| matches!(n.op, Op::Gather { .. }) && n.shape.rows() == 1).collect();
+    let mut not = |v: ValueId| ok[v.index()] = false;
+    f.states().iter().for_each(|s| not(s.value));
+    f.outputs().iter().for_each(|o| not(o.value));
+    for n in &fwd.nodes {
+        match n.op {
+            Op::MatMul { b, ta: false, .. } if fwd.node(b).is_param => not(b),
+            ref op if op.is_standalone() => op.inputs().into_iter().for_each(&mut not),
+            _ => {}
+        }
+    }
+    if train {
+        for n in &f.backward().func.nodes {
+            if let Op::Primal { value } = n.op {
+                not(value);
+            }
         }
     }
     ok

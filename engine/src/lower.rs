@@ -547,7 +547,13 @@ impl Lowering {
         let (r0, n) = (rows.start, rows.len());
         let full = Arc::clone(&self.a.kernels[&step]);
         let task = (tasks.len() == 1).then_some(tasks.start);
-        let unread = task.map_or(0, |t| facts::unread_stores(&full, self.facts(pass, t), self.fills(pass)));
+        let mut unread = task.map_or(0, |t| facts::unread_stores(&full, self.facts(pass, t), self.fills(pass)));
+        // Children's rows that every product reads where they are need no copy.
+        for (j, &l) in full.stores.iter().enumerate().take(64) {
+            if self.gathered_in_place(pass, full.values[l], &rows)?.is_some() {
+                unread |= 1 << j;
+            }
+        }
         let kernel = match unread {
             0 => full,
             _ => Arc::clone(
@@ -572,18 +578,24 @@ impl Lowering {
                 !kernel.nodes[i].is_param && facts.reads_as_zero(v) && with.is_none_or(|s| facts.reads_as_zero(s))
             });
             let f = &self.a.f;
-            loads.push(match kernel.nodes[i].op {
+            // A child's state: F's gathers, and those F′ reads where F did not copy them.
+            let child = match kernel.nodes[i].op {
+                Op::Gather { slot, state } => Some((slot, state)),
+                Op::Primal { value } => f.read_by_index(value),
+                _ => None,
+            };
+            loads.push(match (&kernel.nodes[i].op, child) {
                 _ if zero || summed => Rows::Zeros,
-                Op::Gather { slot, state } => Rows::Indexed {
+                (_, Some((slot, state))) => Rows::Indexed {
                     data: self.loc(Pass::Forward, f.states()[state].value, 0, 0)?,
                     index: ix.slot(slot, r0),
                 },
-                Op::GatherAll { state, reduce, label } => {
+                (&Op::GatherAll { state, reduce, label }, _) => {
                     let data = self.loc(Pass::Forward, f.states()[state].value, 0, 0)?;
                     self.b.child_set(reduce, label, data, data, r0)?
                 }
-                Op::Param { .. } => Rows::Broadcast(self.loc(pass, v, 0, 0)?),
-                Op::Zeros => Rows::Zeros,
+                (Op::Param { .. }, _) => Rows::Broadcast(self.loc(pass, v, 0, 0)?),
+                (Op::Zeros, _) => Rows::Zeros,
                 _ if pass == Pass::Forward && self.a.by_index[v.index()] => match self.scratch_rows(v, &rows) {
                     Some(rows) => rows,
                     None => Rows::Contiguous(self.loc(pass, v, r0, r0)?),

@@ -9,7 +9,7 @@ use super::facts::{self, Cut};
 use super::internal;
 use super::launch::{Launch, ARENA, GRADS, PARAMS};
 use super::lower::{Lowering, Pass};
-use arbor_core::backend::{Gemm, IndexLoc, Loc, Rows};
+use arbor_core::backend::{Gemm, IndexLoc, Loc, Rows, NO_ROW};
 use arbor_core::error::Result;
 use arbor_core::ir::{Op, ParamGrad, ValueId};
 use std::ops::Range;
@@ -235,8 +235,43 @@ impl Lowering {
             // One product over the rows of every vertex.
             g.m = n * ar;
             g.batch = 1;
+            if let Some((at, stride)) = self.gathered_in_place(pass, a, &rows)? {
+                (g.a, g.lda) = (at, stride);
+            }
         }
         Ok(g)
+    }
+
+    /// Where the rows `rows` of gathered value `v` of F already are, evenly spaced, in its
+    /// state's rows (the first and the stride), when products may read it there
+    /// ([`Analysis::in_place`](super::analysis::Analysis)) and every vertex of `rows` has that
+    /// child; the copy of `v` is then not written.
+    pub(super) fn gathered_in_place(
+        &self,
+        pass: Pass,
+        v: ValueId,
+        rows: &Range<usize>,
+    ) -> Result<Option<(Loc, usize)>> {
+        let f = &self.a.f;
+        if pass != Pass::Forward || !self.a.in_place[usize::from(self.b.trained)][v.index()] {
+            return Ok(None);
+        }
+        let Op::Gather { slot, state } = f.forward().node(v).op else { return Ok(None) };
+        let Some(children) = self.b.schedule.child_rows.get(slot).and_then(|c| c.get(rows.clone())) else {
+            return Ok(None);
+        };
+        let (Some(&first), block) = (children.first(), f.states()[state].shape.numel()) else { return Ok(None) };
+        let step = match children {
+            [_, second, ..] if *second > first => second - first,
+            [_] => 1,
+            _ => return Ok(None),
+        };
+        let even = children.windows(2).all(|w| w[1].checked_sub(w[0]) == Some(step));
+        if !even || children.contains(&NO_ROW) {
+            return Ok(None);
+        }
+        let at = self.loc(Pass::Forward, f.states()[state].value, 0, 0)?;
+        Ok(Some((at.offset_by(first as usize * block), step as usize * block)))
     }
 
     /// For a parameter gradient `xᵀ·dy` over the rows `run` whose `x` is a pulled input with

@@ -181,6 +181,16 @@ impl VertexFn {
         &self.forward_plan
     }
 
+    /// The child slot and state of forward value `value` when it is a child's state that the
+    /// forward plan does not copy because the backward function reads it only in fused kernels:
+    /// those read it by index where the child's state is.
+    pub fn read_by_index(&self, value: ValueId) -> Option<(usize, usize)> {
+        match self.decl.forward.node(value).op {
+            Op::Gather { slot, state } if !self.forward_plan.stored[value.index()] => Some((slot, state)),
+            _ => None,
+        }
+    }
+
     /// The kernel plan of the forward function when no backward pass follows.
     pub fn inference_plan(&self) -> &Plan {
         &self.inference_plan

@@ -267,7 +267,11 @@ pub fn check_plans(f: &VertexFn) -> Result<(), String> {
     let rec_out: Vec<ValueId> = f.states().iter().filter(|s| s.gathered).map(|s| s.value).collect();
     let mut roots: Vec<ValueId> = f.states().iter().map(|s| s.value).collect();
     roots.extend(f.outputs().iter().map(|o| o.value));
-    roots.extend(f.backward().saved.iter().copied());
+    // A child's state F′ reads only into fused kernels is read by index where the child's state
+    // is, not from a copy (checked below).
+    let by_index =
+        |v: &ValueId| matches!(f.forward().node(*v).op, Op::Gather { .. }) && !f.forward_plan().stored[v.index()];
+    roots.extend(f.backward().saved.iter().copied().filter(|v| !by_index(v)));
     check_plan(
         f.forward(),
         f.forward_plan(),
@@ -290,11 +294,17 @@ pub fn check_plans(f: &VertexFn) -> Result<(), String> {
     check_plan(&b.func, f.backward_plan(), |op| matches!(op, Op::StateGrad { .. }), &rec_out, &roots)
         .map_err(|e| format!("backward plan: {e}\n{}", f.backward_plan()))?;
 
-    // Every forward value F' reads must be kept from the forward pass.
-    for n in &b.func.nodes {
+    // Every forward value F' reads must be kept from the forward pass, and one read by index
+    // only by fused kernels.
+    let users = b.func.users();
+    for (i, n) in b.func.nodes.iter().enumerate() {
         if let Op::Primal { value } = n.op {
             if !b.saved.contains(&value) {
                 return Err(format!("F' reads primal {value}, which is not in `saved`"));
+            }
+            let p = ValueId(i as u32);
+            if by_index(&value) && (roots.contains(&p) || users[i].iter().any(|u| b.func.node(*u).op.is_standalone())) {
+                return Err(format!("F' reads primal {value} from memory, but F does not store it"));
             }
         }
     }
