@@ -24,7 +24,7 @@ fn one_kernel_per_fused_step_with_its_parameters() {
     let f = nn::tree_lstm(4, 3).unwrap();
     assert_eq!(fused(f.forward_plan()).len(), f.forward_plan().counts().1);
     for (_, k) in kernels(&f) {
-        let b = bindings(&k, false);
+        let b = bindings(&f, &k, false);
         let g = generate(&k, &b).unwrap();
         let count = |p: fn(&Param) -> bool| g.params.iter().filter(|x| p(x)).count();
         assert_eq!(count(|p| matches!(p, Param::Data(_))), b.iter().filter(|b| **b != Binding::Zeros).count());
@@ -44,9 +44,9 @@ fn one_kernel_per_fused_step_with_its_parameters() {
     }
     // The recurrent forward kernel: gathers fused in, c and h stored, 3 columns per row.
     let k = &fused(f.forward_plan())[0];
-    let g = generate(k, &bindings(k, false)).unwrap();
+    let g = generate(k, &bindings(&f, k, false)).unwrap();
     assert_eq!((g.rows, g.width, g.threads(10)), (1, 3, 30));
-    let other = generate(k, &bindings(k, true)).unwrap();
+    let other = generate(k, &bindings(&f, k, true)).unwrap();
     assert_ne!(g.name, other.name, "bindings are part of the kernel's identity");
     // A fixed value: the key depends only on the text, never on the run or the machine.
     assert_eq!(cache_key("__global__ void k() {}", "sm_90"), "5a198191bc140966");
@@ -230,8 +230,8 @@ fn generated_kernels_compute_what_the_cpu_backend_does() {
     for f in cells() {
         for (_, k) in kernels(&f) {
             for plain in [false, true] {
-                let b = bindings(&k, plain);
-                if plain && b == bindings(&k, false) {
+                let b = bindings(&f, &k, plain);
+                if plain && b == bindings(&f, &k, false) {
                     continue;
                 }
                 let g = generate(&k, &b).unwrap();
@@ -266,7 +266,7 @@ fn generated_kernels_compute_what_the_cpu_backend_does() {
 fn a_gather_past_its_rows_stops_the_kernel() {
     let f = nn::tree_lstm(5, 4).unwrap();
     let k = fused(f.forward_plan()).into_iter().next().expect("a forward kernel");
-    let b = bindings(&k, false);
+    let b = bindings(&f, &k, false);
     let g = generate(&k, &b).unwrap();
     let n = 5;
     let mut rng = Rng::new(3);

@@ -117,7 +117,7 @@ fn planned(f: &VertexFn) -> Vec<(String, Kernel, Vec<Binding>)> {
         .into_iter()
         .flat_map(|(label, k)| {
             [(false, "gathered"), (true, "contiguous")]
-                .map(|(plain, how)| (format!("{label} {how}"), k.clone(), bindings(&k, plain)))
+                .map(|(plain, how)| (format!("{label} {how}"), k.clone(), bindings(f, &k, plain)))
         })
         .collect()
 }

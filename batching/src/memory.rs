@@ -189,7 +189,7 @@ impl Timeline<'_> {
                         // copy them.
                         let child = match node.op {
                             Op::Gather { state, .. } | Op::GatherAll { state, .. } => Some(state),
-                            Op::Primal { value } => self.f.read_by_index(value).map(|(_, state)| state),
+                            Op::Primal { value } => self.f.read_where_gathered(value).map(|(_, state)| state),
                             _ => None,
                         };
                         let (buf, gathered) = match child {

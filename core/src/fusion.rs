@@ -117,10 +117,10 @@ fn addressable(op: &Op) -> bool {
 impl Plan {
     /// The plan of a function's forward pass: it stores the states, the pushed outputs and every
     /// value the backward pass reads, but a child's state that F′ reads only into fused kernels
-    /// (see [`read_by_index`]).
+    /// (see [`read_where_gathered`]).
     pub(crate) fn forward(f: &Declaration, backward: &Backward) -> Plan {
-        let by_index = read_by_index(f, backward);
-        let keep: Vec<ValueId> = backward.saved.iter().copied().filter(|v| !by_index[v.index()]).collect();
+        let where_gathered = read_where_gathered(f, backward);
+        let keep: Vec<ValueId> = backward.saved.iter().copied().filter(|v| !where_gathered[v.index()]).collect();
         Plan::forward_keeping(f, &keep)
     }
 
@@ -277,10 +277,10 @@ fn backward_roots(b: &Backward) -> Vec<ValueId> {
     roots
 }
 
-/// Per value of F: a child's state gathered by slot that F′ reads, but only as a load of its
-/// fused kernels (no product, output or parameter gradient reads it there). F′'s kernels then
-/// read it by index where the child's state is, as F's do, and F does not store a copy.
-fn read_by_index(f: &Declaration, b: &Backward) -> Vec<bool> {
+/// Per value of F: a child's state gathered by slot that F′ reads, if at all, only as a load of
+/// its fused kernels (no product, output or parameter gradient reads it there). F′'s kernels
+/// then read it by index where the child's state is, as F's do, and F stores no copy for F′.
+fn read_where_gathered(f: &Declaration, b: &Backward) -> Vec<bool> {
     let mut ok: Vec<bool> = f.forward.nodes.iter().map(|n| matches!(n.op, Op::Gather { .. })).collect();
     let roots = backward_roots(b);
     let users = b.func.users();

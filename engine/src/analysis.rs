@@ -73,8 +73,9 @@ pub(super) struct Analysis {
     /// computed, by index.
     pub by_index: Vec<bool>,
     /// Per value of F, for inference and for training (by `train`): a child's state that only
-    /// products read, as their left factor over a parameter, so a product may read it where
-    /// the child's state is instead of from a copy (see [`read_in_place`]).
+    /// products read from memory (fused kernels read it by index), as their left factor over a
+    /// parameter, so a product may read it where the child's state is instead of from a copy
+    /// (see [`read_in_place`]).
     pub in_place: [Vec<bool>; 2],
     /// Per input: whether a forward product reads it as its left factor.
     pub pulled_factor: Vec<bool>,
@@ -187,8 +188,8 @@ fn read_by_index(f: &VertexFn, claimed: &[bool], sums: &Sums) -> Vec<bool> {
     ok
 }
 
-/// Per value of F: a gathered child's state (one row per vertex) that only products read, each
-/// as its untransposed left factor over a parameter, and that is neither a state nor an output
+/// Per value of F: a gathered child's state (one row per vertex) that only products read from
+/// memory (fused kernels load it by index), each as its untransposed left factor over a parameter, and that is neither a state nor an output
 /// (nor, when `train`, a value F′ reads). Where a task's children lie evenly spaced in that
 /// state's rows, those products read them there and the copy is not written
 /// ([`Lowering::gathered_in_place`](super::Lowering)).

@@ -541,15 +541,17 @@ impl Lowering {
 
     /// Lowers fused step `step` over the rows of `tasks`. On one task, loads that read as zeros
     /// there are bound to zeros, and stores nothing will read are left out (see
-    /// [`facts::unread_stores`]).
+    /// [`facts::unread_stores`]); so are copies of children's rows that products read where they
+    /// are ([`Lowering::gathered_in_place`]).
     fn kernel(&mut self, pass: Pass, step: StepRef, tasks: Range<usize>) -> Result<()> {
         let Some(rows) = self.task_rows(&tasks) else { return Ok(()) };
         let (r0, n) = (rows.start, rows.len());
         let full = Arc::clone(&self.a.kernels[&step]);
         let task = (tasks.len() == 1).then_some(tasks.start);
         let mut unread = task.map_or(0, |t| facts::unread_stores(&full, self.facts(pass, t), self.fills(pass)));
-        // Children's rows that every product reads where they are need no copy.
-        for (j, &l) in full.stores.iter().enumerate().take(64) {
+        // Children's rows that every product reads where they are need no copy (the mask has
+        // room for 64 stores).
+        for (j, &l) in full.stores.iter().enumerate().filter(|_| full.stores.len() <= 64) {
             if self.gathered_in_place(pass, full.values[l], &rows)?.is_some() {
                 unread |= 1 << j;
             }
@@ -559,7 +561,7 @@ impl Lowering {
             _ => Arc::clone(
                 self.pruned
                     .entry(PrunedKernel { step, unread })
-                    .or_insert_with(|| Arc::new(full.keeping_stores(|j| unread >> j & 1 == 0))),
+                    .or_insert_with(|| Arc::new(full.keeping_stores(|j| j >= 64 || unread >> j & 1 == 0))),
             ),
         };
         if kernel.stores.is_empty() {
@@ -581,7 +583,7 @@ impl Lowering {
             // A child's state: F's gathers, and those F′ reads where F did not copy them.
             let child = match kernel.nodes[i].op {
                 Op::Gather { slot, state } => Some((slot, state)),
-                Op::Primal { value } => f.read_by_index(value),
+                Op::Primal { value } => f.read_where_gathered(value),
                 _ => None,
             };
             loads.push(match (&kernel.nodes[i].op, child) {

@@ -245,7 +245,8 @@ impl Lowering {
     /// Where the rows `rows` of gathered value `v` of F already are, evenly spaced, in its
     /// state's rows (the first and the stride), when products may read it there
     /// ([`Analysis::in_place`](super::analysis::Analysis)) and every vertex of `rows` has that
-    /// child; the copy of `v` is then not written.
+    /// child. The products over those rows read it there, and the kernel storing it over the
+    /// same rows leaves the copy out.
     pub(super) fn gathered_in_place(
         &self,
         pass: Pass,

@@ -71,13 +71,15 @@ fn every_op() -> VertexFn {
     f.build().unwrap()
 }
 
-/// How the engine would bind each load: parameters broadcast, gathers by index, sums over child
-/// sets by index set, the rest contiguous (`plain`: gathers contiguous too).
-pub fn bindings(k: &Kernel, plain: bool) -> Vec<Binding> {
+/// How the engine would bind each load of a kernel of `f`: parameters broadcast, gathers (and
+/// the children's states F′ reads where they are) by index, sums over child sets by index set,
+/// the rest contiguous (`plain`: gathers contiguous too).
+pub fn bindings(f: &VertexFn, k: &Kernel, plain: bool) -> Vec<Binding> {
     k.loads()
         .map(|i| match (&k.nodes[i].op, k.nodes[i].is_param, plain) {
             (_, true, _) => Binding::Broadcast,
             (Op::Gather { .. }, _, false) => Binding::Indexed,
+            (Op::Primal { value }, _, false) if f.read_where_gathered(*value).is_some() => Binding::Indexed,
             (Op::GatherAll { reduce, .. }, _, false) => Binding::set(*reduce),
             (Op::Zeros, _, _) => Binding::Zeros,
             _ => Binding::Contiguous,

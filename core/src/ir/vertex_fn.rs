@@ -182,9 +182,9 @@ impl VertexFn {
     }
 
     /// The child slot and state of forward value `value` when it is a child's state that the
-    /// forward plan does not copy because the backward function reads it only in fused kernels:
-    /// those read it by index where the child's state is.
-    pub fn read_by_index(&self, value: ValueId) -> Option<(usize, usize)> {
+    /// forward plan does not copy: the backward function reads it, if at all, only in fused
+    /// kernels, which read it by index where the child's state is.
+    pub fn read_where_gathered(&self, value: ValueId) -> Option<(usize, usize)> {
         match self.decl.forward.node(value).op {
             Op::Gather { slot, state } if !self.forward_plan.stored[value.index()] => Some((slot, state)),
             _ => None,
