@@ -551,9 +551,11 @@ impl Lowering {
         let mut unread = task.map_or(0, |t| facts::unread_stores(&full, self.facts(pass, t), self.fills(pass)));
         // Children's rows that every product reads where they are need no copy (the mask has
         // room for 64 stores).
-        for (j, &l) in full.stores.iter().enumerate().filter(|_| full.stores.len() <= 64) {
-            if self.gathered_in_place(pass, full.values[l], &rows)?.is_some() {
-                unread |= 1 << j;
+        if full.stores.len() <= 64 {
+            for (j, &l) in full.stores.iter().enumerate() {
+                if self.gathered_in_place(pass, full.values[l], &rows)?.is_some() {
+                    unread |= 1 << j;
+                }
             }
         }
         let kernel = match unread {
@@ -561,7 +563,7 @@ impl Lowering {
             _ => Arc::clone(
                 self.pruned
                     .entry(PrunedKernel { step, unread })
-                    .or_insert_with(|| Arc::new(full.keeping_stores(|j| j >= 64 || unread >> j & 1 == 0))),
+                    .or_insert_with(|| Arc::new(full.keeping_stores(|j| unread >> j & 1 == 0))),
             ),
         };
         if kernel.stores.is_empty() {

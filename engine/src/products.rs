@@ -261,7 +261,7 @@ impl Lowering {
         let Some(children) = self.b.schedule.child_rows.get(slot).and_then(|c| c.get(rows.clone())) else {
             return Ok(None);
         };
-        let (Some(&first), block) = (children.first(), f.states()[state].shape.numel()) else { return Ok(None) };
+        let Some(&first) = children.first() else { return Ok(None) };
         let step = match children {
             [_, second, ..] if *second > first => second - first,
             [_] => 1,
@@ -271,7 +271,7 @@ impl Lowering {
         if !even || children.contains(&NO_ROW) {
             return Ok(None);
         }
-        let at = self.loc(Pass::Forward, f.states()[state].value, 0, 0)?;
+        let (at, block) = (self.loc(Pass::Forward, f.states()[state].value, 0, 0)?, f.states()[state].shape.numel());
         Ok(Some((at.offset_by(first as usize * block), step as usize * block)))
     }
 
