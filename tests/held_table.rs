@@ -3,7 +3,9 @@
 //! table is updated there with its optimizer state beside it — as a table looked up from the
 //! host and updated by the host optimizer, to the bit.
 
+use arbor::backend::NO_ROW;
 use arbor::dist::data_parallel::merge;
+use arbor::engine::Counts;
 use arbor::layers::SparseGrad;
 use arbor::optim::{Config, Optimizer, Rule};
 use arbor::rng::Rng;
@@ -53,6 +55,40 @@ fn two_inputs_from_the_held_table_sum_their_gradients() {
     for (g, w) in grad.values.iter().zip(&want_grad.values) {
         assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{g} vs {w}");
     }
+}
+
+/// One held input (the Tree-LSTM's word): its gradient summed per distinct word is the table's
+/// gradient as it stands, the input-gradient product writing it whole — nothing is zeroed,
+/// copied or scattered for it — and the same bits as a table looked up from the host.
+#[test]
+fn one_held_input_forms_the_table_gradient_in_place() {
+    let (embed, hidden, vocab) = (4, 3, 13);
+    let f = nn::tree_lstm(embed, hidden).unwrap();
+    let mut rng = Rng::new(48);
+    let graphs = trees(&mut rng, 5);
+    let refs: Vec<&InputGraph> = graphs.iter().collect();
+    let n: usize = graphs.iter().map(InputGraph::len).sum();
+    let table: Vec<f32> = (0..vocab * embed).map(|_| rng.range(-1.0, 1.0)).collect();
+    // Words on the leaves only (padding elsewhere), as in SST's trees.
+    let leaf = |g: &InputGraph, v: usize| g.children(v).iter().all(|&c| c == NO_ROW);
+    let vertices = graphs.iter().flat_map(|g| (0..g.len()).map(move |v| (g, v)));
+    let ids: Vec<u32> = vertices.map(|(g, v)| if leaf(g, v) { 1 + rng.below(vocab - 1) as u32 } else { 0 }).collect();
+    let push: Vec<f32> = (0..n * hidden).map(|_| rng.range(-1.0, 1.0)).collect();
+    let mut host = engine(&f, 3);
+    host.run(Pass::train(&refs, &[Pull::Lookup { table: &table, ids: &ids, padding: Some(0) }])).unwrap();
+    let want = host.backward(&[&push]).unwrap();
+    let mut held = engine(&f, 3);
+    held.set_table(&table, embed).unwrap();
+    held.run(Pass::train(&refs, &[Pull::Held { ids: &ids, padding: Some(0) }])).unwrap();
+    let got = held.backward(&[&push]).unwrap();
+    assert_eq!(got.params, want.params);
+    assert_eq!(Some(held.held_table_grad().unwrap()), want.tables[0]);
+    let (ran, host_ran) = (Counts::of(held.lowering().launches()), Counts::of(host.lowering().launches()));
+    assert_eq!(ran, host_ran, "a held table's gradient costs no launch of its own");
+    // Zeroed: the two states' gradients and the input weight's (its product over the leaves
+    // writes three of its five gate blocks); the table gradient's product writes it whole.
+    let text: String = held.lowering().launches().iter().map(|l| format!("{l}\n")).collect();
+    assert_eq!(ran.fills, f.states().len() + 1, "{text}");
 }
 
 /// Three steps of Adagrad on the held table's rows give the host optimizer's bits on a host

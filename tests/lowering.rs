@@ -1,6 +1,7 @@
 //! The lowering alone: a Tree-LSTM minibatch turned into its launch list, printed and counted,
 //! with no backend; then the same list run by an engine.
 
+use arbor::backend::{Combine, Rows};
 use arbor::engine::{Counts, Launch, Lowering, PlanKind};
 use arbor::rng::Rng;
 use arbor::Pass;
@@ -102,13 +103,14 @@ fn a_tree_lstm_minibatch_lowers_to_the_expected_launches() {
     let g = vec![0.1f32; 8 * 6];
     let launches = l.backward(None, &[&g]).unwrap().to_vec();
     let text = print(&launches);
-    // Zeroed first: the two state gradients and the parameter gradients, and later the sums of
-    // the input's output gradient per distinct word. Per inner task (root first): the cell's
-    // backward, the two child products, the four scatters to the children (h and c of two
-    // slots) in one call;
+    // Zeroed first: the two state gradients and the parameter gradients. Per inner task (root
+    // first): the cell's backward, the two child products, the four scatters to the children
+    // (h and c of two slots) in one call;
     // then the leaves' cell, the input gradient product, the bias's row sum, the two child
-    // weights' gradients over all inner vertices, and the input weight's over the one word.
-    let want = Counts { products: 8, fused: 3, fills: 4, scatters: 3, row_sums: 1, copies: 0, attention: 0 };
+    // weights' gradients over all inner vertices, the input's output gradient summed per
+    // distinct word (a copy reading each word's rows where they are: nothing zeroed or
+    // scattered for it), and the input weight's gradient over the one word.
+    let want = Counts { products: 8, fused: 3, fills: 3, scatters: 2, row_sums: 1, copies: 1, attention: 0 };
     assert_eq!(Counts::of(&launches), want, "{text}");
     let merged = launches.iter().filter(|k| matches!(k, Launch::ScatterAdds { parts, .. } if parts.len() == 4)).count();
     assert_eq!(merged, 2, "{text}");
@@ -135,6 +137,13 @@ fn a_tree_lstm_minibatch_lowers_to_the_expected_launches() {
     assert_eq!(writes, [true, true, true, false], "bias, U₁, U₀ written; W added to: {text}");
     let input_grad = products(&launches).last().copied().unwrap();
     assert_eq!((input_grad.m, input_grad.n, input_grad.k), (4, 18, 1), "summed per distinct word: k = 1");
+    let summed = launches.iter().find_map(|k| match k {
+        Launch::Copy { from: Rows::IndexedSet { combine: Combine::Sum, .. }, to, rows, block } => {
+            Some((*to, *rows, *block))
+        }
+        _ => None,
+    });
+    assert_eq!(summed, Some((input_grad.b, 1, 30)), "the one word's sum is the factor of its product: {text}");
 }
 
 /// The engine runs the lowering's list, counting its floating-point operations and backend calls.

@@ -108,6 +108,20 @@ fn engine_kernels(f: &VertexFn, seed: u64) -> Vec<(String, Kernel, Vec<Binding>)
     engine.backward(&grads).unwrap();
     phase(&engine, "inference");
     engine.run(Pass::infer(&refs, &pulls)).unwrap();
+    // Rows pulled from three distinct ones: products over the distinct rows, their copies to the
+    // vertices, and the output gradients summed per distinct row.
+    let shared: Vec<Vec<f32>> = f
+        .inputs()
+        .iter()
+        .map(|p| {
+            let rows: Vec<f32> = (0..3 * p.shape.numel()).map(|_| rng.range(-1.0, 1.0)).collect();
+            (0..total).flat_map(|v| rows.chunks(p.shape.numel().max(1)).nth(v % 3).unwrap_or(&[]).to_vec()).collect()
+        })
+        .collect();
+    let shared: Vec<Pull> = shared.iter().map(|p| Pull::Rows(p)).collect();
+    phase(&engine, "shared backward");
+    engine.run(Pass::train(&refs, &shared)).unwrap();
+    engine.backward(&grads).unwrap();
     engine.backend().watch.seen.take()
 }
 

@@ -398,6 +398,11 @@ impl Batch {
                 s.rows_at = self.memory.append(format!("distinct rows of input {i}"), len);
                 s.map_at = map_at;
                 map_at += n;
+                if self.trained {
+                    let members = dedup::Members { at: map_at, ..s.members() };
+                    map_at += members.entries.len();
+                    s.members = Some(members);
+                }
                 most = most.max(s.unique);
                 if !s.rows.is_empty() {
                     up.write_with(s.rows_at, |data| data.extend_from_slice(&s.rows));
@@ -438,6 +443,9 @@ impl Batch {
         }
         for shared in self.shared.iter().flatten() {
             out.extend_from_slice(&shared.map);
+            if let Some(m) = &shared.members {
+                out.extend_from_slice(&m.entries);
+            }
         }
         if let Some(h) = &self.held {
             h.index_contents(out);

@@ -10,6 +10,7 @@ use arbor_core::backend::NO_ROW;
 use arbor_core::fusion::Kernel;
 use arbor_core::ir::{Func, Node, Op, ParamGrad, ValueId, VertexFn};
 use arbor_core::Shape;
+use std::ops::Range;
 
 /// Distinct rows are worth sharing only when they are at most this fraction of the non-zero rows.
 const WORTHWHILE: f64 = 0.9;
@@ -27,6 +28,45 @@ pub(super) struct Shared {
     /// Where the engine put the distinct rows (in its arena) and the map (in its index buffer).
     pub rows_at: usize,
     pub map_at: usize,
+    /// In training, the rows that pull each distinct row (ascending), as a set per distinct row:
+    /// where they are in the index buffer, and the first and last of them (empty: none).
+    pub members: Option<Members>,
+}
+
+/// The rows that pull each distinct row, laid out in the index buffer as [`Rows::IndexedSet`]
+/// reads them: `unique + 1` offsets at `at`, then the rows.
+///
+/// [`Rows::IndexedSet`]: arbor_core::backend::Rows::IndexedSet
+#[derive(Clone, Debug)]
+pub(super) struct Members {
+    /// The offsets, then the rows.
+    pub entries: Vec<u32>,
+    /// Where `entries` starts in the index buffer.
+    pub at: usize,
+    /// The first row and one past the last that pull a distinct row.
+    pub span: Range<usize>,
+}
+
+impl Shared {
+    /// The rows that pull each distinct row (placed at index 0 until [`Members::at`] is set).
+    pub fn members(&self) -> Members {
+        let mut entries = vec![0u32; self.unique + 1];
+        for &k in self.map.iter().filter(|&&k| k != NO_ROW) {
+            entries[k as usize + 1] += 1;
+        }
+        for k in 0..self.unique {
+            entries[k + 1] += entries[k];
+        }
+        let mut next: Vec<u32> = entries[..self.unique].to_vec();
+        entries.resize(self.unique + 1 + entries[self.unique] as usize, 0);
+        for (r, &k) in self.map.iter().enumerate().filter(|(_, &k)| k != NO_ROW) {
+            entries[self.unique + 1 + next[k as usize] as usize] = r as u32;
+            next[k as usize] += 1;
+        }
+        let rows = &entries[self.unique + 1..];
+        let span = rows.iter().min().zip(rows.iter().max()).map_or(0..0, |(&a, &b)| a as usize..b as usize + 1);
+        Members { entries, at: 0, span }
+    }
 }
 
 /// The distinct rows among `n` rows of `block` values (`row(r)`), if sharing them saves enough.
@@ -64,7 +104,7 @@ pub(super) fn find<'a>(n: usize, block: usize, zero: &[bool], row: impl Fn(usize
     for &r in &reps {
         rows.extend_from_slice(row(r));
     }
-    Some(Shared { unique: reps.len(), ids: None, map, rows, rows_at: 0, map_at: 0 })
+    Some(Shared { unique: reps.len(), ids: None, map, rows, rows_at: 0, map_at: 0, members: None })
 }
 
 /// The distinct rows that row `r` (vertex `order[r]`) pulls as row `ids[order[r]]` of `table`
@@ -92,7 +132,7 @@ pub(super) fn lookup(order: &[u32], ids: &[u32], table: Option<&[f32]>, block: u
             rows.extend_from_slice(&table[id as usize * block..(id as usize + 1) * block]);
         }
     }
-    Shared { unique: distinct.len(), ids: Some(distinct), map, rows, rows_at: 0, map_at: 0 }
+    Shared { unique: distinct.len(), ids: Some(distinct), map, rows, rows_at: 0, map_at: 0, members: None }
 }
 
 /// The bit patterns of `x` (rows are equal when these are).
@@ -144,5 +184,25 @@ pub(super) fn copy_kernel(block: usize) -> Kernel {
         values: vec![ValueId(0)],
         nodes: vec![Node { op: Op::Pull { input: 0 }, shape: Shape::mat(1, block), is_param: false }],
         stores: vec![0],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows 1 and 4 pull id 7, rows 2 and 5 id 3, row 0 the padding: the sets follow the
+    /// distinct ids (ascending), each set's rows ascending, and the span is rows 1..6.
+    #[test]
+    fn members_list_each_distinct_rows_pullers() {
+        let order: Vec<u32> = (0..6).collect();
+        let ids = [0, 7, 3, 9, 7, 3];
+        let s = lookup(&order, &ids, None, 2, Some(0));
+        assert_eq!(s.ids.as_deref(), Some(&[3, 7, 9][..]));
+        let m = s.members();
+        assert_eq!(m.entries, [0, 2, 4, 5, 2, 5, 1, 4, 3]);
+        assert_eq!(m.span, 1..6);
+        let none = lookup(&order, &[0; 6], None, 2, Some(0)).members();
+        assert_eq!((none.entries, none.span), (vec![0], 0..0));
     }
 }

@@ -86,7 +86,12 @@ impl HeldRows {
             inputs.push(HeldInput { input: i, ids, ids_at, rows_at: s.rows_at, to_union, to_union_at, per_distinct });
         }
         b.index.len = at;
-        let grad_at = b.trained.then(|| b.memory.append("gradient of the held table's rows", union.len() * block));
+        // One input whose gradient is formed per distinct row forms it over the union's rows, in
+        // order: that is the table's gradient, with nothing to sum.
+        let grad_at = match inputs.as_slice() {
+            [only] if only.per_distinct => b.table_grad_at[only.input],
+            _ => b.trained.then(|| b.memory.append("gradient of the held table's rows", union.len() * block)),
+        };
         Some(HeldRows { union, union_at, inputs, block, grad_at })
     }
 
@@ -131,6 +136,9 @@ impl Lowering {
     pub(super) fn sum_held_grads(&mut self) -> Result<()> {
         let Some(h) = &self.b.held else { return Ok(()) };
         let Some(grad_at) = h.grad_at else { return Ok(()) };
+        if h.inputs.iter().any(|i| self.b.table_grad_at[i.input] == Some(grad_at)) {
+            return Ok(());
+        }
         let mut launches =
             vec![Launch::Fill { dst: Loc { buf: ARENA, offset: grad_at }, len: h.union.len() * h.block }];
         for i in &h.inputs {

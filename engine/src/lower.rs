@@ -231,14 +231,9 @@ impl Lowering {
             let dst = Loc { buf: ARENA, offset: self.b.memory.state_grads[s].offset };
             self.launches.push(Launch::Fill { dst, len: n * st.shape.numel() });
         }
-        // The parameters' gradients are zeroed here where their first write adds to them.
+        // The parameters' and tables' gradients are zeroed here where their first write adds to
+        // them.
         let grads_zeroed_at = self.launches.len();
-        for (i, at) in self.b.table_grad_at.iter().enumerate() {
-            if let (Some(at), Some(s)) = (at, &self.b.shared[i]) {
-                let len = s.unique * f.all_inputs()[i].shape.numel();
-                self.launches.push(Launch::Fill { dst: Loc { buf: ARENA, offset: *at }, len });
-            }
-        }
         let plan = f.backward_plan();
         let tasks = self.b.schedule.tasks.len();
         let kind = PlanKind::Backward;

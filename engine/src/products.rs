@@ -9,7 +9,7 @@ use super::facts::{self, Cut};
 use super::internal;
 use super::launch::{Launch, ARENA, GRADS, PARAMS};
 use super::lower::{Lowering, Pass};
-use arbor_core::backend::{Gemm, IndexLoc, Loc, Rows, NO_ROW};
+use arbor_core::backend::{Combine, Gemm, IndexLoc, Loc, Rows, NO_ROW};
 use arbor_core::error::Result;
 use arbor_core::ir::{Op, ParamGrad, ValueId};
 use std::ops::Range;
@@ -279,7 +279,7 @@ impl Lowering {
     /// shared rows: sums `dy` per distinct row into scratch and returns the factors over the
     /// distinct rows instead (where x's rows are, where the summed dy is, how many rows).
     fn shared_grad(&mut self, x: ValueId, dy: ValueId, run: &Range<usize>) -> Result<Option<(Loc, Loc, usize)>> {
-        let Some(&Shared { unique, rows_at, map_at, .. }) = self.shared_input(x) else { return Ok(None) };
+        let Some(&Shared { unique, rows_at, map_at, ref members, .. }) = self.shared_input(x) else { return Ok(None) };
         let block = self.func(Pass::Backward).node(dy).shape.numel();
         let scratch = &self.b.shared_scratch;
         let sums = Loc { buf: ARENA, offset: scratch.start };
@@ -287,9 +287,23 @@ impl Lowering {
             return Ok(None);
         }
         let src = self.loc(Pass::Backward, dy, run.start, 0)?;
-        self.push(Launch::Fill { dst: sums, len: unique * block });
-        let dst = Rows::Indexed { data: sums, index: IndexLoc { buf: 0, offset: map_at + run.start } };
-        self.push(Launch::ScatterAdd { src, block, n: run.len(), dst });
+        // Where every row that pulls a distinct row lies in the run, each distinct row's sum is
+        // read from them and written once; else the sums are zeroed and the run's rows added.
+        let first_row = src.offset.checked_sub(run.start * block).map(|offset| Loc { offset, ..src });
+        let launch = match (members, first_row) {
+            (Some(m), Some(data)) if run.start <= m.span.start && m.span.end <= run.end => {
+                let (offsets, index) =
+                    (IndexLoc { buf: 0, offset: m.at }, IndexLoc { buf: 0, offset: m.at + unique + 1 });
+                let from = Rows::IndexedSet { data, offsets, index, combine: Combine::Sum };
+                Launch::Copy { from, to: sums, rows: unique, block }
+            }
+            _ => {
+                self.push(Launch::Fill { dst: sums, len: unique * block });
+                let dst = Rows::Indexed { data: sums, index: IndexLoc { buf: 0, offset: map_at + run.start } };
+                Launch::ScatterAdd { src, block, n: run.len(), dst }
+            }
+        };
+        self.push(launch);
         Ok(Some((Loc { buf: ARENA, offset: rows_at }, sums, unique)))
     }
 
@@ -391,21 +405,27 @@ impl Lowering {
         Ok(())
     }
 
-    /// Lets the first of the launches from `from` on that writes a parameter's gradient write
-    /// it instead of adding to it, where that launch covers the whole tensor; the gradients of
-    /// the other parameters (runs of them) are zeroed by fills put at `at`, before the pass
-    /// writes any of them.
+    /// Lets the first of the launches from `from` on that writes a parameter's gradient (or a
+    /// table gradient formed per distinct row) write it instead of adding to it, where that
+    /// launch covers the whole region; the other regions (runs of them) are zeroed by fills put
+    /// at `at`, before the pass writes any of them.
     pub(super) fn overwrite_first_grads(&mut self, at: usize, from: usize) {
         let f = Arc::clone(&self.a.f);
-        let mut zero: Vec<Range<usize>> = Vec::new();
-        for (p, decl) in f.params().iter().enumerate() {
-            let (start, len) = (self.a.param_at[p], decl.shape.numel());
-            let region = Loc { buf: GRADS, offset: start };
-            let inside = |c: &Loc| c.buf == GRADS && (start..start + len).contains(&c.offset);
+        let params = f.params().iter().enumerate();
+        let params = params.map(|(p, decl)| (Loc { buf: GRADS, offset: self.a.param_at[p] }, decl.shape.numel()));
+        let tables = self.b.table_grad_at.iter().zip(&self.b.shared).zip(f.all_inputs());
+        let tables = tables.filter_map(|((at, s), input)| {
+            Some((Loc { buf: ARENA, offset: (*at)? }, s.as_ref()?.unique * input.shape.numel()))
+        });
+        let mut zero: Vec<(Loc, usize)> = Vec::new();
+        for (region, len) in params.chain(tables).collect::<Vec<_>>() {
+            let inside = |c: &Loc| c.buf == region.buf && (region.offset..region.offset + len).contains(&c.offset);
             let writes = |l: &Launch| match l {
                 Launch::Gemm(g) => inside(&g.c),
                 Launch::Gemms(gs) | Launch::GemmSum(gs) => gs.iter().any(|g| inside(&g.c)),
-                Launch::SumRows { dst, .. } | Launch::Fill { dst, .. } => inside(dst),
+                Launch::SumRows { dst, .. } | Launch::Fill { dst, .. } | Launch::Copy { to: dst, .. } => inside(dst),
+                Launch::ScatterAdd { dst, .. } => rows_inside(dst, inside),
+                Launch::ScatterAdds { parts, .. } => parts.iter().any(|(_, dst)| rows_inside(dst, inside)),
                 _ => false,
             };
             let whole = match self.launches[from..].iter_mut().find(|l| writes(l)) {
@@ -423,11 +443,21 @@ impl Lowering {
             };
             match zero.last_mut() {
                 _ if whole || len == 0 => {}
-                Some(r) if r.end == start => r.end = start + len,
-                _ => zero.push(start..start + len),
+                Some((r, l)) if r.buf == region.buf && r.offset + *l == region.offset => *l += len,
+                _ => zero.push((region, len)),
             }
         }
-        let fills = zero.into_iter().map(|r| Launch::Fill { dst: Loc { buf: GRADS, offset: r.start }, len: r.len() });
+        let fills = zero.into_iter().map(|(dst, len)| Launch::Fill { dst, len });
         self.launches.splice(at..at, fills);
+    }
+}
+
+/// Whether the rows `dst` a scatter adds to start inside a region (`inside`).
+fn rows_inside(dst: &Rows, inside: impl Fn(&Loc) -> bool) -> bool {
+    match dst {
+        Rows::Contiguous(d) | Rows::Broadcast(d) | Rows::Indexed { data: d, .. } | Rows::IndexedSet { data: d, .. } => {
+            inside(d)
+        }
+        Rows::Zeros => false,
     }
 }
