@@ -16,6 +16,15 @@ fn trees(rng: &mut Rng, count: usize) -> Vec<InputGraph> {
     (0..count).map(|k| InputGraph::random(rng, 3 + 4 * k, 2, false)).collect()
 }
 
+/// Five random trees from `seed` and a random table of `vocab` rows of `embed`, with the
+/// generator drawn on.
+fn minibatch(seed: u64, vocab: usize, embed: usize) -> (Rng, Vec<InputGraph>, Vec<f32>) {
+    let mut rng = Rng::new(seed);
+    let graphs = trees(&mut rng, 5);
+    let table = (0..vocab * embed).map(|_| rng.range(-1.0, 1.0)).collect();
+    (rng, graphs, table)
+}
+
 /// An engine for `f` with parameters from `seed`.
 fn engine(f: &VertexFn, seed: u64) -> Engine<CpuBackend> {
     Engine::new(CpuBackend::new(), f.clone(), &f.init_params(&mut Rng::new(seed))).unwrap()
@@ -27,11 +36,9 @@ fn engine(f: &VertexFn, seed: u64) -> Engine<CpuBackend> {
 fn two_inputs_from_the_held_table_sum_their_gradients() {
     let (embed, hidden, vocab) = (4, 3, 11);
     let f = nn::child_sum_tree_lstm_nary(embed, hidden).unwrap();
-    let mut rng = Rng::new(46);
-    let graphs = trees(&mut rng, 5);
+    let (mut rng, graphs, table) = minibatch(46, vocab, embed);
     let refs: Vec<&InputGraph> = graphs.iter().collect();
     let n: usize = graphs.iter().map(InputGraph::len).sum();
-    let table: Vec<f32> = (0..vocab * embed).map(|_| rng.range(-1.0, 1.0)).collect();
     let words: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
     let parents: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
     let padding = Some(0);
@@ -64,11 +71,9 @@ fn two_inputs_from_the_held_table_sum_their_gradients() {
 fn one_held_input_forms_the_table_gradient_in_place() {
     let (embed, hidden, vocab) = (4, 3, 13);
     let f = nn::tree_lstm(embed, hidden).unwrap();
-    let mut rng = Rng::new(48);
-    let graphs = trees(&mut rng, 5);
+    let (mut rng, graphs, table) = minibatch(48, vocab, embed);
     let refs: Vec<&InputGraph> = graphs.iter().collect();
     let n: usize = graphs.iter().map(InputGraph::len).sum();
-    let table: Vec<f32> = (0..vocab * embed).map(|_| rng.range(-1.0, 1.0)).collect();
     // Words on the leaves only (padding elsewhere), as in SST's trees.
     let leaf = |g: &InputGraph, v: usize| g.children(v).iter().all(|&c| c == NO_ROW);
     let vertices = graphs.iter().flat_map(|g| (0..g.len()).map(move |v| (g, v)));
