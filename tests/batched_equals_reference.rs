@@ -357,6 +357,47 @@ fn lookup_gradients_run_per_distinct_id() {
     assert_close("parameter gradients", &by_id.params.concat(), &by_rows.params.concat());
 }
 
+/// Words on the inner vertices only of balanced trees (the leaves pull padding): the rows that
+/// pull each distinct word lie in one run of tasks after the leaves', where the backward pass
+/// reads them to sum the output gradient per word; the parameter and table gradients equal the
+/// reference's.
+#[test]
+fn words_inside_the_trees_only_equal_reference() {
+    let (embed, hidden, vocab) = (4, 3, 4);
+    let f = nn::tree_lstm(embed, hidden).unwrap();
+    let params = f.init_params(&mut Rng::new(5));
+    let mut rng = Rng::new(6);
+    let graphs: Vec<InputGraph> = (0..6).map(|k| InputGraph::balanced_binary(2 + k % 3)).collect();
+    let table = random_rows(&mut rng, vocab * embed);
+    let leaf = |g: &InputGraph, v: usize| g.children(v).iter().all(|&c| c == arbor::backend::NO_ROW);
+    let ids: Vec<Vec<u32>> = graphs
+        .iter()
+        .map(|g| (0..g.len()).map(|v| if leaf(g, v) { 0 } else { 1 + rng.below(vocab - 1) as u32 }).collect())
+        .collect();
+    let dh: Vec<Vec<f32>> = graphs.iter().map(|g| random_rows(&mut rng, g.len() * hidden)).collect();
+    let mut e = Engine::new(CpuBackend::new(), f.clone(), &params).unwrap();
+    let refs: Vec<&InputGraph> = graphs.iter().collect();
+    e.run(Pass::train(&refs, &[Pull::Lookup { table: &table, ids: &ids.concat(), padding: Some(0) }])).unwrap();
+    let got = e.backward(&[&dh.concat()]).unwrap();
+    let mut params_want: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
+    let mut table_want = vec![0.0f32; vocab * embed];
+    for ((g, ids), dh) in graphs.iter().zip(&ids).zip(&dh) {
+        let row = |&id: &u32| if id == 0 { vec![0.0; embed] } else { table[id as usize * embed..][..embed].to_vec() };
+        let x: Vec<f32> = ids.iter().flat_map(row).collect();
+        let one = run_graph(&f, &params, g, &[&x], &[dh]);
+        for (w, g) in params_want.iter_mut().zip(&one.param_grads) {
+            w.iter_mut().zip(g).for_each(|(w, g)| *w += g);
+        }
+        for (&id, g) in ids.iter().zip(one.pull_grads[0].chunks(embed)).filter(|(&id, _)| id != 0) {
+            table_want[id as usize * embed..][..embed].iter_mut().zip(g).for_each(|(w, g)| *w += g);
+        }
+    }
+    assert_close("parameter gradients", &got.params.concat(), &params_want.concat());
+    let sparse = got.tables[0].as_ref().expect("a table gradient");
+    let rows: Vec<f32> = sparse.rows.iter().flat_map(|&r| table_want[r as usize * embed..][..embed].to_vec()).collect();
+    assert_close("table gradient", &sparse.values, &rows);
+}
+
 #[test]
 fn padding_rows_get_zero_gradients_when_asked() {
     let f = nn::tree_lstm(3, 2).unwrap();

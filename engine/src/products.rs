@@ -288,12 +288,13 @@ impl Lowering {
         }
         let src = self.loc(Pass::Backward, dy, run.start, 0)?;
         // Where every row that pulls a distinct row lies in the run, each distinct row's sum is
-        // read from them and written once; else the sums are zeroed and the run's rows added.
-        let first_row = src.offset.checked_sub(run.start * block).map(|offset| Loc { offset, ..src });
-        let launch = match (members, first_row) {
-            (Some(m), Some(data)) if run.start <= m.span.start && m.span.end <= run.end => {
+        // read from them (by row number: from dy's first row) and written once; else the sums are
+        // zeroed and the run's rows added.
+        let launch = match members {
+            Some(m) if run.start <= m.span.start && m.span.end <= run.end => {
                 let (offsets, index) =
                     (IndexLoc { buf: 0, offset: m.at }, IndexLoc { buf: 0, offset: m.at + unique + 1 });
+                let data = self.loc(Pass::Backward, dy, 0, 0)?;
                 let from = Rows::IndexedSet { data, offsets, index, combine: Combine::Sum };
                 Launch::Copy { from, to: sums, rows: unique, block }
             }
