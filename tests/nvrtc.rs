@@ -114,8 +114,9 @@ fn engine_kernels(f: &VertexFn, seed: u64) -> Vec<(String, Kernel, Vec<Binding>)
         .inputs()
         .iter()
         .map(|p| {
-            let rows: Vec<f32> = (0..3 * p.shape.numel()).map(|_| rng.range(-1.0, 1.0)).collect();
-            (0..total).flat_map(|v| rows.chunks(p.shape.numel().max(1)).nth(v % 3).unwrap_or(&[]).to_vec()).collect()
+            let w = p.shape.numel();
+            let rows: Vec<f32> = (0..3 * w).map(|_| rng.range(-1.0, 1.0)).collect();
+            (0..total).flat_map(|v| rows[v % 3 * w..][..w].iter().copied()).collect()
         })
         .collect();
     let shared: Vec<Pull> = shared.iter().map(|p| Pull::Rows(p)).collect();

@@ -190,9 +190,9 @@ fn read_by_index(f: &VertexFn, claimed: &[bool], sums: &Sums) -> Vec<bool> {
 
 /// Per value of F: a gathered child's state (one row per vertex) that only products read from
 /// memory (fused kernels load it by index), each as its untransposed left factor over a
-/// parameter, and that is neither a state nor an output (nor, when `train`, a value F′ reads). Where a task's children lie evenly spaced in that
-/// state's rows, those products read them there and the copy is not written
-/// ([`Lowering::gathered_in_place`](super::Lowering)).
+/// parameter, and that is neither a state nor an output (nor, when `train`, a value F′ reads).
+/// Where a task's children lie evenly spaced in that state's rows, those products read them
+/// there and the copy is not written ([`Lowering::gathered_in_place`](super::Lowering)).
 fn read_in_place(f: &VertexFn, train: bool) -> Vec<bool> {
     let fwd = f.forward();
     let mut ok: Vec<bool> =

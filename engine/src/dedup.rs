@@ -63,8 +63,9 @@ impl Shared {
             entries[self.unique + 1 + next[k as usize] as usize] = r as u32;
             next[k as usize] += 1;
         }
-        let rows = &entries[self.unique + 1..];
-        let span = rows.iter().min().zip(rows.iter().max()).map_or(0..0, |(&a, &b)| a as usize..b as usize + 1);
+        let pulls = |&k: &u32| k != NO_ROW;
+        let span =
+            self.map.iter().position(pulls).zip(self.map.iter().rposition(pulls)).map_or(0..0, |(a, b)| a..b + 1);
         Members { entries, at: 0, span }
     }
 }
